@@ -1,0 +1,1 @@
+"""The serving daemon: model, loaders, engine, gRPC servers, CLI."""

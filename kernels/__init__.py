@@ -1,0 +1,1 @@
+"""Paged-attention kernels (Triton) and their torch reference twins, one op per file."""

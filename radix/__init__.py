@@ -1,0 +1,1 @@
+"""Paged KV memory management: block pool, radix tree, block tables. Pure Python."""
