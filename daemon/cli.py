@@ -1,0 +1,42 @@
+"""The ``radixd`` console script: ``radixd serve`` (gRPC daemon) and ``radixd generate`` (offline)."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from collections.abc import Sequence
+
+
+def build_parser() -> argparse.ArgumentParser:
+    """Build the top-level parser; each subcommand's module contributes its own flags."""
+    # NOTE: imported here, not at module level, so `radixd --help` stays fast and a broken
+    # subcommand cannot take the other one down with it.
+    from radixd.daemon.engine import offline
+    from radixd.daemon.server import main as server_main
+
+    parser = argparse.ArgumentParser(
+        prog="radixd", description="A prefix-caching LLM serving daemon (paged KV blocks in a radix tree)."
+    )
+    sub = parser.add_subparsers(dest="command", required=True, metavar="{serve,generate}")
+    serve = sub.add_parser("serve", help="serve a model over gRPC", description="Serve a model over gRPC.")
+    server_main.add_arguments(serve)
+    serve.set_defaults(run=server_main.run)
+    generate = sub.add_parser(
+        "generate",
+        help="generate offline, in-process (no server)",
+        description="Run the engine in-process on one prompt or a JSONL file of requests.",
+    )
+    offline.add_arguments(generate)
+    generate.set_defaults(run=offline.run)
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Entry point of the ``radixd`` console script."""
+    args = build_parser().parse_args(argv)
+    code: int = args.run(args)
+    return code
+
+
+if __name__ == "__main__":
+    sys.exit(main())
