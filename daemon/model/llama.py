@@ -1,0 +1,190 @@
+"""Llama-family decoder (RMSNorm, RoPE, GQA, SwiGLU, tied embeddings, optional qkv bias).
+
+The attention reads and writes the paged KV pool only through `radixd.kernels`: new K/V go in with
+`store_kv`, prefill chunks attend with `paged_prefill`, single-token decodes with `paged_decode`. There is
+no contiguous KV path. Weights are held fused (qkv, gate-up) so each layer runs four matmuls.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import torch
+import torch.nn.functional as F
+
+from radixd import kernels
+from radixd.daemon.model.config import ModelConfig
+from radixd.daemon.model.rope import Rotary, apply_rotary
+
+
+@dataclass
+class LayerWeights:
+    """One decoder layer. qkv: [(Hq + 2 Hkv) * D, H]; gate_up: [2 I, H] (gate rows first)."""
+
+    attn_norm: torch.Tensor
+    qkv: torch.Tensor
+    qkv_bias: torch.Tensor | None
+    o_proj: torch.Tensor
+    mlp_norm: torch.Tensor
+    gate_up: torch.Tensor
+    down: torch.Tensor
+
+
+@dataclass
+class LlamaWeights:
+    embed: torch.Tensor  # [V, H]
+    layers: list[LayerWeights]
+    norm: torch.Tensor  # [H]
+    lm_head: torch.Tensor  # [V, H]; the same tensor as embed when tied
+
+    def tensors(self) -> dict[str, torch.Tensor]:
+        """Flat name -> tensor map (the cache format); lm_head is omitted when tied."""
+        out = {"embed": self.embed, "norm": self.norm}
+        if self.lm_head is not self.embed:
+            out["lm_head"] = self.lm_head
+        for i, lw in enumerate(self.layers):
+            for name in ("attn_norm", "qkv", "o_proj", "mlp_norm", "gate_up", "down"):
+                out[f"layers.{i}.{name}"] = getattr(lw, name)
+            if lw.qkv_bias is not None:
+                out[f"layers.{i}.qkv_bias"] = lw.qkv_bias
+        return out
+
+    @classmethod
+    def from_tensors(cls, t: dict[str, torch.Tensor], num_layers: int) -> LlamaWeights:
+        layers = [
+            LayerWeights(
+                attn_norm=t[f"layers.{i}.attn_norm"],
+                qkv=t[f"layers.{i}.qkv"],
+                qkv_bias=t.get(f"layers.{i}.qkv_bias"),
+                o_proj=t[f"layers.{i}.o_proj"],
+                mlp_norm=t[f"layers.{i}.mlp_norm"],
+                gate_up=t[f"layers.{i}.gate_up"],
+                down=t[f"layers.{i}.down"],
+            )
+            for i in range(num_layers)
+        ]
+        embed = t["embed"]
+        return cls(embed=embed, layers=layers, norm=t["norm"], lm_head=t.get("lm_head", embed))
+
+    def to(self, device: torch.device | str, dtype: torch.dtype) -> LlamaWeights:
+        def cv(x: torch.Tensor) -> torch.Tensor:
+            return x.to(device=device, dtype=dtype).contiguous()
+
+        embed = cv(self.embed)
+        tied = self.lm_head is self.embed
+        layers = [
+            LayerWeights(
+                attn_norm=cv(lw.attn_norm),
+                qkv=cv(lw.qkv),
+                qkv_bias=None if lw.qkv_bias is None else cv(lw.qkv_bias),
+                o_proj=cv(lw.o_proj),
+                mlp_norm=cv(lw.mlp_norm),
+                gate_up=cv(lw.gate_up),
+                down=cv(lw.down),
+            )
+            for lw in self.layers
+        ]
+        return LlamaWeights(
+            embed=embed, layers=layers, norm=cv(self.norm), lm_head=embed if tied else cv(self.lm_head)
+        )
+
+
+@dataclass
+class AttentionMetadata:
+    """Batch layout for one forward: the first `num_prefill_tokens` tokens belong to prefill sequences
+    (attended with paged_prefill), the rest are one decode token per sequence (paged_decode)."""
+
+    slot_mapping: torch.Tensor  # int64 [T]
+    num_prefill_tokens: int
+    prefill_block_tables: torch.Tensor  # int32 [Sp, max_blocks]
+    prefill_cu_q_lens: torch.Tensor  # int32 [Sp + 1]
+    prefill_seq_lens: torch.Tensor  # int32 [Sp]
+    decode_block_tables: torch.Tensor  # int32 [Sd, max_blocks]
+    decode_seq_lens: torch.Tensor  # int32 [Sd]
+
+
+def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
+    """HF's LlamaRMSNorm: normalise in fp32, cast back, then scale."""
+    xf = x.float()
+    xf = xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + eps)
+    return weight * xf.to(x.dtype)
+
+
+class LlamaModel:
+    """The decoder. `forward` returns final-norm hidden states; `logits` projects chosen rows."""
+
+    def __init__(self, config: ModelConfig, weights: LlamaWeights, device: str = "cpu") -> None:
+        self.config = config
+        self.device = torch.device(device)
+        self.weights = weights
+        self.dtype = weights.embed.dtype
+        self.rotary = Rotary(config.head_dim, config.rope_theta, config.rope_scaling, self.device)
+        self.scale = config.head_dim**-0.5
+        self.q_size = config.num_heads * config.head_dim
+        self.kv_size = config.num_kv_heads * config.head_dim
+
+    def forward(
+        self,
+        input_ids: torch.Tensor,
+        positions: torch.Tensor,
+        meta: AttentionMetadata,
+        k_caches: Sequence[torch.Tensor],
+        v_caches: Sequence[torch.Tensor],
+    ) -> torch.Tensor:
+        """input_ids, positions: int64 [T]. Writes each layer's new K/V into the pool. -> [T, H]."""
+        cfg = self.config
+        w = self.weights
+        t = input_ids.shape[0]
+        hq, hkv, d = cfg.num_heads, cfg.num_kv_heads, cfg.head_dim
+        np_ = meta.num_prefill_tokens
+        cos, sin = self.rotary.cos_sin(positions, self.dtype)
+        h = F.embedding(input_ids, w.embed)
+        for li, lw in enumerate(w.layers):
+            x = rms_norm(h, lw.attn_norm, cfg.rms_norm_eps)
+            qkv = F.linear(x, lw.qkv, lw.qkv_bias)
+            q = qkv[:, : self.q_size].view(t, hq, d)
+            k = qkv[:, self.q_size : self.q_size + self.kv_size].view(t, hkv, d)
+            v = qkv[:, self.q_size + self.kv_size :].view(t, hkv, d)
+            q = apply_rotary(q, cos, sin)
+            k = apply_rotary(k, cos, sin)
+            kc, vc = k_caches[li], v_caches[li]
+            kernels.store_kv(k, v.contiguous(), kc, vc, meta.slot_mapping)
+            if np_ == t:
+                attn = kernels.paged_prefill(
+                    q,
+                    kc,
+                    vc,
+                    meta.prefill_block_tables,
+                    meta.prefill_cu_q_lens,
+                    meta.prefill_seq_lens,
+                    self.scale,
+                )
+            elif np_ == 0:
+                attn = kernels.paged_decode(
+                    q, kc, vc, meta.decode_block_tables, meta.decode_seq_lens, self.scale
+                )
+            else:
+                pre = kernels.paged_prefill(
+                    q[:np_],
+                    kc,
+                    vc,
+                    meta.prefill_block_tables,
+                    meta.prefill_cu_q_lens,
+                    meta.prefill_seq_lens,
+                    self.scale,
+                )
+                dec = kernels.paged_decode(
+                    q[np_:], kc, vc, meta.decode_block_tables, meta.decode_seq_lens, self.scale
+                )
+                attn = torch.cat((pre, dec), dim=0)
+            h = h + F.linear(attn.reshape(t, hq * d), lw.o_proj)
+            x = rms_norm(h, lw.mlp_norm, cfg.rms_norm_eps)
+            gu = F.linear(x, lw.gate_up)
+            inter = gu.shape[1] // 2
+            h = h + F.linear(F.silu(gu[:, :inter]) * gu[:, inter:], lw.down)
+        return rms_norm(h, w.norm, cfg.rms_norm_eps)
+
+    def logits(self, hidden: torch.Tensor) -> torch.Tensor:
+        """[N, H] -> fp32 logits [N, V]."""
+        return F.linear(hidden, self.weights.lm_head).float()

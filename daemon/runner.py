@@ -1,0 +1,203 @@
+"""The model runner: owns the paged KV pool, turns a scheduled step into batch tensors, runs the forward
+pass and samples.
+
+A step mixes prefill chunks and decodes. Sequences with more than one new token are laid out first and
+attend through `paged_prefill`; one-token sequences follow and attend through `paged_decode`. Only the last
+position of sequences that sample is projected to logits.
+
+NOTE: `step` never mutates a `SamplingState`'s history; the engine calls `state.append(token_id)` for
+each token it accepts, before the next step.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import torch
+
+from radixd import kernels
+from radixd.daemon.model import AttentionMetadata, LlamaModel, ModelConfig
+from radixd.daemon.sampling import SampleResult, SamplingState, sample
+
+
+@dataclass
+class StepSeq:
+    """One running sequence's share of a step."""
+
+    seq_id: int
+    token_ids: list[int]  # tokens to compute now: a prefill chunk, or 1 token when decoding
+    start_pos: int  # tokens of this sequence already in KV (position of token_ids[0])
+    block_table: list[int]  # physical blocks covering positions [0, start_pos + len(token_ids))
+    sample: SamplingState | None  # None for a non-final prefill chunk (compute KV only)
+
+
+def kv_bytes_per_block(config: ModelConfig, block_size: int, dtype: torch.dtype) -> int:
+    """Bytes one block takes across all layers, K and V."""
+    elem = torch.empty((), dtype=dtype).element_size()
+    return 2 * config.num_layers * block_size * config.num_kv_heads * config.head_dim * elem
+
+
+def num_blocks_for_budget(config: ModelConfig, block_size: int, budget_bytes: int, dtype: torch.dtype) -> int:
+    """How many blocks (block 0, the null block, included) fit in `budget_bytes`."""
+    n = budget_bytes // kv_bytes_per_block(config, block_size, dtype)
+    if n < 2:
+        raise ValueError(
+            f"a KV budget of {budget_bytes} bytes holds {n} blocks of {block_size} tokens; need at least 2"
+        )
+    return int(n)
+
+
+def configure_threads() -> None:
+    """Use RADIXD_NUM_THREADS if set; otherwise torch's default (one per physical core)."""
+    env = os.environ.get("RADIXD_NUM_THREADS")
+    if env:
+        torch.set_num_threads(max(1, int(env)))
+
+
+class ModelRunner:
+    """Runs steps of a `LlamaModel` against a paged KV pool of `num_blocks` x `block_size` tokens."""
+
+    def __init__(
+        self,
+        model: LlamaModel,
+        num_blocks: int,
+        block_size: int,
+        device: str = "cpu",
+        dtype: torch.dtype | None = None,
+    ) -> None:
+        if num_blocks < 2:
+            raise ValueError(f"num_blocks must be >= 2 (block 0 is the null block), got {num_blocks}")
+        if block_size < 1:
+            raise ValueError(f"block_size must be >= 1, got {block_size}")
+        configure_threads()
+        self.model = model
+        self.config = model.config
+        self.num_blocks = num_blocks
+        self.block_size = block_size
+        self.device = torch.device(device)
+        self.dtype = dtype or model.dtype
+        cfg = self.config
+        shape = (num_blocks, block_size, cfg.num_kv_heads, cfg.head_dim)
+        self.k_caches = [
+            torch.zeros(shape, dtype=self.dtype, device=self.device) for _ in range(cfg.num_layers)
+        ]
+        self.v_caches = [
+            torch.zeros(shape, dtype=self.dtype, device=self.device) for _ in range(cfg.num_layers)
+        ]
+        self.kv_bytes_per_block = kv_bytes_per_block(cfg, block_size, self.dtype)
+
+    def copy_blocks(self, ops: Sequence[tuple[int, int, int]]) -> None:
+        """Apply copy-on-write copies (src_block, dst_block, n_tokens) in every layer; call before a step."""
+        if not ops:
+            return
+        for src, dst, n in ops:
+            if not (0 <= src < self.num_blocks and 0 <= dst < self.num_blocks):
+                raise ValueError(f"copy op ({src}, {dst}, {n}) names a block outside [0, {self.num_blocks})")
+            if not 0 <= n <= self.block_size:
+                raise ValueError(f"copy op ({src}, {dst}, {n}): n_tokens must be in [0, {self.block_size}]")
+        t = torch.tensor(list(ops), dtype=torch.int64, device=self.device)
+        kernels.copy_blocks(self.k_caches, self.v_caches, self.k_caches, self.v_caches, t)
+
+    def _check(self, s: StepSeq) -> None:
+        if not s.token_ids:
+            raise ValueError(f"sequence {s.seq_id}: token_ids is empty")
+        if s.start_pos < 0:
+            raise ValueError(f"sequence {s.seq_id}: start_pos must be >= 0, got {s.start_pos}")
+        end = s.start_pos + len(s.token_ids)
+        need = -(-end // self.block_size)
+        if len(s.block_table) < need:
+            raise ValueError(
+                f"sequence {s.seq_id}: {len(s.block_table)} blocks cannot hold {end} tokens "
+                f"(need {need} of {self.block_size})"
+            )
+        if any(not 0 < b < self.num_blocks for b in s.block_table[:need]):
+            raise ValueError(
+                f"sequence {s.seq_id}: block table {s.block_table[:need]} has ids outside "
+                f"[1, {self.num_blocks})"
+            )
+        vocab = self.config.vocab_size
+        if any(not 0 <= t < vocab for t in s.token_ids):
+            raise ValueError(f"sequence {s.seq_id}: token ids must be in [0, {vocab})")
+
+    def _tables(self, group: Sequence[StepSeq]) -> torch.Tensor:
+        bs = self.block_size
+        width = max((-(-(s.start_pos + len(s.token_ids)) // bs) for s in group), default=1)
+        rows = [s.block_table[:width] + [0] * (width - len(s.block_table[:width])) for s in group]
+        return torch.tensor(rows or [[0]], dtype=torch.int32).view(len(group), max(width, 1))
+
+    def _forward(self, seqs: Sequence[StepSeq]) -> tuple[torch.Tensor, dict[int, int]]:
+        """Run the forward pass; -> (hidden [T, H] in layout order, seq index -> its first row)."""
+        for s in seqs:
+            self._check(s)
+        bs = self.block_size
+        prefill = [i for i, s in enumerate(seqs) if len(s.token_ids) > 1]
+        decode = [i for i, s in enumerate(seqs) if len(s.token_ids) == 1]
+        order = prefill + decode
+        ids: list[int] = []
+        pos: list[int] = []
+        slots: list[int] = []
+        first_index: dict[int, int] = {}
+        cu = [0]
+        for i in order:
+            s = seqs[i]
+            n = len(s.token_ids)
+            first_index[i] = len(ids)
+            ids.extend(s.token_ids)
+            p = range(s.start_pos, s.start_pos + n)
+            pos.extend(p)
+            bt = s.block_table
+            slots.extend(bt[q // bs] * bs + q % bs for q in p)
+            if len(s.token_ids) > 1:
+                cu.append(len(ids))
+        pre = [seqs[i] for i in prefill]
+        dec = [seqs[i] for i in decode]
+        dev = self.device
+        meta = AttentionMetadata(
+            slot_mapping=torch.tensor(slots, dtype=torch.int64).to(dev),
+            num_prefill_tokens=cu[-1],
+            prefill_block_tables=self._tables(pre).to(dev),
+            prefill_cu_q_lens=torch.tensor(cu, dtype=torch.int32).to(dev),
+            prefill_seq_lens=torch.tensor(
+                [s.start_pos + len(s.token_ids) for s in pre], dtype=torch.int32
+            ).to(dev),
+            decode_block_tables=self._tables(dec).to(dev),
+            decode_seq_lens=torch.tensor([s.start_pos + 1 for s in dec], dtype=torch.int32).to(dev),
+        )
+        input_ids = torch.tensor(ids, dtype=torch.int64).to(dev)
+        positions = torch.tensor(pos, dtype=torch.int64).to(dev)
+        hidden = self.model.forward(input_ids, positions, meta, self.k_caches, self.v_caches)
+        return hidden, first_index
+
+    @torch.inference_mode()
+    def step(self, seqs: Sequence[StepSeq]) -> list[SampleResult | None]:
+        """Compute every sequence's new tokens into the pool; sample where `sample` is set."""
+        if not seqs:
+            return []
+        hidden, first_index = self._forward(seqs)
+        dev = self.device
+        sampling = [i for i, s in enumerate(seqs) if s.sample is not None]
+        results: list[SampleResult | None] = [None] * len(seqs)
+        if not sampling:
+            return results
+        rows = torch.tensor(
+            [first_index[i] + len(seqs[i].token_ids) - 1 for i in sampling], dtype=torch.int64, device=dev
+        )
+        logits = self.model.logits(hidden.index_select(0, rows))
+        states = [s.sample for s in (seqs[i] for i in sampling) if s.sample is not None]
+        for i, r in zip(sampling, sample(logits, states), strict=True):
+            results[i] = r
+        return results
+
+    @torch.inference_mode()
+    def step_logits(self, seqs: Sequence[StepSeq]) -> torch.Tensor:
+        """Like `step` but returns fp32 logits [sum(len(token_ids)), V] of every new token, in `seqs`
+        order, and samples nothing (tests, scoring)."""
+        if not seqs:
+            return torch.empty(0, self.config.vocab_size)
+        hidden, first_index = self._forward(seqs)
+        rows = [
+            r for i, s in enumerate(seqs) for r in range(first_index[i], first_index[i] + len(s.token_ids))
+        ]
+        return self.model.logits(hidden.index_select(0, torch.tensor(rows, device=self.device)))

@@ -1,0 +1,283 @@
+"""Sampling parameters, per-request sampling state and the batched sampler.
+
+`SamplingParams` is validated on construction. `SamplingState` carries one request's params, its own
+random generator and the token history that penalties read. `sample()` turns a batch of last-position
+logits into one `SampleResult` per row.
+
+NOTE: batch invariance. Every row is processed with row-local operations only, and a sampled row draws
+exactly one uniform number per step from its own CPU `torch.Generator`, then picks the token by inverse
+CDF over its (sorted, filtered) distribution. So a seeded request yields the same tokens alone or batched
+with anything else, and on any device.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+
+import torch
+
+# A large finite negative instead of -inf keeps softmax free of NaN when a row is fully masked.
+_NEG = -1e30
+
+
+def _check_finite(name: str, value: float) -> None:
+    if isinstance(value, bool) or not isinstance(value, int | float):
+        raise ValueError(f"{name} must be a number, got {value!r}")
+    if not math.isfinite(value):
+        raise ValueError(f"{name} must be finite, got {value!r}")
+
+
+def _check_int(name: str, value: object, minimum: int) -> None:
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise ValueError(f"{name} must be an integer, got {value!r}")
+    if value < minimum:
+        raise ValueError(f"{name} must be >= {minimum}, got {value}")
+
+
+@dataclass(frozen=True)
+class SamplingParams:
+    """How to pick tokens and when to stop. Invalid values raise ValueError on construction.
+
+    temperature 0 means greedy (argmax). top_k 0 (or -1) disables top-k; top_p 1.0 and min_p 0.0 disable
+    theirs. repetition_penalty (> 0, 1.0 = off) rescales logits of every token seen in prompt or output;
+    presence/frequency penalties ([-2, 2]) subtract from logits of tokens already generated.
+    logprobs=None returns no logprobs; logprobs=n returns the chosen token's logprob and the top n.
+    """
+
+    max_tokens: int = 16
+    min_tokens: int = 0
+    temperature: float = 1.0
+    top_k: int = 0
+    top_p: float = 1.0
+    min_p: float = 0.0
+    repetition_penalty: float = 1.0
+    presence_penalty: float = 0.0
+    frequency_penalty: float = 0.0
+    seed: int | None = None
+    stop: tuple[str, ...] = ()
+    stop_token_ids: tuple[int, ...] = ()
+    ignore_eos: bool = False
+    logprobs: int | None = None
+    n: int = 1
+
+    def __post_init__(self) -> None:
+        _check_int("max_tokens", self.max_tokens, 1)
+        _check_int("min_tokens", self.min_tokens, 0)
+        if self.min_tokens > self.max_tokens:
+            raise ValueError(f"min_tokens ({self.min_tokens}) must not exceed max_tokens ({self.max_tokens})")
+        _check_finite("temperature", self.temperature)
+        if self.temperature < 0:
+            raise ValueError(f"temperature must be >= 0 (0 = greedy), got {self.temperature}")
+        _check_int("top_k", self.top_k, -1)
+        _check_finite("top_p", self.top_p)
+        if not 0.0 < self.top_p <= 1.0:
+            raise ValueError(f"top_p must be in (0, 1], got {self.top_p}")
+        _check_finite("min_p", self.min_p)
+        if not 0.0 <= self.min_p <= 1.0:
+            raise ValueError(f"min_p must be in [0, 1], got {self.min_p}")
+        _check_finite("repetition_penalty", self.repetition_penalty)
+        if self.repetition_penalty <= 0:
+            raise ValueError(f"repetition_penalty must be > 0 (1.0 = off), got {self.repetition_penalty}")
+        for name in ("presence_penalty", "frequency_penalty"):
+            value = getattr(self, name)
+            _check_finite(name, value)
+            if not -2.0 <= value <= 2.0:
+                raise ValueError(f"{name} must be in [-2, 2], got {value}")
+        if self.seed is not None:
+            _check_int("seed", self.seed, 0)
+            if self.seed >= 2**63:
+                raise ValueError(f"seed must be < 2**63, got {self.seed}")
+        stop: object = self.stop
+        if isinstance(stop, str) or not all(isinstance(s, str) and s for s in self.stop):
+            raise ValueError(f"stop must be a sequence of non-empty strings, got {self.stop!r}")
+        object.__setattr__(self, "stop", tuple(self.stop))
+        for t in self.stop_token_ids:
+            _check_int("stop_token_ids entry", t, 0)
+        object.__setattr__(self, "stop_token_ids", tuple(self.stop_token_ids))
+        if self.logprobs is not None:
+            _check_int("logprobs", self.logprobs, 0)
+            if self.logprobs > 20:
+                raise ValueError(f"logprobs must be <= 20, got {self.logprobs}")
+        _check_int("n", self.n, 1)
+
+    @property
+    def greedy(self) -> bool:
+        return self.temperature == 0.0
+
+    @property
+    def uses_penalties(self) -> bool:
+        return self.repetition_penalty != 1.0 or self.presence_penalty != 0.0 or self.frequency_penalty != 0.0
+
+
+@dataclass
+class SampleResult:
+    """One sampled token: its id, its logprob (if asked) and the top-n (token_id, logprob) pairs."""
+
+    token_id: int
+    logprob: float | None = None
+    top_logprobs: list[tuple[int, float]] = field(default_factory=list)
+
+
+class SamplingState:
+    """One request's sampling state: params, own generator, prompt and output token history.
+
+    `eos_token_ids` are the model's end tokens: masked while fewer than min_tokens were generated, and
+    they finish the request unless ignore_eos. The engine appends each accepted token with `append`.
+    """
+
+    def __init__(
+        self,
+        params: SamplingParams,
+        prompt_token_ids: Sequence[int] = (),
+        eos_token_ids: Sequence[int] = (),
+        seed: int | None = None,
+    ) -> None:
+        self.params = params
+        self.prompt_token_ids = list(prompt_token_ids)
+        self.output_token_ids: list[int] = []
+        self.eos_token_ids = tuple(eos_token_ids)
+        self.seed = params.seed if seed is None else seed
+        self.generator = torch.Generator(device="cpu")
+        if self.seed is None:
+            self.generator.seed()
+        else:
+            self.generator.manual_seed(self.seed)
+
+    def append(self, token_id: int) -> None:
+        """Record a generated token (penalties and min_tokens read the history)."""
+        self.output_token_ids.append(token_id)
+
+    def finish_reason(self, token_id: int) -> str | None:
+        """Finish reason after `token_id` was appended: "stop" (eos / stop token), "length", or None.
+
+        Stop strings are checked separately on text (see `radixd.daemon.stop`).
+        """
+        n_out = len(self.output_token_ids)
+        if n_out >= self.params.min_tokens:
+            if token_id in self.params.stop_token_ids:
+                return "stop"
+            if not self.params.ignore_eos and token_id in self.eos_token_ids:
+                return "stop"
+        if n_out >= self.params.max_tokens:
+            return "length"
+        return None
+
+    def fork(self, seed: int | None) -> SamplingState:
+        """A child for n > 1: same params and history, its own generator seeded with `seed`."""
+        child = SamplingState(self.params, self.prompt_token_ids, self.eos_token_ids, seed=seed)
+        if seed is None and self.seed is None:
+            child.generator.seed()
+        child.output_token_ids = list(self.output_token_ids)
+        return child
+
+
+def _apply_penalties(logits: torch.Tensor, states: Sequence[SamplingState]) -> None:
+    """In place, only rows that use penalties (row-local, so batch invariant)."""
+    vocab = logits.shape[1]
+    for row, st in enumerate(states):
+        p = st.params
+        if not p.uses_penalties:
+            continue
+        x = logits[row]
+        if p.repetition_penalty != 1.0:
+            seen = torch.tensor(st.prompt_token_ids + st.output_token_ids, dtype=torch.long)
+            seen = torch.unique(seen[(seen >= 0) & (seen < vocab)]).to(logits.device)
+            if seen.numel():
+                vals = x[seen]
+                x[seen] = torch.where(vals > 0, vals / p.repetition_penalty, vals * p.repetition_penalty)
+        if (p.presence_penalty != 0.0 or p.frequency_penalty != 0.0) and st.output_token_ids:
+            out = torch.tensor(st.output_token_ids, dtype=torch.long, device=logits.device)
+            out = out[(out >= 0) & (out < vocab)]
+            counts = torch.zeros(vocab, dtype=logits.dtype, device=logits.device)
+            counts.scatter_add_(0, out, torch.ones_like(out, dtype=logits.dtype))
+            x -= p.frequency_penalty * counts + p.presence_penalty * (counts > 0).to(logits.dtype)
+
+
+def _apply_min_tokens(logits: torch.Tensor, states: Sequence[SamplingState]) -> None:
+    vocab = logits.shape[1]
+    for row, st in enumerate(states):
+        if len(st.output_token_ids) < st.params.min_tokens:
+            banned = [t for t in (*st.params.stop_token_ids, *st.eos_token_ids) if 0 <= t < vocab]
+            if banned:
+                logits[row, banned] = _NEG
+
+
+def _sample_rows(logits: torch.Tensor, states: Sequence[SamplingState]) -> torch.Tensor:
+    """Temperature / top-k / top-p / min-p, then inverse-CDF draw with each row's own generator."""
+    vocab = logits.shape[1]
+    temps = torch.tensor([s.params.temperature for s in states], dtype=logits.dtype, device=logits.device)
+    x = logits / temps.unsqueeze(1)
+    ks = [s.params.top_k if s.params.top_k > 0 else vocab for s in states]
+    max_k = min(max(ks), vocab)
+    # Only the max_k largest logits can survive top-k; topk is sorted and cheaper than a full sort.
+    if max_k < vocab:
+        sorted_x, sorted_idx = torch.topk(x, max_k, dim=1, sorted=True)
+    else:
+        sorted_x, sorted_idx = torch.sort(x, dim=1, descending=True)
+    width = sorted_x.shape[1]
+    rank = torch.arange(width, device=x.device).unsqueeze(0)
+    k_t = torch.tensor(ks, device=x.device).unsqueeze(1)
+    sorted_x = sorted_x.masked_fill(rank >= k_t, _NEG)
+    probs = torch.softmax(sorted_x, dim=1)
+    top_p = torch.tensor([s.params.top_p for s in states], dtype=probs.dtype, device=x.device)
+    # Keep a token while the mass before it is < top_p (the first token always stays).
+    before = torch.cumsum(probs, dim=1) - probs
+    drop = before >= top_p.unsqueeze(1)
+    min_p = torch.tensor([s.params.min_p for s in states], dtype=probs.dtype, device=x.device)
+    drop |= probs < (min_p.unsqueeze(1) * probs[:, :1])
+    drop[:, 0] = False
+    probs = probs.masked_fill(drop, 0.0)
+    cdf = torch.cumsum(probs, dim=1)
+    u = torch.stack([torch.rand((), generator=s.generator, dtype=torch.float64) for s in states])
+    target = (u.to(x.device) * cdf[:, -1].double()).to(cdf.dtype).unsqueeze(1)
+    pick = torch.searchsorted(cdf, target, right=True).clamp_(max=width - 1)
+    # NOTE: a pick can land on a dropped zero-probability slot only at the float boundary; step back to
+    # the last kept slot in that case so no filtered token is ever emitted.
+    kept = ~drop
+    pick_kept = kept.gather(1, pick)
+    if not bool(pick_kept.all()):
+        last_kept = (kept.long() * rank).amax(dim=1, keepdim=True)
+        pick = torch.where(pick_kept, pick, torch.minimum(pick, last_kept))
+    return sorted_idx.gather(1, pick).squeeze(1)
+
+
+def sample(logits: torch.Tensor, states: Sequence[SamplingState]) -> list[SampleResult]:
+    """Sample one token per row of `logits` [B, V] for the matching `states`. Does not append."""
+    if logits.dim() != 2 or logits.shape[0] != len(states):
+        raise ValueError(f"logits must be [len(states), vocab], got {tuple(logits.shape)} for {len(states)}")
+    if not states:
+        return []
+    logits = logits.float()
+    if any(s.params.uses_penalties for s in states) or any(
+        len(s.output_token_ids) < s.params.min_tokens for s in states
+    ):
+        logits = logits.clone()
+        _apply_penalties(logits, states)
+        _apply_min_tokens(logits, states)
+    chosen = torch.argmax(logits, dim=1)
+    sampled_rows = [i for i, s in enumerate(states) if not s.params.greedy]
+    if sampled_rows:
+        idx = torch.tensor(sampled_rows, device=logits.device)
+        picked = _sample_rows(logits.index_select(0, idx), [states[i] for i in sampled_rows])
+        chosen = chosen.index_copy(0, idx, picked)
+    chosen_list: list[int] = chosen.tolist()
+    results = [SampleResult(token_id=t) for t in chosen_list]
+    lp_rows = [i for i, s in enumerate(states) if s.params.logprobs is not None]
+    if lp_rows:
+        # Logprobs describe the model's distribution after penalties, before temperature/truncation.
+        idx = torch.tensor(lp_rows, device=logits.device)
+        lp = torch.log_softmax(logits.index_select(0, idx), dim=1)
+        chosen_lp = lp.gather(1, chosen.index_select(0, idx).unsqueeze(1)).squeeze(1).tolist()
+        max_n = max(states[i].params.logprobs or 0 for i in lp_rows)
+        top_v, top_i = torch.topk(lp, max_n, dim=1) if max_n else (None, None)
+        for j, row in enumerate(lp_rows):
+            res = results[row]
+            res.logprob = float(chosen_lp[j])
+            n = states[row].params.logprobs or 0
+            if n and top_v is not None and top_i is not None:
+                res.top_logprobs = list(
+                    zip(top_i[j, :n].tolist(), [float(v) for v in top_v[j, :n].tolist()], strict=True)
+                )
+    return results
