@@ -1,0 +1,232 @@
+"""Plain Python views of what the daemon streams back, shared by the sync and asyncio clients.
+
+A generation stream is a sequence of events: one `Start` (prompt and cached token counts), then
+`Chunk`s (token ids, a UTF-8 safe text delta, optional logprobs), then one `End` per completion index
+(finish reason, usage, timings). `Completion` is what `collect()` makes of a whole stream.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import TypedDict
+
+from radixd_client._pb import cache_admin_pb2, common_pb2
+
+_FINISH = {
+    common_pb2.FINISH_REASON_STOP: "stop",
+    common_pb2.FINISH_REASON_LENGTH: "length",
+    common_pb2.FINISH_REASON_ABORT: "abort",
+    common_pb2.FINISH_REASON_ERROR: "error",
+}
+FLUSH_MODES: dict[str, cache_admin_pb2.FlushMode] = {
+    "evict_unlocked": cache_admin_pb2.FLUSH_MODE_EVICT_UNLOCKED,
+    "refuse_if_busy": cache_admin_pb2.FLUSH_MODE_REFUSE_IF_BUSY,
+    "wait_for_idle": cache_admin_pb2.FLUSH_MODE_WAIT_FOR_IDLE,
+}
+
+# A prompt: text, token ids, or chat messages ({"role": ..., "content": ...} mappings).
+PromptLike = str | Sequence[int] | Sequence[Mapping[str, str]]
+
+
+class SamplingOptions(TypedDict, total=False):
+    """Sampling keyword arguments accepted by every generate call (unset = daemon default)."""
+
+    max_tokens: int
+    min_tokens: int
+    temperature: float
+    top_k: int
+    top_p: float
+    min_p: float
+    repetition_penalty: float
+    presence_penalty: float
+    frequency_penalty: float
+    seed: int
+    stop: Sequence[str]
+    stop_token_ids: Sequence[int]
+    ignore_eos: bool
+    logprobs: int
+    n: int
+
+
+@dataclass(frozen=True)
+class Start:
+    request_id: str
+    prompt_tokens: int
+    cached_tokens: int
+    session_id: str = ""
+
+
+@dataclass(frozen=True)
+class Chunk:
+    index: int
+    token_ids: list[int]
+    text: str
+    # (token_id, logprob, [(top_token_id, logprob), ...]) per token when logprobs were requested.
+    logprobs: list[tuple[int, float, list[tuple[int, float]]]] = field(default_factory=list)
+
+
+@dataclass(frozen=True)
+class End:
+    index: int
+    finish_reason: str
+    error: str
+    prompt_tokens: int
+    cached_tokens: int
+    completion_tokens: int
+    queue_s: float
+    ttft_s: float
+    total_s: float
+
+
+Event = Start | Chunk | End
+
+
+@dataclass
+class Completion:
+    """A whole stream, collected. With n > 1, `texts[i]` / `token_ids[i]` hold completion i."""
+
+    request_id: str = ""
+    prompt_tokens: int = 0
+    cached_tokens: int = 0
+    texts: dict[int, str] = field(default_factory=dict)
+    token_ids: dict[int, list[int]] = field(default_factory=dict)
+    ends: dict[int, End] = field(default_factory=dict)
+
+    @property
+    def text(self) -> str:
+        return self.texts.get(0, "")
+
+    @property
+    def finish_reason(self) -> str:
+        end = self.ends.get(0)
+        return end.finish_reason if end else ""
+
+    @property
+    def completion_tokens(self) -> int:
+        return sum(len(t) for t in self.token_ids.values())
+
+    def add(self, event: Event) -> None:
+        if isinstance(event, Start):
+            self.request_id = event.request_id
+            self.prompt_tokens = event.prompt_tokens
+            self.cached_tokens = event.cached_tokens
+        elif isinstance(event, Chunk):
+            self.texts[event.index] = self.texts.get(event.index, "") + event.text
+            self.token_ids.setdefault(event.index, []).extend(event.token_ids)
+        else:
+            self.ends[event.index] = event
+
+
+def collect(events: Iterable[Event]) -> Completion:
+    """Drain a stream into a `Completion`."""
+    out = Completion()
+    for event in events:
+        out.add(event)
+    return out
+
+
+def to_prompt(prompt: PromptLike) -> common_pb2.Prompt:
+    """Build the wire `Prompt`: a str is text, ints are token ids, mappings are chat messages."""
+    if isinstance(prompt, str):
+        return common_pb2.Prompt(text=prompt)
+    items = list(prompt)
+    if items and all(isinstance(m, Mapping) for m in items):
+        messages = [common_pb2.ChatMessage(role=m["role"], content=m["content"]) for m in items]  # type: ignore[index]
+        return common_pb2.Prompt(chat=common_pb2.ChatMessages(messages=messages, add_generation_prompt=True))
+    if all(isinstance(t, int) and not isinstance(t, bool) for t in items):
+        return common_pb2.Prompt(token_ids=common_pb2.TokenIds(ids=items))  # type: ignore[arg-type]
+    raise TypeError(
+        "prompt must be a str, a sequence of token ids, or a sequence of {role, content} mappings"
+    )
+
+
+def to_sampling(options: SamplingOptions) -> common_pb2.SamplingParams:
+    """Build the wire `SamplingParams`, leaving unset options unset."""
+    msg = common_pb2.SamplingParams()
+    for key, value in options.items():
+        if value is None:
+            continue
+        if key in ("stop", "stop_token_ids"):
+            getattr(msg, key).extend(value)
+        else:
+            setattr(msg, key, value)
+    return msg
+
+
+def from_response(
+    msg: object,
+) -> Event:
+    """Convert a GenerateResponse / SessionServiceGenerateResponse into an `Event`."""
+    kind = msg.WhichOneof("event")  # type: ignore[attr-defined]
+    if kind == "start":
+        s = msg.start  # type: ignore[attr-defined]
+        return Start(s.request_id, s.prompt_tokens, s.cached_tokens, s.session_id)
+    if kind == "chunk":
+        c = msg.chunk  # type: ignore[attr-defined]
+        lps = [(lp.token_id, lp.logprob, [(t.token_id, t.logprob) for t in lp.top]) for lp in c.logprobs]
+        return Chunk(c.index, list(c.token_ids), c.text, lps)
+    if kind == "end":
+        e = msg.end  # type: ignore[attr-defined]
+        return End(
+            index=e.index,
+            finish_reason=_FINISH.get(e.finish_reason, "unspecified"),
+            error=e.error,
+            prompt_tokens=e.usage.prompt_tokens,
+            cached_tokens=e.usage.cached_tokens,
+            completion_tokens=e.usage.completion_tokens,
+            queue_s=e.timings.queue_s,
+            ttft_s=e.timings.ttft_s,
+            total_s=e.timings.total_s,
+        )
+    raise ValueError(f"unexpected stream message without an event: {msg!r}")
+
+
+def bearer(token: str | None) -> tuple[tuple[str, str], ...]:
+    """gRPC metadata carrying `token` as a bearer credential (empty when no token)."""
+    return (("authorization", f"Bearer {token}"),) if token else ()
+
+
+# Standard grpc.health.v1 wire format, encoded by hand so the client needs no grpcio-health-checking:
+# HealthCheckRequest{string service = 1}, HealthCheckResponse{ServingStatus status = 1}.
+HEALTH_CHECK_METHOD = "/grpc.health.v1.Health/Check"
+HEALTH_STATUS = {0: "UNKNOWN", 1: "SERVING", 2: "NOT_SERVING", 3: "SERVICE_UNKNOWN"}
+
+
+def encode_health_request(service: str = "") -> bytes:
+    data = service.encode()
+    if not data:
+        return b""
+    if len(data) > 127:
+        raise ValueError("service name too long for the health check")
+    return bytes([0x0A, len(data)]) + data
+
+
+def decode_health_response(data: bytes) -> str:
+    if len(data) >= 2 and data[0] == 0x08:
+        return HEALTH_STATUS.get(data[1], f"STATUS_{data[1]}")
+    return "UNKNOWN"
+
+
+def flush_mode(mode: str) -> cache_admin_pb2.FlushMode:
+    """The wire FlushMode for a mode name."""
+    if mode not in FLUSH_MODES:
+        raise ValueError(f"flush mode must be one of {sorted(FLUSH_MODES)}, got {mode!r}")
+    return FLUSH_MODES[mode]
+
+
+def evict_request(
+    num_blocks: int | None, prefix: PromptLike | None, session_id: str | None, namespace: str
+) -> cache_admin_pb2.EvictRequest:
+    """The EvictRequest for exactly one of num_blocks / prefix / session_id."""
+    chosen = [x is not None for x in (num_blocks, prefix, session_id)]
+    if sum(chosen) != 1:
+        raise ValueError("evict needs exactly one of num_blocks=, prefix= or session_id=")
+    req = cache_admin_pb2.EvictRequest(namespace=namespace)
+    if num_blocks is not None:
+        req.num_blocks = num_blocks
+    elif prefix is not None:
+        req.prefix.CopyFrom(to_prompt(prefix))
+    elif session_id is not None:
+        req.session_id = session_id
+    return req
