@@ -1,1 +1,21 @@
-"""Paged-attention kernels (Triton) and their torch reference twins, one op per file."""
+"""Paged-attention kernels (Triton) and their torch reference twins, one op per file.
+
+Public API (the model calls only these; each takes ``backend: str | None = None``):
+
+- :func:`store_kv` - write new K/V rows into pool slots (``slot = block * B + offset``, -1 skips).
+- :func:`paged_decode` - one query token per sequence, split-K flash decoding over block tables.
+- :func:`paged_prefill` - ragged new tokens attend to their cached prefix and causally to themselves.
+- :func:`copy_blocks` - (src, dst, n_tokens) block copies over every layer (CoW, device<->host swap).
+
+Backend: ``backend`` argument, else env ``RADIXD_KERNEL_BACKEND``, else Triton for CUDA tensors,
+else Triton under ``TRITON_INTERPRET=1``, else the torch twin (the daemon's CPU path).
+Per-layer pool layout: ``k_cache``, ``v_cache`` each ``[num_blocks, block_size, num_kv_heads, head_dim]``.
+"""
+
+from radixd.kernels.copy_blocks import copy_blocks
+from radixd.kernels.dispatch import ENV_BACKEND, resolve_backend
+from radixd.kernels.paged_decode import paged_decode
+from radixd.kernels.paged_prefill import paged_prefill
+from radixd.kernels.store_kv import store_kv
+
+__all__ = ["ENV_BACKEND", "copy_blocks", "paged_decode", "paged_prefill", "resolve_backend", "store_kv"]

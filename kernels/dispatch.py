@@ -1,0 +1,93 @@
+"""Backend selection shared by every op: one rule, so the model and the tests agree on what runs.
+
+Rule (binding, see the team contract): an explicit ``backend`` argument wins; else the env var
+``RADIXD_KERNEL_BACKEND`` ("triton" | "torch"); else "triton" for CUDA tensors; else "triton" when
+``TRITON_INTERPRET=1`` (CPU tests of the Triton kernels); else "torch" (the daemon's CPU path).
+
+Triton decides at *decoration* time whether a ``@triton.jit`` function is compiled or interpreted
+(``triton.knobs.runtime.interpret`` is read inside the decorator). A module-level decorator would
+therefore freeze the mode at import time, which breaks when a test sets ``TRITON_INTERPRET=1`` after
+something imported ``radixd.kernels``. :class:`LazyKernel` defers the decoration to the first launch
+and keeps one compiled and one interpreted variant, chosen per launch.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Callable
+from typing import Any
+
+import torch
+
+BACKENDS = ("triton", "torch")
+ENV_BACKEND = "RADIXD_KERNEL_BACKEND"
+
+
+def interpreting() -> bool:
+    """True when Triton kernels run under the CPU interpreter (``TRITON_INTERPRET=1``)."""
+    import triton
+
+    if bool(triton.knobs.runtime.interpret):
+        return True
+    return os.environ.get("TRITON_INTERPRET", "0").strip().lower() in ("1", "true", "on", "yes")
+
+
+def resolve_backend(backend: str | None, device: torch.device) -> str:
+    """Return "triton" or "torch" for an op whose tensors live on ``device``.
+
+    Raises ValueError for an unknown name, and for "triton" on CPU tensors outside the interpreter
+    (a compiled Triton kernel cannot read host memory).
+    """
+    name = backend
+    if name is None:
+        env = os.environ.get(ENV_BACKEND, "").strip().lower()
+        name = env or None
+    if name is None:
+        name = "triton" if device.type == "cuda" or interpreting() else "torch"
+    if name not in BACKENDS:
+        raise ValueError(
+            f"unknown kernel backend {name!r}: use one of {BACKENDS} (argument or env {ENV_BACKEND})"
+        )
+    if name == "triton" and device.type != "cuda" and not interpreting():
+        raise ValueError(
+            f"backend 'triton' needs CUDA tensors (got {device}); set TRITON_INTERPRET=1 to run the "
+            "kernels on CPU under the Triton interpreter, or use backend='torch'"
+        )
+    return name
+
+
+class LazyKernel:
+    """A Triton kernel decorated on first launch, in the mode (compiled/interpreted) of that launch.
+
+    Usage: ``_kernel = LazyKernel(_kernel_fn)`` then ``_kernel[grid](args...)``.
+    """
+
+    def __init__(self, fn: Callable[..., None]) -> None:
+        self.fn = fn
+        self._variants: dict[bool, Any] = {}
+
+    def __getitem__(self, grid: Any) -> Any:
+        mode = interpreting()
+        kernel = self._variants.get(mode)
+        if kernel is None:
+            kernel = self._decorate(mode)
+            self._variants[mode] = kernel
+        return kernel[grid]
+
+    def _decorate(self, interpret: bool) -> Any:
+        import triton
+
+        if interpret:
+            from triton.runtime.interpreter import InterpretedFunction
+
+            return InterpretedFunction(self.fn)
+        return triton.jit(self.fn)
+
+
+def check_same_device(what: str, *tensors: torch.Tensor) -> torch.device:
+    """Return the common device of ``tensors`` or raise ValueError naming ``what``."""
+    dev = tensors[0].device
+    for t in tensors[1:]:
+        if t.device != dev:
+            raise ValueError(f"{what}: all tensors must be on one device, got {dev} and {t.device}")
+    return dev

@@ -1,0 +1,343 @@
+"""paged_decode: one query token per sequence attends to its KV through a block table.
+
+Triton: split-K flash decoding. Stage 1 runs one program per (sequence, kv head, split); the query
+heads of the GQA group are packed into one tile (padded to 16 rows for ``tl.dot``) and an fp32 online
+softmax runs over KV tiles gathered through the block table. Stage 2 merges the splits by log-sum-exp:
+``O = sum_k l_k exp(m_k - m) O_k / sum_k l_k exp(m_k - m)``. With one split stage 1 writes the output.
+
+Torch twin (the daemon's CPU path): one gather of the needed blocks through index tensors, then one
+SDPA call in which the G query heads of a kv head play the role of G query rows (no K/V repeat).
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+
+from radixd.kernels.checks import check_block_tables, check_cache, check_int_vector, check_query
+from radixd.kernels.dispatch import LazyKernel, check_same_device, resolve_backend
+
+try:  # triton is a hard dependency, but keep the torch path importable without it
+    import triton
+    import triton.language as tl
+except ImportError:  # pragma: no cover
+    triton = None
+
+
+def paged_decode(
+    q: torch.Tensor,
+    k_cache: torch.Tensor,
+    v_cache: torch.Tensor,
+    block_tables: torch.Tensor,
+    seq_lens: torch.Tensor,
+    scale: float,
+    num_splits: int | None = None,
+    backend: str | None = None,
+) -> torch.Tensor:
+    """Decode attention over a paged KV pool.
+
+    q [S, Hq, D] (one token per sequence); k_cache/v_cache [N, B, Hkv, D]; block_tables int32
+    [S, max_blocks] (unused entries 0); seq_lens int32 [S], KV length incl. the current token
+    (already stored); a length of 0 yields a zero output row. ``num_splits`` sets the split-K
+    partitions of the Triton kernel (None = heuristic; the torch twin is exact and ignores it).
+    Returns [S, Hq, D] in q's dtype.
+    """
+    op = "paged_decode"
+    _, _, hkv, d = check_cache(op, k_cache, v_cache)
+    s, _group = check_query(op, q, hkv, d)
+    check_int_vector(op, "seq_lens", seq_lens, s)
+    max_blocks = check_block_tables(op, block_tables, s)
+    dev = check_same_device(op, q, k_cache, v_cache, block_tables, seq_lens)
+    if num_splits is not None and num_splits < 1:
+        raise ValueError(f"{op}: num_splits must be >= 1 or None, got {num_splits}")
+    if resolve_backend(backend, dev) == "torch":
+        return paged_decode_torch(q, k_cache, v_cache, block_tables, seq_lens, scale)
+    return paged_decode_triton(q, k_cache, v_cache, block_tables, seq_lens, scale, num_splits, max_blocks)
+
+
+# ----------------------------------------------------------------------------------------------
+# torch twin
+# ----------------------------------------------------------------------------------------------
+
+
+def gather_kv(cache: torch.Tensor, block_tables: torch.Tensor, num_blocks: int) -> torch.Tensor:
+    """Gather the first ``num_blocks`` table entries of every sequence: [S, num_blocks * B, Hkv, D]."""
+    s = block_tables.shape[0]
+    _, b, h, d = cache.shape
+    idx = block_tables[:, :num_blocks].reshape(-1).long()
+    # NOTE: index_select on the block axis copies whole dense blocks (B*H*D elements) per index,
+    # the cheapest gather torch offers on CPU.
+    return cache.index_select(0, idx).view(s, num_blocks * b, h, d)
+
+
+def paged_decode_torch(
+    q: torch.Tensor,
+    k_cache: torch.Tensor,
+    v_cache: torch.Tensor,
+    block_tables: torch.Tensor,
+    seq_lens: torch.Tensor,
+    scale: float,
+) -> torch.Tensor:
+    """Vectorized torch twin of :func:`paged_decode` (no loop over sequences or tokens)."""
+    s, hq, d = q.shape
+    _, b, hkv, _ = k_cache.shape
+    group = hq // hkv
+    if s == 0:
+        return q.new_zeros(s, hq, d)
+    lens = seq_lens.long()
+    max_len = int(lens.max())
+    if max_len <= 0:
+        return q.new_zeros(s, hq, d)
+    nb = (max_len + b - 1) // b
+    length = nb * b
+    kg = gather_kv(k_cache, block_tables, nb).transpose(1, 2)  # [S, Hkv, L, D] strided view
+    vg = gather_kv(v_cache, block_tables, nb).transpose(1, 2)
+    qg = q.view(s, hkv, group, d).to(k_cache.dtype)
+    pos = torch.arange(length, device=q.device)
+    mask = (pos[None, :] < lens[:, None]).view(s, 1, 1, length)
+    out = F.scaled_dot_product_attention(qg, kg, vg, attn_mask=mask, scale=scale)
+    out = out.reshape(s, hq, d)
+    # NOTE: an all-masked row (length 0) comes back NaN from SDPA; the contract says zeros.
+    out = torch.where((lens > 0).view(s, 1, 1), out, out.new_zeros(()))
+    return out.to(q.dtype)
+
+
+# ----------------------------------------------------------------------------------------------
+# Triton
+# ----------------------------------------------------------------------------------------------
+
+# Tile sizes: KV tokens per inner step and the padded GQA group (tl.dot needs >= 16 on a GPU).
+_BLOCK_N = 64
+_MIN_GROUP_TILE = 16
+# A split should cover at least this many tokens, or its fixed cost dominates.
+_MIN_TOKENS_PER_SPLIT = 256
+_MAX_SPLITS = 64
+
+
+def default_num_splits(num_seqs: int, num_kv_heads: int, max_len: int, device: torch.device) -> int:
+    """Split-K heuristic: enough programs to fill the GPU twice, splits of >= 256 tokens."""
+    sms = torch.cuda.get_device_properties(device).multi_processor_count if device.type == "cuda" else 4
+    programs = max(1, num_seqs * num_kv_heads)
+    want = -(-2 * sms // programs)
+    cap = max(1, -(-max_len // _MIN_TOKENS_PER_SPLIT))
+    return int(max(1, min(want, cap, _MAX_SPLITS)))
+
+
+def _decode_stage1(
+    q_ptr: Any,
+    k_ptr: Any,
+    v_ptr: Any,
+    bt_ptr: Any,
+    lens_ptr: Any,
+    out_ptr: Any,
+    part_o_ptr: Any,
+    part_ml_ptr: Any,
+    scale: Any,
+    stride_qs: Any,
+    stride_qh: Any,
+    stride_kn: Any,
+    stride_vn: Any,
+    stride_bts: Any,
+    stride_os: Any,
+    stride_oh: Any,
+    max_blocks: Any,
+    GROUP: tl.constexpr,
+    GROUP_TILE: tl.constexpr,
+    HEAD_DIM: tl.constexpr,
+    D_TILE: tl.constexpr,
+    NUM_KV_HEADS: tl.constexpr,
+    BLOCK_SIZE: tl.constexpr,
+    BLOCK_N: tl.constexpr,
+    NUM_SPLITS: tl.constexpr,
+    FP32_DOT: tl.constexpr,
+) -> None:
+    seq = tl.program_id(0).to(tl.int64)
+    kvh = tl.program_id(1).to(tl.int64)
+    split = tl.program_id(2)
+    seq_len = tl.load(lens_ptr + seq).to(tl.int32)
+    # Each split takes a whole number of BLOCK_N tiles of this sequence.
+    tiles = tl.cdiv(seq_len, BLOCK_N)
+    tiles_per_split = tl.cdiv(tiles, NUM_SPLITS)
+    lo = split * tiles_per_split * BLOCK_N
+    hi = tl.minimum(lo + tiles_per_split * BLOCK_N, seq_len)
+
+    g = tl.arange(0, GROUP_TILE)
+    dd = tl.arange(0, D_TILE)
+    g_mask = g < GROUP
+    d_mask = dd < HEAD_DIM
+    qh = kvh * GROUP + g  # query heads of this kv head
+    q = tl.load(
+        q_ptr + seq * stride_qs + qh[:, None] * stride_qh + dd[None, :],
+        mask=g_mask[:, None] & d_mask[None, :],
+        other=0.0,
+    )
+    q = (q.to(tl.float32) * scale).to(k_ptr.dtype.element_ty)
+
+    m_i = tl.full([GROUP_TILE], float("-inf"), tl.float32)
+    l_i = tl.zeros([GROUP_TILE], tl.float32)
+    acc = tl.zeros([GROUP_TILE, D_TILE], tl.float32)
+    n = tl.arange(0, BLOCK_N)
+    row_stride = NUM_KV_HEADS * HEAD_DIM  # token stride inside a dense block
+    for start in range(lo, hi, BLOCK_N):
+        pos = start + n
+        n_mask = pos < hi
+        logical = pos // BLOCK_SIZE
+        phys = tl.load(bt_ptr + seq * stride_bts + logical, mask=n_mask & (logical < max_blocks), other=0)
+        tok = phys.to(tl.int64) * stride_kn + (pos % BLOCK_SIZE).to(tl.int64) * row_stride + kvh * HEAD_DIM
+        kv_mask = n_mask[:, None] & d_mask[None, :]
+        k = tl.load(k_ptr + tok[:, None] + dd[None, :], mask=kv_mask, other=0.0)
+        if FP32_DOT:  # noqa: SIM108 (constexpr branch, kept explicit for the Triton frontend)
+            sc = tl.dot(q, tl.trans(k), input_precision="ieee")
+        else:
+            sc = tl.dot(q, tl.trans(k))
+        sc = tl.where(n_mask[None, :], sc, float("-inf"))
+        m_new = tl.maximum(m_i, tl.max(sc, 1))
+        alpha = tl.exp(m_i - m_new)
+        p = tl.exp(sc - m_new[:, None])
+        l_i = l_i * alpha + tl.sum(p, 1)
+        vtok = phys.to(tl.int64) * stride_vn + (pos % BLOCK_SIZE).to(tl.int64) * row_stride + kvh * HEAD_DIM
+        v = tl.load(v_ptr + vtok[:, None] + dd[None, :], mask=kv_mask, other=0.0)
+        if FP32_DOT:
+            acc = acc * alpha[:, None] + tl.dot(p, v, input_precision="ieee")
+        else:
+            acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v)
+        m_i = m_new
+
+    # Empty split (or length 0): l = 0, m = -inf; the output/merge treats it as weight 0.
+    safe_l = tl.where(l_i > 0, l_i, 1.0)
+    o = acc / safe_l[:, None]
+    gd_mask = g_mask[:, None] & d_mask[None, :]
+    if NUM_SPLITS == 1:
+        tl.store(
+            out_ptr + seq * stride_os + qh[:, None] * stride_oh + dd[None, :],
+            o.to(out_ptr.dtype.element_ty),
+            mask=gd_mask,
+        )
+    else:
+        # partial buffers: o [S, Hq, NUM_SPLITS, D_TILE], ml [S, Hq, NUM_SPLITS, 2] (fp32, contiguous)
+        row = (seq * NUM_KV_HEADS * GROUP + qh) * NUM_SPLITS + split
+        tl.store(part_o_ptr + row[:, None] * D_TILE + dd[None, :], o, mask=gd_mask)
+        tl.store(part_ml_ptr + row * 2, m_i, mask=g_mask)
+        tl.store(part_ml_ptr + row * 2 + 1, l_i, mask=g_mask)
+
+
+def _decode_stage2(
+    part_o_ptr: Any,
+    part_ml_ptr: Any,
+    out_ptr: Any,
+    stride_os: Any,
+    stride_oh: Any,
+    NUM_Q_HEADS: tl.constexpr,
+    HEAD_DIM: tl.constexpr,
+    D_TILE: tl.constexpr,
+    NUM_SPLITS: tl.constexpr,
+    SPLIT_TILE: tl.constexpr,
+) -> None:
+    seq = tl.program_id(0).to(tl.int64)
+    head = tl.program_id(1).to(tl.int64)
+    k = tl.arange(0, SPLIT_TILE)
+    dd = tl.arange(0, D_TILE)
+    k_mask = k < NUM_SPLITS
+    row = (seq * NUM_Q_HEADS + head) * NUM_SPLITS + k
+    m = tl.load(part_ml_ptr + row * 2, mask=k_mask, other=float("-inf"))
+    l_k = tl.load(part_ml_ptr + row * 2 + 1, mask=k_mask, other=0.0)
+    m_g = tl.max(m, 0)
+    m_g = tl.where(m_g == float("-inf"), 0.0, m_g)
+    w = tl.where(l_k > 0, l_k * tl.exp(m - m_g), 0.0)
+    l_g = tl.sum(w, 0)
+    d_mask = dd < HEAD_DIM
+    o = tl.load(
+        part_o_ptr + row[:, None] * D_TILE + dd[None, :], mask=k_mask[:, None] & d_mask[None, :], other=0.0
+    )
+    res = tl.sum(o * w[:, None], 0) / tl.where(l_g > 0, l_g, 1.0)
+    tl.store(out_ptr + seq * stride_os + head * stride_oh + dd, res.to(out_ptr.dtype.element_ty), mask=d_mask)
+
+
+_stage1 = LazyKernel(_decode_stage1)
+_stage2 = LazyKernel(_decode_stage2)
+
+
+def paged_decode_triton(
+    q: torch.Tensor,
+    k_cache: torch.Tensor,
+    v_cache: torch.Tensor,
+    block_tables: torch.Tensor,
+    seq_lens: torch.Tensor,
+    scale: float,
+    num_splits: int | None,
+    max_blocks: int,
+) -> torch.Tensor:
+    """Launch the split-K Triton decode (inputs already validated by :func:`paged_decode`)."""
+    s, hq, d = q.shape
+    _, b, hkv, _ = k_cache.shape
+    group = hq // hkv
+    out = torch.empty(s, hq, d, dtype=q.dtype, device=q.device)
+    if s == 0:
+        return out
+    if q.stride(2) != 1:
+        q = q.contiguous()
+    if block_tables.stride(1) != 1:
+        block_tables = block_tables.contiguous()
+    if num_splits is None:
+        # NOTE: the heuristic uses the table width, not max(seq_lens), so it never syncs the host.
+        num_splits = default_num_splits(s, hkv, max_blocks * b, q.device)
+    d_tile = max(16, triton.next_power_of_2(d))
+    group_tile = max(_MIN_GROUP_TILE, triton.next_power_of_2(group))
+    if num_splits > 1:
+        part_o = torch.empty(s, hq, num_splits, d_tile, dtype=torch.float32, device=q.device)
+        part_ml = torch.empty(s, hq, num_splits, 2, dtype=torch.float32, device=q.device)
+    else:
+        part_o = part_ml = out  # unused
+    _stage1[(s, hkv, num_splits)](
+        q,
+        k_cache,
+        v_cache,
+        block_tables,
+        seq_lens,
+        out,
+        part_o,
+        part_ml,
+        float(scale),
+        q.stride(0),
+        q.stride(1),
+        k_cache.stride(0),
+        v_cache.stride(0),
+        block_tables.stride(0),
+        out.stride(0),
+        out.stride(1),
+        max_blocks,
+        GROUP=group,
+        GROUP_TILE=group_tile,
+        HEAD_DIM=d,
+        D_TILE=d_tile,
+        NUM_KV_HEADS=hkv,
+        BLOCK_SIZE=b,
+        BLOCK_N=_BLOCK_N,
+        NUM_SPLITS=num_splits,
+        FP32_DOT=k_cache.dtype == torch.float32,
+        num_warps=4,
+        num_stages=2,
+    )
+    if num_splits > 1:
+        _stage2[(s, hq)](
+            part_o,
+            part_ml,
+            out,
+            out.stride(0),
+            out.stride(1),
+            NUM_Q_HEADS=hq,
+            HEAD_DIM=d,
+            D_TILE=d_tile,
+            NUM_SPLITS=num_splits,
+            SPLIT_TILE=triton.next_power_of_2(num_splits),
+            num_warps=4,
+        )
+    return out
+
+
+def reference_scale(head_dim: int) -> float:
+    """The usual softmax scale 1/sqrt(head_dim), for callers and tests."""
+    return 1.0 / math.sqrt(head_dim)

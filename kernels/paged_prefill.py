@@ -1,0 +1,255 @@
+"""paged_prefill (extend): a ragged batch of new tokens attends to the cached prefix and causally to itself.
+
+New token i of sequence s sits at position ``seq_lens[s] - q_len[s] + i`` and attends to every KV
+position <= its own; its own K/V (and the prefix's) are already in the pool. This one op serves
+plain prefill (empty prefix), chunked prefill and prefix-cache hits.
+
+Triton: one program per (query tile, sequence, query head); an fp32 online softmax walks KV tiles
+through the block table up to the tile's last causal position.
+Torch twin: queries padded to [S, Hkv, G*Qmax, D] (the G heads of a kv head stacked as rows), one
+block gather, one SDPA call with a causal-and-length mask.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+
+from radixd.kernels.checks import check_block_tables, check_cache, check_int_vector, check_query
+from radixd.kernels.dispatch import LazyKernel, check_same_device, resolve_backend
+from radixd.kernels.paged_decode import gather_kv
+
+try:
+    import triton
+    import triton.language as tl
+except ImportError:  # pragma: no cover
+    triton = None
+
+
+def paged_prefill(
+    q: torch.Tensor,
+    k_cache: torch.Tensor,
+    v_cache: torch.Tensor,
+    block_tables: torch.Tensor,
+    cu_q_lens: torch.Tensor,
+    seq_lens: torch.Tensor,
+    scale: float,
+    backend: str | None = None,
+) -> torch.Tensor:
+    """Extend attention: q [T, Hq, D] (new tokens of all sequences, concatenated), caches [N, B, Hkv, D],
+    block_tables int32 [S, max_blocks], cu_q_lens int32 [S+1] (offsets into q), seq_lens int32 [S]
+    (total KV length incl. the new tokens, already stored). Returns [T, Hq, D] in q's dtype.
+    Each sequence needs ``q_len <= seq_len``.
+    """
+    op = "paged_prefill"
+    _, _, hkv, d = check_cache(op, k_cache, v_cache)
+    _t, _group = check_query(op, q, hkv, d)
+    s = int(seq_lens.shape[0]) if seq_lens.dim() == 1 else -1
+    check_int_vector(op, "seq_lens", seq_lens)
+    check_int_vector(op, "cu_q_lens", cu_q_lens, s + 1)
+    max_blocks = check_block_tables(op, block_tables, s)
+    dev = check_same_device(op, q, k_cache, v_cache, block_tables, cu_q_lens, seq_lens)
+    if resolve_backend(backend, dev) == "torch":
+        return paged_prefill_torch(q, k_cache, v_cache, block_tables, cu_q_lens, seq_lens, scale)
+    return paged_prefill_triton(q, k_cache, v_cache, block_tables, cu_q_lens, seq_lens, scale, max_blocks)
+
+
+def paged_prefill_torch(
+    q: torch.Tensor,
+    k_cache: torch.Tensor,
+    v_cache: torch.Tensor,
+    block_tables: torch.Tensor,
+    cu_q_lens: torch.Tensor,
+    seq_lens: torch.Tensor,
+    scale: float,
+) -> torch.Tensor:
+    """Vectorized torch twin of :func:`paged_prefill` (no loop over sequences or tokens)."""
+    t, hq, d = q.shape
+    _, b, hkv, _ = k_cache.shape
+    group = hq // hkv
+    s = seq_lens.shape[0]
+    out = q.new_zeros(t, hq, d)
+    if t == 0 or s == 0:
+        return out
+    cu = cu_q_lens.long()
+    lens = seq_lens.long()
+    q_lens = cu[1:] - cu[:-1]
+    q_max = int(q_lens.max())
+    max_len = int(lens.max())
+    if q_max <= 0 or max_len <= 0:
+        return out
+    if bool((q_lens > lens).any()):
+        raise ValueError(
+            "paged_prefill: every sequence needs q_len <= seq_len (its new tokens are in the KV)"
+        )
+    dev = q.device
+    rows = torch.arange(q_max, device=dev)
+    valid = rows[None, :] < q_lens[:, None]  # [S, Qmax]
+    tok = torch.where(valid, cu[:-1, None] + rows[None, :], 0)
+    # Pad queries: [S, Qmax, Hkv, G, D] -> [S, Hkv, G*Qmax, D] (group heads as extra query rows).
+    qp = q[tok].view(s, q_max, hkv, group, d).permute(0, 2, 3, 1, 4).reshape(s, hkv, group * q_max, d)
+    nb = (max_len + b - 1) // b
+    length = nb * b
+    kg = gather_kv(k_cache, block_tables, nb).transpose(1, 2)
+    vg = gather_kv(v_cache, block_tables, nb).transpose(1, 2)
+    q_pos = (lens - q_lens)[:, None] + rows[None, :]  # [S, Qmax]
+    k_pos = torch.arange(length, device=dev)
+    mask = (k_pos[None, None, :] <= q_pos[:, :, None]) & (k_pos[None, None, :] < lens[:, None, None])
+    mask = mask[:, None].expand(s, group, q_max, length).reshape(s, 1, group * q_max, length)
+    o = F.scaled_dot_product_attention(qp.to(k_cache.dtype), kg, vg, attn_mask=mask, scale=scale)
+    o = o.view(s, hkv, group, q_max, d).permute(0, 3, 1, 2, 4).reshape(s, q_max, hq, d)
+    out[tok[valid]] = o[valid].to(q.dtype)
+    return out
+
+
+def _prefill_kernel(
+    q_ptr: Any,
+    k_ptr: Any,
+    v_ptr: Any,
+    bt_ptr: Any,
+    cu_ptr: Any,
+    lens_ptr: Any,
+    out_ptr: Any,
+    scale: Any,
+    stride_qt: Any,
+    stride_qh: Any,
+    stride_kn: Any,
+    stride_vn: Any,
+    stride_bts: Any,
+    stride_ot: Any,
+    stride_oh: Any,
+    max_blocks: Any,
+    GROUP: tl.constexpr,
+    HEAD_DIM: tl.constexpr,
+    D_TILE: tl.constexpr,
+    NUM_KV_HEADS: tl.constexpr,
+    BLOCK_SIZE: tl.constexpr,
+    BLOCK_M: tl.constexpr,
+    BLOCK_N: tl.constexpr,
+    FP32_DOT: tl.constexpr,
+) -> None:
+    m_tile = tl.program_id(0)
+    seq = tl.program_id(1).to(tl.int64)
+    head = tl.program_id(2).to(tl.int64)
+    kvh = head // GROUP
+    q_start = tl.load(cu_ptr + seq).to(tl.int64)
+    q_len = (tl.load(cu_ptr + seq + 1) - tl.load(cu_ptr + seq)).to(tl.int32)
+    seq_len = tl.load(lens_ptr + seq).to(tl.int32)
+    ctx = seq_len - q_len
+    first = m_tile * BLOCK_M
+    rows = first + tl.arange(0, BLOCK_M)
+    r_mask = rows < q_len
+    dd = tl.arange(0, D_TILE)
+    d_mask = dd < HEAD_DIM
+    q_off = (q_start + rows.to(tl.int64))[:, None] * stride_qt + head * stride_qh + dd[None, :]
+    q = tl.load(q_ptr + q_off, mask=r_mask[:, None] & d_mask[None, :], other=0.0)
+    q = (q.to(tl.float32) * scale).to(k_ptr.dtype.element_ty)
+    q_pos = ctx + rows
+    # Keys up to the tile's last causal position; an empty tile walks nothing.
+    hi = tl.minimum(seq_len, ctx + first + BLOCK_M)
+    hi = tl.where(first < q_len, hi, 0)
+
+    m_i = tl.full([BLOCK_M], float("-inf"), tl.float32)
+    l_i = tl.zeros([BLOCK_M], tl.float32)
+    acc = tl.zeros([BLOCK_M, D_TILE], tl.float32)
+    n = tl.arange(0, BLOCK_N)
+    row_stride = NUM_KV_HEADS * HEAD_DIM
+    for start in range(0, hi, BLOCK_N):
+        pos = start + n
+        n_mask = pos < hi
+        logical = pos // BLOCK_SIZE
+        phys = tl.load(bt_ptr + seq * stride_bts + logical, mask=n_mask & (logical < max_blocks), other=0)
+        in_blk = (pos % BLOCK_SIZE).to(tl.int64) * row_stride + kvh * HEAD_DIM
+        kv_mask = n_mask[:, None] & d_mask[None, :]
+        k = tl.load(
+            k_ptr + (phys.to(tl.int64) * stride_kn + in_blk)[:, None] + dd[None, :], mask=kv_mask, other=0.0
+        )
+        if FP32_DOT:  # noqa: SIM108 (constexpr branch, kept explicit for the Triton frontend)
+            sc = tl.dot(q, tl.trans(k), input_precision="ieee")
+        else:
+            sc = tl.dot(q, tl.trans(k))
+        keep = n_mask[None, :] & (pos[None, :] <= q_pos[:, None])
+        sc = tl.where(keep, sc, float("-inf"))
+        m_new = tl.maximum(m_i, tl.max(sc, 1))
+        # NOTE: padded rows may see only -inf; a finite stand-in max keeps exp() NaN-free.
+        m_safe = tl.where(m_new == float("-inf"), 0.0, m_new)
+        alpha = tl.exp(m_i - m_safe)
+        p = tl.exp(sc - m_safe[:, None])
+        l_i = l_i * alpha + tl.sum(p, 1)
+        v = tl.load(
+            v_ptr + (phys.to(tl.int64) * stride_vn + in_blk)[:, None] + dd[None, :], mask=kv_mask, other=0.0
+        )
+        if FP32_DOT:
+            acc = acc * alpha[:, None] + tl.dot(p, v, input_precision="ieee")
+        else:
+            acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v)
+        m_i = m_new
+
+    o = acc / tl.where(l_i > 0, l_i, 1.0)[:, None]
+    o_off = (q_start + rows.to(tl.int64))[:, None] * stride_ot + head * stride_oh + dd[None, :]
+    tl.store(out_ptr + o_off, o.to(out_ptr.dtype.element_ty), mask=r_mask[:, None] & d_mask[None, :])
+
+
+_kernel = LazyKernel(_prefill_kernel)
+_BLOCK_M = 64
+_BLOCK_N = 64
+
+
+def paged_prefill_triton(
+    q: torch.Tensor,
+    k_cache: torch.Tensor,
+    v_cache: torch.Tensor,
+    block_tables: torch.Tensor,
+    cu_q_lens: torch.Tensor,
+    seq_lens: torch.Tensor,
+    scale: float,
+    max_blocks: int,
+) -> torch.Tensor:
+    """Launch the Triton extend kernel (inputs already validated by :func:`paged_prefill`)."""
+    t, hq, d = q.shape
+    _, b, hkv, _ = k_cache.shape
+    s = seq_lens.shape[0]
+    out = torch.zeros(t, hq, d, dtype=q.dtype, device=q.device)
+    if t == 0 or s == 0:
+        return out
+    if q.stride(2) != 1:
+        q = q.contiguous()
+    if block_tables.stride(1) != 1:
+        block_tables = block_tables.contiguous()
+    # NOTE: one host sync for the grid's query-tile count (prefill is compute-bound; it is cheap here).
+    q_max = int((cu_q_lens[1:] - cu_q_lens[:-1]).max())
+    if q_max <= 0:
+        return out
+    d_tile = max(16, triton.next_power_of_2(d))
+    grid = (triton.cdiv(q_max, _BLOCK_M), s, hq)
+    _kernel[grid](
+        q,
+        k_cache,
+        v_cache,
+        block_tables,
+        cu_q_lens,
+        seq_lens,
+        out,
+        float(scale),
+        q.stride(0),
+        q.stride(1),
+        k_cache.stride(0),
+        v_cache.stride(0),
+        block_tables.stride(0),
+        out.stride(0),
+        out.stride(1),
+        max_blocks,
+        GROUP=hq // hkv,
+        HEAD_DIM=d,
+        D_TILE=d_tile,
+        NUM_KV_HEADS=hkv,
+        BLOCK_SIZE=b,
+        BLOCK_M=_BLOCK_M,
+        BLOCK_N=_BLOCK_N,
+        FP32_DOT=k_cache.dtype == torch.float32,
+        num_warps=4,
+        num_stages=2,
+    )
+    return out
