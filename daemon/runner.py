@@ -124,8 +124,10 @@ class ModelRunner:
     def _tables(self, group: Sequence[StepSeq]) -> torch.Tensor:
         bs = self.block_size
         width = max((-(-(s.start_pos + len(s.token_ids)) // bs) for s in group), default=1)
+        if not group:
+            return torch.zeros((0, 1), dtype=torch.int32)
         rows = [s.block_table[:width] + [0] * (width - len(s.block_table[:width])) for s in group]
-        return torch.tensor(rows or [[0]], dtype=torch.int32).view(len(group), max(width, 1))
+        return torch.tensor(rows, dtype=torch.int32)
 
     def _forward(self, seqs: Sequence[StepSeq]) -> tuple[torch.Tensor, dict[int, int]]:
         """Run the forward pass; -> (hidden [T, H] in layout order, seq index -> its first row)."""

@@ -1,0 +1,52 @@
+"""What every loader produces, the error it raises, and the device/dtype defaults."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from radixd.daemon.model import LlamaModel, LlamaWeights, ModelConfig
+from radixd.daemon.tokenizer import TextTokenizer
+
+
+class ModelLoadError(Exception):
+    """A model file or directory is missing, unreadable, corrupt or unsupported; the message names it."""
+
+
+@dataclass
+class ConvertedModel:
+    """Weights in our fused fp32 layout (`LlamaWeights.tensors()` names) plus config and tokenizer."""
+
+    config: ModelConfig
+    tensors: dict[str, torch.Tensor]
+    tokenizer: TextTokenizer
+
+
+@dataclass
+class LoadedModel:
+    """A model ready to run: the decoder on its device plus tokenizer and where it came from."""
+
+    model: LlamaModel
+    tokenizer: TextTokenizer
+    config: ModelConfig
+    path: str
+
+
+def default_dtype(device: str) -> torch.dtype:
+    """fp32 on CPU; bf16 on CUDA when supported, else fp16."""
+    if device.startswith("cuda"):
+        return torch.bfloat16 if torch.cuda.is_bf16_supported() else torch.float16
+    return torch.float32
+
+
+def build_model(conv: ConvertedModel, path: str, device: str, dtype: torch.dtype | None) -> LoadedModel:
+    dt = dtype or default_dtype(device)
+    weights = LlamaWeights.from_tensors(conv.tensors, conv.config.num_layers)
+    if weights.embed.shape != (conv.config.vocab_size, conv.config.hidden_size):
+        raise ModelLoadError(
+            f"{path}: embedding is {tuple(weights.embed.shape)}, config says "
+            f"({conv.config.vocab_size}, {conv.config.hidden_size})"
+        )
+    weights = weights.to(device, dt)
+    return LoadedModel(LlamaModel(conv.config, weights, device), conv.tokenizer, conv.config, path)

@@ -1,0 +1,163 @@
+"""GGUF files: metadata -> ModelConfig, dequantized tensors -> our fused layout, vocabulary -> tokenizer.
+
+NOTE: llama.cpp's converter permutes the rows of Q and K for the `llama` architecture (to its interleaved
+RoPE layout); we undo that so the weights use HF's rotate-half layout that `model/rope.py` applies.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+import torch
+from tqdm import tqdm
+
+from radixd.daemon.loaders.common import ConvertedModel, ModelLoadError
+from radixd.daemon.model import ModelConfig
+from radixd.daemon.tokenizer import TextTokenizer, build_bpe_tokenizer, end_of_turn_ids
+
+SUPPORTED_ARCHS = ("llama", "mistral", "qwen2")
+_PERMUTED_ARCHS = ("llama", "mistral")
+
+
+def _open(path: str) -> Any:
+    import gguf
+
+    try:
+        return gguf.GGUFReader(path, "r")
+    except FileNotFoundError as e:
+        raise ModelLoadError(f"model file not found: {path}") from e
+    except Exception as e:  # the reader raises ValueError, struct/numpy errors on damaged files
+        raise ModelLoadError(f"{path} is not a valid GGUF file ({type(e).__name__}: {e})") from e
+
+
+def _field(reader: Any, key: str, default: Any = None) -> Any:
+    f = reader.fields.get(key)
+    if f is None:
+        return default
+    return f.contents()
+
+
+def _config(reader: Any, path: str, vocab: int) -> ModelConfig:
+    arch = _field(reader, "general.architecture")
+    if arch not in SUPPORTED_ARCHS:
+        raise ModelLoadError(f"{path}: architecture {arch!r} is not supported (supported: {SUPPORTED_ARCHS})")
+
+    def need(key: str) -> Any:
+        v = _field(reader, f"{arch}.{key}")
+        if v is None:
+            raise ModelLoadError(f"{path}: GGUF metadata lacks {arch}.{key}")
+        return v
+
+    hidden = int(need("embedding_length"))
+    heads = int(need("attention.head_count"))
+    head_dim = int(_field(reader, f"{arch}.attention.key_length", hidden // heads))
+    scaling: dict[str, Any] | None = None
+    kind = _field(reader, f"{arch}.rope.scaling.type")
+    if kind == "linear":
+        scaling = {"rope_type": "linear", "factor": float(_field(reader, f"{arch}.rope.scaling.factor", 1.0))}
+    elif kind not in (None, "none"):
+        raise ModelLoadError(f"{path}: rope scaling {kind!r} is not supported (supported: linear)")
+    eos = _field(reader, "tokenizer.ggml.eos_token_id")
+    bos = _field(reader, "tokenizer.ggml.bos_token_id")
+    return ModelConfig(
+        vocab_size=vocab,
+        hidden_size=hidden,
+        intermediate_size=int(need("feed_forward_length")),
+        num_layers=int(need("block_count")),
+        num_heads=heads,
+        num_kv_heads=int(_field(reader, f"{arch}.attention.head_count_kv", heads)),
+        head_dim=head_dim,
+        rms_norm_eps=float(need("attention.layer_norm_rms_epsilon")),
+        rope_theta=float(_field(reader, f"{arch}.rope.freq_base", 10000.0)),
+        rope_scaling=scaling,
+        max_position_embeddings=int(_field(reader, f"{arch}.context_length", 4096)),
+        tie_word_embeddings=False,
+        attention_bias=arch == "qwen2",
+        bos_token_id=None if bos is None else int(bos),
+        eos_token_ids=() if eos is None else (int(eos),),
+    )
+
+
+def _unpermute(w: torch.Tensor, n_head: int) -> torch.Tensor:
+    """Invert llama.cpp's `permute`: rows (head, pair, 2) -> (head, 2, pair)."""
+    out = w.shape[0]
+    rest = w.shape[1:]
+    return w.reshape(n_head, out // n_head // 2, 2, *rest).transpose(1, 2).reshape(out, *rest)
+
+
+def _tokenizer(reader: Any, path: str) -> TextTokenizer:
+    model = _field(reader, "tokenizer.ggml.model")
+    if model != "gpt2":
+        raise ModelLoadError(
+            f"{path}: tokenizer type {model!r} is not supported (supported: 'gpt2' byte-level BPE)"
+        )
+    tokens = list(_field(reader, "tokenizer.ggml.tokens") or [])
+    merges = list(_field(reader, "tokenizer.ggml.merges") or [])
+    types = list(_field(reader, "tokenizer.ggml.token_type") or [])
+    if not tokens or not merges:
+        raise ModelLoadError(f"{path}: GGUF has no tokenizer vocabulary or merges")
+    bpe = build_bpe_tokenizer(tokens, merges, types, _field(reader, "tokenizer.ggml.pre"))
+    eos = _field(reader, "tokenizer.ggml.eos_token_id")
+    bos = _field(reader, "tokenizer.ggml.bos_token_id")
+    # NOTE: as transformers does for byte-level GGUF vocabularies, encode() adds no BOS.
+    return TextTokenizer(
+        bpe,
+        chat_template=_field(reader, "tokenizer.chat_template"),
+        bos_token_id=None if bos is None else int(bos),
+        eos_token_ids=end_of_turn_ids(bpe, None if eos is None else int(eos)),
+        add_bos=False,
+    )
+
+
+def convert_gguf(path: str) -> ConvertedModel:
+    """Read, dequantize (with a progress bar) and re-layout a GGUF file."""
+    import gguf.quants
+
+    reader = _open(path)
+    try:
+        tok = _tokenizer(reader, path)
+        by_name = {t.name: t for t in reader.tensors}
+        if "token_embd.weight" not in by_name:
+            raise ModelLoadError(f"{path}: GGUF has no token_embd.weight tensor")
+        vocab = int(by_name["token_embd.weight"].shape[-1])
+        cfg = _config(reader, path, vocab)
+        arch = _field(reader, "general.architecture")
+        if "rope_freqs.weight" in by_name:
+            raise ModelLoadError(f"{path}: per-frequency RoPE factors (rope_freqs) are not supported")
+        raw: dict[str, torch.Tensor] = {}
+        for t in tqdm(reader.tensors, desc=f"converting {path.rsplit('/', 1)[-1]}", unit="tensor"):
+            arr = gguf.quants.dequantize(t.data, t.tensor_type)
+            raw[t.name] = torch.from_numpy(np.array(arr, dtype=np.float32))
+    except ModelLoadError:
+        raise
+    except Exception as e:
+        raise ModelLoadError(f"{path}: cannot convert GGUF tensors ({type(e).__name__}: {e})") from e
+    out: dict[str, torch.Tensor] = {"embed": raw["token_embd.weight"], "norm": raw["output_norm.weight"]}
+    tied = "output.weight" not in raw
+    if not tied:
+        out["lm_head"] = raw["output.weight"]
+    cfg = ModelConfig.from_dict({**cfg.to_dict(), "tie_word_embeddings": tied})
+    perm = arch in _PERMUTED_ARCHS
+    for i in range(cfg.num_layers):
+        p = f"blk.{i}."
+        try:
+            q, k, v = raw[p + "attn_q.weight"], raw[p + "attn_k.weight"], raw[p + "attn_v.weight"]
+            if perm:
+                q, k = _unpermute(q, cfg.num_heads), _unpermute(k, cfg.num_kv_heads)
+            out[f"layers.{i}.qkv"] = torch.cat((q, k, v), dim=0)
+            if p + "attn_q.bias" in raw:
+                qb, kb, vb = raw[p + "attn_q.bias"], raw[p + "attn_k.bias"], raw[p + "attn_v.bias"]
+                if perm:
+                    qb, kb = _unpermute(qb, cfg.num_heads), _unpermute(kb, cfg.num_kv_heads)
+                out[f"layers.{i}.qkv_bias"] = torch.cat((qb, kb, vb), dim=0)
+            out[f"layers.{i}.o_proj"] = raw[p + "attn_output.weight"]
+            out[f"layers.{i}.attn_norm"] = raw[p + "attn_norm.weight"]
+            out[f"layers.{i}.mlp_norm"] = raw[p + "ffn_norm.weight"]
+            out[f"layers.{i}.gate_up"] = torch.cat(
+                (raw[p + "ffn_gate.weight"], raw[p + "ffn_up.weight"]), dim=0
+            )
+            out[f"layers.{i}.down"] = raw[p + "ffn_down.weight"]
+        except KeyError as e:
+            raise ModelLoadError(f"{path}: GGUF lacks tensor {e.args[0]}") from e
+    return ConvertedModel(cfg, out, tok)
