@@ -13,8 +13,9 @@ and keeps one compiled and one interpreted variant, chosen per launch.
 
 from __future__ import annotations
 
+import contextlib
 import os
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from typing import Any
 
 import torch
@@ -72,7 +73,15 @@ class LazyKernel:
         if kernel is None:
             kernel = self._decorate(mode)
             self._variants[mode] = kernel
-        return kernel[grid]
+        launch = kernel[grid]
+        if not mode:
+            return launch
+
+        def interpreted_launch(*args: Any, **kwargs: Any) -> Any:
+            with _interpretable_stdlib():
+                return launch(*args, **kwargs)
+
+        return interpreted_launch
 
     def _decorate(self, interpret: bool) -> Any:
         import triton
@@ -82,6 +91,39 @@ class LazyKernel:
 
             return InterpretedFunction(self.fn)
         return triton.jit(self.fn)
+
+
+_STDLIB_CACHE: dict[int, Any] = {}
+
+
+@contextlib.contextmanager
+def _interpretable_stdlib() -> Iterator[None]:
+    """Let the interpreter call triton.language's own @jit helpers (tl.max, tl.sum, tl.cdiv, ...).
+
+    Those helpers are decorated when triton.language is imported; if TRITON_INTERPRET was not set
+    then, they are compiled-mode JITFunctions that the interpreter refuses to call. For the duration
+    of an interpreted launch, swap each for an interpreted twin of the same Python function.
+    """
+    import triton.language as tl
+    from triton.runtime.interpreter import InterpretedFunction
+    from triton.runtime.jit import JITFunction
+
+    modules = [tl, tl.standard, tl.math, tl.core]
+    saved: list[tuple[Any, str, Any]] = []
+    try:
+        for mod in modules:
+            for name, value in list(vars(mod).items()):
+                if isinstance(value, JITFunction):
+                    twin = _STDLIB_CACHE.get(id(value))
+                    if twin is None:
+                        twin = InterpretedFunction(value.fn)
+                        _STDLIB_CACHE[id(value)] = twin
+                    saved.append((mod, name, value))
+                    setattr(mod, name, twin)
+        yield
+    finally:
+        for mod, name, value in reversed(saved):
+            setattr(mod, name, value)
 
 
 def check_same_device(what: str, *tensors: torch.Tensor) -> torch.device:
