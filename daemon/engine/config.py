@@ -1,0 +1,61 @@
+"""Engine configuration: batching budgets, cache and preemption policy, timers."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Literal
+
+SchedulePolicy = Literal["fcfs", "lpm"]
+PreemptionMode = Literal["recompute", "swap"]
+
+
+@dataclass(frozen=True)
+class EngineConfig:
+    """Knobs of the scheduler and engine loop.
+
+    max_num_seqs: running sequences per step (decodes + prefills).
+    max_num_batched_tokens: per-step token budget shared by decodes (1 each) and prefill chunks.
+    prefix_caching: match prompts in the radix tree and insert finished sequences; off = every request
+        computes its whole prompt and frees its blocks when done.
+    schedule_policy: "fcfs" (arrival order) or "lpm" (longest cached prefix first, FCFS among equals).
+    preemption_mode: "recompute" (tokens go into the tree, blocks freed, resume by prefill) or "swap"
+        (KV copied to a host pool of `num_host_blocks` blocks; falls back to recompute when it is full).
+    max_preemptions: a sequence preempted this many times is no longer chosen as a victim, so it cannot
+        thrash forever (others are preempted instead, or it waits for memory).
+    max_waiting: submitted but not yet finished requests beyond this are refused with QueueFull.
+    watchdog_s: report (log + stats) when work is pending but no step made progress for this long.
+    session_ttl_s: default lifetime of a session's lease after its last use.
+    max_model_len: context limit in tokens; None = the model's own limit.
+    pin_budget_fraction: share of the pool that pinned prefixes may hold.
+    """
+
+    max_num_seqs: int = 64
+    max_num_batched_tokens: int = 512
+    prefix_caching: bool = True
+    schedule_policy: SchedulePolicy = "fcfs"
+    preemption_mode: PreemptionMode = "recompute"
+    num_host_blocks: int = 0
+    max_preemptions: int = 8
+    max_waiting: int = 4096
+    watchdog_s: float = 30.0
+    session_ttl_s: float = 600.0
+    max_model_len: int | None = None
+    pin_budget_fraction: float = 0.25
+
+    def __post_init__(self) -> None:
+        if self.max_num_seqs < 1:
+            raise ValueError(f"max_num_seqs must be >= 1, got {self.max_num_seqs}")
+        if self.max_num_batched_tokens < 1:
+            raise ValueError(f"max_num_batched_tokens must be >= 1, got {self.max_num_batched_tokens}")
+        if self.schedule_policy not in ("fcfs", "lpm"):
+            raise ValueError(f"schedule_policy must be 'fcfs' or 'lpm', got {self.schedule_policy!r}")
+        if self.preemption_mode not in ("recompute", "swap"):
+            raise ValueError(f"preemption_mode must be 'recompute' or 'swap', got {self.preemption_mode!r}")
+        if self.preemption_mode == "swap" and self.num_host_blocks < 1:
+            raise ValueError("preemption_mode 'swap' needs num_host_blocks >= 1 (the host pool size)")
+        if self.max_preemptions < 1:
+            raise ValueError(f"max_preemptions must be >= 1, got {self.max_preemptions}")
+        if self.watchdog_s <= 0 or self.session_ttl_s <= 0:
+            raise ValueError("watchdog_s and session_ttl_s must be > 0 seconds")
+        if self.max_model_len is not None and self.max_model_len < 2:
+            raise ValueError(f"max_model_len must be >= 2, got {self.max_model_len}")

@@ -1,0 +1,204 @@
+"""`Engine`: runs an `EngineCore` step loop on one dedicated thread.
+
+Callers on any thread talk to it only through a thread-safe command queue: `submit`, `abort` and
+`call` (admin and session operations, run on the engine thread between steps). Outputs leave through
+each request's sink, called on the engine thread.
+
+NOTE: the engine thread is the only owner of radix state (pool, tree, tables, leases); nothing here or
+in `radixd.radix` takes locks, so no other thread may touch `EngineCore` directly once `start()` ran.
+"""
+
+from __future__ import annotations
+
+import concurrent.futures
+import queue
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import TypeVar
+
+import structlog
+
+from radixd.daemon.engine.core import EngineCore, FlushMode
+from radixd.daemon.engine.types import EngineStopped, GenerateRequest, QueueFull, RequestOutput
+
+T = TypeVar("T")
+Sink = Callable[[RequestOutput], None]
+
+log = structlog.get_logger("radixd.engine")
+
+
+@dataclass
+class _Submit:
+    req: GenerateRequest
+    sink: Sink
+
+
+@dataclass
+class _Abort:
+    request_id: str
+
+
+@dataclass
+class _Call:
+    fn: Callable[[EngineCore], object]
+    future: concurrent.futures.Future[object]
+
+
+class _Stop:
+    pass
+
+
+_Command = _Submit | _Abort | _Call | _Stop
+
+
+class Engine:
+    """Thread wrapper around `EngineCore` with the API the server uses.
+
+    `submit` validates what needs no engine state (prompt, sampling, size limits) synchronously and
+    raises `InvalidRequest` / `RequestTooLarge` / `QueueFull` / `EngineStopped`; anything found on the
+    engine thread (unknown session, ...) is reported through the sink as a finished output with
+    `finish_reason="error"`.
+    """
+
+    def __init__(self, core: EngineCore) -> None:
+        self.core = core
+        self._queue: queue.SimpleQueue[_Command] = queue.SimpleQueue()
+        self._thread: threading.Thread | None = None
+        self._lock = threading.Lock()
+        self._inflight = 0  # submitted and not yet finished; guarded by _lock
+        self._accepting = False
+        self._stopped = threading.Event()
+        core.on_request_done = self._request_done
+
+    # ---- lifecycle -------------------------------------------------------------------------------
+    def start(self) -> None:
+        """Start the engine thread (once)."""
+        if self._thread is not None:
+            raise RuntimeError("Engine.start() was already called")
+        self._accepting = True
+        self._thread = threading.Thread(target=self._run, name="radixd-engine", daemon=True)
+        self._thread.start()
+        log.info("engine.started", num_blocks=self.core.pool.num_blocks, block_size=self.core.block_size)
+
+    def shutdown(self, drain_timeout_s: float) -> None:
+        """Refuse new work, let in-flight requests finish for up to `drain_timeout_s`, abort the rest,
+        then stop the thread. Idempotent."""
+        with self._lock:
+            self._accepting = False
+        thread = self._thread
+        if thread is None or self._stopped.is_set():
+            return
+        deadline = time.monotonic() + max(0.0, drain_timeout_s)
+        while time.monotonic() < deadline:
+            with self._lock:
+                if self._inflight == 0:
+                    break
+            time.sleep(0.01)
+        self._queue.put(_Stop())
+        thread.join()
+        log.info("engine.stopped")
+
+    @property
+    def running(self) -> bool:
+        return self._thread is not None and not self._stopped.is_set()
+
+    # ---- thread-safe API -------------------------------------------------------------------------
+    def submit(self, req: GenerateRequest, sink: Sink) -> None:
+        """Queue a request; outputs go to `sink` on the engine thread. Thread-safe."""
+        self.core.validate(req)
+        with self._lock:
+            if not self._accepting or self._stopped.is_set():
+                raise EngineStopped("the engine is draining or stopped; it accepts no new requests")
+            if self._inflight >= self.core.config.max_waiting:
+                raise QueueFull(
+                    f"{self._inflight} requests are in flight (max_waiting={self.core.config.max_waiting});"
+                    " retry later"
+                )
+            self._inflight += 1
+        self._queue.put(_Submit(req, sink))
+
+    def abort(self, request_id: str) -> None:
+        """Abort a request by id: idempotent, also before it was admitted. Thread-safe."""
+        self._queue.put(_Abort(request_id))
+
+    def call(self, fn: Callable[[EngineCore], T]) -> concurrent.futures.Future[T]:
+        """Run `fn(core)` on the engine thread between steps; its result or exception lands in the
+        returned future. Thread-safe."""
+        fut: concurrent.futures.Future[T] = concurrent.futures.Future()
+        if not self.running:
+            fut.set_exception(EngineStopped("the engine is not running"))
+            return fut
+        self._queue.put(_Call(fn, fut))  # type: ignore[arg-type]
+        return fut
+
+    def flush(self, mode: FlushMode = "all", timeout_s: float = 30.0) -> concurrent.futures.Future[int]:
+        """Evict every unlocked cached block. mode "all": now; "refuse_if_busy": fails with
+        `FlushRefused` while requests are in flight; "wait_idle": waits (without blocking the engine)
+        until no request is in flight, failing with `EngineTimeout` after `timeout_s`. Result: blocks
+        freed."""
+        fut: concurrent.futures.Future[int] = concurrent.futures.Future()
+        if not self.running:
+            fut.set_exception(EngineStopped("the engine is not running"))
+            return fut
+        self._queue.put(
+            _Call(lambda core: core.request_flush(mode, timeout_s, fut), concurrent.futures.Future())
+        )
+        return fut
+
+    # ---- engine thread ---------------------------------------------------------------------------
+    def _request_done(self, request_id: str) -> None:
+        with self._lock:
+            self._inflight = max(0, self._inflight - 1)
+
+    def _run(self) -> None:
+        try:
+            while True:
+                if not self._drain(block=not self.core.has_work()):
+                    break
+                if self.core.has_work():
+                    self.core.step_safely()
+                self.core.tick()
+        finally:
+            self._stopped.set()
+            self.core.abort_all("engine stopped")
+            self._fail_pending()
+
+    def _drain(self, block: bool) -> bool:
+        """Apply queued commands; False once a stop command arrived."""
+        timeout = self.core.idle_wait_s() if block else None
+        while True:
+            try:
+                cmd = self._queue.get(timeout=timeout) if timeout is not None else self._queue.get_nowait()
+            except queue.Empty:
+                return True
+            timeout = None  # after the first command, only take what is already queued
+            if isinstance(cmd, _Stop):
+                return False
+            self._apply(cmd)
+
+    def _apply(self, cmd: _Command) -> None:
+        if isinstance(cmd, _Submit):
+            self.core.add_request(cmd.req, cmd.sink)
+        elif isinstance(cmd, _Abort):
+            self.core.abort_request(cmd.request_id)
+        elif isinstance(cmd, _Call):
+            if not cmd.future.set_running_or_notify_cancel():
+                return
+            try:
+                cmd.future.set_result(cmd.fn(self.core))
+            except BaseException as exc:  # noqa: BLE001 - handed to the caller through the future
+                cmd.future.set_exception(exc)
+
+    def _fail_pending(self) -> None:
+        """After stop: answer whatever is still queued so no caller waits forever."""
+        while True:
+            try:
+                cmd = self._queue.get_nowait()
+            except queue.Empty:
+                return
+            if isinstance(cmd, _Submit):
+                self.core.reject(cmd.req, cmd.sink, EngineStopped("the engine stopped before admission"))
+            elif isinstance(cmd, _Call) and cmd.future.set_running_or_notify_cancel():
+                cmd.future.set_exception(EngineStopped("the engine stopped"))

@@ -1,0 +1,123 @@
+"""Public engine types: what callers submit (`GenerateRequest`), what they get back (`RequestOutput`)
+and the errors the engine raises or reports.
+
+Every error class carries a `code` naming the gRPC status class it maps to, so the server can translate
+without knowing each class ("invalid_argument", "not_found", "resource_exhausted", "failed_precondition",
+"unavailable", "deadline_exceeded", "internal").
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Literal
+
+if TYPE_CHECKING:
+    from radixd.daemon.sampling import SamplingParams
+
+FinishReason = Literal["stop", "length", "abort", "error"]
+
+
+class EngineError(Exception):
+    """Base of every error the engine raises or reports through a sink."""
+
+    code: str = "internal"
+
+
+class InvalidRequest(EngineError):
+    """The request itself is malformed (empty prompt, bad ids, bad sampling values, duplicate id)."""
+
+    code = "invalid_argument"
+
+
+class RequestTooLarge(InvalidRequest):
+    """The request can never fit: prompt + max_tokens exceeds the context limit or the KV pool."""
+
+
+class UnknownSession(EngineError):
+    """No open session has this id (never created, closed, or expired)."""
+
+    code = "not_found"
+
+
+class QueueFull(EngineError):
+    """Too many requests are waiting; retry later."""
+
+    code = "resource_exhausted"
+
+
+class EngineStopped(EngineError):
+    """The engine is draining or stopped and accepts no new work."""
+
+    code = "unavailable"
+
+
+class FlushRefused(EngineError):
+    """A flush in mode "refuse_if_busy" found requests in flight."""
+
+    code = "failed_precondition"
+
+
+class EngineTimeout(EngineError):
+    """A wait (flush "wait_idle", drain) ran out of time."""
+
+    code = "deadline_exceeded"
+
+
+@dataclass(frozen=True)
+class GenerateRequest:
+    """One generation request.
+
+    `prompt_token_ids`: the prompt. With `session_id` set, they are the new turn's tokens, appended to
+    the session's tokens (prompt + every earlier output), and the session advances when the request
+    ends. `namespace` isolates cache sharing (different namespaces never share a block); the server sets
+    it from authenticated metadata. `priority`: larger is more important; under memory pressure the
+    lowest priority (then the newest) running sequence is preempted first. `beam_width` > 0 runs beam
+    search of that width (greedy scoring by summed logprobs; `sampling.n` outputs are returned, n <=
+    beam_width) instead of sampling.
+    """
+
+    request_id: str
+    prompt_token_ids: list[int]
+    sampling: SamplingParams
+    namespace: str = ""
+    session_id: str | None = None
+    priority: int = 0
+    beam_width: int = 0
+    arrival_time: float = field(default_factory=time.monotonic)
+
+
+@dataclass(frozen=True)
+class TokenLogprob:
+    """Logprob of one generated token and the top-n alternatives (token_id, logprob)."""
+
+    token_id: int
+    logprob: float
+    top: list[tuple[int, float]] = field(default_factory=list)
+
+
+@dataclass(frozen=True)
+class RequestOutput:
+    """One increment of one output of a request (`index` < n), delivered to the request's sink.
+
+    `prompt_tokens` counts the full prompt (session tokens included); `cached_tokens` how many of them
+    came from the prefix cache at first admission. The last output of an index has `finished=True` and a
+    `finish_reason`; the request is complete when every index has finished. `error_code` mirrors
+    `EngineError.code` when `finish_reason == "error"`.
+    """
+
+    request_id: str
+    index: int
+    new_token_ids: list[int]
+    text_delta: str
+    logprobs: list[TokenLogprob] | None
+    prompt_tokens: int
+    cached_tokens: int
+    completion_tokens: int
+    finished: bool
+    finish_reason: FinishReason | None
+    error: str | None = None
+    queue_time_s: float | None = None
+    ttft_s: float | None = None
+    error_code: str | None = None
+    session_id: str | None = None
