@@ -25,7 +25,7 @@ _sym_db = _symbol_database.Default()
 from . import common_pb2 as radixd_dot_v1_dot_common__pb2
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x17radixd/v1/session.proto\x12\tradixd.v1\x1a\x16radixd/v1/common.proto\"\x90\x01\n\x07Session\x12\x12\n\nsession_id\x18\x01 \x01(\t\x12\x12\n\nnum_tokens\x18\x02 \x01(\r\x12\x11\n\tnum_turns\x18\x03 \x01(\r\x12\x11\n\tparent_id\x18\x04 \x01(\t\x12\x12\n\ncreated_at\x18\x05 \x01(\x01\x12\x14\n\x0clast_used_at\x18\x06 \x01(\x01\x12\r\n\x05ttl_s\x18\x07 \x01(\x01\"I\n\x14\x43reateSessionRequest\x12\"\n\x07\x63ontext\x18\x01 \x01(\x0b\x32\x11.radixd.v1.Prompt\x12\r\n\x05ttl_s\x18\x02 \x01(\x01\"<\n\x15\x43reateSessionResponse\x12#\n\x07session\x18\x01 \x01(\x0b\x32\x12.radixd.v1.Session\"\x97\x01\n\x1dSessionServiceGenerateRequest\x12\x12\n\nsession_id\x18\x01 \x01(\t\x12!\n\x06prompt\x18\x02 \x01(\x0b\x32\x11.radixd.v1.Prompt\x12+\n\x08sampling\x18\x03 \x01(\x0b\x32\x19.radixd.v1.SamplingParams\x12\x12\n\nrequest_id\x18\x04 \x01(\t\"\xac\x01\n\x1eSessionServiceGenerateResponse\x12+\n\x05start\x18\x01 \x01(\x0b\x32\x1a.radixd.v1.GenerationStartH\x00\x12+\n\x05\x63hunk\x18\x02 \x01(\x0b\x32\x1a.radixd.v1.GenerationChunkH\x00\x12\'\n\x03\x65nd\x18\x03 \x01(\x0b\x32\x18.radixd.v1.GenerationEndH\x00\x42\x07\n\x05\x65vent\"7\n\x12\x46orkSessionRequest\x12\x12\n\nsession_id\x18\x01 \x01(\t\x12\r\n\x05\x63ount\x18\x02 \x01(\r\";\n\x13\x46orkSessionResponse\x12$\n\x08\x63hildren\x18\x01 \x03(\x0b\x32\x12.radixd.v1.Session\"\'\n\x11GetSessionRequest\x12\x12\n\nsession_id\x18\x01 \x01(\t\"9\n\x12GetSessionResponse\x12#\n\x07session\x18\x01 \x01(\x0b\x32\x12.radixd.v1.Session\"<\n\x13ListSessionsRequest\x12\x11\n\tpage_size\x18\x01 \x01(\r\x12\x12\n\npage_token\x18\x02 \x01(\t\"U\n\x14ListSessionsResponse\x12$\n\x08sessions\x18\x01 \x03(\x0b\x32\x12.radixd.v1.Session\x12\x17\n\x0fnext_page_token\x18\x02 \x01(\t\"=\n\x13\x43loseSessionRequest\x12\x12\n\nsession_id\x18\x01 \x01(\t\x12\x12\n\ndrop_cache\x18\x02 \x01(\x08\",\n\x14\x43loseSessionResponse\x12\x14\n\x0c\x66reed_blocks\x18\x01 \x01(\r2\x82\x04\n\x0eSessionService\x12R\n\rCreateSession\x12\x1f.radixd.v1.CreateSessionRequest\x1a .radixd.v1.CreateSessionResponse\x12\x61\n\x08Generate\x12(.radixd.v1.SessionServiceGenerateRequest\x1a).radixd.v1.SessionServiceGenerateResponse0\x01\x12L\n\x0b\x46orkSession\x12\x1d.radixd.v1.ForkSessionRequest\x1a\x1e.radixd.v1.ForkSessionResponse\x12I\n\nGetSession\x12\x1c.radixd.v1.GetSessionRequest\x1a\x1d.radixd.v1.GetSessionResponse\x12O\n\x0cListSessions\x12\x1e.radixd.v1.ListSessionsRequest\x1a\x1f.radixd.v1.ListSessionsResponse\x12O\n\x0c\x43loseSession\x12\x1e.radixd.v1.CloseSessionRequest\x1a\x1f.radixd.v1.CloseSessionResponseb\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x17radixd/v1/session.proto\x12\tradixd.v1\x1a\x16radixd/v1/common.proto\"\x94\x01\n\x07Session\x12\x12\n\nsession_id\x18\x01 \x01(\t\x12\x12\n\nnum_tokens\x18\x02 \x01(\r\x12\x11\n\tnum_turns\x18\x03 \x01(\r\x12\x11\n\tparent_id\x18\x04 \x01(\t\x12\x17\n\x0fresident_tokens\x18\x05 \x01(\r\x12\x14\n\x0c\x65xpires_in_s\x18\x06 \x01(\x01\x12\x0c\n\x04\x62usy\x18\x07 \x01(\x08\"I\n\x14\x43reateSessionRequest\x12\"\n\x07\x63ontext\x18\x01 \x01(\x0b\x32\x11.radixd.v1.Prompt\x12\r\n\x05ttl_s\x18\x02 \x01(\x01\"<\n\x15\x43reateSessionResponse\x12#\n\x07session\x18\x01 \x01(\x0b\x32\x12.radixd.v1.Session\"\x97\x01\n\x1dSessionServiceGenerateRequest\x12\x12\n\nsession_id\x18\x01 \x01(\t\x12!\n\x06prompt\x18\x02 \x01(\x0b\x32\x11.radixd.v1.Prompt\x12+\n\x08sampling\x18\x03 \x01(\x0b\x32\x19.radixd.v1.SamplingParams\x12\x12\n\nrequest_id\x18\x04 \x01(\t\"\xac\x01\n\x1eSessionServiceGenerateResponse\x12+\n\x05start\x18\x01 \x01(\x0b\x32\x1a.radixd.v1.GenerationStartH\x00\x12+\n\x05\x63hunk\x18\x02 \x01(\x0b\x32\x1a.radixd.v1.GenerationChunkH\x00\x12\'\n\x03\x65nd\x18\x03 \x01(\x0b\x32\x18.radixd.v1.GenerationEndH\x00\x42\x07\n\x05\x65vent\"7\n\x12\x46orkSessionRequest\x12\x12\n\nsession_id\x18\x01 \x01(\t\x12\r\n\x05\x63ount\x18\x02 \x01(\r\";\n\x13\x46orkSessionResponse\x12$\n\x08\x63hildren\x18\x01 \x03(\x0b\x32\x12.radixd.v1.Session\"\'\n\x11GetSessionRequest\x12\x12\n\nsession_id\x18\x01 \x01(\t\"9\n\x12GetSessionResponse\x12#\n\x07session\x18\x01 \x01(\x0b\x32\x12.radixd.v1.Session\"<\n\x13ListSessionsRequest\x12\x11\n\tpage_size\x18\x01 \x01(\r\x12\x12\n\npage_token\x18\x02 \x01(\t\"U\n\x14ListSessionsResponse\x12$\n\x08sessions\x18\x01 \x03(\x0b\x32\x12.radixd.v1.Session\x12\x17\n\x0fnext_page_token\x18\x02 \x01(\t\"=\n\x13\x43loseSessionRequest\x12\x12\n\nsession_id\x18\x01 \x01(\t\x12\x12\n\ndrop_cache\x18\x02 \x01(\x08\",\n\x14\x43loseSessionResponse\x12\x14\n\x0c\x66reed_blocks\x18\x01 \x01(\r2\x82\x04\n\x0eSessionService\x12R\n\rCreateSession\x12\x1f.radixd.v1.CreateSessionRequest\x1a .radixd.v1.CreateSessionResponse\x12\x61\n\x08Generate\x12(.radixd.v1.SessionServiceGenerateRequest\x1a).radixd.v1.SessionServiceGenerateResponse0\x01\x12L\n\x0b\x46orkSession\x12\x1d.radixd.v1.ForkSessionRequest\x1a\x1e.radixd.v1.ForkSessionResponse\x12I\n\nGetSession\x12\x1c.radixd.v1.GetSessionRequest\x1a\x1d.radixd.v1.GetSessionResponse\x12O\n\x0cListSessions\x12\x1e.radixd.v1.ListSessionsRequest\x1a\x1f.radixd.v1.ListSessionsResponse\x12O\n\x0c\x43loseSession\x12\x1e.radixd.v1.CloseSessionRequest\x1a\x1f.radixd.v1.CloseSessionResponseb\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
@@ -33,31 +33,31 @@ _builder.BuildTopDescriptorsAndMessages(DESCRIPTOR, 'radixd.v1.session_pb2', _gl
 if not _descriptor._USE_C_DESCRIPTORS:
   DESCRIPTOR._loaded_options = None
   _globals['_SESSION']._serialized_start=63
-  _globals['_SESSION']._serialized_end=207
-  _globals['_CREATESESSIONREQUEST']._serialized_start=209
-  _globals['_CREATESESSIONREQUEST']._serialized_end=282
-  _globals['_CREATESESSIONRESPONSE']._serialized_start=284
-  _globals['_CREATESESSIONRESPONSE']._serialized_end=344
-  _globals['_SESSIONSERVICEGENERATEREQUEST']._serialized_start=347
-  _globals['_SESSIONSERVICEGENERATEREQUEST']._serialized_end=498
-  _globals['_SESSIONSERVICEGENERATERESPONSE']._serialized_start=501
-  _globals['_SESSIONSERVICEGENERATERESPONSE']._serialized_end=673
-  _globals['_FORKSESSIONREQUEST']._serialized_start=675
-  _globals['_FORKSESSIONREQUEST']._serialized_end=730
-  _globals['_FORKSESSIONRESPONSE']._serialized_start=732
-  _globals['_FORKSESSIONRESPONSE']._serialized_end=791
-  _globals['_GETSESSIONREQUEST']._serialized_start=793
-  _globals['_GETSESSIONREQUEST']._serialized_end=832
-  _globals['_GETSESSIONRESPONSE']._serialized_start=834
-  _globals['_GETSESSIONRESPONSE']._serialized_end=891
-  _globals['_LISTSESSIONSREQUEST']._serialized_start=893
-  _globals['_LISTSESSIONSREQUEST']._serialized_end=953
-  _globals['_LISTSESSIONSRESPONSE']._serialized_start=955
-  _globals['_LISTSESSIONSRESPONSE']._serialized_end=1040
-  _globals['_CLOSESESSIONREQUEST']._serialized_start=1042
-  _globals['_CLOSESESSIONREQUEST']._serialized_end=1103
-  _globals['_CLOSESESSIONRESPONSE']._serialized_start=1105
-  _globals['_CLOSESESSIONRESPONSE']._serialized_end=1149
-  _globals['_SESSIONSERVICE']._serialized_start=1152
-  _globals['_SESSIONSERVICE']._serialized_end=1666
+  _globals['_SESSION']._serialized_end=211
+  _globals['_CREATESESSIONREQUEST']._serialized_start=213
+  _globals['_CREATESESSIONREQUEST']._serialized_end=286
+  _globals['_CREATESESSIONRESPONSE']._serialized_start=288
+  _globals['_CREATESESSIONRESPONSE']._serialized_end=348
+  _globals['_SESSIONSERVICEGENERATEREQUEST']._serialized_start=351
+  _globals['_SESSIONSERVICEGENERATEREQUEST']._serialized_end=502
+  _globals['_SESSIONSERVICEGENERATERESPONSE']._serialized_start=505
+  _globals['_SESSIONSERVICEGENERATERESPONSE']._serialized_end=677
+  _globals['_FORKSESSIONREQUEST']._serialized_start=679
+  _globals['_FORKSESSIONREQUEST']._serialized_end=734
+  _globals['_FORKSESSIONRESPONSE']._serialized_start=736
+  _globals['_FORKSESSIONRESPONSE']._serialized_end=795
+  _globals['_GETSESSIONREQUEST']._serialized_start=797
+  _globals['_GETSESSIONREQUEST']._serialized_end=836
+  _globals['_GETSESSIONRESPONSE']._serialized_start=838
+  _globals['_GETSESSIONRESPONSE']._serialized_end=895
+  _globals['_LISTSESSIONSREQUEST']._serialized_start=897
+  _globals['_LISTSESSIONSREQUEST']._serialized_end=957
+  _globals['_LISTSESSIONSRESPONSE']._serialized_start=959
+  _globals['_LISTSESSIONSRESPONSE']._serialized_end=1044
+  _globals['_CLOSESESSIONREQUEST']._serialized_start=1046
+  _globals['_CLOSESESSIONREQUEST']._serialized_end=1107
+  _globals['_CLOSESESSIONRESPONSE']._serialized_start=1109
+  _globals['_CLOSESESSIONRESPONSE']._serialized_end=1153
+  _globals['_SESSIONSERVICE']._serialized_start=1156
+  _globals['_SESSIONSERVICE']._serialized_end=1670
 # @@protoc_insertion_point(module_scope)

@@ -8,22 +8,22 @@ from typing import ClassVar as _ClassVar, Optional as _Optional, Union as _Union
 DESCRIPTOR: _descriptor.FileDescriptor
 
 class Session(_message.Message):
-    __slots__ = ("session_id", "num_tokens", "num_turns", "parent_id", "created_at", "last_used_at", "ttl_s")
+    __slots__ = ("session_id", "num_tokens", "num_turns", "parent_id", "resident_tokens", "expires_in_s", "busy")
     SESSION_ID_FIELD_NUMBER: _ClassVar[int]
     NUM_TOKENS_FIELD_NUMBER: _ClassVar[int]
     NUM_TURNS_FIELD_NUMBER: _ClassVar[int]
     PARENT_ID_FIELD_NUMBER: _ClassVar[int]
-    CREATED_AT_FIELD_NUMBER: _ClassVar[int]
-    LAST_USED_AT_FIELD_NUMBER: _ClassVar[int]
-    TTL_S_FIELD_NUMBER: _ClassVar[int]
+    RESIDENT_TOKENS_FIELD_NUMBER: _ClassVar[int]
+    EXPIRES_IN_S_FIELD_NUMBER: _ClassVar[int]
+    BUSY_FIELD_NUMBER: _ClassVar[int]
     session_id: str
     num_tokens: int
     num_turns: int
     parent_id: str
-    created_at: float
-    last_used_at: float
-    ttl_s: float
-    def __init__(self, session_id: _Optional[str] = ..., num_tokens: _Optional[int] = ..., num_turns: _Optional[int] = ..., parent_id: _Optional[str] = ..., created_at: _Optional[float] = ..., last_used_at: _Optional[float] = ..., ttl_s: _Optional[float] = ...) -> None: ...
+    resident_tokens: int
+    expires_in_s: float
+    busy: bool
+    def __init__(self, session_id: _Optional[str] = ..., num_tokens: _Optional[int] = ..., num_turns: _Optional[int] = ..., parent_id: _Optional[str] = ..., resident_tokens: _Optional[int] = ..., expires_in_s: _Optional[float] = ..., busy: _Optional[bool] = ...) -> None: ...
 
 class CreateSessionRequest(_message.Message):
     __slots__ = ("context", "ttl_s")
