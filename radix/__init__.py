@@ -1,1 +1,95 @@
-"""Paged KV memory management: block pool, radix tree, block tables. Pure Python."""
+"""Paged KV memory management for radixd: block pool, radix prefix cache, block tables, memory model.
+
+Pure Python (stdlib, sortedcontainers, numpy); no torch, no grpc. Not thread-safe: the engine thread owns
+all of it. Public API (everything below is re-exported here)::
+
+    RadixError                 base of all errors; subclasses:
+        InvalidRequest (also a ValueError), OutOfBlocks, DoubleFree, PinBudgetExceeded,
+        UnknownLease, NotPinned, FlushRefused
+
+    BlockPool(num_blocks, block_size=16)          block 0 = NULL_BLOCK, never handed out
+        allocate(n) -> list[int]      refcount 1 each; OutOfBlocks (no change) if short
+        incref(b); decref(b) -> bool (True when freed); incref_all(bs); decref_all(bs) -> int
+        refcount(b); num_free; num_evictable; num_in_use; num_usable; num_blocks; block_size
+
+    RadixTree(pool, pin_budget_fraction=0.25)     one tree per pool
+        match(tokens, namespace="") -> PrefixMatch(blocks, num_tokens, partial_block,
+                                                   partial_tokens, lease)   [.cached_tokens]
+            full cached blocks + the partially matching next block; the lease locks the path
+        peek(tokens, namespace="") -> int          cached prefix length, no lock / LRU / stats
+        insert(tokens, blocks, namespace="", lease=None)
+            -> InsertResult(duplicate_blocks, num_cached_tokens, num_new_tokens)
+            the tree increfs what it adopts; with lease=, the lease moves to the inserted path
+        release(lease); Lease.release() (idempotent; no-op after flush("force")); Lease.clone()
+        evict(n_blocks) -> list[int] (freed); evict_prefix(tokens, namespace="") -> int
+        flush(mode="unlocked" | "refuse" | "force", include_pinned=False) -> int
+        pin(tokens, namespace="") -> int; unpin(tokens, namespace="") -> int
+        evictable_blocks() -> int (exact, O(1)); stats() -> CacheStats
+        num_nodes; num_cached_blocks; num_pinned_blocks; num_leases; block_size
+
+    BlockTable(pool)                               blocks: list[int]; num_tokens: int
+        share_prefix(blocks, num_tokens); copy_partial(src_block, n_tokens) -> CopyOp
+        append_slots(n) -> AppendResult(slots, copies)   (copy-on-write of a shared last block)
+        fork(k) -> list[BlockTable]; release() -> int (idempotent); slot(pos)
+    CopyOp = tuple[int, int, int]                  (src_block, dst_block, n_tokens)
+
+    CacheStats: free / evictable / in_use blocks (sum = usable), cached, pinned, pin budget,
+        nodes, leases, hit / miss tokens, evicted_blocks by reason ("lru", "prefix", "flush",
+        "superseded"), hit_rate
+
+    KVSpec(num_layers, num_kv_heads, head_dim, dtype_bytes=2, block_size=16)
+        bytes_per_token, bytes_per_block, bytes_per_block_per_layer, bytes_for_tokens(n),
+        blocks_for_budget(bytes), tokens_for_budget(bytes); presets LLAMA3_8B, LLAMA3_70B, LLAMA2_70B
+
+Engine protocol for one request (B = block size)::
+
+    m = tree.match(prompt[:-1], ns)                # lock the cached prefix
+    table = BlockTable(pool); table.share_prefix(m.blocks, m.num_tokens)
+    copies = [table.copy_partial(m.partial_block, m.partial_tokens)] if m.partial_block else []
+    slots, more = table.append_slots(len(prompt) - table.num_tokens)   # prefill the rest ...
+    tree.insert(prompt + generated, table.blocks, ns, lease=m.lease)  # cache it; lease follows
+    table.release(); m.lease.release()             # in this order or the other: both are safe
+"""
+
+from radixd.radix.errors import (
+    DoubleFree,
+    FlushRefused,
+    InvalidRequest,
+    NotPinned,
+    OutOfBlocks,
+    PinBudgetExceeded,
+    RadixError,
+    UnknownLease,
+)
+from radixd.radix.memory import LLAMA2_70B, LLAMA3_8B, LLAMA3_70B, KVSpec
+from radixd.radix.pool import NULL_BLOCK, BlockPool
+from radixd.radix.results import CacheStats, InsertResult, Lease, PrefixMatch
+from radixd.radix.table import AppendResult, BlockTable, CopyOp
+from radixd.radix.tree import EVICT_REASONS, FlushMode, RadixTree
+
+__all__ = [
+    "EVICT_REASONS",
+    "LLAMA2_70B",
+    "LLAMA3_8B",
+    "LLAMA3_70B",
+    "NULL_BLOCK",
+    "AppendResult",
+    "BlockPool",
+    "BlockTable",
+    "CacheStats",
+    "CopyOp",
+    "DoubleFree",
+    "FlushMode",
+    "FlushRefused",
+    "InsertResult",
+    "InvalidRequest",
+    "KVSpec",
+    "Lease",
+    "NotPinned",
+    "OutOfBlocks",
+    "PinBudgetExceeded",
+    "PrefixMatch",
+    "RadixError",
+    "RadixTree",
+    "UnknownLease",
+]

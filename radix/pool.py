@@ -1,0 +1,175 @@
+"""BlockPool: the physical KV blocks, their reference counts and the free list."""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from typing import Protocol
+
+from radixd.radix.errors import DoubleFree, InvalidRequest, OutOfBlocks
+
+NULL_BLOCK = 0
+"""Block 0 is never handed out: padded block-table entries point at it."""
+
+
+class BlockOwner(Protocol):
+    """What the pool needs to know about the cache entry (a tree node) that holds a block.
+
+    ``n_solo`` counts the owner's blocks that nobody but the cache holds (refcount 1); ``hold`` is the
+    owner's lease + pin count (0 means the cache may evict it).
+    """
+
+    n_solo: int
+    hold: int
+
+
+class BlockPool:
+    """``num_blocks`` physical blocks of ``block_size`` tokens; block 0 is the null block.
+
+    O(1) allocate / free per block (a LIFO free list; recently freed blocks are reused first, which is
+    kind to caches). Each handed-out block carries a reference count; a block returns to the free list
+    exactly when its count drops to 0.
+
+    The radix tree registers itself as the *owner* of the blocks it caches, which lets the pool keep an
+    exact, O(1) count of blocks that are cached and evictable (held by the cache alone, in an entry that
+    is neither leased nor pinned): ``num_evictable``.
+    """
+
+    # NOTE: invariants
+    #  * refcount(b) == number of holders of b (tables + the tree), for every block b >= 1;
+    #  * b is on the free list  <=>  refcount(b) == 0, and it is on it exactly once (no double free);
+    #  * block 0 (NULL_BLOCK) is never on the free list and never handed out;
+    #  * _evictable == #{b : owner(b) is not None and owner(b).hold == 0 and refcount(b) == 1}.
+
+    __slots__ = ("_evictable", "_free", "_owner", "_rc", "_tree_attached", "block_size", "num_blocks")
+
+    def __init__(self, num_blocks: int, block_size: int = 16) -> None:
+        if num_blocks < 2:
+            raise InvalidRequest(f"num_blocks must be >= 2 (block 0 is the null block), got {num_blocks}")
+        if block_size < 1:
+            raise InvalidRequest(f"block_size must be >= 1, got {block_size}")
+        self.num_blocks = num_blocks
+        self.block_size = block_size
+        self._rc: list[int] = [0] * num_blocks
+        self._owner: list[BlockOwner | None] = [None] * num_blocks
+        # Popped from the end: block 1 is handed out first.
+        self._free: list[int] = list(range(num_blocks - 1, 0, -1))
+        self._evictable = 0
+        self._tree_attached = False  # at most one RadixTree per pool
+
+    # ------------------------------------------------------------------ counts
+    @property
+    def num_usable(self) -> int:
+        """Blocks that can ever be handed out (all but the null block)."""
+        return self.num_blocks - 1
+
+    @property
+    def num_free(self) -> int:
+        return len(self._free)
+
+    @property
+    def num_evictable(self) -> int:
+        """Blocks held only by the cache, in entries that are neither leased nor pinned."""
+        return self._evictable
+
+    @property
+    def num_in_use(self) -> int:
+        """Allocated blocks that are not cached-evictable (held by a table, a lease or a pin)."""
+        return self.num_blocks - 1 - len(self._free) - self._evictable
+
+    def refcount(self, block: int) -> int:
+        self._check_id(block)
+        return self._rc[block]
+
+    # ------------------------------------------------------------ allocation
+    def allocate(self, n: int) -> list[int]:
+        """Hand out ``n`` free blocks, each with refcount 1 (the caller's reference).
+
+        Raises OutOfBlocks (and changes nothing) when fewer than ``n`` blocks are free.
+        """
+        if n <= 0:
+            if n == 0:
+                return []
+            raise InvalidRequest(f"cannot allocate a negative number of blocks ({n})")
+        free = self._free
+        if n > len(free):
+            raise OutOfBlocks(n, len(free), self._evictable)
+        out = free[-n:]
+        del free[-n:]
+        out.reverse()  # lowest ids first
+        rc = self._rc
+        for b in out:
+            rc[b] = 1
+        return out
+
+    def incref(self, block: int) -> None:
+        """Add one holder to an allocated block."""
+        rc = self._rc
+        if not 0 < block < self.num_blocks or rc[block] == 0:
+            self._bad_incref(block)
+        c = rc[block] + 1
+        rc[block] = c
+        if c == 2:
+            owner = self._owner[block]
+            if owner is not None:
+                owner.n_solo -= 1
+                if owner.hold == 0:
+                    self._evictable -= 1
+
+    def decref(self, block: int) -> bool:
+        """Drop one holder; the block returns to the free list when none is left. Returns True if freed."""
+        rc = self._rc
+        if not 0 < block < self.num_blocks or rc[block] == 0:
+            self._bad_decref(block)
+        c = rc[block] - 1
+        rc[block] = c
+        if c == 0:
+            self._free.append(block)
+            return True
+        if c == 1:
+            owner = self._owner[block]
+            if owner is not None:
+                owner.n_solo += 1
+                if owner.hold == 0:
+                    self._evictable += 1
+        return False
+
+    def incref_all(self, blocks: Iterable[int]) -> None:
+        for b in blocks:
+            self.incref(b)
+
+    def decref_all(self, blocks: Iterable[int]) -> int:
+        """Drop one reference to each block; returns how many were freed."""
+        freed = 0
+        for b in blocks:
+            if self.decref(b):
+                freed += 1
+        return freed
+
+    # ------------------------------------------------------- cache ownership
+    # Used by RadixTree only: it marks the blocks it stores so refcount changes made by tables keep
+    # the evictable count exact without the tree scanning anything.
+    def _set_owner(self, block: int, owner: BlockOwner | None) -> None:
+        self._owner[block] = owner
+
+    # ------------------------------------------------------------ validation
+    def _check_id(self, block: int) -> None:
+        if not 0 <= block < self.num_blocks:
+            raise InvalidRequest(f"block id {block} is out of range [0, {self.num_blocks})")
+
+    def _bad_incref(self, block: int) -> None:
+        self._check_id(block)
+        if block == NULL_BLOCK:
+            raise InvalidRequest("block 0 is the null block; it is never allocated or shared")
+        raise InvalidRequest(f"block {block} is free; only allocated blocks can gain holders (incref)")
+
+    def _bad_decref(self, block: int) -> None:
+        self._check_id(block)
+        if block == NULL_BLOCK:
+            raise InvalidRequest("block 0 is the null block; it is never allocated or released")
+        raise DoubleFree(f"block {block} is already free: one of its holders released it twice")
+
+    def __repr__(self) -> str:
+        return (
+            f"BlockPool(num_blocks={self.num_blocks}, block_size={self.block_size}, free={self.num_free}, "
+            f"evictable={self._evictable}, in_use={self.num_in_use})"
+        )

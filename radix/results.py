@@ -1,0 +1,107 @@
+"""Values returned by the radix tree: leases, match and insert results, cache statistics."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from radixd.radix.node import Node
+    from radixd.radix.tree import RadixTree
+
+
+class Lease:
+    """Locks a matched path against eviction until :meth:`release` (idempotent).
+
+    Releasing a lease whose nodes were dropped by ``flush("force")`` is a harmless no-op. A lease that
+    locks nothing (empty match) is valid and releasing it does nothing.
+    """
+
+    __slots__ = ("_epoch", "_node", "_tree")
+
+    def __init__(self, tree: RadixTree, node: Node | None, epoch: int) -> None:
+        self._tree = tree
+        self._node = node
+        self._epoch = epoch
+
+    @property
+    def released(self) -> bool:
+        """True once released (or when it never locked anything)."""
+        return self._node is None
+
+    def release(self) -> None:
+        if self._node is not None:
+            self._tree._release(self)
+
+    def clone(self) -> Lease:
+        """Another lease on the same path (e.g. one per forked sequence); released independently."""
+        return self._tree._clone_lease(self)
+
+    def __repr__(self) -> str:
+        return f"Lease(released={self.released})"
+
+
+@dataclass(frozen=True, slots=True)
+class PrefixMatch:
+    """Result of :meth:`RadixTree.match`.
+
+    ``blocks`` are the cached *full* blocks of the prefix (``num_tokens == len(blocks) * block_size``).
+    When the following block also matches partly, ``partial_block`` is that cached block and
+    ``partial_tokens`` (1 .. block_size-1) how many of its leading tokens match: copy them
+    (``BlockTable.copy_partial``) instead of recomputing. The caller must release ``lease``.
+    """
+
+    blocks: list[int]
+    num_tokens: int
+    partial_block: int | None
+    partial_tokens: int
+    lease: Lease
+
+    @property
+    def cached_tokens(self) -> int:
+        """Tokens whose KV the cache supplies: full blocks plus the partial block's matched tokens."""
+        return self.num_tokens + self.partial_tokens
+
+
+@dataclass(frozen=True, slots=True)
+class InsertResult:
+    """Result of :meth:`RadixTree.insert`.
+
+    ``duplicate_blocks``: the caller's blocks the tree did not adopt because it already caches the same
+    tokens in other blocks (the caller may release them; it still holds its references).
+    ``num_cached_tokens``: tokens already cached before the insert; ``num_new_tokens``: tokens whose
+    blocks the tree adopted (one tree reference each).
+    """
+
+    duplicate_blocks: list[int]
+    num_cached_tokens: int
+    num_new_tokens: int
+
+
+@dataclass(frozen=True, slots=True)
+class CacheStats:
+    """A snapshot of pool and cache state.
+
+    free + evictable + in_use == usable blocks. ``pinned_blocks`` (cached blocks under a pin) and
+    ``cached_blocks`` (all blocks the tree holds) overlap those classes.
+    """
+
+    block_size: int
+    usable_blocks: int
+    free_blocks: int
+    evictable_blocks: int
+    in_use_blocks: int
+    cached_blocks: int
+    pinned_blocks: int
+    pin_budget_blocks: int
+    nodes: int
+    leases: int
+    hit_tokens: int
+    miss_tokens: int
+    evicted_blocks: Mapping[str, int] = field(default_factory=dict)
+
+    @property
+    def hit_rate(self) -> float:
+        total = self.hit_tokens + self.miss_tokens
+        return self.hit_tokens / total if total else 0.0

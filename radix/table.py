@@ -1,0 +1,156 @@
+"""BlockTable: one running sequence's logical -> physical block map, with copy-on-write."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import NamedTuple
+
+from radixd.radix.errors import InvalidRequest, OutOfBlocks
+from radixd.radix.pool import BlockPool
+
+CopyOp = tuple[int, int, int]
+"""(src_block, dst_block, n_tokens): copy the first n_tokens slots of src into dst (kernels.copy_blocks)."""
+
+
+class AppendResult(NamedTuple):
+    """Slots for the new tokens (``block * block_size + offset``) and the copies to run before writing."""
+
+    slots: list[int]
+    copies: list[CopyOp]
+
+
+class BlockTable:
+    """Logical -> physical blocks of one sequence; holds one pool reference per block in it.
+
+    Token ``p`` lives in block ``blocks[p // B]`` at offset ``p % B``. Blocks may be shared with the
+    radix tree and with forked tables; a shared block is never written: appending into a partially
+    filled shared last block first moves it to a fresh block (copy-on-write) and reports the copy.
+    """
+
+    # NOTE: invariants: each entry of `blocks` is one reference this table holds in the pool;
+    # len(blocks) == ceil(num_tokens / B); release() drops them all exactly once.
+
+    __slots__ = ("blocks", "num_tokens", "pool")
+
+    def __init__(self, pool: BlockPool) -> None:
+        self.pool = pool
+        self.blocks: list[int] = []
+        self.num_tokens = 0
+
+    @property
+    def block_size(self) -> int:
+        return self.pool.block_size
+
+    @property
+    def num_blocks(self) -> int:
+        return len(self.blocks)
+
+    def slot(self, pos: int) -> int:
+        """Physical slot of token position ``pos``."""
+        if not 0 <= pos < self.num_tokens:
+            raise InvalidRequest(f"position {pos} is outside this sequence's {self.num_tokens} tokens")
+        B = self.pool.block_size
+        return self.blocks[pos // B] * B + pos % B
+
+    def share_prefix(self, blocks: Sequence[int], num_tokens: int) -> None:
+        """Start this (empty) table from cached blocks, taking one reference on each.
+
+        ``num_tokens`` is what those blocks hold; the last block may be partial (a later append will then
+        copy it first because it is shared). Typically ``share_prefix(m.blocks, m.num_tokens)``.
+        """
+        B = self.pool.block_size
+        if self.blocks:
+            raise InvalidRequest("share_prefix needs an empty table (it already holds blocks)")
+        n = len(blocks)
+        if not (n - 1) * B < num_tokens <= n * B and not (n == 0 and num_tokens == 0):
+            raise InvalidRequest(f"{n} blocks of {B} tokens cannot hold exactly {num_tokens} tokens")
+        taken: list[int] = []
+        try:
+            for b in blocks:
+                self.pool.incref(b)
+                taken.append(b)
+        except Exception:
+            self.pool.decref_all(taken)
+            raise
+        self.blocks = list(blocks)
+        self.num_tokens = num_tokens
+
+    def copy_partial(self, src_block: int, n_tokens: int) -> CopyOp:
+        """Append a fresh block that will receive the first ``n_tokens`` of ``src_block`` (a partial match).
+
+        The table must end on a block boundary. The caller runs the returned copy before computing the
+        following tokens; ``src_block`` must stay allocated until then (the match's lease ensures it).
+        """
+        B = self.pool.block_size
+        if self.num_tokens % B:
+            raise InvalidRequest(
+                f"copy_partial needs the table to end on a block boundary (it holds {self.num_tokens} "
+                f"tokens, block size {B})"
+            )
+        if not 0 < n_tokens < B:
+            raise InvalidRequest(f"copy_partial copies 1..{B - 1} tokens, got {n_tokens}")
+        if self.pool.refcount(src_block) == 0 or src_block == 0:
+            raise InvalidRequest(f"copy_partial source block {src_block} is not allocated")
+        dst = self.pool.allocate(1)[0]
+        self.blocks.append(dst)
+        self.num_tokens += n_tokens
+        return (src_block, dst, n_tokens)
+
+    def append_slots(self, n_tokens: int) -> AppendResult:
+        """Reserve slots for ``n_tokens`` new tokens, allocating blocks as needed.
+
+        If the last block is partially filled and shared (refcount > 1) it is first replaced by a fresh
+        copy (one CopyOp). All-or-nothing: raises OutOfBlocks and changes nothing when the pool is short.
+        """
+        if n_tokens < 0:
+            raise InvalidRequest(f"cannot append a negative number of tokens ({n_tokens})")
+        pool = self.pool
+        B = pool.block_size
+        blocks = self.blocks
+        start = self.num_tokens
+        filled = start % B
+        cow = bool(filled) and pool.refcount(blocks[-1]) > 1
+        end = start + n_tokens
+        need = -(-end // B) - len(blocks) + (1 if cow else 0)
+        if need > pool.num_free:
+            raise OutOfBlocks(need, pool.num_free, pool.num_evictable)
+        new = pool.allocate(need)
+        copies: list[CopyOp] = []
+        if cow:
+            src = blocks[-1]
+            dst = new.pop()
+            copies.append((src, dst, filled))
+            blocks[-1] = dst
+            pool.decref(src)
+        blocks.extend(new)
+        slots = [blocks[p // B] * B + p % B for p in range(start, end)]
+        self.num_tokens = end
+        return AppendResult(slots, copies)
+
+    def fork(self, k: int) -> list[BlockTable]:
+        """``k`` new tables sharing every block (metadata only: k references more per block)."""
+        if k < 0:
+            raise InvalidRequest(f"fork needs k >= 0, got {k}")
+        pool = self.pool
+        out: list[BlockTable] = []
+        for _ in range(k):
+            for b in self.blocks:
+                pool.incref(b)
+            t = BlockTable(pool)
+            t.blocks = list(self.blocks)
+            t.num_tokens = self.num_tokens
+            out.append(t)
+        return out
+
+    def release(self) -> int:
+        """Drop every reference (idempotent; the table is empty and reusable afterwards).
+
+        Returns how many blocks became free.
+        """
+        blocks = self.blocks
+        self.blocks = []
+        self.num_tokens = 0
+        return self.pool.decref_all(blocks)
+
+    def __repr__(self) -> str:
+        return f"BlockTable(num_tokens={self.num_tokens}, blocks={self.blocks})"
