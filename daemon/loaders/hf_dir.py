@@ -114,6 +114,8 @@ def convert_hf_dir(path: str) -> ConvertedModel:
             if a + "q_proj.bias" in raw:
                 out[f"layers.{i}.qkv_bias"] = torch.cat([raw[a + f"{n}_proj.bias"] for n in "qkv"], dim=0)
             out[f"layers.{i}.o_proj"] = raw[a + "o_proj.weight"]
+            if a + "o_proj.bias" in raw:
+                out[f"layers.{i}.o_bias"] = raw[a + "o_proj.bias"]
             out[f"layers.{i}.attn_norm"] = raw[p + "input_layernorm.weight"]
             out[f"layers.{i}.mlp_norm"] = raw[p + "post_attention_layernorm.weight"]
             m = p + "mlp."

@@ -1,4 +1,4 @@
-"""Llama-family decoder (RMSNorm, RoPE, GQA, SwiGLU, tied embeddings, optional qkv bias).
+"""Llama-family decoder (RMSNorm, RoPE, GQA, SwiGLU, tied embeddings, optional q/k/v (and o) bias).
 
 The attention reads and writes the paged KV pool only through `radixd.kernels`: new K/V go in with
 `store_kv`, prefill chunks attend with `paged_prefill`, single-token decodes with `paged_decode`. There is
@@ -26,6 +26,7 @@ class LayerWeights:
     qkv: torch.Tensor
     qkv_bias: torch.Tensor | None
     o_proj: torch.Tensor
+    o_bias: torch.Tensor | None
     mlp_norm: torch.Tensor
     gate_up: torch.Tensor
     down: torch.Tensor
@@ -48,6 +49,8 @@ class LlamaWeights:
                 out[f"layers.{i}.{name}"] = getattr(lw, name)
             if lw.qkv_bias is not None:
                 out[f"layers.{i}.qkv_bias"] = lw.qkv_bias
+            if lw.o_bias is not None:
+                out[f"layers.{i}.o_bias"] = lw.o_bias
         return out
 
     @classmethod
@@ -58,6 +61,7 @@ class LlamaWeights:
                 qkv=t[f"layers.{i}.qkv"],
                 qkv_bias=t.get(f"layers.{i}.qkv_bias"),
                 o_proj=t[f"layers.{i}.o_proj"],
+                o_bias=t.get(f"layers.{i}.o_bias"),
                 mlp_norm=t[f"layers.{i}.mlp_norm"],
                 gate_up=t[f"layers.{i}.gate_up"],
                 down=t[f"layers.{i}.down"],
@@ -79,6 +83,7 @@ class LlamaWeights:
                 qkv=cv(lw.qkv),
                 qkv_bias=None if lw.qkv_bias is None else cv(lw.qkv_bias),
                 o_proj=cv(lw.o_proj),
+                o_bias=None if lw.o_bias is None else cv(lw.o_bias),
                 mlp_norm=cv(lw.mlp_norm),
                 gate_up=cv(lw.gate_up),
                 down=cv(lw.down),
@@ -178,7 +183,7 @@ class LlamaModel:
                     q[np_:], kc, vc, meta.decode_block_tables, meta.decode_seq_lens, self.scale
                 )
                 attn = torch.cat((pre, dec), dim=0)
-            h = h + F.linear(attn.reshape(t, hq * d), lw.o_proj)
+            h = h + F.linear(attn.reshape(t, hq * d), lw.o_proj, lw.o_bias)
             x = rms_norm(h, lw.mlp_norm, cfg.rms_norm_eps)
             gu = F.linear(x, lw.gate_up)
             inter = gu.shape[1] // 2

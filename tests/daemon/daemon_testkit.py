@@ -1,0 +1,85 @@
+"""Test-side driver for ModelRunner: block bookkeeping and a tiny greedy scheduler (no engine needed)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from radixd.daemon.runner import ModelRunner, StepSeq
+from radixd.daemon.sampling import SamplingParams, SamplingState
+
+PROMPTS = [
+    "The capital of France is",
+    'def fibonacci(n):\n    """Return the n-th Fibonacci number."""\n',
+    "Once upon a time, in a small village at the edge of a dark forest, there lived",
+    "Q: What is 17 * 23?\nA:",
+    "Les chats sont des animaux",
+    "import numpy as np\nx = np.arange(10)\nprint(",
+    "1, 2, 3, 5, 8, 13,",
+    "Translate to German: Good morning, how are you today?",
+]
+
+
+class BlockAlloc:
+    """Hands out fresh physical block ids (block 0 is the null block)."""
+
+    def __init__(self, num_blocks: int) -> None:
+        self.next = 1
+        self.num_blocks = num_blocks
+
+    def alloc(self, n: int) -> list[int]:
+        if self.next + n > self.num_blocks:
+            raise RuntimeError("test pool exhausted")
+        out = list(range(self.next, self.next + n))
+        self.next += n
+        return out
+
+
+@dataclass
+class Req:
+    prompt: list[int]
+    n_new: int
+    params: SamplingParams = field(default_factory=lambda: SamplingParams(temperature=0.0, max_tokens=64))
+    start_pos: int = 0  # prompt tokens already in KV (shared prefix)
+    blocks: list[int] = field(default_factory=list)  # blocks holding the shared prefix
+    admit_step: int = 0
+    chunk: int | None = None  # prefill chunk size (None = whole prompt at once)
+    out: list[int] = field(default_factory=list)
+    state: SamplingState | None = None
+    done_prompt: int = 0
+
+
+def run(runner: ModelRunner, alloc: BlockAlloc, reqs: list[Req]) -> list[list[int]]:
+    """Drive `reqs` to completion with continuous batching; returns each request's generated ids."""
+    bs = runner.block_size
+    for i, r in enumerate(reqs):
+        r.state = SamplingState(r.params, r.prompt)
+        r.done_prompt = r.start_pos
+        total = len(r.prompt) + r.n_new
+        need = -(-total // bs)
+        r.blocks = list(r.blocks) + alloc.alloc(need - len(r.blocks))
+        r.out = []
+        assert r.admit_step >= 0, i
+    step = 0
+    while any(len(r.out) < r.n_new for r in reqs):
+        batch: list[tuple[Req, StepSeq]] = []
+        for i, r in enumerate(reqs):
+            if step < r.admit_step or len(r.out) >= r.n_new:
+                continue
+            if r.done_prompt < len(r.prompt):
+                n = len(r.prompt) - r.done_prompt if r.chunk is None else r.chunk
+                ids = r.prompt[r.done_prompt : r.done_prompt + n]
+                final = r.done_prompt + len(ids) == len(r.prompt)
+                seq = StepSeq(i, ids, r.done_prompt, r.blocks, r.state if final else None)
+                r.done_prompt += len(ids)
+            else:
+                pos = len(r.prompt) + len(r.out) - 1
+                seq = StepSeq(i, [r.out[-1]], pos, r.blocks, r.state)
+            batch.append((r, seq))
+        results = runner.step([s for _, s in batch])
+        for (r, _), res in zip(batch, results, strict=True):
+            if res is not None:
+                assert r.state is not None
+                r.state.append(res.token_id)
+                r.out.append(res.token_id)
+        step += 1
+    return [r.out for r in reqs]
