@@ -1,0 +1,179 @@
+"""CacheAdminService: eviction, flush, pinning, stats, load, prefix lookup and cache events.
+
+Every call needs the admin bearer token. Namespaces in requests name tenants ("" = default tenant);
+unlike the public services the admin may act on any tenant.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from typing import TYPE_CHECKING, Any
+
+from radixd_client._pb import cache_admin_pb2, cache_admin_pb2_grpc, common_pb2
+
+from radixd.daemon.server.auth import admin_namespace
+from radixd.daemon.server.convert import prompt_ids
+from radixd.daemon.server.errors import bad_request
+from radixd.daemon.server.handler import rpc
+from radixd.daemon.server.sessions import on_engine
+from radixd.daemon.server.state import ServerState
+
+if TYPE_CHECKING:
+    from radixd.daemon.engine.core import EngineCore
+
+_FLUSH = {
+    cache_admin_pb2.FLUSH_MODE_EVICT_UNLOCKED: "all",
+    cache_admin_pb2.FLUSH_MODE_REFUSE_IF_BUSY: "refuse_if_busy",
+    cache_admin_pb2.FLUSH_MODE_WAIT_FOR_IDLE: "wait_idle",
+}
+DEFAULT_FLUSH_WAIT_S = 30.0
+
+
+def cache_stats(core: EngineCore) -> dict[str, Any]:
+    """GetCacheStats fields as a dict (engine thread); also feeds the Prometheus collector."""
+    stats = core.stats()
+    cache = stats["cache"]
+    return {
+        "block_size": cache.block_size,
+        "total_blocks": cache.usable_blocks,
+        "free_blocks": cache.free_blocks,
+        "cached_blocks": cache.evictable_blocks,
+        "in_use_blocks": cache.in_use_blocks,
+        "pinned_blocks": cache.pinned_blocks,
+        "nodes": cache.nodes,
+        "hit_tokens": cache.hit_tokens,
+        "miss_tokens": cache.miss_tokens,
+        "evictions": dict(cache.evicted_blocks),
+        "preemptions": stats.get("preemptions", 0),
+        "running": stats.get("running", 0),
+        "waiting": stats.get("waiting", 0),
+    }
+
+
+class CacheAdminServicer(cache_admin_pb2_grpc.CacheAdminServiceServicer):
+    def __init__(self, state: ServerState) -> None:
+        self.state = state
+
+    def _tokens(self, prompt: common_pb2.Prompt, what: str) -> list[int]:
+        if prompt.WhichOneof("kind") is None:
+            raise bad_request(f"{what} is empty: set text, token_ids or chat")
+        return prompt_ids(prompt, self.state.tokenizer)
+
+    @rpc("Evict")
+    async def Evict(
+        self, request: cache_admin_pb2.EvictRequest, context: Any
+    ) -> cache_admin_pb2.EvictResponse:
+        state = self.state
+        state.check_admin(context)
+        ns = admin_namespace(request.namespace)
+        target = request.WhichOneof("target")
+        if target == "num_blocks":
+            n = request.num_blocks
+            freed = await on_engine(state, lambda c: c.evict(n))
+            state.events.removed(ns, [], freed)
+        elif target == "prefix":
+            tokens = self._tokens(request.prefix, "prefix")
+            freed = await on_engine(state, lambda c: c.evict_prefix(tokens, ns))
+            state.events.removed(ns, tokens, freed)
+        elif target == "session_id":
+            sid = request.session_id
+
+            def evict_session(core: EngineCore) -> tuple[int, str, list[int]]:
+                info = core.sessions.get(sid)
+                core.sessions.release_lease(sid)
+                return core.evict_prefix(list(info.tokens), info.namespace), info.namespace, list(info.tokens)
+
+            freed, sns, tokens = await on_engine(state, evict_session)
+            state.events.removed(sns, tokens, freed)
+        else:
+            raise bad_request("evict needs a target: num_blocks, prefix or session_id")
+        return cache_admin_pb2.EvictResponse(evicted_blocks=freed)
+
+    @rpc("Flush")
+    async def Flush(
+        self, request: cache_admin_pb2.FlushRequest, context: Any
+    ) -> cache_admin_pb2.FlushResponse:
+        state = self.state
+        state.check_admin(context)
+        mode = _FLUSH.get(request.mode)
+        if mode is None:
+            raise bad_request(
+                "flush mode is unspecified: choose EVICT_UNLOCKED, REFUSE_IF_BUSY or WAIT_FOR_IDLE"
+            )
+        if request.timeout_s < 0:
+            raise bad_request(f"timeout_s must be >= 0, got {request.timeout_s}")
+        timeout = request.timeout_s or DEFAULT_FLUSH_WAIT_S
+        freed = await asyncio.wrap_future(state.engine.flush(mode, timeout))  # type: ignore[arg-type]
+        state.events.cleared(freed)
+        return cache_admin_pb2.FlushResponse(evicted_blocks=freed)
+
+    @rpc("Pin")
+    async def Pin(self, request: cache_admin_pb2.PinRequest, context: Any) -> cache_admin_pb2.PinResponse:
+        self.state.check_admin(context)
+        ns = admin_namespace(request.namespace)
+        tokens = self._tokens(request.prefix, "prefix")
+
+        def pin(core: EngineCore) -> int:
+            core.pin(tokens, ns)
+            return core.lookup_prefix(tokens, ns)
+
+        return cache_admin_pb2.PinResponse(pinned_tokens=await on_engine(self.state, pin))
+
+    @rpc("Unpin")
+    async def Unpin(
+        self, request: cache_admin_pb2.UnpinRequest, context: Any
+    ) -> cache_admin_pb2.UnpinResponse:
+        self.state.check_admin(context)
+        ns = admin_namespace(request.namespace)
+        tokens = self._tokens(request.prefix, "prefix")
+        await on_engine(self.state, lambda c: c.unpin(tokens, ns))
+        return cache_admin_pb2.UnpinResponse()
+
+    @rpc("GetCacheStats")
+    async def GetCacheStats(
+        self, request: cache_admin_pb2.GetCacheStatsRequest, context: Any
+    ) -> cache_admin_pb2.GetCacheStatsResponse:
+        self.state.check_admin(context)
+        stats = await on_engine(self.state, cache_stats)
+        stats.pop("running")
+        stats.pop("waiting")
+        return cache_admin_pb2.GetCacheStatsResponse(**stats)
+
+    @rpc("LookupPrefix")
+    async def LookupPrefix(
+        self, request: cache_admin_pb2.LookupPrefixRequest, context: Any
+    ) -> cache_admin_pb2.LookupPrefixResponse:
+        self.state.check_admin(context)
+        ns = admin_namespace(request.namespace)
+        tokens = self._tokens(request.prompt, "prompt")
+        cached = await on_engine(self.state, lambda c: c.lookup_prefix(tokens, ns))
+        return cache_admin_pb2.LookupPrefixResponse(prompt_tokens=len(tokens), cached_tokens=cached)
+
+    @rpc("GetLoad")
+    async def GetLoad(
+        self, request: cache_admin_pb2.GetLoadRequest, context: Any
+    ) -> cache_admin_pb2.GetLoadResponse:
+        state = self.state
+        state.check_admin(context)
+
+        def load(core: EngineCore) -> tuple[dict[str, int], int, int]:
+            return core.load(), len(core.sessions), core.config.max_waiting
+
+        load_now, sessions, max_queue = await on_engine(state, load)
+        return cache_admin_pb2.GetLoadResponse(
+            running_requests=load_now["running"],
+            waiting_requests=load_now["waiting"],
+            max_queue=max_queue,
+            free_blocks=load_now["free_blocks"],
+            total_blocks=load_now["total_blocks"],
+            sessions=sessions,
+            draining=state.draining,
+        )
+
+    @rpc("SubscribeCacheEvents")
+    async def SubscribeCacheEvents(
+        self, request: cache_admin_pb2.SubscribeCacheEventsRequest, context: Any
+    ) -> None:
+        self.state.check_admin(context)
+        async for event in self.state.events.subscribe(request.after_sequence):
+            await context.write(event)

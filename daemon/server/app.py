@@ -1,0 +1,242 @@
+"""Wire the daemon: engine, public and admin gRPC servers, health, reflection, metrics, SIGTERM drain.
+
+Drain (SIGTERM or SIGINT): health turns NOT_SERVING, new work is refused with UNAVAILABLE, in-flight
+streams get `--grace-period` seconds to finish, whatever is left is cancelled (its KV released by the
+handlers' `finally`), the engine stops, and the process exits 0.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import contextlib
+import json
+import os
+import secrets
+import signal
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import grpc
+import grpc.aio
+import uvloop
+from grpc_health.v1 import health, health_pb2, health_pb2_grpc
+from grpc_reflection.v1alpha import reflection
+from radixd_client._pb import (
+    cache_admin_pb2,
+    cache_admin_pb2_grpc,
+    generation_pb2,
+    generation_pb2_grpc,
+    session_pb2,
+    session_pb2_grpc,
+)
+
+from radixd.daemon.engine.config import EngineConfig
+from radixd.daemon.engine.factory import BuiltEngine, build_engine
+from radixd.daemon.log import get_logger
+from radixd.daemon.server.admin import CacheAdminServicer, cache_stats
+from radixd.daemon.server.auth import Authenticator, load_api_keys
+from radixd.daemon.server.events import CacheEventHub
+from radixd.daemon.server.generation import GenerationServicer
+from radixd.daemon.server.metrics import Metrics
+from radixd.daemon.server.sessions import SessionServicer
+from radixd.daemon.server.state import Limits, ServerState
+from radixd.daemon.server.streaming import RequestRegistry
+
+log = get_logger("radixd.server")
+
+PUBLIC_SERVICES = (
+    generation_pb2.DESCRIPTOR.services_by_name["GenerationService"].full_name,
+    session_pb2.DESCRIPTOR.services_by_name["SessionService"].full_name,
+)
+ADMIN_SERVICE = cache_admin_pb2.DESCRIPTOR.services_by_name["CacheAdminService"].full_name
+LOOPBACK = ("127.0.0.1", "::1", "localhost")
+
+
+@dataclass
+class Daemon:
+    """A running daemon (servers started); `drain()` stops it."""
+
+    state: ServerState
+    public: grpc.aio.Server
+    admin: grpc.aio.Server
+    health: Any
+    port: int
+    admin_port: int
+    metrics_port: int
+    metrics_server: Any
+    grace_s: float
+
+    async def drain(self) -> None:
+        """Refuse new work, let streams finish within the grace period, stop servers and engine."""
+        state = self.state
+        state.draining = True
+        await self.health.enter_graceful_shutdown()
+        log.info("server.draining", active_streams=state.active_streams, grace_s=self.grace_s)
+        if state.active_streams:
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(state.idle.wait(), self.grace_s)
+        left = state.active_streams
+        # Remaining handlers are cancelled here; their `finally` aborts the requests in the engine.
+        await asyncio.gather(self.public.stop(1.0), self.admin.stop(1.0))
+        loop = asyncio.get_running_loop()
+        await loop.run_in_executor(None, state.engine.shutdown, 5.0)
+        if self.metrics_server is not None:
+            await loop.run_in_executor(None, self.metrics_server.shutdown)
+        log.info("server.stopped", cancelled_streams=left)
+
+
+def _credentials(args: argparse.Namespace) -> grpc.ServerCredentials | None:
+    if bool(args.tls_cert) != bool(args.tls_key):
+        raise SystemExit("--tls-cert and --tls-key must be given together")
+    if not args.tls_cert:
+        return None
+    pair = (Path(args.tls_key).read_bytes(), Path(args.tls_cert).read_bytes())
+    return grpc.ssl_server_credentials([pair])
+
+
+def _bind(server: grpc.aio.Server, host: str, port: int, creds: grpc.ServerCredentials | None) -> int:
+    address = f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
+    bound = server.add_secure_port(address, creds) if creds is not None else server.add_insecure_port(address)
+    if bound == 0:
+        raise SystemExit(f"could not bind {address}; is the port in use?")
+    return int(bound)
+
+
+def build_state(args: argparse.Namespace, built: BuiltEngine) -> ServerState:
+    token = args.admin_token
+    if not token:
+        token = secrets.token_urlsafe(24)
+        log.warning("server.admin_token_generated", admin_token=token, hint="pass --admin-token to fix it")
+    keys = load_api_keys(args.api_keys) if args.api_keys else None
+    core = built.core
+    return ServerState(
+        engine=built.engine,
+        tokenizer=built.tokenizer,
+        auth=Authenticator(keys, token),
+        metrics=Metrics(),
+        limits=Limits(
+            context_length=core.max_model_len,
+            default_max_tokens=args.default_max_tokens,
+            stream_buffer=args.stream_buffer,
+        ),
+        events=CacheEventHub(core.block_size),
+        model_name=str(args.model or "SmolLM2-135M-Instruct (embedded)"),
+        block_size=core.block_size,
+        eos_token_ids=tuple(core.eos_token_ids),
+    )
+
+
+async def start(args: argparse.Namespace, built: BuiltEngine) -> Daemon:
+    """Start the engine and both servers; returns once they accept connections."""
+    state = build_state(args, built)
+    if args.admin_host not in LOOPBACK:
+        log.warning("server.admin_not_loopback", admin_host=args.admin_host, tls=bool(args.tls_cert))
+    creds = _credentials(args)
+    size = args.max_message_mb * 1024 * 1024
+    options = [("grpc.max_send_message_length", size), ("grpc.max_receive_message_length", size)]
+    registry = RequestRegistry()
+
+    public = grpc.aio.server(options=options)
+    generation_pb2_grpc.add_GenerationServiceServicer_to_server(GenerationServicer(state, registry), public)
+    session_pb2_grpc.add_SessionServiceServicer_to_server(SessionServicer(state, registry), public)
+    health_servicer = health.aio.HealthServicer()
+    health_pb2_grpc.add_HealthServicer_to_server(health_servicer, public)
+    reflection.enable_server_reflection(
+        (*PUBLIC_SERVICES, health.SERVICE_NAME, reflection.SERVICE_NAME), public
+    )
+
+    admin = grpc.aio.server(options=options)
+    cache_admin_pb2_grpc.add_CacheAdminServiceServicer_to_server(CacheAdminServicer(state), admin)
+    health_pb2_grpc.add_HealthServicer_to_server(health_servicer, admin)
+    reflection.enable_server_reflection((ADMIN_SERVICE, health.SERVICE_NAME, reflection.SERVICE_NAME), admin)
+
+    port = _bind(public, args.host, args.port, creds)
+    admin_port = _bind(admin, args.admin_host, args.admin_port, creds)
+    state.engine.start()
+    await public.start()
+    await admin.start()
+    serving = health_pb2.HealthCheckResponse.SERVING
+    for name in ("", *PUBLIC_SERVICES, ADMIN_SERVICE):
+        await health_servicer.set(name, serving)
+
+    metrics_server = None
+    metrics_port = 0
+    if args.metrics_port:
+        engine = state.engine
+
+        def read_stats() -> dict[str, Any] | None:
+            try:
+                return engine.call(cache_stats).result(timeout=2.0)
+            except Exception:  # a scrape must never fail the exporter
+                return None
+
+        state.metrics.add_engine_collector(read_stats)
+        metrics_server = state.metrics.serve(args.metrics_port, args.metrics_host)
+        metrics_port = int(metrics_server.server_address[1])
+    daemon = Daemon(
+        state,
+        public,
+        admin,
+        health_servicer,
+        port,
+        admin_port,
+        metrics_port,
+        metrics_server,
+        args.grace_period,
+    )
+    log.info(
+        "server.serving",
+        address=f"{args.host}:{port}",
+        admin_address=f"{args.admin_host}:{admin_port}",
+        metrics_port=metrics_port or None,
+        tls=creds is not None,
+        tenants=state.auth.multi_tenant,
+    )
+    if args.ready_file:
+        ready = {"port": port, "admin_port": admin_port, "metrics_port": metrics_port, "pid": os.getpid()}
+        tmp = Path(args.ready_file + ".tmp")
+        tmp.write_text(json.dumps(ready))
+        tmp.replace(args.ready_file)
+    return daemon
+
+
+def load(args: argparse.Namespace) -> BuiltEngine:
+    """Load the model and build the engine (not started) from `radixd serve` flags."""
+    config = EngineConfig(
+        max_num_seqs=args.max_num_seqs,
+        max_num_batched_tokens=args.max_batched_tokens,
+        prefix_caching=not args.no_prefix_cache,
+        schedule_policy=args.schedule_policy,
+        max_waiting=args.max_queue,
+        session_ttl_s=args.session_ttl,
+        max_model_len=args.max_model_len,
+    )
+    return build_engine(
+        args.model,
+        config,
+        num_blocks=args.num_blocks,
+        kv_cache_gb=args.kv_cache_gb,
+        block_size=args.block_size,
+        device=args.device,
+    )
+
+
+async def _serve(args: argparse.Namespace, built: BuiltEngine) -> int:
+    daemon = await start(args, built)
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        loop.add_signal_handler(sig, stop.set)
+    await stop.wait()
+    log.info("server.signal", action="drain")
+    await daemon.drain()
+    return 0
+
+
+def serve_forever(args: argparse.Namespace) -> int:
+    """Blocking: load, serve until SIGTERM / SIGINT, drain; returns the exit code (0 after a drain)."""
+    log.info("server.loading", model=args.model or "embedded", device=args.device)
+    built = load(args)
+    return uvloop.run(_serve(args, built))

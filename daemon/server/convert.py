@@ -1,0 +1,176 @@
+"""Wire messages <-> engine types: prompts to token ids, SamplingParams, outputs to stream messages.
+
+Every check here raises `RpcFailure(INVALID_ARGUMENT)` with a message naming the field and the fix.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import TYPE_CHECKING, Any, Protocol
+
+from radixd_client._pb import common_pb2
+
+from radixd.daemon.sampling import SamplingParams
+from radixd.daemon.server.errors import bad_request
+
+if TYPE_CHECKING:
+    from radixd.daemon.engine.types import RequestOutput
+
+FINISH = {
+    "stop": common_pb2.FINISH_REASON_STOP,
+    "length": common_pb2.FINISH_REASON_LENGTH,
+    "abort": common_pb2.FINISH_REASON_ABORT,
+    "error": common_pb2.FINISH_REASON_ERROR,
+}
+_SCALAR_FIELDS = (
+    "temperature",
+    "top_k",
+    "top_p",
+    "min_p",
+    "repetition_penalty",
+    "presence_penalty",
+    "frequency_penalty",
+    "seed",
+    "max_tokens",
+    "min_tokens",
+    "logprobs",
+    "n",
+)
+# A neutral first message for rendering chat deltas (see `prompt_ids`): it keeps templates from
+# injecting their default system prompt into every turn.
+_DELTA_BASE = [{"role": "system", "content": ""}]
+
+
+class Tokenizing(Protocol):
+    """What the server needs from the model's tokenizer (`radixd.daemon.tokenizer.TextTokenizer`)."""
+
+    @property
+    def vocab_size(self) -> int: ...
+
+    def encode(self, text: str, add_special_tokens: bool = True) -> list[int]: ...
+
+    def decode(self, ids: Sequence[int], skip_special_tokens: bool = False) -> str: ...
+
+    def apply_chat_template(
+        self, messages: Sequence[dict[str, Any]], add_generation_prompt: bool = True, **extra: Any
+    ) -> str: ...
+
+
+def sampling_params(msg: common_pb2.SamplingParams, default_max_tokens: int) -> SamplingParams:
+    """Engine SamplingParams from the wire message; unset fields take the defaults."""
+    kwargs: dict[str, Any] = {"max_tokens": default_max_tokens}
+    for name in _SCALAR_FIELDS:
+        if msg.HasField(name):
+            kwargs[name] = getattr(msg, name)
+    for name in (
+        "temperature",
+        "top_p",
+        "min_p",
+        "repetition_penalty",
+        "presence_penalty",
+        "frequency_penalty",
+    ):
+        if name in kwargs:
+            kwargs[name] = float(kwargs[name])
+    if kwargs.get("logprobs") == 0:
+        kwargs["logprobs"] = None
+    if msg.stop:
+        kwargs["stop"] = tuple(msg.stop)
+    if msg.stop_token_ids:
+        kwargs["stop_token_ids"] = tuple(msg.stop_token_ids)
+    kwargs["ignore_eos"] = msg.ignore_eos
+    try:
+        return SamplingParams(**kwargs)
+    except (ValueError, TypeError) as exc:
+        raise bad_request(f"invalid sampling parameters: {exc}") from exc
+
+
+def check_token_ids(ids: Sequence[int], vocab_size: int, what: str = "prompt") -> list[int]:
+    """Reject negative or out-of-vocabulary ids with the first offending position."""
+    for pos, tid in enumerate(ids):
+        if tid < 0 or tid >= vocab_size:
+            raise bad_request(
+                f"{what} token id {tid} at position {pos} is out of range; ids must be in [0, {vocab_size})"
+            )
+    return list(ids)
+
+
+def prompt_ids(prompt: common_pb2.Prompt, tok: Tokenizing, continuation: bool = False) -> list[int]:
+    """Token ids of a wire prompt.
+
+    continuation=True (a session turn or session context appended to earlier tokens): text gets no
+    BOS, and chat messages are rendered as a delta, i.e. only the new messages' part of the template.
+    """
+    kind = prompt.WhichOneof("kind")
+    if kind is None:
+        raise bad_request("prompt is empty: set prompt.text, prompt.token_ids or prompt.chat")
+    if kind == "text":
+        if not prompt.text:
+            raise bad_request("prompt.text is empty; send at least one character")
+        return tok.encode(prompt.text, add_special_tokens=not continuation)
+    if kind == "token_ids":
+        if not prompt.token_ids.ids:
+            raise bad_request("prompt.token_ids is empty; send at least one token id")
+        return check_token_ids(prompt.token_ids.ids, tok.vocab_size)
+    chat = prompt.chat
+    if not chat.messages:
+        raise bad_request("prompt.chat has no messages; send at least one {role, content}")
+    messages = [{"role": m.role, "content": m.content} for m in chat.messages]
+    for i, m in enumerate(messages):
+        if m["role"] not in ("system", "user", "assistant", "tool"):
+            raise bad_request(
+                f"prompt.chat.messages[{i}].role {m['role']!r} must be system, user, assistant or tool"
+            )
+    try:
+        if not continuation:
+            text = tok.apply_chat_template(messages, add_generation_prompt=chat.add_generation_prompt)
+        else:
+            base = tok.apply_chat_template(_DELTA_BASE, add_generation_prompt=False)
+            full = tok.apply_chat_template(
+                _DELTA_BASE + messages, add_generation_prompt=chat.add_generation_prompt
+            )
+            if not full.startswith(base):
+                raise bad_request(
+                    "this model's chat template cannot render a turn on its own; send prompt.text"
+                )
+            text = full[len(base) :]
+    except ValueError as exc:
+        raise bad_request(str(exc)) from exc
+    ids = tok.encode(text, add_special_tokens=False)
+    if not ids:
+        raise bad_request("the rendered chat prompt is empty")
+    return ids
+
+
+def start_message(request_id: str, out: RequestOutput, session_id: str = "") -> common_pb2.GenerationStart:
+    return common_pb2.GenerationStart(
+        request_id=request_id,
+        prompt_tokens=out.prompt_tokens,
+        cached_tokens=out.cached_tokens,
+        session_id=session_id,
+    )
+
+
+def chunk_message(out: RequestOutput) -> common_pb2.GenerationChunk:
+    chunk = common_pb2.GenerationChunk(index=out.index, token_ids=out.new_token_ids, text=out.text_delta)
+    for lp in out.logprobs or ():
+        entry = chunk.logprobs.add(token_id=lp.token_id, logprob=lp.logprob)
+        for tid, value in lp.top:
+            entry.top.add(token_id=tid, logprob=value)
+    return chunk
+
+
+def end_message(out: RequestOutput, total_s: float) -> common_pb2.GenerationEnd:
+    return common_pb2.GenerationEnd(
+        index=out.index,
+        finish_reason=FINISH.get(out.finish_reason or "", common_pb2.FINISH_REASON_UNSPECIFIED),
+        error=out.error or "",
+        usage=common_pb2.Usage(
+            prompt_tokens=out.prompt_tokens,
+            cached_tokens=out.cached_tokens,
+            completion_tokens=out.completion_tokens,
+        ),
+        timings=common_pb2.Timings(
+            queue_s=out.queue_time_s or 0.0, ttft_s=out.ttft_s or 0.0, total_s=total_s
+        ),
+    )

@@ -1,0 +1,83 @@
+"""GenerationService: stateless generation, abort, tokenize / detokenize, model info."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from radixd_client._pb import generation_pb2, generation_pb2_grpc
+
+from radixd.daemon.server.convert import check_token_ids, prompt_ids, sampling_params
+from radixd.daemon.server.handler import rpc
+from radixd.daemon.server.state import ServerState
+from radixd.daemon.server.streaming import RequestRegistry, check_fits, deadline_message, run_stream
+
+FEATURES = ("sessions", "fork", "logprobs", "chat_template", "tenants", "cache_events", "n")
+
+
+class GenerationServicer(generation_pb2_grpc.GenerationServiceServicer):
+    def __init__(self, state: ServerState, registry: RequestRegistry) -> None:
+        self.state = state
+        self.registry = registry
+
+    @rpc("Generate")
+    async def Generate(self, request: generation_pb2.GenerateRequest, context: Any) -> None:
+        state = self.state
+        state.refuse_if_draining()
+        namespace = state.namespace(context)
+        deadline_message(context)
+        ids = prompt_ids(request.prompt, state.tokenizer)
+        sampling = sampling_params(request.sampling, state.limits.default_max_tokens)
+        check_fits(state, len(ids), sampling)
+        with state.stream_slot():
+            await run_stream(
+                state,
+                self.registry,
+                context,
+                namespace=namespace,
+                client_id=request.request_id,
+                prompt_ids=ids,
+                sampling=sampling,
+                make=generation_pb2.GenerateResponse,
+                priority=request.priority,
+            )
+
+    @rpc("Abort")
+    async def Abort(self, request: generation_pb2.AbortRequest, context: Any) -> generation_pb2.AbortResponse:
+        namespace = self.state.namespace(context)
+        engine_id = self.registry.lookup(namespace, request.request_id)
+        if engine_id is not None:
+            self.state.engine.abort(engine_id)
+        return generation_pb2.AbortResponse()
+
+    @rpc("Tokenize")
+    async def Tokenize(
+        self, request: generation_pb2.TokenizeRequest, context: Any
+    ) -> generation_pb2.TokenizeResponse:
+        self.state.namespace(context)
+        return generation_pb2.TokenizeResponse(token_ids=prompt_ids(request.prompt, self.state.tokenizer))
+
+    @rpc("Detokenize")
+    async def Detokenize(
+        self, request: generation_pb2.DetokenizeRequest, context: Any
+    ) -> generation_pb2.DetokenizeResponse:
+        self.state.namespace(context)
+        tok = self.state.tokenizer
+        ids = check_token_ids(request.token_ids, tok.vocab_size, what="detokenize")
+        return generation_pb2.DetokenizeResponse(
+            text=tok.decode(ids, skip_special_tokens=request.skip_special_tokens)
+        )
+
+    @rpc("GetModelInfo")
+    async def GetModelInfo(
+        self, request: generation_pb2.GetModelInfoRequest, context: Any
+    ) -> generation_pb2.GetModelInfoResponse:
+        self.state.namespace(context)
+        s = self.state
+        return generation_pb2.GetModelInfoResponse(
+            model_name=s.model_name,
+            vocab_size=s.tokenizer.vocab_size,
+            eos_token_ids=list(s.eos_token_ids),
+            context_length=s.limits.context_length,
+            block_size=s.block_size,
+            features=list(FEATURES),
+        )

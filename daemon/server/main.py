@@ -1,0 +1,74 @@
+"""`radixd serve`: flags and entry point (`add_arguments(parser)`, `run(args) -> int`).
+
+    radixd serve --host 127.0.0.1 --port 50051 --admin-port 50052 --admin-token "$TOKEN"
+
+The admin (cache) service listens on its own port, loopback-only by default, and needs the admin
+token as a bearer credential. `--port 0` / `--admin-port 0` pick free ports; `--ready-file` then tells
+scripts which ones (JSON written once the daemon serves).
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+
+from radixd.daemon import log
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    """Flags of `radixd serve`."""
+    net = parser.add_argument_group("network")
+    net.add_argument("--host", default="127.0.0.1", help="public address to bind (default 127.0.0.1)")
+    net.add_argument("--port", type=int, default=50051, help="public gRPC port (0 = pick a free one)")
+    net.add_argument("--admin-host", default="127.0.0.1", help="admin address (default loopback only)")
+    net.add_argument("--admin-port", type=int, default=50052, help="admin gRPC port (0 = pick a free one)")
+    net.add_argument(
+        "--admin-token",
+        default=os.environ.get("RADIXD_ADMIN_TOKEN"),
+        help="bearer token for the admin service (or RADIXD_ADMIN_TOKEN; generated and logged if unset)",
+    )
+    net.add_argument("--api-keys", metavar="FILE", help="file of 'KEY TENANT' lines; requires a key per call")
+    net.add_argument("--tls-cert", metavar="PEM", help="server certificate chain (enables TLS on both ports)")
+    net.add_argument("--tls-key", metavar="PEM", help="server private key")
+    net.add_argument(
+        "--max-message-mb", type=int, default=16, help="max gRPC message size in MiB (default 16)"
+    )
+    net.add_argument("--metrics-port", type=int, default=9464, help="Prometheus port on loopback (0 = off)")
+    net.add_argument("--metrics-host", default="127.0.0.1", help="Prometheus address (default loopback)")
+    net.add_argument("--ready-file", metavar="PATH", help="write bound ports as JSON here once serving")
+    model = parser.add_argument_group("model and cache")
+    model.add_argument("--model", default=None, help="GGUF file or HF directory (default: embedded SmolLM2)")
+    model.add_argument("--device", default="cpu", help="cpu or cuda")
+    model.add_argument("--block-size", type=int, default=16, help="tokens per KV block (default 16)")
+    model.add_argument("--kv-cache-gb", type=float, default=None, help="KV pool size in GiB (default 1)")
+    model.add_argument("--num-blocks", type=int, default=None, help="KV pool size in blocks (overrides GiB)")
+    model.add_argument("--no-prefix-cache", action="store_true", help="disable prefix caching")
+    sched = parser.add_argument_group("scheduling and limits")
+    sched.add_argument(
+        "--max-queue", type=int, default=256, help="requests in flight before RESOURCE_EXHAUSTED"
+    )
+    sched.add_argument("--max-num-seqs", type=int, default=64, help="sequences per step")
+    sched.add_argument("--max-batched-tokens", type=int, default=512, help="tokens per step")
+    sched.add_argument("--max-model-len", type=int, default=None, help="context limit (default: the model's)")
+    sched.add_argument("--schedule-policy", choices=("fcfs", "lpm"), default="lpm", help="admission order")
+    sched.add_argument(
+        "--session-ttl", type=float, default=600.0, help="session lease seconds after last use"
+    )
+    sched.add_argument(
+        "--default-max-tokens", type=int, default=256, help="max_tokens when a request omits it"
+    )
+    sched.add_argument("--stream-buffer", type=int, default=1024, help="outputs buffered per stream")
+    sched.add_argument("--grace-period", type=float, default=30.0, help="SIGTERM: seconds streams may finish")
+    ops = parser.add_argument_group("logging")
+    ops.add_argument("--log-level", default="info", help="debug, info, warning or error")
+    ops.add_argument(
+        "--log-format", choices=("auto", "json", "console"), default="auto", help="auto = JSON off a tty"
+    )
+
+
+def run(args: argparse.Namespace) -> int:
+    """Load the model, start the engine and serve until SIGTERM / SIGINT; returns the exit code."""
+    log.configure(args.log_level, args.log_format)
+    from radixd.daemon.server.app import serve_forever  # heavy imports after logging is configured
+
+    return serve_forever(args)

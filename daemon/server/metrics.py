@@ -1,0 +1,96 @@
+"""Prometheus metrics, served on a loopback HTTP port (`--metrics-port`).
+
+Request-path metrics (counts, tokens, latencies) are recorded by the handlers. Cache state (blocks by
+state, evictions, preemptions, hit tokens) is read from the engine at scrape time by a collector, so it
+is never stale and costs nothing between scrapes.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator
+from typing import Any
+
+from prometheus_client import CollectorRegistry, Counter, Histogram, start_http_server
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
+from prometheus_client.registry import Collector
+
+_LATENCY_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0)
+_ITL_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.02, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5)
+
+
+class Metrics:
+    """All metrics of one daemon, in their own registry (tests can run several daemons per process)."""
+
+    def __init__(self) -> None:
+        self.registry = CollectorRegistry()
+        r = self.registry
+        self.requests = Counter(
+            "radixd_requests", "Finished RPCs by method and status code", ["rpc", "code"], registry=r
+        )
+        self.prompt_tokens = Counter(
+            "radixd_prompt_tokens", "Prompt tokens of generation requests", registry=r
+        )
+        self.cached_tokens = Counter(
+            "radixd_cached_tokens", "Prompt tokens served from the prefix cache", registry=r
+        )
+        self.generated_tokens = Counter("radixd_generated_tokens", "Generated tokens", registry=r)
+        self.ttft = Histogram(
+            "radixd_ttft_seconds", "Time to first token", buckets=_LATENCY_BUCKETS, registry=r
+        )
+        self.queue_time = Histogram(
+            "radixd_queue_seconds", "Time waiting for the first step", buckets=_LATENCY_BUCKETS, registry=r
+        )
+        self.inter_token = Histogram(
+            "radixd_inter_token_seconds", "Time between streamed chunks", buckets=_ITL_BUCKETS, registry=r
+        )
+        self.slow_reader_aborts = Counter(
+            "radixd_slow_reader_aborts", "Streams aborted because the client read too slowly", registry=r
+        )
+
+    def add_engine_collector(self, read_stats: Callable[[], dict[str, Any] | None]) -> None:
+        """Export cache state from `read_stats()` (a dict like GetCacheStats; None = unavailable)."""
+        self.registry.register(_EngineCollector(read_stats))
+
+    def serve(self, port: int, host: str = "127.0.0.1") -> Any:
+        """Start the HTTP exporter thread; returns the server (has `shutdown()`)."""
+        server, _thread = start_http_server(port, addr=host, registry=self.registry)
+        return server
+
+
+class _EngineCollector(Collector):
+    def __init__(self, read_stats: Callable[[], dict[str, Any] | None]) -> None:
+        self._read = read_stats
+
+    def collect(self) -> Iterator[Any]:
+        stats = self._read()
+        if stats is None:
+            return
+        blocks = GaugeMetricFamily("radixd_blocks", "KV blocks by state", labels=["state"])
+        for state in ("free", "cached", "in_use", "pinned"):
+            blocks.add_metric([state], float(stats.get(f"{state}_blocks", 0)))
+        yield blocks
+        yield GaugeMetricFamily(
+            "radixd_blocks_total", "KV blocks in the pool", value=float(stats.get("total_blocks", 0))
+        )
+        yield GaugeMetricFamily("radixd_cache_nodes", "Radix tree nodes", value=float(stats.get("nodes", 0)))
+        evictions = CounterMetricFamily(
+            "radixd_evicted_blocks", "Evicted blocks by reason", labels=["reason"]
+        )
+        for reason, count in sorted(stats.get("evictions", {}).items()):
+            evictions.add_metric([reason], float(count))
+        yield evictions
+        yield CounterMetricFamily(
+            "radixd_preemptions", "Preempted sequences", value=float(stats.get("preemptions", 0))
+        )
+        yield CounterMetricFamily(
+            "radixd_cache_hit_tokens", "Prompt tokens hit", value=float(stats.get("hit_tokens", 0))
+        )
+        yield CounterMetricFamily(
+            "radixd_cache_miss_tokens", "Prompt tokens computed", value=float(stats.get("miss_tokens", 0))
+        )
+        yield GaugeMetricFamily(
+            "radixd_running_requests", "Running requests", value=float(stats.get("running", 0))
+        )
+        yield GaugeMetricFamily(
+            "radixd_waiting_requests", "Waiting requests", value=float(stats.get("waiting", 0))
+        )

@@ -1,0 +1,80 @@
+"""Shared server state: the engine, its tokenizer, auth, metrics, limits, and the drain switch."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
+
+import grpc
+
+from radixd.daemon.server.auth import Authenticator, AuthError
+from radixd.daemon.server.errors import RpcFailure
+from radixd.daemon.server.events import CacheEventHub
+from radixd.daemon.server.metrics import Metrics
+
+if TYPE_CHECKING:
+    from radixd.daemon.engine.engine import Engine
+    from radixd.daemon.server.convert import Tokenizing
+
+
+@dataclass(frozen=True)
+class Limits:
+    """Per-request limits the server enforces before the engine sees a request."""
+
+    context_length: int
+    default_max_tokens: int = 256
+    stream_buffer: int = 1024
+    max_sessions_page: int = 1000
+
+
+@dataclass
+class ServerState:
+    engine: Engine
+    tokenizer: Tokenizing
+    auth: Authenticator
+    metrics: Metrics
+    limits: Limits
+    events: CacheEventHub
+    model_name: str = ""
+    block_size: int = 16
+    eos_token_ids: tuple[int, ...] = ()
+    draining: bool = False
+    active_streams: int = 0
+    started_at: float = field(default_factory=time.time)
+    idle: asyncio.Event = field(default_factory=asyncio.Event)
+
+    def namespace(self, context: Any) -> str:
+        """The caller's cache namespace; aborts UNAUTHENTICATED for a missing or unknown API key."""
+        try:
+            return self.auth.namespace(context.invocation_metadata())
+        except AuthError as exc:
+            raise RpcFailure(exc.code, str(exc)) from exc
+
+    def check_admin(self, context: Any) -> None:
+        try:
+            self.auth.check_admin(context.invocation_metadata())
+        except AuthError as exc:
+            raise RpcFailure(exc.code, str(exc)) from exc
+
+    def refuse_if_draining(self) -> None:
+        if self.draining:
+            raise RpcFailure(
+                grpc.StatusCode.UNAVAILABLE,
+                "the daemon is shutting down and accepts no new work; retry elsewhere",
+            )
+
+    @contextlib.contextmanager
+    def stream_slot(self) -> Iterator[None]:
+        """Count an in-flight generation stream (the SIGTERM drain waits for the count to reach 0)."""
+        self.active_streams += 1
+        self.idle.clear()
+        try:
+            yield
+        finally:
+            self.active_streams -= 1
+            if self.active_streams == 0:
+                self.idle.set()
