@@ -188,7 +188,7 @@ class Engine:
                 return
             try:
                 cmd.future.set_result(cmd.fn(self.core))
-            except BaseException as exc:  # noqa: BLE001 - handed to the caller through the future
+            except BaseException as exc:
                 cmd.future.set_exception(exc)
 
     def _fail_pending(self) -> None:

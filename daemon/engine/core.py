@@ -1,0 +1,504 @@
+"""`EngineCore`: the engine's state and one step of work, driven by a single thread.
+
+It owns the radix pool and tree, the scheduler, the runner and the sessions. `step()` asks the
+scheduler for a plan, applies copy-on-write copies, runs the model, then accepts sampled tokens:
+text deltas go to each request's sink, finished sequences insert their tokens into the tree and free
+their blocks. `Engine` (engine.py) runs this on its own thread; tests and the offline CLI may drive it
+directly with `run_until_idle()`.
+"""
+
+from __future__ import annotations
+
+import concurrent.futures
+import time
+from collections import deque
+from collections.abc import Callable
+from typing import Literal
+
+import structlog
+
+from radixd.daemon.engine.admin import AdminMixin
+from radixd.daemon.engine.config import EngineConfig
+from radixd.daemon.engine.kv import KVManager
+from radixd.daemon.engine.scheduler import Planned, Scheduler
+from radixd.daemon.engine.sequence import RequestState, SeqStatus, Sequence
+from radixd.daemon.engine.sessions import SessionManager
+from radixd.daemon.engine.swap import HostSwap
+from radixd.daemon.engine.textstream import Decoder, TextStream
+from radixd.daemon.engine.types import (
+    EngineError,
+    FinishReason,
+    GenerateRequest,
+    InvalidRequest,
+    RequestOutput,
+    RequestTooLarge,
+    TokenLogprob,
+)
+from radixd.daemon.runner import ModelRunner, StepSeq
+from radixd.daemon.sampling import SampleResult, SamplingState
+from radixd.radix import BlockPool, RadixTree
+
+FlushMode = Literal["all", "refuse_if_busy", "wait_idle"]
+Sink = Callable[[RequestOutput], None]
+
+log = structlog.get_logger("radixd.engine")
+
+
+def copy_waves(ops: list[tuple[int, int, int]]) -> list[list[tuple[int, int, int]]]:
+    """Split copy ops so no op reads a block written earlier in the same batch (kernels may run the
+    ops of one call in parallel)."""
+    waves: list[list[tuple[int, int, int]]] = []
+    written: set[int] = set()
+    for op in ops:
+        if not waves or op[0] in written:
+            waves.append([])
+            written = set()
+        waves[-1].append(op)
+        written.add(op[1])
+    return waves
+
+
+class EngineCore(AdminMixin):
+    """Engine state and the step function (single-threaded)."""
+
+    def __init__(
+        self,
+        runner: ModelRunner,
+        tokenizer: Decoder,
+        config: EngineConfig | None = None,
+        eos_token_ids: tuple[int, ...] = (),
+    ) -> None:
+        self.config = config or EngineConfig()
+        self.runner = runner
+        self.tokenizer = tokenizer
+        self.eos_token_ids = tuple(eos_token_ids)
+        self.block_size = runner.block_size
+        self.vocab_size = runner.config.vocab_size
+        model_len = int(getattr(runner.config, "max_position_embeddings", 0) or 0) or 8192
+        self.max_model_len = self.config.max_model_len or model_len
+        self.pool = BlockPool(runner.num_blocks, runner.block_size)
+        self.tree = RadixTree(self.pool, pin_budget_fraction=self.config.pin_budget_fraction)
+        self.kv = KVManager(self.pool, self.tree, self.config.prefix_caching)
+        self.swap = (
+            HostSwap(runner, self.config.num_host_blocks) if self.config.preemption_mode == "swap" else None
+        )
+        self.scheduler = Scheduler(self.config, self.kv, self.swap, self._fork_root)
+        self.sessions = SessionManager(self.kv, self.config.session_ttl_s)
+        self.requests: dict[str, RequestState] = {}
+        self.on_request_done: Callable[[str], None] = lambda _rid: None
+        self._next_seq_id = 0
+        self._early_aborts: deque[str] = deque(maxlen=4096)
+        self._flush_waiters: list[tuple[float, concurrent.futures.Future[int]]] = []
+        self._last_progress = time.monotonic()
+        self._watchdog_reported = 0.0
+        self.counters: dict[str, int] = {
+            "requests_finished": 0,
+            "requests_aborted": 0,
+            "requests_rejected": 0,
+            "prompt_tokens": 0,
+            "cached_tokens": 0,
+            "generated_tokens": 0,
+            "steps": 0,
+            "no_progress_reports": 0,
+            "errors": 0,
+        }
+        self.peak_used_blocks = 0
+        self.peak_active_blocks = 0
+
+    # ---- validation (thread-safe: reads immutable config only) -----------------------------------
+    def usable_blocks(self) -> int:
+        return self.pool.num_blocks - 1  # block 0 is the null block
+
+    def check_fits(self, prompt_len: int, req: GenerateRequest) -> None:
+        """Raise RequestTooLarge when the request could never run, even alone in an empty pool."""
+        p = req.sampling
+        total = prompt_len + p.max_tokens
+        if total > self.max_model_len:
+            raise RequestTooLarge(
+                f"prompt ({prompt_len} tokens) + max_tokens ({p.max_tokens}) = {total} exceeds the context"
+                f" limit of {self.max_model_len} tokens; shorten the prompt or lower max_tokens"
+            )
+        width = max(p.n, req.beam_width, 1)
+        # The shared prompt once, then per output its generated tokens plus one copied partial block.
+        need = self.kv.blocks_for(prompt_len) + (width if width > 1 else 0) * (
+            self.kv.blocks_for(p.max_tokens) + 1
+        )
+        if width == 1:
+            need = self.kv.blocks_for(total)
+        if need > self.usable_blocks():
+            raise RequestTooLarge(
+                f"the request needs up to {need} KV blocks of {self.block_size} tokens but the pool has"
+                f" {self.usable_blocks()}; lower max_tokens / n or start the daemon with more KV memory"
+            )
+
+    def validate(self, req: GenerateRequest) -> None:
+        """Checks that need no engine state; raise InvalidRequest / RequestTooLarge."""
+        if not req.request_id:
+            raise InvalidRequest("request_id must be a non-empty string")
+        ids = req.prompt_token_ids
+        if not ids and req.session_id is None:
+            raise InvalidRequest("the prompt is empty; send at least one token")
+        bad = [
+            t for t in ids if isinstance(t, bool) or not isinstance(t, int) or not 0 <= t < self.vocab_size
+        ]
+        if bad:
+            raise InvalidRequest(
+                f"prompt token ids must be integers in [0, {self.vocab_size}); got {bad[:5]}"
+            )
+        if req.beam_width < 0 or req.beam_width > 10:
+            raise InvalidRequest(f"beam_width must be in [0, 10], got {req.beam_width}")
+        if req.beam_width and req.sampling.n > req.beam_width:
+            raise InvalidRequest(f"n ({req.sampling.n}) must not exceed beam_width ({req.beam_width})")
+        self.check_fits(len(ids), req)
+
+    # ---- requests --------------------------------------------------------------------------------
+    def _new_seq_id(self) -> int:
+        self._next_seq_id += 1
+        return self._next_seq_id
+
+    def _emit(self, sink: Sink, out: RequestOutput) -> None:
+        try:
+            sink(out)
+        except Exception:  # a broken sink must not take the engine down
+            log.exception("engine.sink_failed", request_id=out.request_id)
+
+    def reject(self, req: GenerateRequest, sink: Sink, exc: EngineError) -> None:
+        """Finish a request that never ran with an error output for each index."""
+        self.counters["requests_rejected"] += 1
+        log.info("engine.reject", request_id=req.request_id, error=str(exc), code=exc.code)
+        for i in range(max(req.sampling.n, 1)):
+            self._emit(
+                sink,
+                RequestOutput(
+                    request_id=req.request_id,
+                    index=i,
+                    new_token_ids=[],
+                    text_delta="",
+                    logprobs=None,
+                    prompt_tokens=len(req.prompt_token_ids),
+                    cached_tokens=0,
+                    completion_tokens=0,
+                    finished=True,
+                    finish_reason="error",
+                    error=str(exc),
+                    error_code=exc.code,
+                    session_id=req.session_id,
+                ),
+            )
+        self.on_request_done(req.request_id)
+
+    def add_request(self, req: GenerateRequest, sink: Sink) -> None:
+        """Queue a validated request (engine thread)."""
+        rid = req.request_id
+        if rid in self._early_aborts:
+            self._early_aborts.remove(rid)
+            self.counters["requests_aborted"] += 1
+            for i in range(max(req.sampling.n, 1)):
+                self._emit(
+                    sink, RequestOutput(rid, i, [], "", None, len(req.prompt_token_ids), 0, 0, True, "abort")
+                )
+            self.on_request_done(rid)
+            return
+        if rid in self.requests:
+            self.reject(
+                req, sink, InvalidRequest(f"request id {rid!r} is already in flight; use a unique id")
+            )
+            return
+        try:
+            self.validate(req)
+            prompt = (
+                self.sessions.begin_turn(req) if req.session_id is not None else list(req.prompt_token_ids)
+            )
+            try:
+                self.check_fits(len(prompt), req)
+            except EngineError:
+                if req.session_id is not None:
+                    self.sessions.end_turn(req.session_id, None)
+                raise
+        except EngineError as exc:
+            self.reject(req, sink, exc)
+            return
+        r = RequestState(req=req, sink=sink, prompt=prompt, arrival=time.monotonic())
+        self.requests[rid] = r
+        self.counters["prompt_tokens"] += len(prompt)
+        log.info(
+            "engine.request",
+            request_id=rid,
+            prompt_tokens=len(prompt),
+            n=req.sampling.n,
+            session_id=req.session_id,
+            beam_width=req.beam_width,
+        )
+        if r.n == 1 and not req.beam_width:
+            seq = Sequence(
+                self._new_seq_id(), r, 0, list(prompt), self._sampling_state(r, None), self._text(r)
+            )
+        else:
+            seq = Sequence(self._new_seq_id(), r, -1, list(prompt), None)
+        r.seqs.append(seq)
+        self.scheduler.add(seq)
+
+    def _sampling_state(self, r: RequestState, seed: int | None) -> SamplingState:
+        return SamplingState(r.req.sampling, r.prompt, self.eos_token_ids, seed=seed)
+
+    def _text(self, r: RequestState) -> TextStream:
+        return TextStream(self.tokenizer, r.req.sampling.stop)
+
+    def _fork_root(self, root: Sequence) -> list[Sequence]:
+        """Turn a root that computed all prompt tokens but the last into its children (CoW)."""
+        r = root.request
+        if r.req.beam_width:
+            from radixd.daemon.engine.beam import start_beams
+
+            children = start_beams(self, root)
+        else:
+            seed = r.req.sampling.seed
+            base = self._sampling_state(r, seed)
+            tables = root.table.fork(r.n) if root.table is not None else [None] * r.n
+            children = []
+            for i in range(r.n):
+                child = Sequence(
+                    self._new_seq_id(),
+                    r,
+                    i,
+                    list(root.tokens),
+                    base.fork(None if seed is None else seed + i),
+                    self._text(r),
+                )
+                child.table = tables[i]
+                child.num_computed = root.num_computed
+                child.inserted_blocks = root.inserted_blocks
+                children.append(child)
+        if root.lease is not None:
+            for c in children[1:]:
+                c.lease = root.lease.clone()
+        children[0].lease, root.lease = root.lease, None
+        self.kv.release(root)
+        self.scheduler.remove(root)
+        root.status = SeqStatus.FINISHED
+        r.seqs = children
+        r.forked = True
+        for c in children:
+            self.scheduler.add_running(c)
+        return children
+
+    def abort_request(self, request_id: str) -> bool:
+        """Abort by id: idempotent; an id not seen yet is remembered so a late submit ends at once."""
+        r = self.requests.get(request_id)
+        if r is None:
+            if request_id not in self._early_aborts:
+                self._early_aborts.append(request_id)
+            return False
+        self.counters["requests_aborted"] += 1
+        log.info("engine.abort", request_id=request_id)
+        for seq in list(r.seqs):
+            if not seq.finished:
+                self._finish_seq(seq, "abort", emit=True)
+        self._finish_request(r)
+        return True
+
+    def abort_all(self, reason: str) -> None:
+        for rid in list(self.requests):
+            self.abort_request(rid)
+        if self.requests:
+            log.warning("engine.abort_all_left", reason=reason, left=len(self.requests))
+
+    def has_work(self) -> bool:
+        return self.scheduler.has_work()
+
+    # ---- the step --------------------------------------------------------------------------------
+    def step(self) -> bool:
+        """Schedule and run one step; -> whether any token was computed."""
+        plan = self.scheduler.schedule()
+        self._track_peaks()
+        if not plan:
+            return False
+        for wave in copy_waves(self.kv.take_copies()):
+            self.runner.copy_blocks(wave)
+        step_seqs = []
+        for p in plan:
+            seq = p.seq
+            end = p.start + p.n
+            sample = seq.sampling if (not seq.is_root and end == len(seq.tokens)) else None
+            blocks = seq.table.blocks if seq.table is not None else []
+            step_seqs.append(StepSeq(seq.seq_id, seq.tokens[p.start : end], p.start, list(blocks), sample))
+        results = self.runner.step(step_seqs)
+        self.counters["steps"] += 1
+        self._last_progress = time.monotonic()
+        for p, res in zip(plan, results, strict=True):
+            self._after_step(p, res)
+        return True
+
+    def step_safely(self) -> bool:
+        """`step()`, but an unexpected error fails the requests in flight instead of the engine."""
+        try:
+            return self.step()
+        except Exception as exc:
+            self.counters["errors"] += 1
+            log.exception("engine.step_failed")
+            for r in list(self.requests.values()):
+                for seq in list(r.seqs):
+                    if not seq.finished:
+                        self._finish_seq(seq, "error", emit=True, error=f"internal engine error: {exc}")
+                self._finish_request(r)
+            self.kv.take_copies()
+            return False
+
+    def run_until_idle(self, max_steps: int = 1_000_000) -> None:
+        """Drive steps on the calling thread until nothing is left (tests, offline)."""
+        idle_steps = 0
+        for _ in range(max_steps):
+            if not self.has_work():
+                return
+            if self.step():
+                idle_steps = 0
+                continue
+            self.tick()
+            idle_steps += 1
+            if idle_steps > 2 and self.has_work():
+                raise RuntimeError(
+                    f"no progress: {len(self.scheduler.waiting)} waiting, {self.pool.num_free} free blocks"
+                )
+        raise RuntimeError(f"still busy after {max_steps} steps")
+
+    def _track_peaks(self) -> None:
+        used = self.usable_blocks() - self.pool.num_free
+        self.peak_used_blocks = max(self.peak_used_blocks, used)
+        active: set[int] = set()
+        for s in self.scheduler.running:
+            if s.table is not None:
+                active.update(s.table.blocks)
+        self.peak_active_blocks = max(self.peak_active_blocks, len(active))
+
+    def _after_step(self, p: Planned, res: SampleResult | None) -> None:
+        seq = p.seq
+        if seq.finished or seq.status is not SeqStatus.RUNNING:
+            return
+        seq.num_computed = p.start + p.n
+        self.kv.insert_full_blocks(seq)
+        if seq.is_root:
+            if seq.remaining == 0:
+                self._fork_root(seq)
+            return
+        if res is None:
+            return
+        if seq.request.req.beam_width:
+            from radixd.daemon.engine.beam import beam_step
+
+            beam_step(self, seq, res)
+            return
+        self._accept(seq, res)
+
+    def _accept(self, seq: Sequence, res: SampleResult) -> None:
+        r = seq.request
+        tok = res.token_id
+        seq.tokens.append(tok)
+        if seq.sampling is not None:
+            seq.sampling.append(tok)
+        self.counters["generated_tokens"] += 1
+        if r.first_token_at is None:
+            r.first_token_at = time.monotonic()
+        seq.pending_tokens.append(tok)
+        if r.req.sampling.logprobs is not None and res.logprob is not None:
+            seq.pending_logprobs.append(TokenLogprob(tok, res.logprob, list(res.top_logprobs)))
+        reason: FinishReason | None = seq.sampling.finish_reason(tok) if seq.sampling is not None else None  # type: ignore[assignment]
+        delta = seq.text.push(tok) if seq.text is not None else ""
+        if seq.text is not None and seq.text.stopped:
+            reason = "stop"
+        elif reason is None and len(seq.tokens) >= self.max_model_len:
+            reason = "length"
+        if reason is None:
+            self._send(seq, delta)
+            return
+        if seq.text is not None:
+            delta += seq.text.finish()
+        self._send(seq, delta, reason)
+        self._finish_seq(seq, reason, emit=False)
+        if not r.live_seqs:
+            self._finish_request(r)
+
+    def _send(
+        self, seq: Sequence, delta: str, reason: FinishReason | None = None, error: str | None = None
+    ) -> None:
+        r = seq.request
+        now = time.monotonic()
+        out = RequestOutput(
+            request_id=r.request_id,
+            index=max(seq.index, 0),
+            new_token_ids=seq.pending_tokens,
+            text_delta=delta,
+            logprobs=seq.pending_logprobs if r.req.sampling.logprobs is not None else None,
+            prompt_tokens=r.prompt_len,
+            cached_tokens=r.cached_tokens or 0,
+            completion_tokens=max(0, seq.num_generated),
+            finished=reason is not None,
+            finish_reason=reason,
+            error=error,
+            queue_time_s=(r.admitted_at or now) - r.arrival if r.cached_tokens is not None else None,
+            ttft_s=r.first_token_at - r.arrival if r.first_token_at is not None else None,
+            error_code="internal" if reason == "error" else None,
+            session_id=r.req.session_id,
+        )
+        seq.pending_tokens = []
+        seq.pending_logprobs = []
+        self._emit(r.sink, out)
+
+    def _finish_seq(self, seq: Sequence, reason: FinishReason, emit: bool, error: str | None = None) -> None:
+        """End one sequence: its computed tokens go into the tree, its blocks and lease are freed."""
+        if emit:
+            indexes = [seq.index] if not seq.is_root else list(range(seq.request.n))
+            for i in indexes:
+                seq.index = i
+                self._send(seq, "", reason, error)
+        self.scheduler.remove(seq)
+        if self.swap is not None and seq.host_blocks:
+            self.swap.drop(seq)
+        self.kv.insert_all(seq)
+        self.kv.release(seq)
+        seq.status = SeqStatus.FINISHED
+        seq.finish_reason = reason
+
+    def _finish_request(self, r: RequestState) -> None:
+        if r.done:
+            return
+        r.done = True
+        self.requests.pop(r.request_id, None)
+        self.counters["requests_finished"] += 1
+        self.counters["cached_tokens"] += r.cached_tokens or 0
+        ok = all(s.finish_reason in ("stop", "length") for s in r.seqs)
+        if r.req.session_id is not None:
+            best = next((s for s in r.seqs if s.index == 0), None)
+            self.sessions.end_turn(r.req.session_id, best.tokens if ok and best is not None else None)
+        log.info(
+            "engine.finished",
+            request_id=r.request_id,
+            reasons=[s.finish_reason for s in r.seqs],
+            prompt_tokens=r.prompt_len,
+            cached_tokens=r.cached_tokens,
+            completion_tokens=sum(max(0, s.num_generated) for s in r.seqs),
+        )
+        self.on_request_done(r.request_id)
+
+    # ---- timers ----------------------------------------------------------------------------------
+    def idle_wait_s(self) -> float:
+        return 0.02 if self._flush_waiters else 0.25
+
+    def tick(self) -> None:
+        """Timers: session TTLs, flush waiters, the no-progress watchdog."""
+        now = time.monotonic()
+        self.sessions.expire(now)
+        if self._flush_waiters:
+            self._serve_flush_waiters(now)
+        stalled = self.has_work() and now - self._last_progress > self.config.watchdog_s
+        if stalled and now - self._watchdog_reported > self.config.watchdog_s:
+            self._watchdog_reported = now
+            self.counters["no_progress_reports"] += 1
+            log.warning(
+                "engine.no_progress",
+                stalled_s=round(now - self._last_progress, 1),
+                waiting=len(self.scheduler.waiting),
+                running=len(self.scheduler.running),
+                swapped=len(self.scheduler.swapped),
+                free_blocks=self.pool.num_free,
+                evictable_blocks=self.tree.evictable_blocks(),
+            )

@@ -1,0 +1,54 @@
+"""Build an engine from a model path: load the model, size the KV pool, make runner and core."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from radixd.daemon.engine.config import EngineConfig
+from radixd.daemon.engine.core import EngineCore
+from radixd.daemon.engine.engine import Engine
+from radixd.daemon.loaders import LoadedModel, load_model
+from radixd.daemon.runner import ModelRunner, num_blocks_for_budget
+from radixd.daemon.tokenizer import TextTokenizer
+
+
+@dataclass
+class BuiltEngine:
+    """What callers need beside the engine: the tokenizer (prompts, chat template) and the model."""
+
+    engine: Engine
+    core: EngineCore
+    tokenizer: TextTokenizer
+    loaded: LoadedModel
+
+
+def build_core(
+    loaded: LoadedModel,
+    config: EngineConfig | None = None,
+    num_blocks: int | None = None,
+    kv_cache_gb: float | None = None,
+    block_size: int = 16,
+    device: str = "cpu",
+) -> EngineCore:
+    """An `EngineCore` over an already loaded model. Pool size: `num_blocks` if given, else what
+    `kv_cache_gb` holds (default 1 GiB on CPU)."""
+    if num_blocks is None:
+        budget = int((kv_cache_gb if kv_cache_gb is not None else 1.0) * (1 << 30))
+        num_blocks = num_blocks_for_budget(loaded.config, block_size, budget, loaded.model.dtype)
+    runner = ModelRunner(loaded.model, num_blocks=num_blocks, block_size=block_size, device=device)
+    eos = tuple(loaded.tokenizer.eos_token_ids) or tuple(loaded.config.eos_token_ids)
+    return EngineCore(runner, loaded.tokenizer, config, eos_token_ids=eos)
+
+
+def build_engine(
+    model_path: str | None = None,
+    config: EngineConfig | None = None,
+    num_blocks: int | None = None,
+    kv_cache_gb: float | None = None,
+    block_size: int = 16,
+    device: str = "cpu",
+) -> BuiltEngine:
+    """Load the model (default: the embedded SmolLM2) and build a not-yet-started `Engine`."""
+    loaded = load_model(model_path, device=device)
+    core = build_core(loaded, config, num_blocks, kv_cache_gb, block_size, device)
+    return BuiltEngine(Engine(core), core, loaded.tokenizer, loaded)

@@ -1,0 +1,214 @@
+"""The scheduler: which sequences compute which tokens in the next step.
+
+Each step gets a token budget (`max_num_batched_tokens`) and a sequence budget (`max_num_seqs`):
+running sequences go first (one-token decodes, then prefill chunks), then swapped-out sequences come
+back, then waiting requests are admitted (prefix match, share full blocks, copy the partial one).
+When a running sequence needs a block and none is free, unlocked cache is evicted first; then the
+lowest-priority, newest sequence is preempted (recompute or swap), never one that used up its
+preemptions.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import structlog
+
+from radixd.daemon.engine.config import EngineConfig
+from radixd.daemon.engine.kv import KVManager
+from radixd.daemon.engine.policy import pick_victim, running_order, shares_pending_prefix, waiting_order
+from radixd.daemon.engine.sequence import SeqStatus, Sequence
+from radixd.daemon.engine.swap import HostSwap
+
+log = structlog.get_logger("radixd.engine.scheduler")
+
+
+@dataclass
+class Planned:
+    """One sequence's share of the next step: compute `tokens[start:start + n]`."""
+
+    seq: Sequence
+    start: int
+    n: int
+
+
+@dataclass
+class SchedulerCounters:
+    preemptions_recompute: int = 0
+    preemptions_swap: int = 0
+    held_for_shared_prefix: int = 0
+    admitted: int = 0
+
+
+class Scheduler:
+    """Owns the waiting / running / swapped sets (engine thread only)."""
+
+    def __init__(
+        self,
+        config: EngineConfig,
+        kv: KVManager,
+        swap: HostSwap | None,
+        fork_root: Callable[[Sequence], list[Sequence]],
+    ) -> None:
+        self.config = config
+        self.kv = kv
+        self.swap = swap
+        self._fork_root = fork_root
+        self.waiting: list[Sequence] = []
+        self.running: list[Sequence] = []
+        self.swapped: list[Sequence] = []
+        self.counters = SchedulerCounters()
+
+    # ---- membership ------------------------------------------------------------------------------
+    def add(self, seq: Sequence) -> None:
+        seq.status = SeqStatus.WAITING
+        self.waiting.append(seq)
+
+    def add_running(self, seq: Sequence) -> None:
+        seq.status = SeqStatus.RUNNING
+        self.running.append(seq)
+
+    def remove(self, seq: Sequence) -> None:
+        for group in (self.waiting, self.running, self.swapped):
+            if seq in group:
+                group.remove(seq)
+
+    def has_work(self) -> bool:
+        return bool(self.waiting or self.running or self.swapped)
+
+    # ---- preemption ------------------------------------------------------------------------------
+    def preempt(self, seq: Sequence) -> None:
+        """Take `seq` off the device without losing a token: swap its KV to the host pool when
+        configured and room is left there, otherwise recompute later (its KV goes into the tree,
+        unlocked, so resuming is often a hit)."""
+        held = len(seq.table.blocks) if seq.table is not None else 0
+        self.running.remove(seq)
+        seq.preemptions += 1
+        if self.swap is not None and self.swap.can_hold(seq):
+            freed = self.swap.swap_out(seq, self.kv)
+            seq.status = SeqStatus.SWAPPED
+            self.swapped.append(seq)
+            self.counters.preemptions_swap += 1
+            mode = "swap"
+        else:
+            self.kv.insert_all(seq)
+            freed = self.kv.release(seq)
+            self.add(seq)
+            self.counters.preemptions_recompute += 1
+            mode = "recompute"
+        log.info(
+            "engine.preempt",
+            request_id=seq.request.request_id,
+            seq_id=seq.seq_id,
+            mode=mode,
+            blocks_held=held,
+            blocks_freed=freed,
+            tokens=len(seq.tokens),
+            preemptions=seq.preemptions,
+        )
+
+    def _reserve(self, seq: Sequence, n: int, planned: set[int]) -> bool:
+        """Free the blocks `seq` needs for `n` more tokens: evict cache, then preempt others."""
+        while not self.kv.ensure_free(self.kv.new_blocks_for_append(seq, n)):
+            victim = pick_victim(
+                (s for s in self.running if s.seq_id not in planned), self.config.max_preemptions
+            )
+            if victim is None:
+                return False
+            self.preempt(victim)
+            if victim is seq:
+                return False
+        return True
+
+    # ---- the plan --------------------------------------------------------------------------------
+    def schedule(self) -> list[Planned]:
+        cfg = self.config
+        plan: list[Planned] = []
+        planned: set[int] = set()
+        budget = cfg.max_num_batched_tokens
+
+        def add_to_plan(seq: Sequence, n: int) -> None:
+            nonlocal budget
+            start = seq.num_computed
+            self.kv.append(seq, n)
+            plan.append(Planned(seq, start, n))
+            planned.add(seq.seq_id)
+            budget -= n
+
+        for seq in running_order(self.running):
+            if budget <= 0:
+                break
+            if seq.status is not SeqStatus.RUNNING or seq.remaining == 0:
+                continue
+            n = min(seq.remaining, budget)
+            if self._reserve(seq, n, planned):
+                add_to_plan(seq, n)
+
+        # Swapped sequences resume before anything new is admitted (they are older).
+        while self.swapped and self.swap is not None and budget > 0 and len(self.running) < cfg.max_num_seqs:
+            seq = self.swapped[0]
+            n = min(seq.remaining, budget)
+            if not self.kv.ensure_free(self.kv.blocks_for(seq.num_computed + n)):
+                break
+            self.swapped.pop(0)
+            self.swap.swap_in(seq, self.kv)
+            self.add_running(seq)
+            add_to_plan(seq, n)
+        if self.swapped:
+            return plan
+
+        self._admit(budget, add_to_plan)
+        return plan
+
+    def _admit(self, budget: int, add_to_plan: Callable[[Sequence, int], None]) -> None:
+        cfg = self.config
+        bs = self.kv.block_size
+        order = waiting_order(
+            self.waiting[:256],
+            cfg.schedule_policy,
+            lambda s: self.kv.cached_len(s.tokens[:-1], s.request.req.namespace),
+        )
+        order += self.waiting[256:]
+        for seq in order:
+            if budget <= 0 or len(self.running) >= cfg.max_num_seqs:
+                return
+            hit = self.kv.match(seq.tokens[:-1], seq.request.req.namespace)
+            if self.kv.caching:
+                producers = [s for s in self.running if s.num_computed < s.request.prompt_len]
+                if shares_pending_prefix(seq, hit.num_tokens, producers, bs) is not None:
+                    hit.release()
+                    self.counters.held_for_shared_prefix += 1
+                    continue
+            n = min(seq.target_len - hit.num_tokens, budget)
+            fresh = self.kv.blocks_for(hit.num_tokens + n) - len(hit.full_blocks)
+            # Keep a block for each decode about to cross a block boundary, so admitting does not
+            # immediately force a preemption.
+            reserve = sum(
+                1
+                for s in self.running
+                if s.table is not None and s.table.num_tokens % bs == 0 and s.remaining == 1
+            )
+            if not self.kv.ensure_free(fresh + reserve):
+                hit.release()
+                if cfg.schedule_policy == "fcfs":
+                    return  # head-of-line: a big request is not starved by smaller ones behind it
+                continue
+            self.waiting.remove(seq)
+            self.kv.attach(seq, hit)
+            self.add_running(seq)
+            self.counters.admitted += 1
+            req = seq.request
+            if req.cached_tokens is None:
+                req.cached_tokens = seq.num_computed
+                req.admitted_at = time.monotonic()
+            if seq.is_root and seq.remaining == 0:
+                for child in self._fork_root(seq):
+                    if budget > 0 and self.kv.ensure_free(self.kv.new_blocks_for_append(child, 1)):
+                        add_to_plan(child, 1)
+                        budget -= 1
+                continue
+            if n > 0:
+                add_to_plan(seq, n)
+                budget -= n

@@ -1,0 +1,118 @@
+"""Requests and sequences on the engine thread, and their state machine.
+
+A request (`RequestState`) owns one or more sequences. n == 1: one sequence does prefill and decode.
+n > 1 (and beam search): a *root* sequence prefills all prompt tokens but the last, then forks into n
+copy-on-write children that each compute the last prompt token with their own sampler and go on alone.
+
+Sequence states::
+
+    WAITING --admit--> RUNNING --finish/abort--> FINISHED
+       ^                  |  \\
+       +---recompute------+   +--swap out--> SWAPPED --swap in--> RUNNING
+
+NOTE: `tokens[:num_computed]` have KV in `table`; the sequence computes `tokens[num_computed:]` next
+(a prefill chunk, or the one token sampled last step). A generated token is appended to `tokens` once
+and never dropped: preemption only drops KV, never tokens.
+"""
+
+from __future__ import annotations
+
+import enum
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
+
+from radixd.daemon.engine.types import FinishReason, GenerateRequest, RequestOutput, TokenLogprob
+
+if TYPE_CHECKING:
+    from radixd.daemon.engine.beam import BeamState
+    from radixd.daemon.engine.textstream import TextStream
+    from radixd.daemon.sampling import SamplingState
+    from radixd.radix import BlockTable, Lease
+
+
+class SeqStatus(enum.Enum):
+    WAITING = "waiting"
+    RUNNING = "running"
+    SWAPPED = "swapped"
+    FINISHED = "finished"
+
+
+@dataclass(eq=False)
+class Sequence:
+    """One stream of tokens with its own KV block table (identity-compared)."""
+
+    seq_id: int
+    request: RequestState
+    index: int  # output index within the request; -1 for a root that will fork
+    tokens: list[int]
+    sampling: SamplingState | None  # None for a root (it never samples)
+    text: TextStream | None = None
+    status: SeqStatus = SeqStatus.WAITING
+    num_computed: int = 0
+    table: BlockTable | None = None
+    lease: Lease | None = None
+    inserted_blocks: int = 0  # full blocks of `tokens` already inserted in the tree by this sequence
+    host_blocks: list[int] = field(default_factory=list)  # swap: host copies of table blocks
+    preemptions: int = 0
+    finish_reason: FinishReason | None = None
+    # Beam search: cumulative logprob of the generated tokens.
+    score: float = 0.0
+    # Tokens/logprobs produced since the last output to the sink.
+    pending_tokens: list[int] = field(default_factory=list)
+    pending_logprobs: list[TokenLogprob] = field(default_factory=list)
+
+    @property
+    def is_root(self) -> bool:
+        return self.index < 0
+
+    @property
+    def target_len(self) -> int:
+        """Tokens this sequence computes before it samples (a root stops one short of the prompt)."""
+        return len(self.tokens) - 1 if self.is_root else len(self.tokens)
+
+    @property
+    def remaining(self) -> int:
+        """Tokens still to compute before the next sample (or before the fork, for a root)."""
+        return max(0, self.target_len - self.num_computed)
+
+    @property
+    def num_generated(self) -> int:
+        return len(self.tokens) - self.request.prompt_len
+
+    @property
+    def finished(self) -> bool:
+        return self.status is SeqStatus.FINISHED
+
+
+@dataclass(eq=False)
+class RequestState:
+    """A submitted request as the engine tracks it."""
+
+    req: GenerateRequest
+    sink: Callable[[RequestOutput], None]
+    prompt: list[int]  # full prompt (session tokens + the turn's tokens)
+    arrival: float
+    seqs: list[Sequence] = field(default_factory=list)
+    cached_tokens: int | None = None  # set at first admission
+    admitted_at: float | None = None
+    first_token_at: float | None = None
+    done: bool = False
+    forked: bool = False
+    beam: BeamState | None = None
+
+    @property
+    def request_id(self) -> str:
+        return self.req.request_id
+
+    @property
+    def prompt_len(self) -> int:
+        return len(self.prompt)
+
+    @property
+    def n(self) -> int:
+        return max(self.req.sampling.n, 1)
+
+    @property
+    def live_seqs(self) -> list[Sequence]:
+        return [s for s in self.seqs if not s.finished]

@@ -1,0 +1,88 @@
+"""Swap preemption: a host (CPU) KV pool that running sequences' blocks are copied out to and back.
+
+The host pool is its own `BlockPool` (block 0 null, like the device pool) over per-layer tensors of the
+device cache's shape; copies go through `kernels.copy_blocks` between the two pools.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from radixd import kernels
+from radixd.daemon.engine.kv import KVManager
+from radixd.daemon.engine.sequence import Sequence
+from radixd.daemon.runner import ModelRunner
+from radixd.radix import BlockPool
+
+
+class HostSwap:
+    """Host pool of `num_blocks` usable blocks mirroring `runner`'s device caches."""
+
+    def __init__(self, runner: ModelRunner, num_blocks: int) -> None:
+        self.runner = runner
+        self.pool = BlockPool(num_blocks + 1, runner.block_size)
+        shape = (num_blocks + 1, *runner.k_caches[0].shape[1:])
+        dtype = runner.k_caches[0].dtype
+        self.k = [torch.zeros(shape, dtype=dtype) for _ in runner.k_caches]
+        self.v = [torch.zeros(shape, dtype=dtype) for _ in runner.v_caches]
+        self.swapped_out_blocks = 0
+        self.swapped_in_blocks = 0
+
+    def can_hold(self, seq: Sequence) -> bool:
+        return seq.table is not None and self.pool.num_free >= len(seq.table.blocks)
+
+    def _copy(
+        self,
+        src: tuple[list[torch.Tensor], list[torch.Tensor]],
+        dst: tuple[list[torch.Tensor], list[torch.Tensor]],
+        src_blocks: list[int],
+        dst_blocks: list[int],
+        n_tokens: int,
+    ) -> None:
+        if not src_blocks:
+            return
+        bs = self.runner.block_size
+        if src[0][0].device == dst[0][0].device:
+            rows = [
+                (s, d, min(bs, n_tokens - i * bs))
+                for i, (s, d) in enumerate(zip(src_blocks, dst_blocks, strict=True))
+            ]
+            ops = torch.tensor(rows, dtype=torch.int64, device=src[0][0].device)
+            kernels.copy_blocks(src[0], src[1], dst[0], dst[1], ops)
+            return
+        # Across devices (GPU <-> host): whole-block index copies; the unused tail of a block is harmless.
+        si = torch.tensor(src_blocks, dtype=torch.int64, device=src[0][0].device)
+        di = torch.tensor(dst_blocks, dtype=torch.int64, device=dst[0][0].device)
+        for s_cache, d_cache in zip(src[0] + src[1], dst[0] + dst[1], strict=True):
+            d_cache.index_copy_(0, di, s_cache.index_select(0, si).to(d_cache.device))
+
+    def swap_out(self, seq: Sequence, kv: KVManager) -> int:
+        """Copy `seq`'s computed KV to host blocks and drop its device table; -> device blocks freed."""
+        if seq.table is None:
+            return 0
+        n = seq.num_computed
+        dev = seq.table.blocks[: kv.blocks_for(n)]
+        host = self.pool.allocate(len(dev))
+        self._copy((self.runner.k_caches, self.runner.v_caches), (self.k, self.v), dev, host, n)
+        seq.host_blocks = host
+        freed = kv.release(seq)
+        seq.num_computed = n  # NOTE: the KV of tokens[:n] lives on the host now
+        self.swapped_out_blocks += len(host)
+        return freed
+
+    def swap_in(self, seq: Sequence, kv: KVManager) -> None:
+        """Give `seq` fresh device blocks holding its host KV back (the caller ensured they are free)."""
+        n = seq.num_computed
+        seq.num_computed = 0
+        kv.append(seq, n)
+        seq.num_computed = n
+        dev = seq.table.blocks[: kv.blocks_for(n)] if seq.table is not None else []
+        self._copy((self.k, self.v), (self.runner.k_caches, self.runner.v_caches), seq.host_blocks, dev, n)
+        self.drop(seq)
+        self.swapped_in_blocks += len(dev)
+
+    def drop(self, seq: Sequence) -> None:
+        """Free `seq`'s host blocks (after swap-in, or when a swapped request ends)."""
+        for b in seq.host_blocks:
+            self.pool.decref(b)
+        seq.host_blocks = []
