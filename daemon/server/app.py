@@ -202,9 +202,9 @@ async def start(args: argparse.Namespace, built: BuiltEngine) -> Daemon:
     return daemon
 
 
-def load(args: argparse.Namespace) -> BuiltEngine:
-    """Load the model and build the engine (not started) from `radixd serve` flags."""
-    config = EngineConfig(
+def engine_config(args: argparse.Namespace) -> EngineConfig:
+    """The EngineConfig the `radixd serve` flags ask for."""
+    return EngineConfig(
         max_num_seqs=args.max_num_seqs,
         max_num_batched_tokens=args.max_batched_tokens,
         prefix_caching=not args.no_prefix_cache,
@@ -213,9 +213,13 @@ def load(args: argparse.Namespace) -> BuiltEngine:
         session_ttl_s=args.session_ttl,
         max_model_len=args.max_model_len,
     )
+
+
+def load(args: argparse.Namespace) -> BuiltEngine:
+    """Load the model and build the engine (not started) from `radixd serve` flags."""
     return build_engine(
         args.model,
-        config,
+        engine_config(args),
         num_blocks=args.num_blocks,
         kv_cache_gb=args.kv_cache_gb,
         block_size=args.block_size,
