@@ -249,7 +249,7 @@ class RadixTree:
                     return c
             elif first[: len(key)] == key and c.hold == 0:
                 # c is a one-block partial leaf whose tokens are a prefix of ours: ours supersedes it.
-                self._remove_leaf(c, "superseded", None)
+                self._remove_leaf(c, "superseded", None, keep_root=True)
         return None
 
     def _add_leaf(self, parent: Node, tokens: Tokens, blocks: list[int]) -> Node:
@@ -350,7 +350,7 @@ class RadixTree:
         self._nodes += 1
         return upper
 
-    def _remove_leaf(self, node: Node, reason: str, freed: list[int] | None) -> None:
+    def _remove_leaf(self, node: Node, reason: str, freed: list[int] | None, keep_root: bool = False) -> None:
         """Drop a leaf and its tree references; appends blocks that became free to ``freed``."""
         parent = node.parent
         if parent is None or node.children:
@@ -373,7 +373,7 @@ class RadixTree:
         if parent.parent is not None:
             if not parent.children and parent.hold == 0:
                 self._lru.add(parent)
-        elif not parent.children:
+        elif not parent.children and not keep_root:
             self._drop_root(parent)
 
     def _drop_root(self, root: Node) -> None:

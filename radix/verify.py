@@ -1,0 +1,131 @@
+"""Full consistency check of pool + tree (+ tables): O(everything), for tests and debugging only."""
+
+from __future__ import annotations
+
+from collections import Counter
+from collections.abc import Iterable
+from typing import NoReturn
+
+from radixd.radix.errors import RadixError
+from radixd.radix.node import Node
+from radixd.radix.pool import NULL_BLOCK
+from radixd.radix.table import BlockTable
+from radixd.radix.tree import RadixTree
+
+
+class InvariantViolation(RadixError):
+    """An internal invariant does not hold (a bug in radixd.radix or in how it is driven)."""
+
+
+def _fail(msg: str) -> NoReturn:
+    raise InvariantViolation(msg)
+
+
+def iter_nodes(tree: RadixTree) -> Iterable[Node]:
+    """Every live non-root node, parents before children."""
+    for root in tree._roots.values():
+        stack = list(root.children.values())
+        while stack:
+            x = stack.pop()
+            yield x
+            stack.extend(x.children.values())
+
+
+def check_consistency(tree: RadixTree, tables: Iterable[BlockTable] = ()) -> None:
+    """Raise InvariantViolation unless every documented invariant holds.
+
+    With ``tables`` (all live tables), also checks refcount == holders for every block.
+    """
+    pool = tree.pool
+    B = tree.block_size
+    rc = pool._rc
+    free = pool._free
+    if len(set(free)) != len(free):
+        _fail("a block is on the free list twice")
+    if NULL_BLOCK in free or rc[NULL_BLOCK] != 0:
+        _fail("the null block was handed out or freed")
+    for b in free:
+        if rc[b] != 0:
+            _fail(f"free block {b} has refcount {rc[b]}")
+    allocated = sum(1 for b in range(1, pool.num_blocks) if rc[b] > 0)
+    if allocated + len(free) != pool.num_usable:
+        _fail(f"{allocated} allocated + {len(free)} free != {pool.num_usable} usable blocks")
+
+    tree_refs: Counter[int] = Counter()
+    evictable = nodes = pinned = lru_members = 0
+    ticks: set[int] = set()
+    for ns, root in tree._roots.items():
+        if root.parent is not None or root.tokens or root.blocks:
+            _fail(f"root of namespace {ns!r} is malformed")
+        if not root.children:
+            _fail(f"empty root of namespace {ns!r} was kept")
+    for x in iter_nodes(tree):
+        nodes += 1
+        p = x.parent
+        if p is None or p.children.get(x.key) is not x or not x.alive:
+            _fail(f"{x} is not linked under its parent by its key")
+        if x.key != x.tokens[:B] or not x.tokens:
+            _fail(f"{x}: key is not its first block")
+        if len(x.blocks) != -(-len(x.tokens) // B):
+            _fail(f"{x}: {len(x.blocks)} blocks for {len(x.tokens)} tokens")
+        if len(x.tokens) % B and x.children:
+            _fail(f"{x}: a node ending in a partial block has children")
+        if B > 1 and (p.by_first is None or x not in p.by_first.get(x.key[0], [])):
+            _fail(f"{x}: missing from parent's first-token index")
+        if p.parent is not None and (x.hold > p.hold or x.pin > p.pin):
+            _fail(f"{x}: holds more than its parent")
+        if x.pin > x.hold or x.pin < 0:
+            _fail(f"{x}: pin {x.pin} vs hold {x.hold}")
+        solo = 0
+        for b in x.blocks:
+            tree_refs[b] += 1
+            if pool._owner[b] is not x:
+                _fail(f"block {b} of {x} is not owned by it")
+            if rc[b] == 1:
+                solo += 1
+        if solo != x.n_solo:
+            _fail(f"{x}: n_solo {x.n_solo} but {solo} blocks have refcount 1")
+        if x.hold == 0:
+            evictable += solo
+        if x.pin:
+            pinned += len(x.blocks)
+        want_lru = not x.children and x.hold == 0
+        if x.in_lru != want_lru:
+            _fail(f"{x}: in_lru={x.in_lru} but evictable leaf={want_lru}")
+        if x.in_lru:
+            lru_members += 1
+            if x.tick in ticks:
+                _fail(f"tick {x.tick} used twice in the LRU index")
+            ticks.add(x.tick)
+            if tree._lru._nodes.get(x.tick) is not x:
+                _fail(f"{x} missing from the LRU index")
+        if x.by_first is not None:
+            n_idx = sum(len(v) for v in x.by_first.values())
+            if n_idx != len(x.children):
+                _fail(f"{x}: first-token index has {n_idx} entries for {len(x.children)} children")
+    for b in range(pool.num_blocks):
+        if pool._owner[b] is not None and tree_refs[b] == 0:
+            _fail(f"block {b} has a stale owner")
+        if tree_refs[b] > 1:
+            _fail(f"block {b} is stored in {tree_refs[b]} tree positions")
+    if len(tree._lru) != lru_members or len(tree._lru._ticks) != lru_members:
+        _fail(f"LRU index has {len(tree._lru)} entries, {lru_members} evictable leaves exist")
+    if evictable != pool._evictable:
+        _fail(f"pool counts {pool._evictable} evictable blocks, the tree holds {evictable}")
+    if nodes != tree._nodes or sum(tree_refs.values()) != tree._cached_blocks:
+        _fail("node or cached-block counter is off")
+    if pinned != tree._pinned_blocks:
+        _fail(f"pinned counter {tree._pinned_blocks} != {pinned}")
+    if pool.num_free + pool.num_evictable + pool.num_in_use != pool.num_usable or pool.num_in_use < 0:
+        _fail("free + evictable + in_use != usable")
+
+    tables = list(tables)
+    if tables:
+        holders = Counter(tree_refs)
+        for t in tables:
+            holders.update(t.blocks)
+            if len(t.blocks) != -(-t.num_tokens // B):
+                _fail(f"{t}: {len(t.blocks)} blocks for {t.num_tokens} tokens")
+        for b in range(1, pool.num_blocks):
+            if rc[b] != holders[b]:
+                _fail(f"block {b}: refcount {rc[b]} but {holders[b]} holders")

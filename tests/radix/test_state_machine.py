@@ -1,0 +1,298 @@
+"""Stateful property test: pool + tree + tables driven like an engine, with invariants after every step.
+
+The vocabulary has 2 tokens so prefixes collide heavily. Every block carries a simulated KV content
+(the token written at each slot; copy ops copy it), so the test also proves that the cache never hands
+out a block whose content differs from the tokens it claims, and that no write ever lands in a block
+another holder still reads (copy-on-write).
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+
+import hypothesis.strategies as st
+from hypothesis import HealthCheck, settings
+from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, precondition, rule
+
+from radixd.radix import (
+    BlockPool,
+    BlockTable,
+    FlushRefused,
+    Lease,
+    OutOfBlocks,
+    PinBudgetExceeded,
+    RadixTree,
+)
+from radixd.radix.verify import check_consistency, iter_nodes
+
+TOKENS = st.lists(st.integers(0, 1), min_size=0, max_size=14)
+NAMESPACES = st.sampled_from(["", "tenant-b"])
+PICK = st.integers(0, 63)  # index (mod len) into the live sequences: cheaper to draw than sampled_from
+
+
+@dataclass
+class Seq:
+    table: BlockTable
+    tokens: list[int]
+    namespace: str
+    lease: Lease
+
+
+def _path_tokens(node: object) -> tuple[int, ...]:
+    parts = []
+    x = node
+    while x is not None and x.parent is not None:  # type: ignore[attr-defined]
+        parts.append(x.tokens)  # type: ignore[attr-defined]
+        x = x.parent  # type: ignore[attr-defined]
+    return tuple(t for part in reversed(parts) for t in part)
+
+
+def _lcp(a: tuple[int, ...], b: tuple[int, ...]) -> int:
+    n = 0
+    for x, y in zip(a, b, strict=False):
+        if x != y:
+            break
+        n += 1
+    return n
+
+
+class RadixMachine(RuleBasedStateMachine):
+    def __init__(self) -> None:
+        super().__init__()
+        self.seqs: list[Seq] = []
+        self.pins: set[tuple[str, tuple[int, ...]]] = set()
+
+    @initialize(block_size=st.sampled_from([1, 2, 4]), num_blocks=st.integers(6, 40))
+    def setup(self, block_size: int, num_blocks: int) -> None:
+        self.B = block_size
+        self.pool = BlockPool(num_blocks, block_size)
+        self.tree = RadixTree(self.pool, pin_budget_fraction=0.3)
+        self.content: dict[int, list[int | None]] = {}
+
+    # ---------------------------------------------------------------- helpers
+    def _write(
+        self, table: BlockTable, slots: list[int], copies: list[tuple[int, int, int]], toks: list[int]
+    ) -> None:
+        for src, dst, n in copies:
+            self.content[dst] = list(self.content[src][:n]) + [None] * (self.B - n)
+        for slot, tok in zip(slots, toks, strict=True):
+            blk, off = divmod(slot, self.B)
+            if off == 0 and blk not in self.content:
+                self.content[blk] = [None] * self.B
+            self.content.setdefault(blk, [None] * self.B)[off] = tok
+
+    def _fresh(self, blocks: list[int]) -> None:
+        for b in blocks:
+            self.content[b] = [None] * self.B
+
+    def _append(self, seq: Seq, toks: list[int]) -> bool:
+        before = self.tree.stats()
+        try:
+            slots, copies = seq.table.append_slots(len(toks))
+        except OutOfBlocks:
+            after = self.tree.stats()
+            assert before == after, "a failed append changed state"
+            return False
+        self._write(seq.table, slots, copies, toks)
+        seq.tokens.extend(toks)
+        return True
+
+    def _all_table_blocks(self, exclude: Seq) -> set[int]:
+        return {b for s in self.seqs if s is not exclude for b in s.table.blocks}
+
+    def _brute_best(self, toks: tuple[int, ...], ns: str) -> int:
+        best = 0
+        for node in iter_nodes(self.tree):
+            root = node
+            while root.parent is not None:
+                root = root.parent
+            if self.tree._roots.get(ns) is not root:
+                continue
+            best = max(best, _lcp(toks, _path_tokens(node)))
+        return best
+
+    # ------------------------------------------------------------------ rules
+    @rule(toks=TOKENS, ns=NAMESPACES)
+    def new_request(self, toks: list[int], ns: str) -> None:
+        t = tuple(toks)
+        m = self.tree.match(t, ns)
+        assert m.num_tokens == len(m.blocks) * self.B
+        best = self._brute_best(t, ns)
+        assert m.cached_tokens == best, f"match found {m.cached_tokens} cached tokens, best is {best}"
+        for i, b in enumerate(m.blocks):
+            assert self.content[b] == list(t[i * self.B : (i + 1) * self.B]), "cached block content differs"
+        if m.partial_block is not None:
+            assert 0 < m.partial_tokens < self.B
+            got = self.content[m.partial_block][: m.partial_tokens]
+            assert got == list(t[m.num_tokens : m.num_tokens + m.partial_tokens])
+        table = BlockTable(self.pool)
+        table.share_prefix(m.blocks, m.num_tokens)
+        seq = Seq(table, list(t[: m.num_tokens]), ns, m.lease)
+        self.seqs.append(seq)
+        if m.partial_block is not None:
+            try:
+                op = table.copy_partial(m.partial_block, m.partial_tokens)
+            except OutOfBlocks:
+                return
+            src, dst, n = op
+            self.content[dst] = list(self.content[src][:n]) + [None] * (self.B - n)
+            seq.tokens.extend(t[m.num_tokens : m.num_tokens + n])
+        self._append(seq, list(t[len(seq.tokens) :]))
+
+    @rule(toks=TOKENS, gen=st.lists(st.integers(0, 1), max_size=5), ns=NAMESPACES, finish=st.booleans())
+    def serve(self, toks: list[int], gen: list[int], ns: str, finish: bool) -> None:
+        """A whole request: match, prefill, generate, insert (lease follows), maybe finish."""
+        self.new_request(toks, ns)
+        seq = self.seqs[-1]
+        if len(seq.tokens) == len(toks):
+            self._append(seq, gen)
+        self.insert(len(self.seqs) - 1, move_lease=True)
+        if finish:
+            self.finish(len(self.seqs) - 1, lease_first=False, twice=False)
+
+    @precondition(lambda self: self.seqs)
+    @rule(i=PICK, toks=st.lists(st.integers(0, 1), min_size=1, max_size=6))
+    def generate(self, i: int, toks: list[int]) -> None:
+        seq = self.seqs[i % len(self.seqs)]
+        self._append(seq, toks)
+
+    @precondition(lambda self: self.seqs)
+    @rule(i=PICK, move_lease=st.booleans())
+    def insert(self, i: int, move_lease: bool) -> None:
+        seq = self.seqs[i % len(self.seqs)]
+        n = seq.table.num_tokens
+        res = self.tree.insert(
+            tuple(seq.tokens[:n]), seq.table.blocks, seq.namespace, lease=seq.lease if move_lease else None
+        )
+        assert set(res.duplicate_blocks) <= set(seq.table.blocks)
+        assert res.num_cached_tokens + res.num_new_tokens == n
+        assert self.tree.peek(tuple(seq.tokens[:n]), seq.namespace) == n
+
+    @precondition(lambda self: self.seqs)
+    @rule(i=PICK, lease_first=st.booleans(), twice=st.booleans())
+    def finish(self, i: int, lease_first: bool, twice: bool) -> None:
+        seq = self.seqs[i % len(self.seqs)]
+        self.seqs.remove(seq)
+        if lease_first:
+            seq.lease.release()
+        seq.table.release()
+        seq.lease.release()
+        if twice:
+            seq.table.release()
+            seq.lease.release()
+
+    @precondition(lambda self: self.seqs)
+    @rule(i=PICK)
+    def release_lease_early(self, i: int) -> None:
+        self.seqs[i % len(self.seqs)].lease.release()
+
+    @precondition(lambda self: self.seqs)
+    @rule(i=PICK, k=st.integers(1, 3))
+    def fork(self, i: int, k: int) -> None:
+        seq = self.seqs[i % len(self.seqs)]
+        for child in seq.table.fork(k):
+            self.seqs.append(Seq(child, list(seq.tokens), seq.namespace, seq.lease.clone()))
+
+    @rule(n=st.integers(0, 8))
+    def evict(self, n: int) -> None:
+        evictable = self.tree.evictable_blocks()
+        freed = self.tree.evict(n)
+        assert len(freed) >= min(n, evictable), (len(freed), n, evictable)
+        assert all(self.pool.refcount(b) == 0 for b in freed)
+
+    @rule(toks=TOKENS, ns=NAMESPACES)
+    def evict_prefix(self, toks: list[int], ns: str) -> None:
+        self.tree.evict_prefix(tuple(toks), ns)
+        # Nothing unlocked and unpinned that extends the prefix is left.
+        for node in iter_nodes(self.tree):
+            path = _path_tokens(node)
+            if node.hold == 0 and path[: len(toks)] == tuple(toks) and len(path) >= len(toks):
+                root = node
+                while root.parent is not None:
+                    root = root.parent
+                assert self.tree._roots.get(ns) is not root, "evict_prefix left an extending entry"
+
+    @rule(mode=st.sampled_from(["unlocked", "refuse", "force"]), include_pinned=st.booleans())
+    def flush(self, mode: str, include_pinned: bool) -> None:
+        leases = self.tree.num_leases
+        try:
+            self.tree.flush(mode, include_pinned=include_pinned)  # type: ignore[arg-type]
+        except FlushRefused:
+            assert mode == "refuse" and leases > 0
+            return
+        assert not (mode == "refuse" and leases > 0)
+        if mode == "force" or include_pinned:
+            self.pins.clear()
+        if mode == "force":
+            assert self.tree.num_nodes == 0
+
+    @rule(toks=TOKENS, ns=NAMESPACES)
+    def pin(self, toks: list[int], ns: str) -> None:
+        before = self.tree.stats()
+        try:
+            n = self.tree.pin(tuple(toks), ns)
+        except PinBudgetExceeded:
+            assert self.tree.stats().pinned_blocks == before.pinned_blocks
+            return
+        if n:
+            self.pins.add((ns, tuple(toks)))
+        assert self.tree.num_pinned_blocks <= self.tree.pin_budget_blocks
+
+    @precondition(lambda self: self.pins)
+    @rule(i=PICK)
+    def unpin(self, i: int) -> None:
+        pins = sorted(self.pins)
+        ns, toks = pins[i % len(pins)]
+        self.pins.remove((ns, toks))
+        self.tree.unpin(toks, ns)
+
+    # ------------------------------------------------------------- invariants
+    @invariant()
+    def consistent(self) -> None:
+        if not hasattr(self, "tree"):
+            return
+        check_consistency(self.tree, [s.table for s in self.seqs])
+        s = self.tree.stats()
+        assert s.free_blocks + s.evictable_blocks + s.in_use_blocks == s.usable_blocks
+        # Ground truth for evictable: blocks only the tree holds, in nodes no lease or pin covers.
+        table_blocks = {b for q in self.seqs for b in q.table.blocks}
+        truth = sum(
+            1
+            for node in iter_nodes(self.tree)
+            if node.hold == 0
+            for b in node.blocks
+            if b not in table_blocks
+        )
+        assert s.evictable_blocks == truth
+
+    @invariant()
+    def contents_match(self) -> None:
+        if not hasattr(self, "tree"):
+            return
+        for q in self.seqs:
+            for p, tok in enumerate(q.tokens[: q.table.num_tokens]):
+                blk = q.table.blocks[p // self.B]
+                assert self.content[blk][p % self.B] == tok, "a sequence's KV was overwritten"
+        for node in iter_nodes(self.tree):
+            for i, b in enumerate(node.blocks):
+                want = list(node.tokens[i * self.B : (i + 1) * self.B])
+                assert self.content[b][: len(want)] == want, "a cached block's KV was overwritten"
+
+    def teardown(self) -> None:
+        if not hasattr(self, "tree"):
+            return
+        for q in self.seqs:
+            q.table.release()
+            q.lease.release()
+        self.tree.flush("refuse", include_pinned=True)
+        assert self.pool.num_free == self.pool.num_usable, "blocks leaked after all requests and a flush"
+
+
+RadixMachine.TestCase.settings = settings(
+    max_examples=int(os.environ.get("RADIX_SM_EXAMPLES", "2000")),
+    stateful_step_count=15,
+    deadline=None,
+    suppress_health_check=[HealthCheck.too_slow, HealthCheck.filter_too_much],
+)
+TestRadixStateMachine = RadixMachine.TestCase
