@@ -15,7 +15,7 @@ from radixd.daemon.server.auth import admin_namespace
 from radixd.daemon.server.convert import prompt_ids
 from radixd.daemon.server.errors import bad_request
 from radixd.daemon.server.handler import rpc
-from radixd.daemon.server.sessions import on_engine
+from radixd.daemon.server.sessions import drop_cached, on_engine
 from radixd.daemon.server.state import ServerState
 
 if TYPE_CHECKING:
@@ -81,7 +81,7 @@ class CacheAdminServicer(cache_admin_pb2_grpc.CacheAdminServiceServicer):
             def evict_session(core: EngineCore) -> tuple[int, str, list[int]]:
                 info = core.sessions.get(sid)
                 core.sessions.release_lease(sid)
-                return core.evict_prefix(list(info.tokens), info.namespace), info.namespace, list(info.tokens)
+                return drop_cached(core, list(info.tokens), info.namespace), info.namespace, list(info.tokens)
 
             freed, sns, tokens = await on_engine(state, evict_session)
             state.events.removed(sns, tokens, freed)

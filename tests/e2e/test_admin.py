@@ -1,0 +1,205 @@
+"""CacheAdminService and tenants end to end: auth, evict, flush modes, pins, events, isolation, metrics."""
+
+from __future__ import annotations
+
+import socket
+import threading
+import time
+import urllib.request
+from collections.abc import Iterator
+
+import grpc
+import pytest
+from e2e_kit import ADMIN_TOKEN, RunningDaemon, serve_args, start_daemon, stop_daemon, wait_until
+from radixd_client import Chunk, Client
+
+from radixd.daemon.loaders import LoadedModel
+
+pytestmark = pytest.mark.slow
+PROMPT = "Prefix caching keeps the KV of shared prompt prefixes so later requests skip their prefill."
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+@pytest.fixture(scope="module")
+def tenants(loaded_model: LoadedModel, tmp_path_factory: pytest.TempPathFactory) -> Iterator[RunningDaemon]:
+    """A daemon with an API-keys file (tenants alice and bob) and metrics on a loopback port."""
+    args = serve_args(tmp_path_factory.mktemp("tenants"), "--metrics-port", str(_free_port()), api_keys=True)
+    d = start_daemon(loaded_model, args, api_key="key-alice")
+    try:
+        yield d
+    finally:
+        stop_daemon(d)
+
+
+def _busy_stream(c: Client, started: threading.Event, done: threading.Event) -> threading.Thread:
+    def run() -> None:
+        for event in c.generate(PROMPT, max_tokens=60, ignore_eos=True, temperature=0.0):
+            if isinstance(event, Chunk):
+                started.set()
+        done.set()
+
+    t = threading.Thread(target=run, daemon=True)
+    t.start()
+    assert started.wait(60)
+    return t
+
+
+def test_admin_needs_the_token(tenants: RunningDaemon) -> None:
+    with tenants.client(admin_token=None) as c:
+        with pytest.raises(grpc.RpcError) as err:
+            c.cache_stats()
+        assert err.value.code() == grpc.StatusCode.UNAUTHENTICATED
+    with tenants.client(admin_token="not-the-token") as c:
+        with pytest.raises(grpc.RpcError) as err:
+            c.flush()
+        assert err.value.code() == grpc.StatusCode.PERMISSION_DENIED
+    with tenants.client(admin_token=ADMIN_TOKEN) as c:
+        assert c.cache_stats().total_blocks > 0
+
+
+def test_public_port_needs_an_api_key(tenants: RunningDaemon) -> None:
+    for key in (None, "key-mallory"):
+        with tenants.client(api_key=key) as c:
+            with pytest.raises(grpc.RpcError) as err:
+                c.complete(PROMPT, max_tokens=1)
+            assert err.value.code() == grpc.StatusCode.UNAUTHENTICATED
+
+
+def test_tenants_do_not_share_cache(tenants: RunningDaemon) -> None:
+    prompt = "Tenant isolation test: " + PROMPT
+    with tenants.client("key-alice") as alice, tenants.client("key-bob") as bob:
+        assert alice.complete(prompt, max_tokens=2).cached_tokens == 0
+        assert bob.complete(prompt, max_tokens=2).cached_tokens == 0
+        assert alice.complete(prompt, max_tokens=2).cached_tokens > 0
+        assert alice.lookup_prefix(prompt, namespace="alice").cached_tokens > 0
+        assert alice.lookup_prefix(prompt, namespace="carol").cached_tokens == 0
+        s = alice.create_session("alice's secret context")
+        with pytest.raises(grpc.RpcError) as err:
+            bob.get_session(s.id)
+        assert err.value.code() == grpc.StatusCode.NOT_FOUND
+        assert s.id not in [x.session_id for x in bob.list_sessions()]
+        s.close()
+
+
+def test_evict_frees_the_blocks_stats_report(tenants: RunningDaemon) -> None:
+    with tenants.client() as c:
+        c.flush()
+        c.complete("Eviction test. " + PROMPT, max_tokens=8)
+        before = c.cache_stats()
+        assert before.cached_blocks > 0 and before.in_use_blocks == 0
+        evicted = c.evict(num_blocks=before.cached_blocks)
+        after = c.cache_stats()
+        assert evicted == before.cached_blocks
+        assert after.cached_blocks == 0
+        assert after.free_blocks == before.free_blocks + evicted
+        assert after.evictions["lru"] >= before.evictions["lru"] + evicted
+
+
+def test_evict_by_prefix_and_session(tenants: RunningDaemon) -> None:
+    with tenants.client() as c:
+        c.flush()
+        c.complete("Prefix eviction. " + PROMPT, max_tokens=4)
+        assert c.evict(prefix="Prefix eviction.", namespace="alice") > 0
+        assert c.lookup_prefix("Prefix eviction. " + PROMPT, namespace="alice").cached_tokens == 0
+        s = c.create_session("Session eviction. " + PROMPT)
+        s.send(" Go.", max_tokens=4).collect()
+        context = s.refresh().num_tokens
+        assert c.evict(session_id=s.id) > 0
+        # The session's own tail is gone and is recomputed; it stays open.
+        assert s.send(" Again.", max_tokens=2).collect().cached_tokens < context - 1
+        s.close()
+
+
+def test_flush_evict_unlocked_keeps_running_requests(tenants: RunningDaemon) -> None:
+    with tenants.client() as c:
+        c.complete("Flush test. " + PROMPT, max_tokens=4)
+        started, done = threading.Event(), threading.Event()
+        t = _busy_stream(c, started, done)
+        assert c.flush("evict_unlocked") > 0
+        assert c.cache_stats().in_use_blocks > 0  # the running request kept its blocks
+        t.join(120)
+        assert done.is_set()
+
+
+def test_flush_refuse_if_busy(tenants: RunningDaemon) -> None:
+    with tenants.client() as c:
+        started, done = threading.Event(), threading.Event()
+        t = _busy_stream(c, started, done)
+        with pytest.raises(grpc.RpcError) as err:
+            c.flush("refuse_if_busy")
+        assert err.value.code() == grpc.StatusCode.FAILED_PRECONDITION
+        t.join(120)
+        c.flush("refuse_if_busy")  # idle now: accepted
+
+
+def test_flush_wait_for_idle(tenants: RunningDaemon) -> None:
+    with tenants.client() as c:
+        started, done = threading.Event(), threading.Event()
+        t = _busy_stream(c, started, done)
+        with pytest.raises(grpc.RpcError) as err:
+            c.flush("wait_for_idle", timeout_s=0.05)
+        assert err.value.code() == grpc.StatusCode.DEADLINE_EXCEEDED
+        c.flush("wait_for_idle", timeout_s=120)
+        assert done.is_set() or t.join(1) is None
+        stats = c.cache_stats()
+        assert stats.cached_blocks == 0 and stats.in_use_blocks == 0
+        t.join(10)
+
+
+def test_pin_survives_flush(tenants: RunningDaemon) -> None:
+    prompt = "Pinned prefix. " + PROMPT
+    with tenants.client() as c:
+        c.complete(prompt, max_tokens=2)
+        assert c.pin(prompt, namespace="alice") > 0
+        c.flush()
+        assert c.lookup_prefix(prompt, namespace="alice").cached_tokens > 0
+        c.unpin(prompt, namespace="alice")
+        c.flush()
+        assert c.lookup_prefix(prompt, namespace="alice").cached_tokens == 0
+
+
+def test_cache_events_stream(tenants: RunningDaemon) -> None:
+    got: list[object] = []
+    with tenants.client() as c:
+        stream = c.cache_events(timeout=30)
+        ready = threading.Event()
+
+        def read() -> None:
+            ready.set()
+            for e in stream:
+                got.append(e)
+                if len(got) >= 2:
+                    return
+
+        t = threading.Thread(target=read, daemon=True)
+        t.start()
+        ready.wait(5)
+        time.sleep(0.3)  # let the subscription register before the events happen
+        c.complete("Events test. " + PROMPT, max_tokens=2)
+        c.flush()
+        t.join(30)
+    kinds = [e.kind for e in got]  # type: ignore[attr-defined]
+    assert kinds[:2] == [1, 3], kinds  # STORED, then CLEARED
+    seqs = [e.sequence for e in got]  # type: ignore[attr-defined]
+    assert seqs == sorted(seqs) and len(set(seqs)) == len(seqs)
+    assert got[0].namespace == "t:alice"  # type: ignore[attr-defined]
+
+
+def test_metrics_endpoint(tenants: RunningDaemon) -> None:
+    with tenants.client() as c:
+        c.complete(PROMPT, max_tokens=3)
+    port = tenants.daemon.metrics_port
+    body = urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=10).read().decode()
+    for name in (
+        "radixd_requests_total",
+        "radixd_ttft_seconds_bucket",
+        "radixd_blocks{",
+        "radixd_generated_tokens",
+    ):
+        assert name in body, name
+    wait_until(lambda: tenants.state.active_streams == 0)
