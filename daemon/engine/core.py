@@ -24,7 +24,7 @@ from radixd.daemon.engine.scheduler import Planned, Scheduler
 from radixd.daemon.engine.sequence import RequestState, SeqStatus, Sequence
 from radixd.daemon.engine.sessions import SessionManager
 from radixd.daemon.engine.swap import HostSwap
-from radixd.daemon.engine.textstream import Decoder, TextStream
+from radixd.daemon.engine.textstream import TextStream
 from radixd.daemon.engine.types import (
     EngineError,
     FinishReason,
@@ -36,6 +36,7 @@ from radixd.daemon.engine.types import (
 )
 from radixd.daemon.runner import ModelRunner, StepSeq
 from radixd.daemon.sampling import SampleResult, SamplingState
+from radixd.daemon.tokenizer import TextTokenizer
 from radixd.radix import BlockPool, RadixTree
 
 FlushMode = Literal["all", "refuse_if_busy", "wait_idle"]
@@ -64,7 +65,7 @@ class EngineCore(AdminMixin):
     def __init__(
         self,
         runner: ModelRunner,
-        tokenizer: Decoder,
+        tokenizer: TextTokenizer,
         config: EngineConfig | None = None,
         eos_token_ids: tuple[int, ...] = (),
     ) -> None:
@@ -242,7 +243,7 @@ class EngineCore(AdminMixin):
         return SamplingState(r.req.sampling, r.prompt, self.eos_token_ids, seed=seed)
 
     def _text(self, r: RequestState) -> TextStream:
-        return TextStream(self.tokenizer, r.req.sampling.stop)
+        return TextStream(self.tokenizer, r.prompt, r.req.sampling.stop)
 
     def _fork_root(self, root: Sequence) -> list[Sequence]:
         """Turn a root that computed all prompt tokens but the last into its children (CoW)."""

@@ -139,7 +139,9 @@ class SessionManager:
         return [self.create(cid, parent.namespace, parent.tokens, parent.ttl_s, session_id) for cid in ids]
 
     def close(self, session_id: str, keep_cached: bool = True) -> int:
-        """Close a session; `keep_cached=False` also evicts its (unlocked) path. -> blocks evicted."""
+        """Close a session; -> blocks evicted. `keep_cached=False` also evicts the cached node holding
+        the session's newest tokens (and anything cached below it), never the ancestors it may share
+        with other sessions (a common system prompt)."""
         s = self._sessions.pop(session_id, None)
         if s is None:
             raise UnknownSession(f"no open session {session_id!r}")
@@ -148,7 +150,10 @@ class SessionManager:
             s.lease = None
         if keep_cached or not self.kv.caching or not s.tokens:
             return 0
-        return int(self.kv.tree.evict_prefix(s.tokens, namespace=s.namespace))
+        # NOTE: evict the cached node holding the session's last cached token (and anything below it):
+        # what only this session's turns added; shared ancestors (a common system prompt) stay.
+        n = self.kv.cached_len(s.tokens, s.namespace)
+        return int(self.kv.tree.evict_prefix(s.tokens[:n], namespace=s.namespace)) if n else 0
 
     def release_lease(self, session_id: str) -> None:
         """Drop the session's lock early (memory pressure); the session stays open."""

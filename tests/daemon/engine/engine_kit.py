@@ -1,0 +1,84 @@
+"""Test helpers for the engine: build a core over the session model, collect outputs, check leaks."""
+
+from __future__ import annotations
+
+from collections import defaultdict
+from collections.abc import Iterable
+from typing import Any
+
+from radixd.daemon.engine.config import EngineConfig
+from radixd.daemon.engine.core import EngineCore
+from radixd.daemon.engine.factory import build_core
+from radixd.daemon.engine.types import GenerateRequest, RequestOutput
+from radixd.daemon.loaders import LoadedModel
+from radixd.daemon.sampling import SamplingParams
+
+SYSTEM = (
+    "You are a careful assistant. Answer briefly and precisely, cite no sources, and keep a friendly tone. "
+    "When you do not know something, say so plainly instead of guessing."
+)
+QUESTIONS = [
+    "What is the capital of France?",
+    "Name three primary colors.",
+    "How many legs does a spider have?",
+    "What is 12 times 12?",
+    "Who wrote Hamlet?",
+    "What gas do plants absorb?",
+]
+
+
+def make_core(lm: LoadedModel, num_blocks: int = 512, **config: Any) -> EngineCore:
+    return build_core(lm, EngineConfig(**config), num_blocks=num_blocks)
+
+
+def greedy(max_tokens: int = 12, **kw: Any) -> SamplingParams:
+    return SamplingParams(max_tokens=max_tokens, temperature=0.0, ignore_eos=True, **kw)
+
+
+def sampled(seed: int, max_tokens: int = 12, **kw: Any) -> SamplingParams:
+    return SamplingParams(
+        max_tokens=max_tokens, temperature=0.8, top_p=0.95, seed=seed, ignore_eos=True, **kw
+    )
+
+
+class Collector:
+    """A sink that keeps every output by (request id, index)."""
+
+    def __init__(self) -> None:
+        self.outs: dict[tuple[str, int], list[RequestOutput]] = defaultdict(list)
+
+    def __call__(self, out: RequestOutput) -> None:
+        self.outs[(out.request_id, out.index)].append(out)
+
+    def tokens(self, rid: str, index: int = 0) -> list[int]:
+        return [t for o in self.outs[(rid, index)] for t in o.new_token_ids]
+
+    def text(self, rid: str, index: int = 0) -> str:
+        return "".join(o.text_delta for o in self.outs[(rid, index)])
+
+    def final(self, rid: str, index: int = 0) -> RequestOutput:
+        outs = self.outs[(rid, index)]
+        assert outs and outs[-1].finished, f"{rid}[{index}] did not finish"
+        return outs[-1]
+
+    def finished(self, rid: str, index: int = 0) -> bool:
+        outs = self.outs.get((rid, index))
+        return bool(outs) and outs[-1].finished
+
+
+def run(core: EngineCore, reqs: Iterable[GenerateRequest], col: Collector | None = None) -> Collector:
+    col = col or Collector()
+    for r in reqs:
+        core.add_request(r, col)
+    core.run_until_idle()
+    return col
+
+
+def assert_all_free(core: EngineCore) -> None:
+    """After every request ended: nothing in flight, and a flush frees every block."""
+    assert not core.requests and not core.has_work()
+    core.flush("all")
+    assert core.pool.num_free == core.usable_blocks(), (
+        f"{core.usable_blocks() - core.pool.num_free} blocks leaked: {core.stats()}"
+    )
+    assert core.tree.num_leases == 0
