@@ -14,6 +14,7 @@ from collections.abc import Callable
 from typing import Any
 
 import grpc
+import structlog
 
 from radixd.daemon.engine.types import GenerateRequest
 from radixd.daemon.log import get_logger
@@ -100,6 +101,8 @@ async def run_stream(
         session_id=session_id,
         priority=priority,
     )
+    # Every line logged for this stream carries both ids (engine lines carry the engine id).
+    structlog.contextvars.bind_contextvars(request_id=client_id, engine_request_id=engine_id)
     t0 = time.monotonic()
     pending = set(range(sampling.n))
     outputs: dict[int, list[int]] = {i: [] for i in pending}
@@ -137,6 +140,7 @@ async def run_stream(
                 await context.write(make(end=end_message(out, time.monotonic() - t0)))
     finally:
         registry.unregister(namespace, client_id)
+        log.info("stream.end", completed=sampling.n - len(pending), seconds=round(time.monotonic() - t0, 4))
         if pending:
             engine.abort(engine_id)
             log.info("stream.aborted", engine_request_id=engine_id, pending=sorted(pending))
