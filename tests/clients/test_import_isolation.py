@@ -17,6 +17,10 @@ print(json.dumps(bad))
 
 
 def test_client_imports_only_grpc_and_protobuf() -> None:
-    out = subprocess.run([sys.executable, "-c", _PROBE], capture_output=True, text=True, check=True, timeout=60)
+    out = subprocess.run(
+        [sys.executable, "-c", _PROBE], capture_output=True, text=True, check=True, timeout=60
+    )
     leaked = json.loads(out.stdout.strip().splitlines()[-1])
-    assert leaked == [], f"radixd_client imported {leaked}; the client package may import only grpcio + protobuf"
+    assert leaked == [], (
+        f"radixd_client imported {leaked}; the client package may import only grpcio + protobuf"
+    )
