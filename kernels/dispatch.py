@@ -28,7 +28,8 @@ def interpreting() -> bool:
     """True when Triton kernels run under the CPU interpreter (``TRITON_INTERPRET=1``)."""
     import triton
 
-    if bool(triton.knobs.runtime.interpret):
+    knobs = getattr(triton, "knobs", None)  # NOTE: triton < 3.4 has no knobs; the env var is the truth there
+    if knobs is not None and bool(knobs.runtime.interpret):
         return True
     return os.environ.get("TRITON_INTERPRET", "0").strip().lower() in ("1", "true", "on", "yes")
 
