@@ -50,19 +50,22 @@ class Rotary:
         self._cos, self._sin = freqs.cos(), freqs.sin()
 
     def cos_sin(self, positions: torch.Tensor, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
-        """cos, sin [T, 1, head_dim] (halves duplicated) for `positions` [T]."""
+        """cos [T, 1, D] (halves duplicated) and signed sin [T, 1, D] = (-sin, sin) for `positions` [T]."""
         need = int(positions.max().item()) + 1 if positions.numel() else 0
         if need > self._cos.shape[0]:
             self._grow(need)
         cos = self._cos.index_select(0, positions)
         sin = self._sin.index_select(0, positions)
         cos = torch.cat((cos, cos), dim=-1).unsqueeze(1).to(dtype)
-        sin = torch.cat((sin, sin), dim=-1).unsqueeze(1).to(dtype)
+        sin = torch.cat((-sin, sin), dim=-1).unsqueeze(1).to(dtype)
         return cos, sin
 
 
-def apply_rotary(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
-    """x [T, H, D] -> x*cos + rotate_half(x)*sin."""
-    half = x.shape[-1] // 2
-    rot = torch.cat((-x[..., half:], x[..., :half]), dim=-1)
-    return x * cos + rot * sin
+def apply_rotary(x: torch.Tensor, cos: torch.Tensor, signed_sin: torch.Tensor) -> torch.Tensor:
+    """x [T, H, D] -> x*cos + rotate_half(x)*sin, with rotate_half(x)*sin == roll(x, D/2)*(-sin, sin).
+
+    NOTE: (-a)*b == a*(-b) exactly in IEEE arithmetic, so this matches HF's rotate_half bit for bit.
+    """
+    out = x * cos
+    out += torch.roll(x, x.shape[-1] // 2, dims=-1) * signed_sin
+    return out

@@ -54,7 +54,7 @@ def test_prefix_already_in_pool(
     reqs = []
     for i, p in enumerate(prompt_ids):
         keep = max(len(p) * 2 // 3, bs + 1)
-        sibling = p[:keep] + [28, 29, 30, 31, 32]
+        sibling = [*p[:keep], 28, 29, 30, 31, 32]
         blocks = alloc.alloc(-(-len(sibling) // bs))
         runner.step([StepSeq(100 + i, sibling, 0, blocks, None)])
         shared = keep // bs
