@@ -168,8 +168,12 @@ def _run(args: argparse.Namespace, client: Client) -> int:
                 parent = f" parent={s.parent_id}" if s.parent_id else ""
                 print(f"{s.session_id} tokens={s.num_tokens} turns={s.num_turns}{parent}")
     elif cmd == "stats":
-        stats = json_format.MessageToDict(client.cache_stats(), always_print_fields_with_no_presence=True)
-        load = json_format.MessageToDict(client.load(), always_print_fields_with_no_presence=True)
+        stats = json_format.MessageToDict(
+            client.cache_stats(), always_print_fields_with_no_presence=True, preserving_proto_field_name=True
+        )
+        load = json_format.MessageToDict(
+            client.load(), always_print_fields_with_no_presence=True, preserving_proto_field_name=True
+        )
         if args.json:
             print(json.dumps({"cache": stats, "load": load}, indent=2))
         else:

@@ -109,6 +109,10 @@ async def run_stream(
     started = False
     try:
         engine.submit(req, bridge.sink)
+    except BaseException:
+        registry.unregister(namespace, client_id)
+        raise
+    try:
         last_chunk = t0
         while pending:
             out = await bridge.get()
