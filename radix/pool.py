@@ -134,15 +134,43 @@ class BlockPool:
         return False
 
     def incref_all(self, blocks: Iterable[int]) -> None:
+        """incref each block (inlined: this runs per block of every shared prefix)."""
+        rc = self._rc
+        owner = self._owner
+        nb = self.num_blocks
         for b in blocks:
-            self.incref(b)
+            if not 0 < b < nb or rc[b] == 0:
+                self._bad_incref(b)
+            c = rc[b] + 1
+            rc[b] = c
+            if c == 2:
+                o = owner[b]
+                if o is not None:
+                    o.n_solo -= 1
+                    if o.hold == 0:
+                        self._evictable -= 1
 
     def decref_all(self, blocks: Iterable[int]) -> int:
-        """Drop one reference to each block; returns how many were freed."""
+        """decref each block (inlined: this runs per block of every finished request); returns #freed."""
+        rc = self._rc
+        owner = self._owner
+        free = self._free
+        nb = self.num_blocks
         freed = 0
         for b in blocks:
-            if self.decref(b):
+            if not 0 < b < nb or rc[b] == 0:
+                self._bad_decref(b)
+            c = rc[b] - 1
+            rc[b] = c
+            if c == 0:
+                free.append(b)
                 freed += 1
+            elif c == 1:
+                o = owner[b]
+                if o is not None:
+                    o.n_solo += 1
+                    if o.hold == 0:
+                        self._evictable += 1
         return freed
 
     # ------------------------------------------------------- cache ownership

@@ -257,18 +257,22 @@ class RadixTree:
         rc = pool._rc
         owner = pool._owner
         nblocks = pool.num_blocks
-        for b in blocks:  # validate before changing anything
-            if not 0 < b < nblocks or rc[b] == 0:
-                pool._bad_incref(b)
-            if owner[b] is not None:
-                raise InvalidRequest(f"block {b} is already cached by the tree for other tokens")
-        if len(set(blocks)) != len(blocks):
-            raise InvalidRequest("insert got the same block twice; every position needs its own block")
         self._clock += 1
         leaf = Node(tokens, blocks, parent, tokens[: self.block_size], self._clock)
-        for b in blocks:
-            # The caller holds each block, so the count goes to >= 2: n_solo starts at 0 and the
-            # pool's hook keeps it exact when the caller drops its reference later.
+        # One pass: validate and adopt; undo on the first bad block so a failed insert changes nothing.
+        for i, b in enumerate(blocks):
+            if not 0 < b < nblocks or rc[b] == 0 or owner[b] is not None:
+                for a in blocks[:i]:
+                    rc[a] -= 1
+                    owner[a] = None
+                if 0 < b < nblocks and rc[b] and owner[b] is not None:
+                    raise InvalidRequest(
+                        f"block {b} is already cached by the tree (or given twice); "
+                        "every position needs its own block"
+                    )
+                pool._bad_incref(b)
+            # The caller holds b, so its count goes to >= 2: n_solo starts at 0 and the pool's hook
+            # keeps it exact when the caller drops its reference later.
             rc[b] += 1
             owner[b] = leaf
         self._link(parent, leaf)
@@ -361,10 +365,17 @@ class RadixTree:
         if node.hold == 0:
             pool._evictable -= node.n_solo
         owner = pool._owner
+        rc = pool._rc
+        free = pool._free
+        # Inlined decref: owner is cleared first, so the pool's ownership hook has nothing to do.
         for b in node.blocks:
             owner[b] = None
-            if pool.decref(b) and freed is not None:
-                freed.append(b)
+            c = rc[b] - 1
+            rc[b] = c
+            if c == 0:
+                free.append(b)
+                if freed is not None:
+                    freed.append(b)
         node.alive = False
         node.n_solo = 0
         self._nodes -= 1

@@ -1,0 +1,151 @@
+"""Adapter that drives radixd's RadixTree through ../shared/bench/radix_peer_bench.py.
+
+Usage (from the repository root; SGLang's sources are downloaded by the bench when missing)::
+
+    .venv/bin/python ../shared/bench/radix_peer_bench.py --adapter bench/radix_adapter.py:Adapter
+
+The pool owns ``capacity_tokens / page_size`` blocks (+ the null block). A request matches its prompt
+(locking the prefix with a lease), allocates blocks for the tokens it computes, inserts the page-aligned
+part of prompt + output, drops its own block references (the tree keeps what it adopted; duplicates and
+the unaligned tail go back to the pool) and finally releases the lease.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+
+from radixd.radix import BlockPool, PrefixMatch, RadixTree
+from radixd.radix.verify import check_consistency
+
+
+class Adapter:
+    name = "radixd.RadixTree"
+
+    def __init__(self, page_size: int, capacity_tokens: int) -> None:
+        self.page_size = page_size
+        self.capacity_blocks = capacity_tokens // page_size
+        self.pool = BlockPool(self.capacity_blocks + 1, page_size)
+        self.tree = RadixTree(self.pool)
+
+    def prepare(self, tokens: np.ndarray[Any, Any]) -> tuple[int, ...]:
+        return tuple(tokens.tolist())  # the tree's native key form: no copy per call
+
+    def match(self, tokens: tuple[int, ...]) -> tuple[int, PrefixMatch]:
+        m = self.tree.match(tokens)
+        return m.num_tokens, m
+
+    def free_tokens(self) -> int:
+        return self.pool.num_free * self.page_size
+
+    def evict(self, n_tokens: int) -> int:
+        return len(self.tree.evict(-(-n_tokens // self.page_size))) * self.page_size
+
+    def insert(self, tokens: tuple[int, ...], handle: PrefixMatch) -> None:
+        B = self.page_size
+        total = len(tokens)
+        n_matched = handle.num_tokens
+        new = self.pool.allocate(-(-(total - n_matched) // B))
+        aligned = total // B
+        blocks = handle.blocks + new
+        self.tree.insert(tokens[: aligned * B], blocks[:aligned])
+        self.pool.decref_all(new)  # ours go; what the tree adopted stays cached
+
+    def release(self, handle: PrefixMatch) -> None:
+        handle.lease.release()
+
+    def check(self) -> None:
+        check_consistency(self.tree)
+        if self.tree.num_leases:
+            raise RuntimeError(f"{self.tree.num_leases} leases leaked")
+        if self.pool.num_free + self.tree.num_cached_blocks != self.capacity_blocks:
+            raise RuntimeError("block leak: free + cached != capacity")
+
+
+def _side_by_side(argv: list[str] | None = None) -> None:
+    """Run radixd and SGLang on the same workloads in one process, interleaved, best of --repeat."""
+    import argparse
+    import gc
+    import importlib.util
+    import os
+    import sys
+
+    ap = argparse.ArgumentParser(description="radixd vs SGLang RadixCache, side by side")
+    ap.add_argument(
+        "--peer-bench",
+        default=os.path.join(os.path.dirname(__file__), "..", "..", "shared", "bench", "radix_peer_bench.py"),
+    )
+    ap.add_argument("--sglang-src", default=os.path.expanduser("~/.cache/sglang_src"))
+    ap.add_argument("--workloads", default="w1,w2,w3")
+    ap.add_argument("--page-sizes", default="1,16")
+    ap.add_argument("--repeat", type=int, default=5)
+    ap.add_argument("--w3-requests", default="1000,2000,4000,8000")
+    args = ap.parse_args(argv)
+
+    spec = importlib.util.spec_from_file_location("radix_peer_bench", args.peer_bench)
+    if spec is None or spec.loader is None:
+        raise SystemExit(f"cannot load {args.peer_bench}")
+    pb = importlib.util.module_from_spec(spec)
+    sys.modules["radix_peer_bench"] = pb
+    spec.loader.exec_module(pb)
+    pb.SGLangRadixAdapter.sg = pb.load_sglang(args.sglang_src)
+    import torch
+
+    torch.set_num_threads(1)
+    defaults = pb.main.__code__  # noqa: F841  (documented defaults live in the bench's argparse)
+    bench_args = argparse.Namespace(
+        w1_convs=64,
+        w1_turns=8,
+        w1_system=512,
+        w1_user=64,
+        w1_output=128,
+        w1_capacity=1 << 20,
+        w2_requests=5000,
+        w2_prompt=1024,
+        w2_output=32,
+        w2_shared=256,
+        w2_share_frac=0.5,
+        w2_capacity=20000,
+        w3_requests=8000,
+        w3_prompt=48,
+        w3_output=16,
+        w3_capacity=131072,
+    )
+    adapters = [("sglang", pb.SGLangRadixAdapter), ("radixd", Adapter)]
+    print(f"sglang={pb.SGLangRadixAdapter.sg['version']} repeat={args.repeat} (best of, interleaved)")
+    print(
+        f"{'wl':<3} {'page':>4} {'reqs':>5} | {'sglang req/s':>12} {'radixd req/s':>12} {'ratio':>6} | "
+        f"{'sgl us/evict':>12} {'rdx us/evict':>12} | hit"
+    )
+    configs: list[tuple[str, int, int]] = []
+    for wl in args.workloads.split(","):
+        if wl == "w3":
+            for n in args.w3_requests.split(","):
+                configs.append(("w3", 16, int(n)))
+        else:
+            configs.extend((wl, int(ps), 0) for ps in args.page_sizes.split(","))
+    for wl, ps, n_w3 in configs:
+        if wl == "w3":
+            bench_args.w3_requests = n_w3
+            bench_args.w3_capacity = n_w3 * 64 * 16 // 64  # keeps ~n/4 leaves cached: the pool fills
+        gen = {"w1": pb.workload_w1, "w2": pb.workload_w2, "w3": pb.workload_w3}[wl]
+        cap = getattr(bench_args, f"{wl}_capacity")
+        reqs = gen(bench_args, 0)
+        best: dict[str, dict[str, float]] = {}
+        for _ in range(args.repeat):
+            for name, cls in adapters:
+                gc.collect()
+                r = pb.run_once(cls, reqs, ps, cap, 8)
+                if name not in best or r["tree_s"] < best[name]["tree_s"]:
+                    best[name] = r
+        s, m = best["sglang"], best["radixd"]
+        print(
+            f"{wl:<3} {ps:>4} {len(reqs):>5} | {s['requests_per_s']:>12.0f} {m['requests_per_s']:>12.0f} "
+            f"{m['requests_per_s'] / s['requests_per_s']:>5.2f}x | {s['evict_us_per_call']:>12.1f} "
+            f"{m['evict_us_per_call']:>12.1f} | {s['hit_rate']:.4f}/{m['hit_rate']:.4f}"
+        )
+
+
+if __name__ == "__main__":
+    _side_by_side()
