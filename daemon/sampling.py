@@ -204,43 +204,71 @@ def _apply_min_tokens(logits: torch.Tensor, states: Sequence[SamplingState]) -> 
                 logits[row, banned] = _NEG
 
 
-def _sample_rows(logits: torch.Tensor, states: Sequence[SamplingState]) -> torch.Tensor:
-    """Temperature / top-k / top-p / min-p, then inverse-CDF draw with each row's own generator."""
-    vocab = logits.shape[1]
-    temps = torch.tensor([s.params.temperature for s in states], dtype=logits.dtype, device=logits.device)
-    x = logits / temps.unsqueeze(1)
-    ks = [s.params.top_k if s.params.top_k > 0 else vocab for s in states]
-    max_k = min(max(ks), vocab)
-    # Only the max_k largest logits can survive top-k; topk is sorted and cheaper than a full sort.
-    if max_k < vocab:
-        sorted_x, sorted_idx = torch.topk(x, max_k, dim=1, sorted=True)
+def _draw(states: Sequence[SamplingState], device: torch.device) -> torch.Tensor:
+    """One uniform number per row from that row's own CPU generator: [R, 1] float64."""
+    u = torch.stack([torch.rand((), generator=s.generator, dtype=torch.float64) for s in states])
+    return u.to(device).unsqueeze(1)
+
+
+def _pick(probs: torch.Tensor, keep: torch.Tensor | None, u: torch.Tensor) -> torch.Tensor:
+    """Inverse-CDF pick per row over `probs` [R, W] (zeros where dropped) -> column index [R, 1]."""
+    width = probs.shape[1]
+    cdf = torch.cumsum(probs, dim=1)
+    target = (u * cdf[:, -1:].double()).to(cdf.dtype)
+    pick = torch.searchsorted(cdf, target, right=True).clamp_(max=width - 1)
+    if keep is not None:
+        # NOTE: float rounding can land a pick on a dropped (zero-probability) slot just past the last
+        # kept one; step back to the last kept slot so a filtered token is never emitted.
+        rank = torch.arange(width, device=probs.device).unsqueeze(0)
+        last_kept = (keep.long() * rank).amax(dim=1, keepdim=True)
+        pick = torch.minimum(pick, last_kept)
+    return pick
+
+
+def _sample_group(x: torch.Tensor, states: Sequence[SamplingState], width: int) -> torch.Tensor:
+    """Rows sharing one processing width (so every op has the same shape alone or batched)."""
+    vocab = x.shape[1]
+    u = _draw(states, x.device)
+    truncating = any(s.params.top_p < 1.0 or s.params.min_p > 0.0 for s in states) or width < vocab
+    if not truncating:
+        return _pick(torch.softmax(x, dim=1), None, u).squeeze(1)
+    if width < vocab:
+        top_x, top_idx = torch.topk(x, width, dim=1, sorted=True)
     else:
-        sorted_x, sorted_idx = torch.sort(x, dim=1, descending=True)
-    width = sorted_x.shape[1]
-    rank = torch.arange(width, device=x.device).unsqueeze(0)
-    k_t = torch.tensor(ks, device=x.device).unsqueeze(1)
-    sorted_x = sorted_x.masked_fill(rank >= k_t, _NEG)
-    probs = torch.softmax(sorted_x, dim=1)
+        top_x, top_idx = torch.sort(x, dim=1, descending=True)
+    probs = torch.softmax(top_x, dim=1)
     top_p = torch.tensor([s.params.top_p for s in states], dtype=probs.dtype, device=x.device)
     # Keep a token while the mass before it is < top_p (the first token always stays).
-    before = torch.cumsum(probs, dim=1) - probs
-    drop = before >= top_p.unsqueeze(1)
+    drop = (torch.cumsum(probs, dim=1) - probs) >= top_p.unsqueeze(1)
     min_p = torch.tensor([s.params.min_p for s in states], dtype=probs.dtype, device=x.device)
     drop |= probs < (min_p.unsqueeze(1) * probs[:, :1])
     drop[:, 0] = False
-    probs = probs.masked_fill(drop, 0.0)
-    cdf = torch.cumsum(probs, dim=1)
-    u = torch.stack([torch.rand((), generator=s.generator, dtype=torch.float64) for s in states])
-    target = (u.to(x.device) * cdf[:, -1].double()).to(cdf.dtype).unsqueeze(1)
-    pick = torch.searchsorted(cdf, target, right=True).clamp_(max=width - 1)
-    # NOTE: a pick can land on a dropped zero-probability slot only at the float boundary; step back to
-    # the last kept slot in that case so no filtered token is ever emitted.
-    kept = ~drop
-    pick_kept = kept.gather(1, pick)
-    if not bool(pick_kept.all()):
-        last_kept = (kept.long() * rank).amax(dim=1, keepdim=True)
-        pick = torch.where(pick_kept, pick, torch.minimum(pick, last_kept))
-    return sorted_idx.gather(1, pick).squeeze(1)
+    pick = _pick(probs.masked_fill(drop, 0.0), ~drop, u)
+    return top_idx.gather(1, pick).squeeze(1)
+
+
+def _sample_rows(logits: torch.Tensor, states: Sequence[SamplingState]) -> torch.Tensor:
+    """Temperature / top-k / top-p / min-p, then an inverse-CDF draw with each row's own generator.
+
+    NOTE: rows are grouped by (top-k width, truncation kind) and each group is processed on its own,
+    so a row's arithmetic never depends on which other rows share the batch.
+    """
+    vocab = logits.shape[1]
+    temps = torch.tensor([s.params.temperature for s in states], dtype=logits.dtype, device=logits.device)
+    x = logits / temps.unsqueeze(1)
+    groups: dict[tuple[int, bool], list[int]] = {}
+    for i, s in enumerate(states):
+        k = s.params.top_k if 0 < s.params.top_k < vocab else vocab
+        trunc = k < vocab or s.params.top_p < 1.0 or s.params.min_p > 0.0
+        groups.setdefault((k, trunc), []).append(i)
+    if len(groups) == 1:
+        ((width, _),) = groups
+        return _sample_group(x, states, width)
+    out = torch.empty(len(states), dtype=torch.int64, device=x.device)
+    for (width, _), rows in groups.items():
+        idx = torch.tensor(rows, device=x.device)
+        out[idx] = _sample_group(x.index_select(0, idx), [states[i] for i in rows], width)
+    return out
 
 
 def sample(logits: torch.Tensor, states: Sequence[SamplingState]) -> list[SampleResult]:
