@@ -7,6 +7,7 @@ import threading
 import time
 import urllib.request
 from collections.abc import Iterator
+from typing import Any
 
 import grpc
 import pytest
@@ -36,17 +37,23 @@ def tenants(loaded_model: LoadedModel, tmp_path_factory: pytest.TempPathFactory)
         stop_daemon(d)
 
 
-def _busy_stream(c: Client, started: threading.Event, done: threading.Event) -> threading.Thread:
+def _busy_stream(c: Client, started: threading.Event, done: threading.Event) -> tuple[threading.Thread, Any]:
+    """A long request streaming on a thread; returns once it produced its first chunk."""
+    stream = c.generate(PROMPT, max_tokens=60, ignore_eos=True, temperature=0.0)
+
     def run() -> None:
-        for event in c.generate(PROMPT, max_tokens=60, ignore_eos=True, temperature=0.0):
-            if isinstance(event, Chunk):
-                started.set()
+        try:
+            for event in stream:
+                if isinstance(event, Chunk):
+                    started.set()
+        except grpc.RpcError as exc:
+            assert exc.code() == grpc.StatusCode.CANCELLED
         done.set()
 
     t = threading.Thread(target=run, daemon=True)
     t.start()
     assert started.wait(60)
-    return t
+    return t, stream
 
 
 def test_admin_needs_the_token(tenants: RunningDaemon) -> None:
@@ -119,28 +126,32 @@ def test_flush_evict_unlocked_keeps_running_requests(tenants: RunningDaemon) -> 
     with tenants.client() as c:
         c.complete("Flush test. " + PROMPT, max_tokens=4)
         started, done = threading.Event(), threading.Event()
-        t = _busy_stream(c, started, done)
+        t, stream = _busy_stream(c, started, done)
         assert c.flush("evict_unlocked") > 0
         assert c.cache_stats().in_use_blocks > 0  # the running request kept its blocks
-        t.join(120)
+        stream.cancel()
+        t.join(60)
         assert done.is_set()
 
 
 def test_flush_refuse_if_busy(tenants: RunningDaemon) -> None:
     with tenants.client() as c:
         started, done = threading.Event(), threading.Event()
-        t = _busy_stream(c, started, done)
+        t, stream = _busy_stream(c, started, done)
         with pytest.raises(grpc.RpcError) as err:
             c.flush("refuse_if_busy")
         assert err.value.code() == grpc.StatusCode.FAILED_PRECONDITION
-        t.join(120)
+        assert "in flight" in err.value.details()
+        stream.cancel()
+        t.join(60)
+        wait_until(lambda: c.load().running_requests + c.load().waiting_requests == 0, what="idle")
         c.flush("refuse_if_busy")  # idle now: accepted
 
 
 def test_flush_wait_for_idle(tenants: RunningDaemon) -> None:
     with tenants.client() as c:
         started, done = threading.Event(), threading.Event()
-        t = _busy_stream(c, started, done)
+        t, _stream = _busy_stream(c, started, done)
         with pytest.raises(grpc.RpcError) as err:
             c.flush("wait_for_idle", timeout_s=0.05)
         assert err.value.code() == grpc.StatusCode.DEADLINE_EXCEEDED
