@@ -5,7 +5,7 @@ Decode batch of 32 sequences x 1,024 tokens at SmolLM2-135M's attention shape (9
 interleaved (one call of each per round) so that load from other processes hits all alike;
 medians are reported side by side from one run.
 
-    .venv/bin/python bench/kernels_cpu.py [--batch 32] [--ctx 1024] [--rounds 40] [--ragged]
+    .venv/bin/python bench/kernels_cpu.py [--batch 32] [--ctx 1024] [--rounds 40] [--ragged] [--threads N]
 """
 
 from __future__ import annotations
@@ -72,7 +72,10 @@ def main(argv: list[str] | None = None) -> str:
     ap.add_argument(
         "--ragged", action="store_true", help="lengths uniform in [ctx/2, ctx] instead of all ctx"
     )
+    ap.add_argument("--threads", type=int, default=0, help="torch intra-op threads (0 = torch's default)")
     args = ap.parse_args(argv)
+    if args.threads:
+        torch.set_num_threads(args.threads)
     hq, hkv, d, b = 9, 3, 64, 16
     dtype = DTYPES[args.dtype]
     t = build(args.batch, args.ctx, hq, hkv, d, b, dtype, args.ragged)

@@ -113,14 +113,17 @@ def _copy_rows(
     src: torch.Tensor, dst: torch.Tensor, src_idx: torch.Tensor, dst_idx: torch.Tensor, full: bool
 ) -> None:
     n, b, h, d = src.shape
+    # NOTE: non_blocking only host -> device; a non-blocking device -> host copy could still be in
+    # flight when index_copy_ reads it on the CPU.
+    non_blocking = dst.device.type == "cuda"
     if full:
         rows = src.index_select(0, src_idx)
-        dst.index_copy_(0, dst_idx, rows.to(dst.device, non_blocking=True))
+        dst.index_copy_(0, dst_idx, rows.to(dst.device, non_blocking=non_blocking))
         return
     if src.stride(0) != b * h * d or dst.stride(0) != b * h * d:
         raise ValueError("copy_blocks (torch): partial-block copies need contiguous pools")
     rows = src.view(n * b, h, d).index_select(0, src_idx)
-    dst.view(dst.shape[0] * b, h, d).index_copy_(0, dst_idx, rows.to(dst.device, non_blocking=True))
+    dst.view(dst.shape[0] * b, h, d).index_copy_(0, dst_idx, rows.to(dst.device, non_blocking=non_blocking))
 
 
 def _copy_kernel(

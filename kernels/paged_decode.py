@@ -177,10 +177,10 @@ _MAX_SPLITS = 64
 
 
 def default_num_splits(num_seqs: int, num_kv_heads: int, max_len: int, device: torch.device) -> int:
-    """Split-K heuristic: enough programs to fill the GPU twice, splits of >= 256 tokens."""
+    """Split-K heuristic: ~4 programs per SM (loads in flight to saturate HBM), splits >= 256 tokens."""
     sms = torch.cuda.get_device_properties(device).multi_processor_count if device.type == "cuda" else 4
     programs = max(1, num_seqs * num_kv_heads)
-    want = -(-2 * sms // programs)
+    want = -(-4 * sms // programs)
     cap = max(1, -(-max_len // _MIN_TOKENS_PER_SPLIT))
     return int(max(1, min(want, cap, _MAX_SPLITS)))
 

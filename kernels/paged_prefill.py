@@ -19,7 +19,7 @@ import torch.nn.functional as F
 
 from radixd.kernels.checks import check_block_tables, check_cache, check_int_vector, check_query
 from radixd.kernels.dispatch import LazyKernel, check_same_device, resolve_backend
-from radixd.kernels.paged_decode import gather_kv
+from radixd.kernels.paged_decode import gather_kv, length_chunks
 
 try:
     import triton
@@ -65,43 +65,72 @@ def paged_prefill_torch(
     seq_lens: torch.Tensor,
     scale: float,
 ) -> torch.Tensor:
-    """Vectorized torch twin of :func:`paged_prefill` (no loop over sequences or tokens)."""
+    """Vectorized torch twin of :func:`paged_prefill` (no loop over sequences or tokens).
+
+    Sequences go in KV-length-sorted chunks (as in the decode twin) so that padding every
+    sequence of a chunk to its longest stays cheap; the loop runs once per chunk.
+    """
     t, hq, d = q.shape
     _, b, hkv, _ = k_cache.shape
-    group = hq // hkv
-    s = seq_lens.shape[0]
     out = q.new_zeros(t, hq, d)
-    if t == 0 or s == 0:
+    if t == 0 or seq_lens.shape[0] == 0:
         return out
-    cu = cu_q_lens.long()
-    lens = seq_lens.long()
+    cu = cu_q_lens.long().cpu()
+    lens = seq_lens.long().cpu()
     q_lens = cu[1:] - cu[:-1]
-    q_max = int(q_lens.max())
-    max_len = int(lens.max())
-    if q_max <= 0 or max_len <= 0:
-        return out
-    if bool((q_lens > lens).any()):
+    if bool((q_lens > lens).any()) or bool((q_lens < 0).any()):
         raise ValueError(
-            "paged_prefill: every sequence needs q_len <= seq_len (its new tokens are in the KV)"
+            "paged_prefill: every sequence needs 0 <= q_len <= seq_len (new tokens are in the KV)"
         )
-    dev = q.device
-    rows = torch.arange(q_max, device=dev)
-    valid = rows[None, :] < q_lens[:, None]  # [S, Qmax]
-    tok = torch.where(valid, cu[:-1, None] + rows[None, :], 0)
-    # Pad queries: [S, Qmax, Hkv, G, D] -> [S, Hkv, G*Qmax, D] (group heads as extra query rows).
-    qp = q[tok].view(s, q_max, hkv, group, d).permute(0, 2, 3, 1, 4).reshape(s, hkv, group * q_max, d)
-    nb = (max_len + b - 1) // b
-    length = nb * b
-    kg = gather_kv(k_cache, block_tables, nb).transpose(1, 2)
-    vg = gather_kv(v_cache, block_tables, nb).transpose(1, 2)
-    q_pos = (lens - q_lens)[:, None] + rows[None, :]  # [S, Qmax]
-    k_pos = torch.arange(length, device=dev)
-    mask = (k_pos[None, None, :] <= q_pos[:, :, None]) & (k_pos[None, None, :] < lens[:, None, None])
-    mask = mask[:, None].expand(s, group, q_max, length).reshape(s, 1, group * q_max, length)
-    o = F.scaled_dot_product_attention(qp.to(k_cache.dtype), kg, vg, attn_mask=mask, scale=scale)
-    o = o.view(s, hkv, group, q_max, d).permute(0, 3, 1, 2, 4).reshape(s, q_max, hq, d)
-    out[tok[valid]] = o[valid].to(q.dtype)
+    # Sequences without new tokens contribute nothing: give them length 0 so the chunking drops them.
+    order, counts = length_chunks(
+        torch.where(q_lens > 0, lens, 0), b, 2 * b * hkv * d * k_cache.element_size()
+    )
+    a = 0
+    for n in counts:
+        idx = order[a : a + n]
+        _prefill_chunk(q, k_cache, v_cache, block_tables, cu[idx], q_lens[idx], lens[idx], idx, scale, out)
+        a += n
     return out
+
+
+def _prefill_chunk(
+    q: torch.Tensor,
+    k_cache: torch.Tensor,
+    v_cache: torch.Tensor,
+    block_tables: torch.Tensor,
+    starts: torch.Tensor,  # [n] (CPU) offset of each sequence's first new token in q
+    q_lens: torch.Tensor,  # [n] (CPU)
+    lens: torch.Tensor,  # [n] (CPU) KV lengths, longest first
+    seq_idx: torch.Tensor,  # [n] (CPU) rows of block_tables
+    scale: float,
+    out: torch.Tensor,
+) -> None:
+    """One padded SDPA over a chunk of sequences: queries [n, Hkv, G*Qmax, D] vs gathered K/V."""
+    _, hq, d = q.shape
+    _, b, hkv, _ = k_cache.shape
+    group = hq // hkv
+    n = seq_idx.shape[0]
+    dev = q.device
+    q_max = int(q_lens.max())
+    nb = (int(lens[0]) + b - 1) // b
+    length = nb * b
+    rows = torch.arange(q_max)
+    valid = rows[None, :] < q_lens[:, None]  # [n, Qmax]
+    tok = torch.where(valid, starts[:, None] + rows[None, :], 0).to(dev)
+    # Pad queries: [n, Qmax, Hkv, G, D] -> [n, Hkv, G*Qmax, D] (group heads as extra query rows).
+    qp = q[tok].view(n, q_max, hkv, group, d).permute(0, 2, 3, 1, 4).reshape(n, hkv, group * q_max, d)
+    tables = block_tables.index_select(0, seq_idx.to(block_tables.device))
+    kg = gather_kv(k_cache, tables, nb).transpose(1, 2)
+    vg = gather_kv(v_cache, tables, nb).transpose(1, 2)
+    q_pos = (lens - q_lens)[:, None] + rows[None, :]  # [n, Qmax]
+    k_pos = torch.arange(length)
+    mask = (k_pos[None, None, :] <= q_pos[:, :, None]) & (k_pos[None, None, :] < lens[:, None, None])
+    mask = mask[:, None].expand(n, group, q_max, length).reshape(n, 1, group * q_max, length).to(dev)
+    o = F.scaled_dot_product_attention(qp.to(k_cache.dtype), kg, vg, attn_mask=mask, scale=scale)
+    o = o.view(n, hkv, group, q_max, d).permute(0, 3, 1, 2, 4).reshape(n, q_max, hq, d)
+    valid_dev = valid.to(dev)
+    out[tok[valid_dev]] = o[valid_dev].to(out.dtype)
 
 
 def _prefill_kernel(
