@@ -193,6 +193,7 @@ async def start(args: argparse.Namespace, built: BuiltEngine) -> Daemon:
         metrics_port=metrics_port or None,
         tls=creds is not None,
         tenants=state.auth.multi_tenant,
+        try_it=f"radixctl --address {args.host}:{port} generate 'The capital of France is'",
     )
     if args.ready_file:
         ready = {"port": port, "admin_port": admin_port, "metrics_port": metrics_port, "pid": os.getpid()}

@@ -127,3 +127,24 @@ def test_abort_by_request_id(daemon: RunningDaemon) -> None:
         c.abort("abort-me")
         rest = list(events)
     assert isinstance(rest[-1], End) and rest[-1].finish_reason == "abort"
+
+
+def test_n_completions_share_one_stream(daemon: RunningDaemon) -> None:
+    with daemon.client() as c:
+        stream = c.generate(PROMPT, max_tokens=3, temperature=0.8, seed=1, n=2, ignore_eos=True)
+        events = list(stream)
+    ends = [e for e in events if isinstance(e, End)]
+    assert sorted(e.index for e in ends) == [0, 1]
+    assert all(len(stream.completion.token_ids[i]) == 3 for i in (0, 1))
+
+
+def test_logprobs_in_chunks(daemon: RunningDaemon) -> None:
+    with daemon.client() as c:
+        chunks = [
+            e for e in c.generate(PROMPT, max_tokens=3, temperature=0.0, logprobs=2) if isinstance(e, Chunk)
+        ]
+    pairs = [(tid, lp) for ch in chunks for tid, lp in zip(ch.token_ids, ch.logprobs, strict=True)]
+    assert len(pairs) == 3
+    for tid, (lp_tid, logprob, top) in pairs:
+        assert lp_tid == tid and logprob <= 0.0 and len(top) == 2
+        assert top[0][1] >= top[1][1]
