@@ -1,0 +1,94 @@
+"""Admission control, request validation, sessions errors and the watchdog."""
+
+from __future__ import annotations
+
+import time
+
+import pytest
+from engine_kit import Collector, assert_all_free, greedy, make_core, run
+
+from radixd.daemon.engine.types import GenerateRequest, InvalidRequest, RequestTooLarge
+from radixd.daemon.loaders import LoadedModel
+from radixd.daemon.sampling import SamplingParams
+
+pytestmark = pytest.mark.slow
+
+
+def test_requests_that_can_never_fit_are_rejected(smollm: LoadedModel) -> None:
+    core = make_core(smollm, num_blocks=9, max_model_len=256)  # 8 usable blocks = 128 tokens
+    with pytest.raises(RequestTooLarge, match="context limit of 256"):
+        core.validate(GenerateRequest("a", [1] * 200, greedy(100)))
+    with pytest.raises(RequestTooLarge, match=r"needs up to 13 KV blocks .* pool has 8"):
+        core.validate(GenerateRequest("b", [1] * 100, greedy(100)))
+    with pytest.raises(RequestTooLarge, match="KV blocks"):
+        core.validate(GenerateRequest("c", [1] * 40, SamplingParams(max_tokens=30, n=4)))
+    core.validate(GenerateRequest("ok", [1] * 100, greedy(28)))  # exactly 8 blocks
+    # Found on the engine thread instead (e.g. session tokens count): reported through the sink.
+    col = Collector()
+    core.add_request(GenerateRequest("d", [1] * 100, greedy(100)), col)
+    assert col.final("d").finish_reason == "error" and col.final("d").error_code == "invalid_argument"
+    assert "pool has 8" in (col.final("d").error or "")
+
+
+def test_invalid_requests(smollm: LoadedModel) -> None:
+    core = make_core(smollm, num_blocks=64)
+    vocab = smollm.config.vocab_size
+    bad = [
+        (GenerateRequest("", [1], greedy()), "request_id"),
+        (GenerateRequest("e", [], greedy()), "prompt is empty"),
+        (GenerateRequest("e", [1, -3], greedy()), r"\[0, 49152\)"),
+        (GenerateRequest("e", [vocab], greedy()), "integers in"),
+        (GenerateRequest("e", [1], SamplingParams(n=3), beam_width=2), "must not exceed beam_width"),
+    ]
+    for req, msg in bad:
+        with pytest.raises(InvalidRequest, match=msg):
+            core.validate(req)
+    col = Collector()
+    core.add_request(GenerateRequest("s", [1, 2], greedy(), session_id="nope"), col)
+    assert col.final("s").error_code == "not_found" and "no open session" in (col.final("s").error or "")
+    core.add_request(GenerateRequest("dup", [1, 2, 3], greedy(4)), col)
+    core.add_request(GenerateRequest("dup", [1, 2, 3], greedy(4)), col)
+    assert col.outs[("dup", 0)][0].error_code == "invalid_argument"  # the second one, rejected at once
+    core.run_until_idle()
+    assert col.final("dup").finish_reason == "length" and len(col.tokens("dup")) == 4
+    assert_all_free(core)
+
+
+def test_requests_wait_for_memory_and_the_watchdog_reports_a_stall(smollm: LoadedModel) -> None:
+    core = make_core(smollm, num_blocks=9, watchdog_s=0.05)  # 8 usable blocks
+    tok = smollm.tokenizer
+    # A session whose cached turn locks 6 of the 8 blocks.
+    core.sessions.create("hog")
+    run(core, [GenerateRequest("h", [5] * 90, greedy(2), session_id="hog")])
+    assert core.sessions.get("hog").resident_tokens == 91
+    col = Collector()
+    core.add_request(
+        GenerateRequest("w", tok.encode("Hello there, how are you doing today?") * 4, greedy(8)), col
+    )
+    assert not core.step()  # cannot be admitted: the free blocks do not suffice and nothing is evictable
+    time.sleep(0.1)
+    core.tick()
+    assert core.stats()["no_progress_reports"] == 1 and core.stats()["waiting"] == 1
+    core.sessions.close("hog")  # the lease goes; its blocks become evictable
+    core.run_until_idle()
+    assert col.final("w").finish_reason == "length"
+    assert_all_free(core)
+
+
+def test_abort_before_admission_and_twice(smollm: LoadedModel) -> None:
+    core = make_core(smollm, num_blocks=64, max_num_seqs=1)
+    col = Collector()
+    core.abort_request("early")  # before it was submitted
+    core.add_request(GenerateRequest("early", [1, 2, 3], greedy(4)), col)
+    assert col.final("early").finish_reason == "abort"
+    core.add_request(GenerateRequest("a", [1, 2, 3], greedy(30)), col)
+    core.add_request(GenerateRequest("b", [4, 5, 6], greedy(30)), col)
+    core.step()
+    core.step()
+    assert core.abort_request("b")  # still waiting (one running sequence at a time)
+    assert core.abort_request("a")  # running
+    assert not core.abort_request("a")  # idempotent
+    assert col.final("a").finish_reason == "abort" and col.final("b").finish_reason == "abort"
+    assert len(col.outs[("a", 0)]) == 3  # two tokens, then the abort
+    assert not core.has_work()
+    assert_all_free(core)

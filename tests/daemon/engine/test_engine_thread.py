@@ -1,0 +1,109 @@
+"""The threaded `Engine`: submit / abort / call from other threads, admin commands, flush modes, drain."""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Iterator
+
+import pytest
+from engine_kit import SYSTEM, greedy, make_core
+
+from radixd.daemon.engine.core import EngineCore
+from radixd.daemon.engine.engine import Engine
+from radixd.daemon.engine.types import (
+    EngineStopped,
+    EngineTimeout,
+    FlushRefused,
+    GenerateRequest,
+    InvalidRequest,
+    RequestOutput,
+)
+from radixd.daemon.loaders import LoadedModel
+
+pytestmark = pytest.mark.slow
+
+
+class Waiter:
+    """Thread-safe sink: records outputs and signals when a request (all its indexes) finished."""
+
+    def __init__(self, n: int = 1) -> None:
+        self.n = n
+        self.outs: list[RequestOutput] = []
+        self.done = threading.Event()
+        self.threads: set[str] = set()
+
+    def __call__(self, out: RequestOutput) -> None:
+        self.threads.add(threading.current_thread().name)
+        self.outs.append(out)
+        if sum(o.finished for o in self.outs) == self.n:
+            self.done.set()
+
+    def tokens(self) -> list[int]:
+        return [t for o in self.outs for t in o.new_token_ids]
+
+
+@pytest.fixture
+def engine(smollm: LoadedModel) -> Iterator[Engine]:
+    eng = Engine(make_core(smollm, num_blocks=128))
+    eng.start()
+    yield eng
+    eng.shutdown(drain_timeout_s=5.0)
+
+
+def test_submit_abort_and_admin_from_other_threads(engine: Engine, smollm: LoadedModel) -> None:
+    prompt = smollm.tokenizer.encode(SYSTEM)
+    a, b = Waiter(), Waiter()
+    engine.submit(GenerateRequest("a", prompt, greedy(6)), a)
+    engine.submit(GenerateRequest("b", prompt, greedy(200)), b)
+    assert a.done.wait(60)
+    assert [o.finish_reason for o in a.outs if o.finished] == ["length"] and len(a.tokens()) == 6
+    assert a.threads == {"radixd-engine"}
+    with pytest.raises(FlushRefused):
+        engine.flush("refuse_if_busy").result(10)
+    idle = engine.flush("wait_idle", timeout_s=60)
+    engine.abort("b")
+    engine.abort("b")  # idempotent
+    assert b.done.wait(30) and b.outs[-1].finish_reason == "abort"
+    assert idle.result(30) >= 0
+    stats = engine.call(lambda c: c.stats()).result(10)
+    assert stats["requests"] == 0 and stats["free_blocks"] == 127
+    assert stats["requests_aborted"] == 1 and stats["requests_finished"] == 2
+
+
+def test_admin_commands(engine: Engine, smollm: LoadedModel) -> None:
+    prompt = smollm.tokenizer.encode(SYSTEM)
+    w = Waiter()
+    engine.submit(GenerateRequest("p", prompt, greedy(3)), w)
+    assert w.done.wait(60)
+
+    def admin(core: EngineCore) -> tuple[int, int, int, int, int]:
+        cached = core.lookup_prefix(prompt + w.tokens())
+        core.pin(prompt[:32])
+        evicted = core.evict(1000)  # everything but the pinned prefix
+        after_pin = core.lookup_prefix(prompt)
+        core.unpin(prompt[:32])
+        by_prefix = core.evict_prefix(prompt[:16])
+        return cached, evicted, after_pin, by_prefix, core.pool.num_free
+
+    cached, evicted, after_pin, by_prefix, free = engine.call(admin).result(10)
+    assert cached == len(prompt) + 2  # prompt + all but the last of the 3 generated tokens
+    assert evicted > 0 and after_pin == 32 and by_prefix == 2 and free == 127
+    with pytest.raises(InvalidRequest):
+        engine.submit(GenerateRequest("bad", [], greedy()), Waiter())
+    sessions = engine.call(lambda c: (c.sessions.create("s1"), c.list_sessions())).result(10)[1]
+    assert [s.session_id for s in sessions] == ["s1"]
+
+
+def test_wait_idle_flush_times_out_and_shutdown_drains(smollm: LoadedModel) -> None:
+    eng = Engine(make_core(smollm, num_blocks=128))
+    eng.start()
+    w = Waiter()
+    eng.submit(GenerateRequest("long", smollm.tokenizer.encode(SYSTEM), greedy(400)), w)
+    with pytest.raises(EngineTimeout):
+        eng.flush("wait_idle", timeout_s=0.2).result(30)
+    eng.shutdown(drain_timeout_s=0.2)  # too short for 400 tokens: the rest is aborted
+    assert w.done.is_set() and w.outs[-1].finish_reason == "abort"
+    with pytest.raises(EngineStopped):
+        eng.submit(GenerateRequest("late", [1, 2], greedy()), Waiter())
+    with pytest.raises(EngineStopped):
+        eng.call(lambda c: c.stats()).result(1)
