@@ -262,10 +262,13 @@ class RadixTree:
         # One pass: validate and adopt; undo on the first bad block so a failed insert changes nothing.
         for i, b in enumerate(blocks):
             if not 0 < b < nblocks or rc[b] == 0 or owner[b] is not None:
+                cached = 0 < b < nblocks and rc[b] > 0
                 for a in blocks[:i]:
                     rc[a] -= 1
                     owner[a] = None
-                if 0 < b < nblocks and rc[b] and owner[b] is not None:
+                if parent.parent is None and not parent.children:
+                    self._drop_root(parent)  # created for this insert only
+                if cached:
                     raise InvalidRequest(
                         f"block {b} is already cached by the tree (or given twice); "
                         "every position needs its own block"

@@ -1,0 +1,166 @@
+"""Eviction: LRU order, cascade, leases, evict_prefix, flush modes, pins and the pin budget."""
+
+from __future__ import annotations
+
+import pytest
+
+from radixd.radix import (
+    BlockPool,
+    BlockTable,
+    FlushRefused,
+    NotPinned,
+    PinBudgetExceeded,
+    RadixTree,
+)
+from radixd.radix.verify import check_consistency
+
+
+def cache(tree: RadixTree, tokens: list[int], ns: str = "") -> list[int]:
+    pool = tree.pool
+    blocks = pool.allocate(-(-len(tokens) // pool.block_size))
+    tree.insert(tokens, blocks, ns)
+    pool.decref_all(blocks)
+    return blocks
+
+
+A = [1, 1, 1, 1, 1, 1, 1, 1]
+B = [2, 2, 2, 2, 2, 2, 2, 2]
+C = [3, 3, 3, 3, 3, 3, 3, 3]
+
+
+@pytest.fixture
+def tree() -> RadixTree:
+    return RadixTree(BlockPool(41, 4))  # 40 usable blocks; pin budget 10
+
+
+def test_lru_order_follows_last_use(tree: RadixTree) -> None:
+    a, b, c = cache(tree, A), cache(tree, B), cache(tree, C)
+    tree.match(A).lease.release()  # A is now the most recently used
+    assert sorted(tree.evict(1)) == sorted(b)  # B is the oldest leaf: both its blocks go
+    assert sorted(tree.evict(2)) == sorted(c)
+    assert sorted(tree.evict(2)) == sorted(a)
+    assert tree.evict(5) == []
+    check_consistency(tree)
+
+
+def test_eviction_cascades_to_parents_that_become_leaves(tree: RadixTree) -> None:
+    cache(tree, [7, 7, 7, 7, 1, 1, 1, 1])
+    cache(tree, [7, 7, 7, 7, 2, 2, 2, 2])
+    assert tree.num_nodes == 3 and tree.evictable_blocks() == 3
+    freed = tree.evict(3)
+    assert len(freed) == 3 and tree.num_nodes == 0  # both leaves, then their shared parent
+    assert tree.stats().evicted_blocks["lru"] == 3
+    check_consistency(tree)
+
+
+def test_leased_paths_are_never_evicted(tree: RadixTree) -> None:
+    a = cache(tree, A)
+    cache(tree, B)
+    m = tree.match(A)
+    freed = tree.evict(100)
+    assert set(freed).isdisjoint(a) and tree.peek(A) == 8
+    m.lease.release()
+    assert sorted(tree.evict(100)) == sorted(a)
+
+
+def test_evict_returns_only_blocks_that_became_free(tree: RadixTree) -> None:
+    pool = tree.pool
+    table = BlockTable(pool)
+    table.append_slots(8)
+    tree.insert(A, table.blocks)  # the table still holds them and holds no lease
+    assert tree.evictable_blocks() == 0  # nothing would be freed by evicting
+    assert tree.evict(2) == [] and tree.num_nodes == 0  # dropped from the cache, still in use
+    assert table.release() == 2
+    check_consistency(tree, [])
+
+
+def test_evict_prefix_drops_extending_entries_only(tree: RadixTree) -> None:
+    cache(tree, [5, 5, 5, 5, 1, 1, 1, 1])
+    cache(tree, [5, 5, 5, 5, 2, 2, 2, 2])
+    c = cache(tree, C)
+    m = tree.match([5, 5, 5, 5, 2, 2, 2, 2])  # this one is in use
+    assert tree.evict_prefix([5, 5, 5, 5, 1]) == 1
+    assert tree.evict_prefix([5, 5]) == 0  # the rest of that subtree is leased
+    m.lease.release()
+    assert tree.evict_prefix([5, 5]) == 2
+    assert tree.peek(C) == 8 and tree.match(C).blocks == c
+    check_consistency(tree)
+
+
+def test_flush_modes_with_leases_held(tree: RadixTree) -> None:
+    cache(tree, A)
+    cache(tree, B)
+    m = tree.match(A)
+    with pytest.raises(FlushRefused, match="1 lease"):
+        tree.flush("refuse")
+    assert tree.num_cached_blocks == 4
+    assert tree.flush("unlocked") == 2 and tree.peek(A) == 8
+    m.lease.release()
+    assert tree.flush("refuse") == 2
+    assert tree.pool.num_free == tree.pool.num_usable
+    with pytest.raises(ValueError, match="flush mode"):
+        tree.flush("bogus")  # type: ignore[arg-type]
+
+
+def test_force_flush_makes_outstanding_leases_inert(tree: RadixTree) -> None:
+    pool = tree.pool
+    cache(tree, A)
+    m = tree.match(A)
+    table = BlockTable(pool)
+    table.share_prefix(m.blocks, m.num_tokens)
+    assert tree.flush("force") == 2
+    assert tree.num_nodes == 0 and tree.num_leases == 0
+    m.lease.release()  # its nodes are gone: a harmless no-op
+    m.lease.release()
+    check_consistency(tree, [table])
+    assert table.release() == 2 and pool.num_free == pool.num_usable
+    cache(tree, A)  # the tree keeps working after a forced flush
+    assert tree.peek(A) == 8
+
+
+def test_pin_protects_until_unpin(tree: RadixTree) -> None:
+    a = cache(tree, A)
+    assert tree.pin(A) == 8 and tree.num_pinned_blocks == 2
+    assert tree.pin(A) == 8 and tree.num_pinned_blocks == 2  # idempotent
+    assert tree.evict(10) == [] and tree.flush() == 0
+    assert tree.unpin(A) == 8
+    assert sorted(tree.evict(10)) == sorted(a)
+    with pytest.raises(NotPinned, match="no pin for these 8 tokens"):
+        tree.unpin(A)
+
+
+def test_pin_of_a_prefix_splits_at_a_block_boundary(tree: RadixTree) -> None:
+    cache(tree, [4] * 16)
+    assert tree.pin([4] * 9) == 8  # whole blocks only: 2 of the 4
+    assert tree.num_pinned_blocks == 2
+    assert len(tree.evict(10)) == 2 and tree.peek([4] * 16) == 8
+    check_consistency(tree)
+
+
+def test_pin_budget_is_enforced_without_side_effects(tree: RadixTree) -> None:
+    assert tree.pin_budget_blocks == 10
+    big = [9] * 32  # 8 blocks
+    cache(tree, big)
+    cache(tree, [8] * 16)  # 4 blocks
+    tree.pin(big)
+    with pytest.raises(PinBudgetExceeded, match="pinning 4 more blocks would exceed the pin budget: 8 of 10"):
+        tree.pin([8] * 16)
+    assert tree.num_pinned_blocks == 8
+    tree.pin(big[:8])  # already inside the pinned path: costs nothing
+    assert tree.num_pinned_blocks == 8
+    assert tree.flush(include_pinned=True) == 12 and tree.num_pinned_blocks == 0
+    check_consistency(tree)
+
+
+def test_evictable_count_is_exact(tree: RadixTree) -> None:
+    pool = tree.pool
+    cache(tree, A)
+    m = tree.match(A)
+    table = BlockTable(pool)
+    table.share_prefix(m.blocks, m.num_tokens)
+    m.lease.release()
+    assert tree.evictable_blocks() == 0  # a table still reads them
+    table.release()
+    assert tree.evictable_blocks() == 2
+    s = tree.stats()
+    assert (s.free_blocks, s.evictable_blocks, s.in_use_blocks) == (38, 2, 0)

@@ -1,0 +1,98 @@
+"""BlockTable: slots, sharing, partial copies, copy-on-write, fork, release."""
+
+from __future__ import annotations
+
+import pytest
+
+from radixd.radix import BlockPool, BlockTable, InvalidRequest, OutOfBlocks
+
+
+@pytest.fixture
+def pool() -> BlockPool:
+    return BlockPool(17, 4)
+
+
+def test_append_slots_allocates_on_demand(pool: BlockPool) -> None:
+    t = BlockTable(pool)
+    slots, copies = t.append_slots(6)
+    assert len(t.blocks) == 2 and copies == []
+    b0, b1 = t.blocks
+    assert slots == [b0 * 4, b0 * 4 + 1, b0 * 4 + 2, b0 * 4 + 3, b1 * 4, b1 * 4 + 1]
+    assert t.append_slots(2).slots == [b1 * 4 + 2, b1 * 4 + 3] and len(t.blocks) == 2
+    assert t.slot(5) == b1 * 4 + 1
+    with pytest.raises(InvalidRequest, match="outside"):
+        t.slot(8)
+
+
+def test_fork_is_metadata_only_and_append_copies_on_write(pool: BlockPool) -> None:
+    parent = BlockTable(pool)
+    parent.append_slots(6)
+    free = pool.num_free
+    (child,) = parent.fork(1)
+    assert pool.num_free == free and child.blocks == parent.blocks
+    assert all(pool.refcount(b) == 2 for b in parent.blocks)
+    shared_last = parent.blocks[-1]
+    slots, copies = child.append_slots(1)
+    new_last = child.blocks[-1]
+    assert copies == [(shared_last, new_last, 2)] and new_last != shared_last
+    assert slots == [new_last * 4 + 2]
+    assert pool.refcount(shared_last) == 1 and parent.blocks[-1] == shared_last
+    assert parent.append_slots(1).copies == []  # the parent owns its block alone again
+
+
+def test_no_copy_when_the_shared_last_block_is_full(pool: BlockPool) -> None:
+    parent = BlockTable(pool)
+    parent.append_slots(8)
+    (child,) = parent.fork(1)
+    _slots, copies = child.append_slots(1)
+    assert copies == [] and child.blocks[:2] == parent.blocks
+
+
+def test_share_prefix_and_copy_partial(pool: BlockPool) -> None:
+    src = BlockTable(pool)
+    src.append_slots(7)
+    t = BlockTable(pool)
+    t.share_prefix(src.blocks[:1], 4)
+    assert pool.refcount(src.blocks[0]) == 2
+    op = t.copy_partial(src.blocks[1], 3)
+    assert op[0] == src.blocks[1] and op[2] == 3 and t.num_tokens == 7
+    assert t.append_slots(1).copies == []  # the copy is private: no CoW
+    with pytest.raises(InvalidRequest, match="cannot hold exactly 9 tokens"):
+        BlockTable(pool).share_prefix(src.blocks, 9)
+    u = BlockTable(pool)
+    u.append_slots(3)
+    with pytest.raises(InvalidRequest, match="block boundary"):
+        u.copy_partial(src.blocks[1], 1)
+    with pytest.raises(InvalidRequest, match=r"copies 1\.\.3 tokens"):
+        t.copy_partial(src.blocks[1], 4)
+
+
+def test_shared_partial_block_is_copied_on_first_append(pool: BlockPool) -> None:
+    src = BlockTable(pool)
+    src.append_slots(6)
+    t = BlockTable(pool)
+    t.share_prefix(src.blocks, 6)  # shares the partial block itself
+    _slots, copies = t.append_slots(1)
+    assert copies == [(src.blocks[1], t.blocks[1], 2)]
+
+
+def test_append_is_all_or_nothing(pool: BlockPool) -> None:
+    t = BlockTable(pool)
+    t.append_slots(2)
+    (child,) = t.fork(1)
+    pool.allocate(pool.num_free)
+    before = (list(child.blocks), child.num_tokens)
+    with pytest.raises(OutOfBlocks, match="requested 1, only 0 free"):
+        child.append_slots(1)  # needs one block for the copy-on-write
+    assert (child.blocks, child.num_tokens) == before
+
+
+def test_release_is_idempotent(pool: BlockPool) -> None:
+    t = BlockTable(pool)
+    t.append_slots(9)
+    (child,) = t.fork(1)
+    assert t.release() == 0  # the fork still holds every block
+    assert t.release() == 0 and t.blocks == []
+    assert child.release() == 3 and pool.num_free == pool.num_usable
+    with pytest.raises(InvalidRequest, match="k >= 0"):
+        child.fork(-1)

@@ -1,0 +1,186 @@
+"""RadixTree: matching, insertion, splits, namespaces."""
+
+from __future__ import annotations
+
+import pytest
+
+from radixd.radix import (
+    BlockPool,
+    InvalidRequest,
+    RadixTree,
+    UnknownLease,
+)
+from radixd.radix.verify import check_consistency
+
+
+def cache(tree: RadixTree, tokens: list[int], ns: str = "") -> list[int]:
+    """Compute `tokens` into fresh blocks, insert them and drop the request's references."""
+    pool = tree.pool
+    blocks = pool.allocate(-(-len(tokens) // pool.block_size))
+    tree.insert(tokens, blocks, ns)
+    pool.decref_all(blocks)
+    return blocks
+
+
+@pytest.fixture
+def tree() -> RadixTree:
+    return RadixTree(BlockPool(64, 4))
+
+
+def test_partial_block_match_reports_block_and_count(tree: RadixTree) -> None:
+    blocks = cache(tree, list(range(10)))  # 2 full blocks + a partial one (2 tokens)
+    m = tree.match([0, 1, 2, 3, 4, 5, 99])
+    assert (m.blocks, m.num_tokens, m.partial_block, m.partial_tokens) == ([blocks[0]], 4, blocks[1], 2)
+    assert m.cached_tokens == 6
+    m.lease.release()
+    m = tree.match([*list(range(10)), 7, 7])  # covers the partial leaf entirely
+    assert (m.blocks, m.partial_block, m.partial_tokens) == (blocks[:2], blocks[2], 2)
+    m.lease.release()
+    check_consistency(tree)
+
+
+def test_partial_match_against_a_sibling_block(tree: RadixTree) -> None:
+    a = cache(tree, [0, 0, 0, 0, 1, 1, 1, 1])
+    cache(tree, [0, 0, 0, 0, 2, 2, 2, 2])
+    m = tree.match([0, 0, 0, 0, 1, 1, 5])
+    assert (m.blocks, m.partial_block, m.partial_tokens) == ([a[0]], a[1], 2)
+    m.lease.release()
+    m = tree.match([0, 0, 9])  # query shorter than a block: partial of the first block
+    assert (m.blocks, m.partial_block, m.partial_tokens) == ([], a[0], 2)
+    m.lease.release()
+
+
+def test_tokens_are_compared_exactly(tree: RadixTree) -> None:
+    cache(tree, [1, 2, 3, 4, 5, 6, 7, 8])
+    m = tree.match([1, 2, 3, 4, 5, 6, 7, 9])
+    assert m.num_tokens == 4 and m.partial_tokens == 3
+    m.lease.release()
+    assert tree.peek([2, 2, 3, 4]) == 0
+
+
+def test_split_happens_only_at_block_boundaries(tree: RadixTree) -> None:
+    a = cache(tree, [1, 1, 1, 1, 2, 2, 2, 2, 3, 3, 3, 3])
+    assert tree.num_nodes == 1
+    b = cache(tree, [1, 1, 1, 1, 2, 2, 9, 9])  # diverges inside block 1
+    assert tree.num_nodes == 3  # shared [block 0] + two leaves; nothing split mid-block
+    assert tree.num_cached_blocks == 3 + 1
+    m = tree.match([1, 1, 1, 1, 2, 2, 9, 9])
+    assert m.blocks == [a[0], b[1]]  # the shared first block is held once
+    m.lease.release()
+    check_consistency(tree)
+
+
+def test_insert_reports_duplicates_and_keeps_the_cached_blocks(tree: RadixTree) -> None:
+    pool = tree.pool
+    first = cache(tree, list(range(8)))
+    mine = pool.allocate(2)
+    res = tree.insert([*list(range(8)), 50, 51], mine + pool.allocate(1))
+    assert res.duplicate_blocks == mine
+    assert (res.num_cached_tokens, res.num_new_tokens) == (8, 2)
+    m = tree.match(list(range(8)))
+    assert m.blocks == first
+    m.lease.release()
+
+
+def test_shared_blocks_are_not_duplicates(tree: RadixTree) -> None:
+    cache(tree, list(range(8)))
+    m = tree.match([*list(range(8)), 9, 9])
+    res = tree.insert([*list(range(8)), 9, 9], [*m.blocks, *tree.pool.allocate(1)])
+    assert res.duplicate_blocks == []
+    m.lease.release()
+
+
+def test_covered_partial_tail_is_a_duplicate(tree: RadixTree) -> None:
+    blocks = cache(tree, list(range(8)))
+    mine = tree.pool.allocate(2)
+    res = tree.insert([0, 1, 2, 3, 4, 5], mine)  # 1 full + 2 of the cached second block
+    assert res.duplicate_blocks == mine and res.num_new_tokens == 0
+    assert tree.peek([0, 1, 2, 3, 4, 5]) == 6 and tree.match([0, 1, 2, 3, 4, 5]).blocks == blocks[:1]
+
+
+def test_partial_leaf_is_superseded_unless_leased(tree: RadixTree) -> None:
+    cache(tree, [0, 1, 2, 3, 4, 5])  # [block][2-token partial]
+    cache(tree, [0, 1, 2, 3, 4, 5, 6, 7, 8])  # extends the partial block: the old one goes
+    assert tree.stats().evicted_blocks["superseded"] == 1
+    check_consistency(tree)
+
+    t2 = RadixTree(BlockPool(64, 4))
+    cache(t2, [0, 1, 2, 3, 4, 5])
+    m = t2.match([0, 1, 2, 3, 4, 5])  # a reader may be copying the partial block: keep it
+    cache(t2, [0, 1, 2, 3, 4, 5, 6, 7, 8])
+    assert t2.stats().evicted_blocks["superseded"] == 0
+    assert t2.peek([0, 1, 2, 3, 4, 5, 6, 7, 8]) == 9
+    m.lease.release()
+    check_consistency(t2)
+
+
+def test_insert_validates_blocks_and_changes_nothing_on_error(tree: RadixTree) -> None:
+    pool = tree.pool
+    with pytest.raises(InvalidRequest, match=r"needs ceil\(5/4\) = 2 blocks, got 1"):
+        tree.insert([1, 2, 3, 4, 5], pool.allocate(1))
+    good = pool.allocate(1)
+    never_allocated = 60
+    with pytest.raises(InvalidRequest, match="block 60 is free"):
+        tree.insert([1, 2, 3, 4, 5], [good[0], never_allocated])
+    with pytest.raises(InvalidRequest, match="given twice"):
+        tree.insert([1, 2, 3, 4, 5], [good[0], good[0]])
+    assert tree.num_nodes == 0 and pool.refcount(good[0]) == 1
+    check_consistency(tree)
+
+
+def test_namespaces_never_share(tree: RadixTree) -> None:
+    a = cache(tree, list(range(8)), ns="alice")
+    assert tree.peek(list(range(8)), "bob") == 0 and tree.peek(list(range(8))) == 0
+    b = cache(tree, list(range(8)), ns="bob")
+    assert set(a).isdisjoint(b)
+    assert tree.evict_prefix([], "alice") == 2
+    assert tree.peek(list(range(8)), "bob") == 8
+    check_consistency(tree)
+
+
+def test_match_locks_and_release_is_idempotent(tree: RadixTree) -> None:
+    cache(tree, list(range(8)))
+    m = tree.match(list(range(8)))
+    assert tree.evictable_blocks() == 0 and tree.num_leases == 1
+    m.lease.release()
+    m.lease.release()
+    tree.release(m.lease)
+    assert tree.evictable_blocks() == 2 and tree.num_leases == 0
+    other = RadixTree(BlockPool(8, 4))
+    with pytest.raises(UnknownLease, match="another RadixTree"):
+        other.release(m.lease)
+    empty = tree.match([42])
+    assert empty.blocks == [] and empty.lease.released
+
+
+def test_insert_moves_the_lease_to_the_inserted_path(tree: RadixTree) -> None:
+    pool = tree.pool
+    cache(tree, list(range(4)))
+    m = tree.match([*list(range(4)), 9])
+    new = pool.allocate(1)
+    tree.insert([*list(range(4)), 9, 9, 9, 9], [*m.blocks, *new], lease=m.lease)
+    pool.decref_all(new)
+    assert tree.evictable_blocks() == 0  # the whole new path is leased
+    m.lease.release()
+    assert tree.evictable_blocks() == 2
+    with pytest.raises(UnknownLease):
+        RadixTree(BlockPool(8, 4)).insert([1], [1], lease=m.lease)
+
+
+def test_stats_count_hits_and_misses(tree: RadixTree) -> None:
+    cache(tree, list(range(8)))
+    tree.match([*list(range(6)), 0, 0]).lease.release()
+    s = tree.stats()
+    assert (s.hit_tokens, s.miss_tokens) == (6, 2)
+    assert s.hit_rate == pytest.approx(0.75)
+    assert s.free_blocks + s.evictable_blocks + s.in_use_blocks == s.usable_blocks
+    assert tree.peek(list(range(8))) == 8 and tree.stats().hit_tokens == 6  # peek leaves stats alone
+
+
+def test_one_tree_per_pool_and_bad_fraction() -> None:
+    pool = BlockPool(8, 4)
+    RadixTree(pool)
+    with pytest.raises(Exception, match="already serves a RadixTree"):
+        RadixTree(pool)
+    with pytest.raises(InvalidRequest, match="pin_budget_fraction"):
+        RadixTree(BlockPool(8, 4), pin_budget_fraction=1.5)
