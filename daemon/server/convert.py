@@ -49,7 +49,12 @@ class Tokenizing(Protocol):
 
     def encode(self, text: str, add_special_tokens: bool = True) -> list[int]: ...
 
+    @property
+    def eos_token_ids(self) -> tuple[int, ...]: ...
+
     def decode(self, ids: Sequence[int], skip_special_tokens: bool = False) -> str: ...
+
+    def id_to_token(self, token_id: int) -> str | None: ...
 
     def apply_chat_template(
         self, messages: Sequence[dict[str, Any]], add_generation_prompt: bool = True, **extra: Any
@@ -95,11 +100,19 @@ def check_token_ids(ids: Sequence[int], vocab_size: int, what: str = "prompt") -
     return list(ids)
 
 
-def prompt_ids(prompt: common_pb2.Prompt, tok: Tokenizing, continuation: bool = False) -> list[int]:
+def prompt_ids(
+    prompt: common_pb2.Prompt,
+    tok: Tokenizing,
+    continuation: bool = False,
+    generation_prompt: bool | None = None,
+    context_tail: str = "",
+) -> list[int]:
     """Token ids of a wire prompt.
 
-    continuation=True (a session turn or session context appended to earlier tokens): text gets no
-    BOS, and chat messages are rendered as a delta, i.e. only the new messages' part of the template.
+    continuation=True (a session turn appended to earlier tokens): text gets no BOS, and chat messages
+    are rendered as a delta, i.e. only the new messages' part of the template (see `_chat_delta`).
+    `generation_prompt` overrides the prompt's add_generation_prompt (a session's opening context never
+    asks the model to answer). `context_tail`: the text of the last few earlier tokens.
     """
     kind = prompt.WhichOneof("kind")
     if kind is None:
@@ -121,25 +134,42 @@ def prompt_ids(prompt: common_pb2.Prompt, tok: Tokenizing, continuation: bool = 
             raise bad_request(
                 f"prompt.chat.messages[{i}].role {m['role']!r} must be system, user, assistant or tool"
             )
+    add_gen = chat.add_generation_prompt if generation_prompt is None else generation_prompt
     try:
-        if not continuation:
-            text = tok.apply_chat_template(messages, add_generation_prompt=chat.add_generation_prompt)
+        if continuation:
+            text = _chat_delta(tok, messages, add_gen, context_tail)
         else:
-            base = tok.apply_chat_template(_DELTA_BASE, add_generation_prompt=False)
-            full = tok.apply_chat_template(
-                _DELTA_BASE + messages, add_generation_prompt=chat.add_generation_prompt
-            )
-            if not full.startswith(base):
-                raise bad_request(
-                    "this model's chat template cannot render a turn on its own; send prompt.text"
-                )
-            text = full[len(base) :]
+            text = tok.apply_chat_template(messages, add_generation_prompt=add_gen)
     except ValueError as exc:
         raise bad_request(str(exc)) from exc
     ids = tok.encode(text, add_special_tokens=False)
     if not ids:
         raise bad_request("the rendered chat prompt is empty")
     return ids
+
+
+def _chat_delta(tok: Tokenizing, messages: list[dict[str, str]], add_gen: bool, context_tail: str) -> str:
+    """The template text of `messages` as a continuation of an earlier conversation.
+
+    Rendered as (neutral base + messages) minus (neutral base), so templates that inject a default
+    system prompt do not repeat it every turn. Whatever the earlier context lacks of the template's
+    message ending (end-of-turn token + separator, ChatML: "<|im_end|>\n") is written first: a reply
+    that stopped on its end-of-turn token gets the separator, one cut off by max_tokens is closed.
+    """
+    base = tok.apply_chat_template(_DELTA_BASE, add_generation_prompt=False)
+    full = tok.apply_chat_template(_DELTA_BASE + messages, add_generation_prompt=add_gen)
+    if not full.startswith(base):
+        raise bad_request("this model's chat template cannot render a turn on its own; send prompt.text")
+    delta = full[len(base) :]
+    for eos_id in tok.eos_token_ids:
+        eos_text = tok.id_to_token(eos_id)
+        if eos_text and eos_text in base:
+            ending = base[base.rindex(eos_text) :]
+            for cut in range(len(ending), 0, -1):
+                if context_tail.endswith(ending[:cut]):
+                    return ending[cut:] + delta
+            return ending + delta
+    return delta
 
 
 def start_message(request_id: str, out: RequestOutput, session_id: str = "") -> common_pb2.GenerationStart:

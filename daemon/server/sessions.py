@@ -76,7 +76,11 @@ class SessionServicer(session_pb2_grpc.SessionServiceServicer):
         state = self.state
         state.refuse_if_draining()
         ns = state.namespace(context)
-        tokens = prompt_ids(request.context, state.tokenizer) if request.HasField("context") else []
+        tokens = (
+            prompt_ids(request.context, state.tokenizer, generation_prompt=False)
+            if request.HasField("context")
+            else []
+        )
         if len(tokens) >= state.limits.context_length:
             raise bad_request(
                 f"session context has {len(tokens)} tokens; the context length is"
@@ -96,7 +100,8 @@ class SessionServicer(session_pb2_grpc.SessionServiceServicer):
         deadline_message(context)
         sid = request.session_id
         info = await on_engine(state, lambda c: owned(c, sid, ns))
-        ids = prompt_ids(request.prompt, state.tokenizer, continuation=info.num_tokens > 0)
+        tail = state.tokenizer.decode(info.tokens[-4:]) if info.tokens else ""
+        ids = prompt_ids(request.prompt, state.tokenizer, continuation=bool(info.tokens), context_tail=tail)
         sampling = sampling_params(request.sampling, state.limits.default_max_tokens)
         if sampling.n != 1:
             raise bad_request(f"a session turn produces one reply; n must be 1, got {sampling.n}")

@@ -82,3 +82,24 @@ def test_bad_fork_count_is_invalid(daemon: RunningDaemon) -> None:
             s.fork(0)
         assert err.value.code() == grpc.StatusCode.INVALID_ARGUMENT
         s.close()
+
+
+def test_session_context_matches_the_chat_template(daemon: RunningDaemon) -> None:
+    """Turn deltas add up to the template's rendering of the whole conversation."""
+    tok = daemon.state.tokenizer
+    user1, user2 = "Name a colour.", "And a number?"
+    with daemon.client() as c:
+        s = c.create_session(SYSTEM)
+        reply = s.send([{"role": "user", "content": user1}], max_tokens=6, temperature=0.0).collect().text
+        second = s.send([{"role": "user", "content": user2}], max_tokens=2, temperature=0.0).collect()
+        sid = s.id
+        tokens = daemon.state.engine.call(lambda core: core.sessions.get(sid)).result(10).tokens
+        s.close()
+    conversation = [
+        *SYSTEM,
+        {"role": "user", "content": user1},
+        {"role": "assistant", "content": reply.removesuffix("<|im_end|>")},
+        {"role": "user", "content": user2},
+    ]
+    expected = tok.apply_chat_template(conversation, add_generation_prompt=True)
+    assert tok.decode(list(tokens[: second.prompt_tokens])) == expected
