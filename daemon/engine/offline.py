@@ -140,6 +140,18 @@ def _specs(args: argparse.Namespace) -> list[dict[str, Any]]:
     return [{**base, "id": "req-1", "prompt": args.prompt}]
 
 
+def _params(spec: dict[str, Any]) -> SamplingParams:
+    return SamplingParams(
+        max_tokens=int(spec["max_tokens"]),
+        temperature=float(spec["temperature"]),
+        top_p=float(spec["top_p"]),
+        top_k=int(spec["top_k"]),
+        seed=spec.get("seed"),
+        n=int(spec["n"]),
+        stop=tuple(spec.get("stop", ())),
+    )
+
+
 def run(args: argparse.Namespace) -> int:
     """Run `radixd generate`; -> exit code (0 ok, 1 a request failed, 2 bad input)."""
     from radixd.daemon.engine.factory import build_core
@@ -147,6 +159,7 @@ def run(args: argparse.Namespace) -> int:
 
     try:
         specs = _specs(args)
+        params = [_params(spec) for spec in specs]  # bad values fail before the model loads
         loaded = load_model(args.model, device=args.device)
     except (ValueError, OSError, ModelLoadError) as exc:
         print(f"radixd generate: {exc}", file=sys.stderr)
@@ -154,23 +167,14 @@ def run(args: argparse.Namespace) -> int:
     config = EngineConfig(prefix_caching=not args.no_prefix_cache)
     core = build_core(loaded, config, args.num_blocks, args.kv_cache_gb, args.block_size, args.device)
     results: list[_Collected] = []
-    for spec in specs:
+    for spec, p in zip(specs, params, strict=True):
         try:
-            params = SamplingParams(
-                max_tokens=int(spec["max_tokens"]),
-                temperature=float(spec["temperature"]),
-                top_p=float(spec["top_p"]),
-                top_k=int(spec["top_k"]),
-                seed=spec.get("seed"),
-                n=int(spec["n"]),
-                stop=tuple(spec.get("stop", ())),
-            )
-            req = GenerateRequest(str(spec["id"]), _prompt_ids(loaded.tokenizer, spec), params)
+            req = GenerateRequest(str(spec["id"]), _prompt_ids(loaded.tokenizer, spec), p)
             core.validate(req)
         except (ValueError, EngineError) as exc:
             print(f"radixd generate: request {spec.get('id')}: {exc}", file=sys.stderr)
             return 2
-        col = _Collected(req.request_id, params.n)
+        col = _Collected(req.request_id, p.n)
         results.append(col)
         core.add_request(req, col.sink)
     core.run_until_idle()

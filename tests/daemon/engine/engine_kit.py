@@ -62,7 +62,7 @@ class Collector:
         return outs[-1]
 
     def finished(self, rid: str, index: int = 0) -> bool:
-        outs = self.outs.get((rid, index))
+        outs = self.outs.get((rid, index)) or []
         return bool(outs) and outs[-1].finished
 
 
