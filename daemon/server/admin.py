@@ -9,11 +9,12 @@ from __future__ import annotations
 import asyncio
 from typing import TYPE_CHECKING, Any
 
+import grpc
 from radixd_client._pb import cache_admin_pb2, cache_admin_pb2_grpc, common_pb2
 
 from radixd.daemon.server.auth import admin_namespace
 from radixd.daemon.server.convert import prompt_ids
-from radixd.daemon.server.errors import bad_request
+from radixd.daemon.server.errors import RpcFailure, bad_request
 from radixd.daemon.server.handler import rpc
 from radixd.daemon.server.sessions import drop_cached, on_engine
 from radixd.daemon.server.state import ServerState
@@ -114,10 +115,16 @@ class CacheAdminServicer(cache_admin_pb2_grpc.CacheAdminServiceServicer):
         tokens = self._tokens(request.prefix, "prefix")
 
         def pin(core: EngineCore) -> int:
-            core.pin(tokens, ns)
-            return core.lookup_prefix(tokens, ns)
+            # NOTE: EngineCore.pin drops the count the tree returns, so ask the tree (engine thread).
+            return core.tree.pin(tokens, namespace=ns)
 
-        return cache_admin_pb2.PinResponse(pinned_tokens=await on_engine(self.state, pin))
+        pinned = await on_engine(self.state, pin)
+        if pinned == 0:
+            raise RpcFailure(
+                grpc.StatusCode.FAILED_PRECONDITION,
+                "no whole cached block of this prefix to pin; generate with it first, then pin",
+            )
+        return cache_admin_pb2.PinResponse(pinned_tokens=pinned)
 
     @rpc("Unpin")
     async def Unpin(

@@ -9,6 +9,8 @@ from __future__ import annotations
 
 import grpc
 
+from radixd.radix.errors import NotPinned, OutOfBlocks, PinBudgetExceeded, RadixError
+
 CODES: dict[str, grpc.StatusCode] = {
     "invalid_argument": grpc.StatusCode.INVALID_ARGUMENT,
     "not_found": grpc.StatusCode.NOT_FOUND,
@@ -46,6 +48,12 @@ def status_for(exc: BaseException) -> tuple[grpc.StatusCode, str]:
     code = getattr(exc, "code", None)
     if isinstance(code, grpc.StatusCode):
         return code, str(exc)
+    if isinstance(exc, PinBudgetExceeded | OutOfBlocks):
+        return grpc.StatusCode.RESOURCE_EXHAUSTED, str(exc)
+    if isinstance(exc, NotPinned):
+        return grpc.StatusCode.NOT_FOUND, str(exc)
+    if isinstance(exc, RadixError) and not isinstance(exc, ValueError):
+        return grpc.StatusCode.FAILED_PRECONDITION, str(exc)
     if isinstance(exc, ValueError):
         return grpc.StatusCode.INVALID_ARGUMENT, str(exc)
     if isinstance(exc, TimeoutError):
