@@ -9,7 +9,7 @@ from radixd_client._pb import generation_pb2, generation_pb2_grpc
 from radixd.daemon.server.convert import check_token_ids, prompt_ids, sampling_params
 from radixd.daemon.server.handler import rpc
 from radixd.daemon.server.state import ServerState
-from radixd.daemon.server.streaming import RequestRegistry, check_fits, deadline_message, run_stream
+from radixd.daemon.server.streaming import RequestRegistry, check_deadline, check_fits, run_stream
 
 FEATURES = ("sessions", "fork", "logprobs", "chat_template", "tenants", "cache_events", "n")
 
@@ -24,7 +24,7 @@ class GenerationServicer(generation_pb2_grpc.GenerationServiceServicer):
         state = self.state
         state.refuse_if_draining()
         namespace = state.namespace(context)
-        deadline_message(context)
+        check_deadline(context)
         ids = prompt_ids(request.prompt, state.tokenizer)
         sampling = sampling_params(request.sampling, state.limits.default_max_tokens)
         check_fits(state, len(ids), sampling)

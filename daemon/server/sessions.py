@@ -17,7 +17,7 @@ from radixd.daemon.server.convert import prompt_ids, sampling_params
 from radixd.daemon.server.errors import bad_request
 from radixd.daemon.server.handler import rpc
 from radixd.daemon.server.state import ServerState
-from radixd.daemon.server.streaming import RequestRegistry, check_fits, deadline_message, run_stream
+from radixd.daemon.server.streaming import RequestRegistry, check_deadline, check_fits, run_stream
 
 if TYPE_CHECKING:
     from radixd.daemon.engine.core import EngineCore
@@ -97,7 +97,7 @@ class SessionServicer(session_pb2_grpc.SessionServiceServicer):
         state = self.state
         state.refuse_if_draining()
         ns = state.namespace(context)
-        deadline_message(context)
+        check_deadline(context)
         sid = request.session_id
         info = await on_engine(state, lambda c: owned(c, sid, ns))
         tail = state.tokenizer.decode(info.tokens[-4:]) if info.tokens else ""

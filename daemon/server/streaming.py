@@ -150,7 +150,7 @@ async def run_stream(
             log.info("stream.aborted", engine_request_id=engine_id, pending=sorted(pending))
 
 
-def deadline_message(context: Any) -> None:
+def check_deadline(context: Any) -> None:
     """Raise DEADLINE_EXCEEDED if the client's deadline already passed (checked before costly work)."""
     remaining = context.time_remaining()
     if remaining is not None and remaining <= 0:
