@@ -98,9 +98,16 @@ def _credentials(args: argparse.Namespace) -> grpc.ServerCredentials | None:
 
 def _bind(server: grpc.aio.Server, host: str, port: int, creds: grpc.ServerCredentials | None) -> int:
     address = f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
-    bound = server.add_secure_port(address, creds) if creds is not None else server.add_insecure_port(address)
+    try:
+        bound = (
+            server.add_secure_port(address, creds) if creds is not None else server.add_insecure_port(address)
+        )
+    except RuntimeError:
+        bound = 0
     if bound == 0:
-        raise SystemExit(f"could not bind {address}; is the port in use?")
+        raise SystemExit(
+            f"could not bind {address}: is another daemon using the port? pick another with --port"
+        )
     return int(bound)
 
 
@@ -128,64 +135,76 @@ def build_state(args: argparse.Namespace, built: BuiltEngine) -> ServerState:
     )
 
 
+def _servers(state: ServerState, args: argparse.Namespace) -> tuple[grpc.aio.Server, grpc.aio.Server, Any]:
+    """The public server (generation, sessions) and the admin server, both with health and reflection."""
+    size = args.max_message_mb * 1024 * 1024
+    # NOTE: no SO_REUSEPORT, so a second daemon on the same port fails to start instead of silently
+    # sharing the port (and splitting requests and sessions) with the first.
+    options = [
+        ("grpc.max_send_message_length", size),
+        ("grpc.max_receive_message_length", size),
+        ("grpc.so_reuseport", 0),
+    ]
+    registry = RequestRegistry()
+    health_servicer = health.aio.HealthServicer()
+    public = grpc.aio.server(options=options)
+    generation_pb2_grpc.add_GenerationServiceServicer_to_server(GenerationServicer(state, registry), public)
+    session_pb2_grpc.add_SessionServiceServicer_to_server(SessionServicer(state, registry), public)
+    health_pb2_grpc.add_HealthServicer_to_server(health_servicer, public)
+    reflection.enable_server_reflection(
+        (*PUBLIC_SERVICES, health.SERVICE_NAME, reflection.SERVICE_NAME), public
+    )
+    admin = grpc.aio.server(options=options)
+    cache_admin_pb2_grpc.add_CacheAdminServiceServicer_to_server(CacheAdminServicer(state), admin)
+    health_pb2_grpc.add_HealthServicer_to_server(health_servicer, admin)
+    reflection.enable_server_reflection((ADMIN_SERVICE, health.SERVICE_NAME, reflection.SERVICE_NAME), admin)
+    return public, admin, health_servicer
+
+
+def _start_metrics(state: ServerState, args: argparse.Namespace) -> tuple[Any, int]:
+    """Start the Prometheus exporter (if --metrics-port); -> (server or None, bound port or 0)."""
+    if not args.metrics_port:
+        return None, 0
+    engine = state.engine
+
+    def read_stats() -> dict[str, Any] | None:
+        try:
+            return engine.call(cache_stats).result(timeout=2.0)
+        except Exception:  # a scrape must never fail the exporter (engine busy, stopping, ...)
+            return None
+
+    state.metrics.add_engine_collector(read_stats)
+    try:
+        server = state.metrics.serve(args.metrics_port, args.metrics_host)
+    except OSError as exc:
+        raise SystemExit(
+            f"could not serve metrics on {args.metrics_host}:{args.metrics_port} ({exc});"
+            " pick another --metrics-port or pass --metrics-port 0 to turn metrics off"
+        ) from exc
+    return server, int(server.server_address[1])
+
+
+def _write_ready_file(path: str, ports: dict[str, int]) -> None:
+    tmp = Path(path + ".tmp")
+    tmp.write_text(json.dumps({**ports, "pid": os.getpid()}))
+    tmp.replace(path)  # atomic: readers never see a half-written file
+
+
 async def start(args: argparse.Namespace, built: BuiltEngine) -> Daemon:
     """Start the engine and both servers; returns once they accept connections."""
     state = build_state(args, built)
     if args.admin_host not in LOOPBACK:
         log.warning("server.admin_not_loopback", admin_host=args.admin_host, tls=bool(args.tls_cert))
     creds = _credentials(args)
-    size = args.max_message_mb * 1024 * 1024
-    options = [("grpc.max_send_message_length", size), ("grpc.max_receive_message_length", size)]
-    registry = RequestRegistry()
-
-    public = grpc.aio.server(options=options)
-    generation_pb2_grpc.add_GenerationServiceServicer_to_server(GenerationServicer(state, registry), public)
-    session_pb2_grpc.add_SessionServiceServicer_to_server(SessionServicer(state, registry), public)
-    health_servicer = health.aio.HealthServicer()
-    health_pb2_grpc.add_HealthServicer_to_server(health_servicer, public)
-    reflection.enable_server_reflection(
-        (*PUBLIC_SERVICES, health.SERVICE_NAME, reflection.SERVICE_NAME), public
-    )
-
-    admin = grpc.aio.server(options=options)
-    cache_admin_pb2_grpc.add_CacheAdminServiceServicer_to_server(CacheAdminServicer(state), admin)
-    health_pb2_grpc.add_HealthServicer_to_server(health_servicer, admin)
-    reflection.enable_server_reflection((ADMIN_SERVICE, health.SERVICE_NAME, reflection.SERVICE_NAME), admin)
-
+    public, admin, health_servicer = _servers(state, args)
     port = _bind(public, args.host, args.port, creds)
     admin_port = _bind(admin, args.admin_host, args.admin_port, creds)
+    metrics_server, metrics_port = _start_metrics(state, args)
     state.engine.start()
     await public.start()
     await admin.start()
-    serving = health_pb2.HealthCheckResponse.SERVING
     for name in ("", *PUBLIC_SERVICES, ADMIN_SERVICE):
-        await health_servicer.set(name, serving)
-
-    metrics_server = None
-    metrics_port = 0
-    if args.metrics_port:
-        engine = state.engine
-
-        def read_stats() -> dict[str, Any] | None:
-            try:
-                return engine.call(cache_stats).result(timeout=2.0)
-            except Exception:  # a scrape must never fail the exporter
-                return None
-
-        state.metrics.add_engine_collector(read_stats)
-        metrics_server = state.metrics.serve(args.metrics_port, args.metrics_host)
-        metrics_port = int(metrics_server.server_address[1])
-    daemon = Daemon(
-        state,
-        public,
-        admin,
-        health_servicer,
-        port,
-        admin_port,
-        metrics_port,
-        metrics_server,
-        args.grace_period,
-    )
+        await health_servicer.set(name, health_pb2.HealthCheckResponse.SERVING)
     log.info(
         "server.serving",
         address=f"{args.host}:{port}",
@@ -196,11 +215,20 @@ async def start(args: argparse.Namespace, built: BuiltEngine) -> Daemon:
         try_it=f"radixctl --address {args.host}:{port} generate 'The capital of France is'",
     )
     if args.ready_file:
-        ready = {"port": port, "admin_port": admin_port, "metrics_port": metrics_port, "pid": os.getpid()}
-        tmp = Path(args.ready_file + ".tmp")
-        tmp.write_text(json.dumps(ready))
-        tmp.replace(args.ready_file)
-    return daemon
+        _write_ready_file(
+            args.ready_file, {"port": port, "admin_port": admin_port, "metrics_port": metrics_port}
+        )
+    return Daemon(
+        state,
+        public,
+        admin,
+        health_servicer,
+        port,
+        admin_port,
+        metrics_port,
+        metrics_server,
+        args.grace_period,
+    )
 
 
 def engine_config(args: argparse.Namespace) -> EngineConfig:
