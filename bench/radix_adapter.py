@@ -6,8 +6,8 @@ Usage (from the repository root; SGLang's sources are downloaded by the bench wh
 
 The pool owns ``capacity_tokens / page_size`` blocks (+ the null block). A request matches its prompt
 (locking the prefix with a lease), allocates blocks for the tokens it computes, inserts the page-aligned
-part of prompt + output, drops its own block references (the tree keeps what it adopted; duplicates and
-the unaligned tail go back to the pool) and finally releases the lease.
+part of prompt + output handing its block references to the tree (``donate=True``: the tree keeps what
+it adopts and frees duplicates; the unaligned tail goes back to the pool) and finally releases the lease.
 """
 
 from __future__ import annotations
@@ -49,8 +49,10 @@ class Adapter:
         new = self.pool.allocate(-(-(total - n_matched) // B))
         aligned = total // B
         blocks = handle.blocks + new
-        self.tree.insert(tokens[: aligned * B], blocks[:aligned])
-        self.pool.decref_all(new)  # ours go; what the tree adopted stays cached
+        if aligned < len(blocks):  # the unaligned tail is not cached (as in the peer's protocol)
+            self.pool.decref(blocks[-1])
+        # donate: the tree keeps our reference on what it adopts and releases duplicates.
+        self.tree.insert(tokens[: aligned * B], blocks[:aligned], donate=True)
 
     def release(self, handle: PrefixMatch) -> None:
         handle.lease.release()
@@ -80,7 +82,11 @@ def _side_by_side(argv: list[str] | None = None) -> None:
     ap.add_argument("--workloads", default="w1,w2,w3")
     ap.add_argument("--page-sizes", default="1,16")
     ap.add_argument("--repeat", type=int, default=5)
-    ap.add_argument("--w3-requests", default="1000,2000,4000,8000")
+    ap.add_argument(
+        "--w3-leaves",
+        default="512,1024,2048,4096,8192",
+        help="W3 pool sizes, in cached leaves of 64 tokens (capacity = leaves * 64 tokens)",
+    )
     args = ap.parse_args(argv)
 
     spec = importlib.util.spec_from_file_location("radix_peer_bench", args.peer_bench)
@@ -93,7 +99,6 @@ def _side_by_side(argv: list[str] | None = None) -> None:
     import torch
 
     torch.set_num_threads(1)
-    defaults = pb.main.__code__  # noqa: F841  (documented defaults live in the bench's argparse)
     bench_args = argparse.Namespace(
         w1_convs=64,
         w1_turns=8,
@@ -115,20 +120,23 @@ def _side_by_side(argv: list[str] | None = None) -> None:
     adapters = [("sglang", pb.SGLangRadixAdapter), ("radixd", Adapter)]
     print(f"sglang={pb.SGLangRadixAdapter.sg['version']} repeat={args.repeat} (best of, interleaved)")
     print(
-        f"{'wl':<3} {'page':>4} {'reqs':>5} | {'sglang req/s':>12} {'radixd req/s':>12} {'ratio':>6} | "
+        f"{'wl':<3} {'page':>4} {'reqs':>5} {'leaves':>6} | {'sglang req/s':>12} {'radixd req/s':>12} {'ratio':>6} | "
         f"{'sgl us/evict':>12} {'rdx us/evict':>12} | hit"
     )
     configs: list[tuple[str, int, int]] = []
     for wl in args.workloads.split(","):
         if wl == "w3":
-            for n in args.w3_requests.split(","):
-                configs.append(("w3", 16, int(n)))
+            configs.extend(
+                ("w3", int(ps), int(n))
+                for ps in args.page_sizes.split(",")
+                for n in args.w3_leaves.split(",")
+            )
         else:
             configs.extend((wl, int(ps), 0) for ps in args.page_sizes.split(","))
-    for wl, ps, n_w3 in configs:
-        if wl == "w3":
-            bench_args.w3_requests = n_w3
-            bench_args.w3_capacity = n_w3 * 64 * 16 // 64  # keeps ~n/4 leaves cached: the pool fills
+    for wl, ps, leaves in configs:
+        if wl == "w3":  # the pool holds `leaves` requests; 4000 more keep evict() busy in steady state
+            bench_args.w3_requests = leaves + 4000
+            bench_args.w3_capacity = leaves * 64
         gen = {"w1": pb.workload_w1, "w2": pb.workload_w2, "w3": pb.workload_w3}[wl]
         cap = getattr(bench_args, f"{wl}_capacity")
         reqs = gen(bench_args, 0)
@@ -141,7 +149,7 @@ def _side_by_side(argv: list[str] | None = None) -> None:
                     best[name] = r
         s, m = best["sglang"], best["radixd"]
         print(
-            f"{wl:<3} {ps:>4} {len(reqs):>5} | {s['requests_per_s']:>12.0f} {m['requests_per_s']:>12.0f} "
+            f"{wl:<3} {ps:>4} {len(reqs):>5} {leaves or '-':>6} | {s['requests_per_s']:>12.0f} {m['requests_per_s']:>12.0f} "
             f"{m['requests_per_s'] / s['requests_per_s']:>5.2f}x | {s['evict_us_per_call']:>12.1f} "
             f"{m['evict_us_per_call']:>12.1f} | {s['hit_rate']:.4f}/{m['hit_rate']:.4f}"
         )

@@ -42,7 +42,7 @@ class Lease:
         return f"Lease(released={self.released})"
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(slots=True)
 class PrefixMatch:
     """Result of :meth:`RadixTree.match`.
 
@@ -64,7 +64,7 @@ class PrefixMatch:
         return self.num_tokens + self.partial_tokens
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(slots=True)
 class InsertResult:
     """Result of :meth:`RadixTree.insert`.
 

@@ -153,7 +153,13 @@ class RadixTree:
 
     # ================================================================== insert
     def insert(
-        self, tokens: Sequence[int], blocks: Sequence[int], namespace: str = "", lease: Lease | None = None
+        self,
+        tokens: Sequence[int],
+        blocks: Sequence[int],
+        namespace: str = "",
+        lease: Lease | None = None,
+        *,
+        donate: bool = False,
     ) -> InsertResult:
         """Cache ``tokens`` whose KV lives in ``blocks`` (``ceil(len(tokens) / block_size)`` of them).
 
@@ -161,6 +167,11 @@ class RadixTree:
         positions the tree already caches in other blocks are returned as duplicates. If ``lease`` (a
         live lease of this tree) is given it is moved to the inserted path, so the caller's blocks stay
         protected until it releases the lease.
+
+        ``donate=True`` hands the tree the caller's single reference on every block that is not already
+        the tree's own block at its position (typically: the blocks the caller allocated for the
+        uncached suffix). Adopted blocks keep that reference, duplicates are released by the tree, and
+        the caller must not release any of them afterwards. It saves a pass over the blocks.
         """
         t = _as_tokens(tokens)
         B = self.block_size
@@ -214,13 +225,15 @@ class RadixTree:
             if covered is not None:
                 final = covered
             else:
-                final = self._add_leaf(node, rest, rest_blocks)
+                final = self._add_leaf(node, rest, rest_blocks, donate)
                 new_tokens = len(rest)
         if lease is not None and lease._node is not None and lease._epoch == self._epoch:
             old = lease._node
             self._lock_path(final)
             self._unlock_path(old)
             lease._node = final
+        if donate and dups:
+            self.pool.decref_all(dups)
         return InsertResult(dups, n - new_tokens, new_tokens)
 
     def _settle_partial(
@@ -252,7 +265,7 @@ class RadixTree:
                 self._remove_leaf(c, "superseded", None, keep_root=True)
         return None
 
-    def _add_leaf(self, parent: Node, tokens: Tokens, blocks: list[int]) -> Node:
+    def _add_leaf(self, parent: Node, tokens: Tokens, blocks: list[int], donate: bool) -> Node:
         pool = self.pool
         rc = pool._rc
         owner = pool._owner
@@ -260,11 +273,13 @@ class RadixTree:
         self._clock += 1
         leaf = Node(tokens, blocks, parent, tokens[: self.block_size], self._clock)
         # One pass: validate and adopt; undo on the first bad block so a failed insert changes nothing.
+        step = 0 if donate else 1  # donated blocks keep the caller's reference; others gain one
+        solo = 0
         for i, b in enumerate(blocks):
             if not 0 < b < nblocks or rc[b] == 0 or owner[b] is not None:
                 cached = 0 < b < nblocks and rc[b] > 0
                 for a in blocks[:i]:
-                    rc[a] -= 1
+                    rc[a] -= step
                     owner[a] = None
                 if parent.parent is None and not parent.children:
                     self._drop_root(parent)  # created for this insert only
@@ -274,10 +289,15 @@ class RadixTree:
                         "every position needs its own block"
                     )
                 pool._bad_incref(b)
-            # The caller holds b, so its count goes to >= 2: n_solo starts at 0 and the pool's hook
-            # keeps it exact when the caller drops its reference later.
-            rc[b] += 1
+            # Without donate the caller keeps its reference, so the count goes to >= 2 and n_solo
+            # starts at 0; the pool's hook keeps it exact when the caller drops its reference later.
+            c = rc[b] + step
+            rc[b] = c
+            if c == 1:
+                solo += 1
             owner[b] = leaf
+        leaf.n_solo = solo
+        pool._evictable += solo
         self._link(parent, leaf)
         self._nodes += 1
         self._cached_blocks += len(blocks)
@@ -370,15 +390,25 @@ class RadixTree:
         owner = pool._owner
         rc = pool._rc
         free = pool._free
-        # Inlined decref: owner is cleared first, so the pool's ownership hook has nothing to do.
-        for b in node.blocks:
-            owner[b] = None
-            c = rc[b] - 1
-            rc[b] = c
-            if c == 0:
-                free.append(b)
-                if freed is not None:
-                    freed.append(b)
+        blocks = node.blocks
+        if node.n_solo == len(blocks):
+            # Fast path (the common case): nobody else holds any of them, so all become free.
+            for b in blocks:
+                owner[b] = None
+                rc[b] = 0
+            free.extend(blocks)
+            if freed is not None:
+                freed.extend(blocks)
+        else:
+            # Inlined decref: owner is cleared first, so the pool's ownership hook has nothing to do.
+            for b in blocks:
+                owner[b] = None
+                c = rc[b] - 1
+                rc[b] = c
+                if c == 0:
+                    free.append(b)
+                    if freed is not None:
+                        freed.append(b)
         node.alive = False
         node.n_solo = 0
         self._nodes -= 1

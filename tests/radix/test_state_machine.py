@@ -151,6 +151,26 @@ class RadixMachine(RuleBasedStateMachine):
         if finish:
             self.finish(len(self.seqs) - 1, lease_first=False, twice=False)
 
+    @rule(toks=TOKENS, ns=NAMESPACES)
+    def insert_donated(self, toks: list[int], ns: str) -> None:
+        """The bench-style protocol: compute the uncached suffix into fresh blocks and donate them."""
+        t = tuple(toks)
+        m = self.tree.match(t, ns)
+        n_new = -(-len(t) // self.B) - len(m.blocks)
+        try:
+            new = self.pool.allocate(n_new)
+        except OutOfBlocks:
+            m.lease.release()
+            return
+        for i, b in enumerate(new):
+            start = (len(m.blocks) + i) * self.B
+            chunk = list(t[start : start + self.B])
+            self.content[b] = chunk + [None] * (self.B - len(chunk))
+        res = self.tree.insert(t, m.blocks + new, ns, donate=True)
+        assert set(res.duplicate_blocks) <= set(new)
+        assert all(self.pool.refcount(b) == 0 for b in res.duplicate_blocks)
+        m.lease.release()
+
     @precondition(lambda self: self.seqs)
     @rule(i=PICK, toks=st.lists(st.integers(0, 1), min_size=1, max_size=6))
     def generate(self, i: int, toks: list[int]) -> None:
