@@ -120,7 +120,8 @@ def _side_by_side(argv: list[str] | None = None) -> None:
     adapters = [("sglang", pb.SGLangRadixAdapter), ("radixd", Adapter)]
     print(f"sglang={pb.SGLangRadixAdapter.sg['version']} repeat={args.repeat} (best of, interleaved)")
     print(
-        f"{'wl':<3} {'page':>4} {'reqs':>5} {'leaves':>6} | {'sglang req/s':>12} {'radixd req/s':>12} {'ratio':>6} | "
+        f"{'wl':<3} {'page':>4} {'reqs':>5} {'leaves':>6} | "
+        f"{'sglang req/s':>12} {'radixd req/s':>12} {'ratio':>6} | "
         f"{'sgl us/evict':>12} {'rdx us/evict':>12} | hit"
     )
     configs: list[tuple[str, int, int]] = []
@@ -149,7 +150,8 @@ def _side_by_side(argv: list[str] | None = None) -> None:
                     best[name] = r
         s, m = best["sglang"], best["radixd"]
         print(
-            f"{wl:<3} {ps:>4} {len(reqs):>5} {leaves or '-':>6} | {s['requests_per_s']:>12.0f} {m['requests_per_s']:>12.0f} "
+            f"{wl:<3} {ps:>4} {len(reqs):>5} {leaves or '-':>6} | "
+            f"{s['requests_per_s']:>12.0f} {m['requests_per_s']:>12.0f} "
             f"{m['requests_per_s'] / s['requests_per_s']:>5.2f}x | {s['evict_us_per_call']:>12.1f} "
             f"{m['evict_us_per_call']:>12.1f} | {s['hit_rate']:.4f}/{m['hit_rate']:.4f}"
         )
