@@ -11,7 +11,8 @@ import json, sys
 import radixd_client, radixd_client.cli, radixd_client.aio
 from radixd_client._pb import cache_admin_pb2_grpc, generation_pb2_grpc, session_pb2_grpc
 # (grpc_tools is left out: grpcio itself imports it when it happens to be installed.)
-bad = sorted(m for m in sys.modules if m.split(".")[0] in {"radixd", "torch", "numpy", "structlog", "prometheus_client"})
+banned = {"radixd", "torch", "numpy", "structlog", "prometheus_client"}
+bad = sorted(m for m in sys.modules if m.split(".")[0] in banned)
 print(json.dumps(bad))
 """
 

@@ -5,7 +5,6 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
-
 from radixd_client import protogen
 
 PB_DIR = Path(protogen.__file__).resolve().parent / "_pb"
