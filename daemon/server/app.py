@@ -239,6 +239,8 @@ def engine_config(args: argparse.Namespace) -> EngineConfig:
         prefix_caching=not args.no_prefix_cache,
         schedule_policy=args.schedule_policy,
         max_waiting=args.max_queue,
+        preemption_mode=args.preemption_mode,
+        num_host_blocks=args.swap_blocks,
         session_ttl_s=args.session_ttl,
         max_model_len=args.max_model_len,
     )
