@@ -46,16 +46,19 @@ log = structlog.get_logger("radixd.engine")
 
 
 def copy_waves(ops: list[tuple[int, int, int]]) -> list[list[tuple[int, int, int]]]:
-    """Split copy ops so no op reads a block written earlier in the same batch (kernels may run the
-    ops of one call in parallel)."""
+    """Split copy ops into batches without read/write conflicts inside a batch (a kernel may run the
+    ops of one call in parallel), preserving their order."""
     waves: list[list[tuple[int, int, int]]] = []
     written: set[int] = set()
+    read: set[int] = set()
     for op in ops:
-        if not waves or op[0] in written:
+        # A new wave when this op reads a block written earlier in the wave, or writes one read earlier.
+        if not waves or op[0] in written or op[1] in read or op[1] in written:
             waves.append([])
-            written = set()
+            written, read = set(), set()
         waves[-1].append(op)
         written.add(op[1])
+        read.add(op[0])
     return waves
 
 
@@ -219,6 +222,8 @@ class EngineCore(AdminMixin):
         except EngineError as exc:
             self.reject(req, sink, exc)
             return
+        if not self.has_work():
+            self._last_progress = time.monotonic()  # the watchdog measures stalls of pending work only
         r = RequestState(req=req, sink=sink, prompt=prompt, arrival=time.monotonic())
         self.requests[rid] = r
         self.counters["prompt_tokens"] += len(prompt)
@@ -482,7 +487,9 @@ class EngineCore(AdminMixin):
 
     # ---- timers ----------------------------------------------------------------------------------
     def idle_wait_s(self) -> float:
-        return 0.02 if self._flush_waiters else 0.25
+        """How long the engine thread may block on its queue: short while work is pending (a stalled
+        step retries soon) or a flush waits for idle, longer when there is nothing to do."""
+        return 0.01 if self.has_work() or self._flush_waiters else 0.25
 
     def tick(self) -> None:
         """Timers: session TTLs, flush waiters, the no-progress watchdog."""

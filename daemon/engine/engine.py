@@ -154,11 +154,13 @@ class Engine:
 
     def _run(self) -> None:
         try:
+            progressed = False
             while True:
-                if not self._drain(block=not self.core.has_work()):
+                # Block on the queue when idle, or briefly when the last step could not run anything
+                # (waiting for memory), so a stalled engine does not spin.
+                if not self._drain(block=not (self.core.has_work() and progressed)):
                     break
-                if self.core.has_work():
-                    self.core.step_safely()
+                progressed = self.core.step_safely() if self.core.has_work() else False
                 self.core.tick()
         finally:
             self._stopped.set()

@@ -67,3 +67,5 @@ def test_copy_waves_never_read_a_block_written_in_the_same_wave() -> None:
     ops = [(1, 2, 5), (3, 4, 16), (2, 5, 5), (6, 7, 1)]
     assert copy_waves(ops) == [[(1, 2, 5), (3, 4, 16)], [(2, 5, 5), (6, 7, 1)]]
     assert copy_waves([]) == []
+    # Write-after-read: (3 -> 1) must not run alongside (1 -> 2), which reads block 1.
+    assert copy_waves([(1, 2, 5), (3, 1, 16)]) == [[(1, 2, 5)], [(3, 1, 16)]]
