@@ -52,6 +52,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     sched.add_argument("--max-model-len", type=int, default=None, help="context limit (default: the model's)")
     sched.add_argument("--schedule-policy", choices=("fcfs", "lpm"), default="lpm", help="admission order")
     sched.add_argument(
+        "--preemption-mode", choices=("recompute", "swap"), default="recompute", help="under memory pressure"
+    )
+    sched.add_argument(
+        "--swap-blocks", type=int, default=0, help="host pool blocks for --preemption-mode swap"
+    )
+    sched.add_argument(
         "--session-ttl", type=float, default=600.0, help="session lease seconds after last use"
     )
     sched.add_argument(
