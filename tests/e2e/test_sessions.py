@@ -103,3 +103,20 @@ def test_session_context_matches_the_chat_template(daemon: RunningDaemon) -> Non
     ]
     expected = tok.apply_chat_template(conversation, add_generation_prompt=True)
     assert tok.decode(list(tokens[: second.prompt_tokens])) == expected
+
+
+def test_one_turn_at_a_time(daemon: RunningDaemon) -> None:
+    with daemon.client() as c:
+        s = c.create_session("Busy session.")
+        busy = s.send(" Go on:", max_tokens=200, ignore_eos=True)
+        first = iter(busy)
+        next(first)  # the turn has started
+        with pytest.raises(grpc.RpcError) as err:
+            s.send(" Second turn.", max_tokens=2).collect()
+        assert err.value.code() == grpc.StatusCode.FAILED_PRECONDITION
+        assert "busy" in err.value.details()
+        with pytest.raises(grpc.RpcError) as err:
+            s.send(" n>1", max_tokens=2, n=2).collect()
+        assert err.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+        busy.cancel()
+        s.close()
