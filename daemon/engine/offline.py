@@ -44,6 +44,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--kv-cache-gb", type=float, default=None, help="KV pool size in GiB (default 1)")
     parser.add_argument("--no-prefix-cache", action="store_true", help="disable prefix caching")
     parser.add_argument("--device", default="cpu")
+    parser.add_argument("--log-level", default="warning", help="engine log level (logs go to stderr)")
 
 
 @dataclass
@@ -156,7 +157,10 @@ def run(args: argparse.Namespace) -> int:
     """Run `radixd generate`; -> exit code (0 ok, 1 a request failed, 2 bad input)."""
     from radixd.daemon.engine.factory import build_core
     from radixd.daemon.loaders import ModelLoadError, load_model
+    from radixd.daemon.log import configure
 
+    # NOTE: stdout carries only results (one JSON object per request with --json); logs go to stderr.
+    configure(level=args.log_level, stream=sys.stderr)
     try:
         specs = _specs(args)
         params = [_params(spec) for spec in specs]  # bad values fail before the model loads
