@@ -107,3 +107,8 @@ class Authenticator:
 def admin_namespace(tenant: str) -> str:
     """The namespace an admin call names by tenant ("" = default tenant)."""
     return TENANT_PREFIX + tenant if tenant else ""
+
+
+def tenant_of(namespace: str) -> str:
+    """The tenant name of a cache namespace (inverse of `admin_namespace`)."""
+    return namespace.removeprefix(TENANT_PREFIX)

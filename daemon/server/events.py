@@ -17,6 +17,7 @@ from collections.abc import AsyncIterator
 import grpc
 from radixd_client._pb import cache_admin_pb2
 
+from radixd.daemon.server.auth import tenant_of
 from radixd.daemon.server.errors import RpcFailure
 
 Event = cache_admin_pb2.SubscribeCacheEventsResponse
@@ -41,7 +42,7 @@ class CacheEventHub:
         event = Event(
             sequence=self._seq,
             kind=kind,  # type: ignore[arg-type]
-            namespace=namespace,
+            namespace=tenant_of(namespace),
             num_blocks=blocks,
             token_ids=tokens,
             timestamp=time.time(),

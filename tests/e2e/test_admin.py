@@ -198,7 +198,7 @@ def test_cache_events_stream(tenants: RunningDaemon) -> None:
     assert kinds[:2] == [1, 3], kinds  # STORED, then CLEARED
     seqs = [e.sequence for e in got]  # type: ignore[attr-defined]
     assert seqs == sorted(seqs) and len(set(seqs)) == len(seqs)
-    assert got[0].namespace == "t:alice"  # type: ignore[attr-defined]
+    assert got[0].namespace == "alice"  # type: ignore[attr-defined]
 
 
 def test_metrics_endpoint(tenants: RunningDaemon) -> None:
