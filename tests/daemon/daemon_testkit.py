@@ -4,6 +4,9 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+import torch
+
+from radixd.daemon.model import LayerWeights, LlamaModel, LlamaWeights, ModelConfig
 from radixd.daemon.runner import ModelRunner, StepSeq
 from radixd.daemon.sampling import SamplingParams, SamplingState
 
@@ -83,3 +86,38 @@ def run(runner: ModelRunner, alloc: BlockAlloc, reqs: list[Req]) -> list[list[in
                 r.out.append(res.token_id)
         step += 1
     return [r.out for r in reqs]
+
+
+def tiny_model(seed: int = 0, vocab: int = 64, layers: int = 2) -> LlamaModel:
+    """A random in-memory Llama (GQA 4:2, head_dim 16) for runner tests that need no real weights."""
+    cfg = ModelConfig(
+        vocab_size=vocab,
+        hidden_size=64,
+        intermediate_size=96,
+        num_layers=layers,
+        num_heads=4,
+        num_kv_heads=2,
+        head_dim=16,
+        tie_word_embeddings=True,
+    )
+    g = torch.Generator().manual_seed(seed)
+
+    def r(*shape: int) -> torch.Tensor:
+        return 0.2 * torch.randn(*shape, generator=g)
+
+    qkv_rows = (cfg.num_heads + 2 * cfg.num_kv_heads) * cfg.head_dim
+    lw = [
+        LayerWeights(
+            attn_norm=1 + r(64),
+            qkv=r(qkv_rows, 64),
+            qkv_bias=None,
+            o_proj=r(64, 64),
+            o_bias=None,
+            mlp_norm=1 + r(64),
+            gate_up=r(192, 64),
+            down=r(64, 96),
+        )
+        for _ in range(layers)
+    ]
+    embed = r(vocab, 64)
+    return LlamaModel(cfg, LlamaWeights(embed=embed, layers=lw, norm=1 + r(64), lm_head=embed))

@@ -1,0 +1,86 @@
+"""ModelRunner mechanics on a tiny random model: validation, CoW copies, mixed steps, pool sizing."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from daemon_testkit import tiny_model
+
+from radixd.daemon.runner import ModelRunner, StepSeq, kv_bytes_per_block, num_blocks_for_budget
+from radixd.daemon.sampling import SamplingParams, SamplingState
+
+BS = 4
+
+
+@pytest.fixture
+def runner() -> ModelRunner:
+    return ModelRunner(tiny_model(), num_blocks=32, block_size=BS)
+
+
+def greedy() -> SamplingState:
+    return SamplingState(SamplingParams(temperature=0.0))
+
+
+@pytest.mark.parametrize(
+    ("seq", "message"),
+    [
+        (StepSeq(0, [], 0, [1], None), "empty"),
+        (StepSeq(0, [1, 2], -1, [1], None), "start_pos"),
+        (StepSeq(0, [1] * 9, 0, [1, 2], None), "blocks cannot hold"),
+        (StepSeq(0, [1, 2], 0, [0], None), "outside"),
+        (StepSeq(0, [1, 2], 0, [32], None), "outside"),
+        (StepSeq(0, [1, 999], 0, [1], None), "token ids"),
+    ],
+)
+def test_invalid_step_raises(runner: ModelRunner, seq: StepSeq, message: str) -> None:
+    with pytest.raises(ValueError, match=message):
+        runner.step([seq])
+
+
+def test_invalid_copy_ops_raise(runner: ModelRunner) -> None:
+    with pytest.raises(ValueError, match="outside"):
+        runner.copy_blocks([(1, 40, 2)])
+    with pytest.raises(ValueError, match="n_tokens"):
+        runner.copy_blocks([(1, 2, BS + 1)])
+
+
+def test_copy_on_write_partial_block_continues_identically(runner: ModelRunner) -> None:
+    ids = [5, 9, 2, 33, 17, 8, 40, 41, 3, 11]  # 10 tokens: blocks 1, 2 full, block 3 holds 2
+    ref = runner.step_logits([StepSeq(0, [*ids, 7, 7], 0, [1, 2, 3], None)])
+    runner.step_logits([StepSeq(0, ids, 0, [4, 5, 6], None)])
+    # A second sequence shares the two full blocks and copies the partial third block (2 tokens).
+    runner.copy_blocks([(6, 9, 2)])
+    got = runner.step_logits([StepSeq(1, [7, 7], 10, [4, 5, 9], None)])
+    torch.testing.assert_close(got, ref[-2:], atol=1e-5, rtol=0)
+
+
+def test_mixed_step_prefill_chunk_decode_and_compute_only(runner: ModelRunner) -> None:
+    a, b = [1, 2, 3, 4, 5, 6], [9, 8, 7]
+    # Reference: each alone.
+    ref_a = runner.step_logits([StepSeq(0, a, 0, [1, 2], None)])[-1]
+    ref_b = runner.step_logits([StepSeq(1, b, 0, [3], None)])[-1]
+    # Same work as one mixed step: a one-token chunk with no sampling, a prefill and a decode.
+    runner.step([StepSeq(2, a[:5], 0, [4, 5], None), StepSeq(3, b[:2], 0, [6], None)])
+    res = runner.step(
+        [
+            StepSeq(3, b[2:], 2, [6], greedy()),
+            StepSeq(2, a[5:], 5, [4, 5], greedy()),
+            StepSeq(4, [1, 2], 0, [7], None),
+        ]
+    )
+    assert res[2] is None
+    assert res[0] is not None and res[0].token_id == int(ref_b.argmax())
+    assert res[1] is not None and res[1].token_id == int(ref_a.argmax())
+
+
+def test_pool_sizing() -> None:
+    cfg = tiny_model().config
+    per_block = kv_bytes_per_block(cfg, 16, torch.float32)
+    assert per_block == 2 * cfg.num_layers * 16 * cfg.num_kv_heads * cfg.head_dim * 4
+    assert num_blocks_for_budget(cfg, 16, per_block * 10 + 5, torch.float32) == 10
+    with pytest.raises(ValueError, match="budget"):
+        num_blocks_for_budget(cfg, 16, per_block, torch.float32)
+    r = ModelRunner(tiny_model(), num_blocks=3, block_size=16)
+    assert r.kv_bytes_per_block == per_block
+    with pytest.raises(ValueError, match="num_blocks"):
+        ModelRunner(tiny_model(), num_blocks=1, block_size=16)
