@@ -48,7 +48,7 @@ def load_cached(path: str) -> ConvertedModel | None:
             return None
         tensors = safetensors.torch.load_file(str(entry / "weights.safetensors"))
         bpe = Tokenizer.from_file(str(entry / "tokenizer.json"))
-    except (OSError, ValueError, KeyError, RuntimeError, Exception):
+    except Exception:  # a damaged or foreign entry is a miss: the caller reconverts and overwrites it
         return None
     tok = TextTokenizer(
         bpe,
