@@ -57,7 +57,12 @@ def configure_threads() -> None:
 
 
 class ModelRunner:
-    """Runs steps of a `LlamaModel` against a paged KV pool of `num_blocks` x `block_size` tokens."""
+    """Runs steps of a `LlamaModel` against a paged KV pool of `num_blocks` x `block_size` tokens.
+
+    Public attributes: `config`, `block_size`, `num_blocks`, `kv_bytes_per_block`, `device`, `dtype`, and
+    the pool itself, `k_caches` / `v_caches` (one `[num_blocks, block_size, Hkv, D]` tensor per layer),
+    which swap-out/in code may read and write between steps.
+    """
 
     def __init__(
         self,
