@@ -14,6 +14,7 @@ import json
 import os
 import secrets
 import signal
+import sys
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -34,6 +35,7 @@ from radixd_client._pb import (
 
 from radixd.daemon.engine.config import EngineConfig
 from radixd.daemon.engine.factory import BuiltEngine, build_engine
+from radixd.daemon.loaders import ModelLoadError
 from radixd.daemon.log import get_logger
 from radixd.daemon.server.admin import CacheAdminServicer, cache_stats
 from radixd.daemon.server.auth import Authenticator, load_api_keys
@@ -259,7 +261,12 @@ def load(args: argparse.Namespace) -> BuiltEngine:
 
 
 async def _serve(args: argparse.Namespace, built: BuiltEngine) -> int:
-    daemon = await start(args, built)
+    try:
+        daemon = await start(args, built)
+    except (ValueError, OSError) as exc:  # bad --api-keys file, unreadable TLS files, ...
+        log.error("server.start_failed", error=str(exc))
+        print(f"radixd serve: {exc}", file=sys.stderr)
+        return 2
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGTERM, signal.SIGINT):
@@ -273,5 +280,10 @@ async def _serve(args: argparse.Namespace, built: BuiltEngine) -> int:
 def serve_forever(args: argparse.Namespace) -> int:
     """Blocking: load, serve until SIGTERM / SIGINT, drain; returns the exit code (0 after a drain)."""
     log.info("server.loading", model=args.model or "embedded", device=args.device)
-    built = load(args)
+    try:
+        built = load(args)
+    except (ModelLoadError, ValueError, OSError) as exc:
+        log.error("server.load_failed", error=str(exc))
+        print(f"radixd serve: {exc}", file=sys.stderr)
+        return 2
     return uvloop.run(_serve(args, built))
