@@ -137,6 +137,7 @@ class AdminMixin:
             peak_used_blocks=c.peak_used_blocks,
             peak_active_blocks=c.peak_active_blocks,
             sessions=len(c.sessions),
+            session_leases_shed=c.sessions.shed,
             cache=c.tree.stats(),
         )
         if c.swap is not None:

@@ -316,6 +316,18 @@ class EngineCore(AdminMixin):
     def step(self) -> bool:
         """Schedule and run one step; -> whether any token was computed."""
         plan = self.scheduler.schedule()
+        sched = self.scheduler
+        # NOTE: idle sessions' leases must not starve requests: with nothing running and requests
+        # waiting for memory, drop session leases (earliest expiry first) until something fits.
+        while (
+            not plan
+            and sched.waiting
+            and not sched.running
+            and not sched.swapped
+            and self.sessions.shed_one()
+        ):
+            log.info("engine.session_lease_shed", waiting=len(sched.waiting), free_blocks=self.pool.num_free)
+            plan = sched.schedule()
         self._track_peaks()
         if not plan:
             return False

@@ -63,6 +63,7 @@ class SessionManager:
         self.default_ttl_s = default_ttl_s
         self._sessions: dict[str, Session] = {}
         self._ids = itertools.count(1)
+        self.shed = 0  # leases dropped early under memory pressure
 
     def __len__(self) -> int:
         return len(self._sessions)
@@ -186,6 +187,19 @@ class SessionManager:
             s.tokens = list(tokens)
             s.turns += 1
         self._relock(s, time.monotonic())
+
+    def shed_one(self) -> bool:
+        """Memory pressure with nothing running: drop the lease of the idle session that expires
+        first, so waiting requests can evict its prefix (the session stays open). -> whether one went."""
+        idle = [s for s in self._sessions.values() if s.lease is not None and s.busy_with is None]
+        if not idle:
+            return False
+        s = min(idle, key=lambda x: x.expires_at)
+        if s.lease is not None:
+            s.lease.release()
+            s.lease = None
+        self.shed += 1
+        return True
 
     def expire(self, now: float) -> None:
         for s in self._sessions.values():

@@ -55,23 +55,32 @@ def test_invalid_requests(smollm: LoadedModel) -> None:
 
 
 def test_requests_wait_for_memory_and_the_watchdog_reports_a_stall(smollm: LoadedModel) -> None:
-    core = make_core(smollm, num_blocks=9, watchdog_s=0.05)  # 8 usable blocks
-    tok = smollm.tokenizer
-    # A session whose cached turn locks 6 of the 8 blocks.
-    core.sessions.create("hog")
-    run(core, [GenerateRequest("h", [5] * 90, greedy(2), session_id="hog")])
-    assert core.sessions.get("hog").resident_tokens == 91
+    core = make_core(smollm, num_blocks=9, watchdog_s=0.05, pin_budget_fraction=0.25)  # 8 usable blocks
+    pinned = [7] * 32
+    run(core, [GenerateRequest("p", [*pinned, 8], greedy(1))])
+    core.pin(pinned)  # 2 blocks exempt from eviction
     col = Collector()
-    core.add_request(
-        GenerateRequest("w", tok.encode("Hello there, how are you doing today?") * 4, greedy(8)), col
-    )
-    assert not core.step()  # cannot be admitted: the free blocks do not suffice and nothing is evictable
+    core.add_request(GenerateRequest("w", [9] * 100, greedy(12)), col)  # fits the pool, not what is left
+    assert not core.step()
     time.sleep(0.1)
     core.tick()
     assert core.stats()["no_progress_reports"] == 1 and core.stats()["waiting"] == 1
-    core.sessions.close("hog")  # the lease goes; its blocks become evictable
+    core.unpin(pinned)
     core.run_until_idle()
     assert col.final("w").finish_reason == "length"
+    assert_all_free(core)
+
+
+def test_idle_session_leases_yield_to_waiting_requests(smollm: LoadedModel) -> None:
+    core = make_core(smollm, num_blocks=9)  # 8 usable blocks
+    core.sessions.create("hog")
+    run(core, [GenerateRequest("h", [5] * 90, greedy(2), session_id="hog")])
+    assert core.sessions.get("hog").resident_tokens == 91  # 6 blocks locked by the session
+    col = run(core, [GenerateRequest("w", [6] * 60, greedy(8))])
+    assert col.final("w").finish_reason == "length"
+    assert core.stats()["session_leases_shed"] == 1
+    assert core.sessions.get("hog").resident_tokens == 0  # open, but no longer pinned in memory
+    core.sessions.close("hog")
     assert_all_free(core)
 
 
