@@ -136,13 +136,15 @@ def _stream(stream: GenerationStream, as_json: bool = False) -> None:
         elif isinstance(event, Chunk):
             print(event.text, end="", flush=True)
         elif isinstance(event, End):
+            print(flush=True)  # end the streamed text's line on stdout
             if event.error:
-                print(f"\n[error: {event.error}]", file=sys.stderr)
+                print(f"[error: {event.error}]", file=sys.stderr)
             print(
-                f"\n[prompt={event.prompt_tokens} cached={event.cached_tokens}"
+                f"[prompt={event.prompt_tokens} cached={event.cached_tokens}"
                 f" completion={event.completion_tokens}"
                 f" finish={event.finish_reason} ttft={event.ttft_s * 1000:.1f}ms]",
                 file=sys.stderr,
+                flush=True,
             )
         elif isinstance(event, Start):
             pass
