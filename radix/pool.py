@@ -11,6 +11,15 @@ NULL_BLOCK = 0
 """Block 0 is never handed out: padded block-table entries point at it."""
 
 
+def is_run(blocks: list[int]) -> bool:
+    """True when ``blocks`` are consecutive ascending ids (then slice stores replace per-block loops)."""
+    n = len(blocks)
+    if n < 2:
+        return False
+    a = blocks[0]
+    return blocks[-1] == a + n - 1 and blocks == list(range(a, a + n))
+
+
 class BlockOwner(Protocol):
     """What the pool needs to know about the cache entry (a tree node) that holds a block.
 
@@ -97,8 +106,12 @@ class BlockPool:
         del free[-n:]
         out.reverse()  # lowest ids first
         rc = self._rc
-        for b in out:
-            rc[b] = 1
+        a = out[0]
+        if is_run(out):
+            rc[a : a + n] = [1] * n  # contiguous ids: one C-level slice store
+        else:
+            for b in out:
+                rc[b] = 1
         return out
 
     def incref(self, block: int) -> None:

@@ -15,7 +15,7 @@ from radixd.radix.errors import (
 )
 from radixd.radix.lru import LruIndex
 from radixd.radix.node import Node, Tokens, common_prefix_len
-from radixd.radix.pool import BlockPool
+from radixd.radix.pool import BlockPool, is_run
 from radixd.radix.results import CacheStats, InsertResult, Lease, PrefixMatch
 
 FlushMode = Literal["unlocked", "refuse", "force"]
@@ -183,7 +183,8 @@ class RadixTree:
             raise UnknownLease("insert(lease=...) got a lease issued by another RadixTree")
         if n == 0:
             return InsertResult([], 0, 0)
-        blocks = list(blocks)
+        if type(blocks) is not list:
+            blocks = list(blocks)
         root = self._roots.get(namespace)
         if root is None:
             root = self._roots[namespace] = Node((), [], None, (), 0)
@@ -272,8 +273,21 @@ class RadixTree:
         nblocks = pool.num_blocks
         self._clock += 1
         leaf = Node(tokens, blocks, parent, tokens[: self.block_size], self._clock)
-        # One pass: validate and adopt; undo on the first bad block so a failed insert changes nothing.
         step = 0 if donate else 1  # donated blocks keep the caller's reference; others gain one
+        n = len(blocks)
+        a = blocks[0]
+        if is_run(blocks) and a > 0 and a + n <= nblocks:
+            seg = rc[a : a + n]
+            if 0 not in seg and owner[a : a + n].count(None) == n:
+                # Contiguous, allocated, not cached yet: adopt with slice stores.
+                if donate:
+                    solo = seg.count(1)
+                else:
+                    rc[a : a + n] = [c + 1 for c in seg]
+                    solo = 0
+                owner[a : a + n] = [leaf] * n
+                return self._finish_leaf(parent, leaf, solo)
+        # One pass: validate and adopt; undo on the first bad block so a failed insert changes nothing.
         solo = 0
         for i, b in enumerate(blocks):
             if not 0 < b < nblocks or rc[b] == 0 or owner[b] is not None:
@@ -296,11 +310,14 @@ class RadixTree:
             if c == 1:
                 solo += 1
             owner[b] = leaf
+        return self._finish_leaf(parent, leaf, solo)
+
+    def _finish_leaf(self, parent: Node, leaf: Node, solo: int) -> Node:
         leaf.n_solo = solo
-        pool._evictable += solo
+        self.pool._evictable += solo
         self._link(parent, leaf)
         self._nodes += 1
-        self._cached_blocks += len(blocks)
+        self._cached_blocks += len(leaf.blocks)
         self._lru.add(leaf)
         return leaf
 
@@ -391,11 +408,17 @@ class RadixTree:
         rc = pool._rc
         free = pool._free
         blocks = node.blocks
-        if node.n_solo == len(blocks):
+        n = len(blocks)
+        if node.n_solo == n:
             # Fast path (the common case): nobody else holds any of them, so all become free.
-            for b in blocks:
-                owner[b] = None
-                rc[b] = 0
+            if is_run(blocks):
+                a = blocks[0]
+                owner[a : a + n] = [None] * n
+                rc[a : a + n] = [0] * n
+            else:
+                for b in blocks:
+                    owner[b] = None
+                    rc[b] = 0
             free.extend(blocks)
             if freed is not None:
                 freed.extend(blocks)
