@@ -12,8 +12,10 @@ from pathlib import Path
 
 import grpc
 import pytest
-from e2e_kit import ADMIN_TOKEN, wait_until
+from e2e_kit import ADMIN_TOKEN, serve_args, start_daemon, stop_daemon, wait_until
 from radixd_client import Chunk, Client, End
+
+from radixd.daemon.loaders import LoadedModel
 
 pytestmark = pytest.mark.slow
 
@@ -70,3 +72,27 @@ def test_sigterm_drains_in_flight_streams_and_exits_zero(tmp_path: Path) -> None
             proc.kill()
             proc.wait()
         log.close()
+
+
+def test_streams_past_the_grace_period_are_cancelled_and_release_their_blocks(
+    loaded_model: LoadedModel, tmp_path: Path
+) -> None:
+    d = start_daemon(loaded_model, serve_args(tmp_path, "--grace-period", "0.5"))
+    stopped = False
+    try:
+        with d.client() as c:
+            stream = iter(c.generate("Never ending:", max_tokens=400, ignore_eos=True))
+            while not isinstance(next(stream), Chunk):
+                pass
+            t0 = time.monotonic()
+            stop_daemon(d)
+            stopped = True
+            assert time.monotonic() - t0 < 15
+            with pytest.raises(grpc.RpcError):
+                list(stream)
+        core = d.state.engine.core
+        assert not core.requests, "the cut-off request is still in the engine"
+        assert core.pool.num_free == core.usable_blocks() - core.tree.stats().evictable_blocks
+    finally:
+        if not stopped:
+            stop_daemon(d)
