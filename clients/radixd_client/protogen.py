@@ -34,7 +34,7 @@ _STREAM_KIND = {
 
 
 def _run_protoc(proto_dir: Path, tmp: Path) -> descriptor_pb2.FileDescriptorSet:
-    from grpc_tools import protoc  # type: ignore[import-untyped]  # dev dependency, only when generating
+    from grpc_tools import protoc  # dev dependency, only when generating
 
     include = str(importlib.resources.files("grpc_tools") / "_proto")
     protos = sorted(str(p.relative_to(proto_dir)) for p in (proto_dir / "radixd" / "v1").glob("*.proto"))
