@@ -17,15 +17,17 @@ all of it. Public API (everything below is re-exported here)::
                                                    partial_tokens, lease)   [.cached_tokens]
             full cached blocks + the partially matching next block; the lease locks the path
         peek(tokens, namespace="") -> int          cached prefix length, no lock / LRU / stats
-        insert(tokens, blocks, namespace="", lease=None)
+        insert(tokens, blocks, namespace="", lease=None, *, donate=False)
             -> InsertResult(duplicate_blocks, num_cached_tokens, num_new_tokens)
-            the tree increfs what it adopts; with lease=, the lease moves to the inserted path
+            the tree increfs what it adopts (donate=True: takes over the caller's reference on
+            every block that is not already its own, and releases the duplicates); with lease=,
+            the lease moves to the inserted path
         release(lease); Lease.release() (idempotent; no-op after flush("force")); Lease.clone()
         evict(n_blocks) -> list[int] (freed); evict_prefix(tokens, namespace="") -> int
         flush(mode="unlocked" | "refuse" | "force", include_pinned=False) -> int
         pin(tokens, namespace="") -> int; unpin(tokens, namespace="") -> int
         evictable_blocks() -> int (exact, O(1)); stats() -> CacheStats
-        num_nodes; num_cached_blocks; num_pinned_blocks; num_leases; block_size
+        num_nodes; num_cached_blocks; num_pinned_blocks; num_leases; block_size; pin_budget_blocks
 
     BlockTable(pool)                               blocks: list[int]; num_tokens: int
         share_prefix(blocks, num_tokens); copy_partial(src_block, n_tokens) -> CopyOp
@@ -40,6 +42,10 @@ all of it. Public API (everything below is re-exported here)::
     KVSpec(num_layers, num_kv_heads, head_dim, dtype_bytes=2, block_size=16)
         bytes_per_token, bytes_per_block, bytes_per_block_per_layer, bytes_for_tokens(n),
         blocks_for_budget(bytes), tokens_for_budget(bytes); presets LLAMA3_8B, LLAMA3_70B, LLAMA2_70B
+
+Debugging: ``radixd.radix.verify.check_consistency(tree, tables)`` checks every invariant (O(n)).
+Layout: errors, pool, node, lru, results, tree_core (structure, leases, LRU eviction, stats),
+tree_admin (evict_prefix, flush, pins), tree (match, insert), table, memory, verify.
 
 Engine protocol for one request (B = block size)::
 

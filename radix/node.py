@@ -2,7 +2,14 @@
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+
 Tokens = tuple[int, ...]
+
+
+def as_tokens(tokens: Sequence[int]) -> Tokens:
+    """Token ids as a tuple (the tree's key form); a tuple is passed through without a copy."""
+    return tokens if type(tokens) is tuple else tuple(tokens)
 
 
 class Node:

@@ -8,7 +8,7 @@ from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
     from radixd.radix.node import Node
-    from radixd.radix.tree import RadixTree
+    from radixd.radix.tree_core import TreeCore
 
 
 class Lease:
@@ -20,7 +20,7 @@ class Lease:
 
     __slots__ = ("_epoch", "_node", "_tree")
 
-    def __init__(self, tree: RadixTree, node: Node | None, epoch: int) -> None:
+    def __init__(self, tree: TreeCore, node: Node | None, epoch: int) -> None:
         self._tree = tree
         self._node = node
         self._epoch = epoch

@@ -24,6 +24,7 @@ from radixd.radix import (
     PinBudgetExceeded,
     RadixTree,
 )
+from radixd.radix.node import Node
 from radixd.radix.verify import check_consistency, iter_nodes
 
 TOKENS = st.lists(st.integers(0, 1), min_size=0, max_size=14)
@@ -39,12 +40,12 @@ class Seq:
     lease: Lease
 
 
-def _path_tokens(node: object) -> tuple[int, ...]:
+def _path_tokens(node: Node) -> tuple[int, ...]:
     parts = []
-    x = node
-    while x is not None and x.parent is not None:  # type: ignore[attr-defined]
-        parts.append(x.tokens)  # type: ignore[attr-defined]
-        x = x.parent  # type: ignore[attr-defined]
+    x: Node | None = node
+    while x is not None and x.parent is not None:
+        parts.append(x.tokens)
+        x = x.parent
     return tuple(t for part in reversed(parts) for t in part)
 
 
@@ -82,10 +83,6 @@ class RadixMachine(RuleBasedStateMachine):
                 self.content[blk] = [None] * self.B
             self.content.setdefault(blk, [None] * self.B)[off] = tok
 
-    def _fresh(self, blocks: list[int]) -> None:
-        for b in blocks:
-            self.content[b] = [None] * self.B
-
     def _append(self, seq: Seq, toks: list[int]) -> bool:
         before = self.tree.stats()
         try:
@@ -97,9 +94,6 @@ class RadixMachine(RuleBasedStateMachine):
         self._write(seq.table, slots, copies, toks)
         seq.tokens.extend(toks)
         return True
-
-    def _all_table_blocks(self, exclude: Seq) -> set[int]:
-        return {b for s in self.seqs if s is not exclude for b in s.table.blocks}
 
     def _brute_best(self, toks: tuple[int, ...], ns: str) -> int:
         best = 0

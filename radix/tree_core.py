@@ -1,0 +1,267 @@
+"""TreeCore: radix-tree state plus the structural primitives every operation builds on.
+
+Splitting and removing nodes, the first-token index, leases (lock / unlock a path), LRU eviction and
+statistics live here; ``tree_admin`` adds prefix eviction, flush and pins, ``tree`` adds match / insert.
+"""
+
+from __future__ import annotations
+
+from radixd.radix.errors import InvalidRequest, RadixError, UnknownLease
+from radixd.radix.lru import LruIndex
+from radixd.radix.node import Node, Tokens
+from radixd.radix.pool import BlockPool, is_run
+from radixd.radix.results import CacheStats, Lease
+
+EVICT_REASONS = ("lru", "prefix", "flush", "superseded")
+
+
+class TreeCore:
+    """State and structural primitives of :class:`radixd.radix.RadixTree` (use that class)."""
+
+    def __init__(self, pool: BlockPool, pin_budget_fraction: float = 0.25) -> None:
+        if not 0.0 <= pin_budget_fraction <= 1.0:
+            raise InvalidRequest(f"pin_budget_fraction must be within [0, 1], got {pin_budget_fraction}")
+        if pool._tree_attached:
+            raise RadixError("this BlockPool already serves a RadixTree; use one tree per pool")
+        pool._tree_attached = True
+        self.pool = pool
+        self.block_size = pool.block_size
+        self.pin_budget_blocks = int(pin_budget_fraction * pool.num_usable)
+        self._roots: dict[str, Node] = {}
+        self._lru = LruIndex()
+        self._clock = 0
+        self._epoch = 0
+        self._nodes = 0
+        self._cached_blocks = 0
+        self._pinned_blocks = 0
+        self._pins: dict[tuple[str, Tokens], Node] = {}
+        self._leases = 0
+        self._hit_tokens = 0
+        self._miss_tokens = 0
+        self._evicted = dict.fromkeys(EVICT_REASONS, 0)
+
+    # ============================================================ structure
+    def _touch(self, node: Node, tick: int) -> None:
+        if node.in_lru:
+            self._lru.discard(node)
+            node.tick = tick
+            self._lru.add(node)
+        else:
+            node.tick = tick
+
+    def _link(self, parent: Node, child: Node) -> None:
+        if parent.in_lru:
+            self._lru.discard(parent)
+        parent.children[child.key] = child
+        if self.block_size > 1:
+            by_first = parent.by_first
+            if by_first is None:
+                by_first = parent.by_first = {}
+            lst = by_first.get(child.key[0])
+            if lst is None:
+                by_first[child.key[0]] = [child]
+            else:
+                lst.append(child)
+
+    def _unlink(self, parent: Node, child: Node) -> None:
+        del parent.children[child.key]
+        by_first = parent.by_first
+        if by_first is not None:
+            lst = by_first[child.key[0]]
+            if len(lst) == 1:
+                del by_first[child.key[0]]
+            else:
+                lst.remove(child)
+
+    def _split(self, child: Node, k: int) -> Node:
+        """Split ``child`` after its first ``k`` blocks; returns the new upper node.
+
+        The lower part keeps the node's identity, so leases and pins that end at it stay valid and
+        keep covering the whole path (the upper part inherits their hold and pin counts).
+        """
+        B = self.block_size
+        parent = child.parent
+        if parent is None or not 0 < k < len(child.blocks):
+            raise RadixError(f"internal: cannot split a node of {len(child.blocks)} blocks at {k}")
+        ct = child.tokens
+        upper = Node(ct[: k * B], child.blocks[:k], parent, child.key, child.tick)
+        self._clock += 1
+        self._touch(child, self._clock)  # keep ticks unique: the upper part took the old one
+        # Re-seat: same key in the parent, so replace in place.
+        parent.children[upper.key] = upper
+        if parent.by_first is not None:
+            lst = parent.by_first[upper.key[0]]
+            lst[lst.index(child)] = upper
+        child.tokens = ct[k * B :]
+        child.blocks = child.blocks[k:]
+        child.key = child.tokens[:B]
+        child.parent = upper
+        upper.children[child.key] = child
+        if B > 1:
+            upper.by_first = {child.key[0]: [child]}
+        upper.hold = child.hold
+        upper.pin = child.pin
+        rc = self.pool._rc
+        owner = self.pool._owner
+        solo = 0
+        for b in upper.blocks:
+            owner[b] = upper
+            if rc[b] == 1:
+                solo += 1
+        upper.n_solo = solo
+        child.n_solo -= solo
+        self._nodes += 1
+        return upper
+
+    def _remove_leaf(self, node: Node, reason: str, freed: list[int] | None, keep_root: bool = False) -> None:
+        """Drop a leaf and its tree references; appends blocks that became free to ``freed``."""
+        parent = node.parent
+        if parent is None or node.children:
+            raise RadixError("internal: only a leaf can be removed")
+        self._unlink(parent, node)
+        self._lru.discard(node)
+        pool = self.pool
+        if node.hold == 0:
+            pool._evictable -= node.n_solo
+        owner = pool._owner
+        rc = pool._rc
+        free = pool._free
+        blocks = node.blocks
+        n = len(blocks)
+        if node.n_solo == n:
+            # Fast path (the common case): nobody else holds any of them, so all become free.
+            if is_run(blocks):
+                a = blocks[0]
+                owner[a : a + n] = [None] * n
+                rc[a : a + n] = [0] * n
+            else:
+                for b in blocks:
+                    owner[b] = None
+                    rc[b] = 0
+            free.extend(blocks)
+            if freed is not None:
+                freed.extend(blocks)
+        else:
+            # Inlined decref: owner is cleared first, so the pool's ownership hook has nothing to do.
+            for b in blocks:
+                owner[b] = None
+                c = rc[b] - 1
+                rc[b] = c
+                if c == 0:
+                    free.append(b)
+                    if freed is not None:
+                        freed.append(b)
+        node.alive = False
+        node.n_solo = 0
+        self._nodes -= 1
+        self._cached_blocks -= len(node.blocks)
+        self._evicted[reason] += len(node.blocks)
+        if parent.parent is not None:
+            if not parent.children and parent.hold == 0:
+                self._lru.add(parent)
+        elif not parent.children and not keep_root:
+            self._drop_root(parent)
+
+    def _drop_root(self, root: Node) -> None:
+        for ns, r in self._roots.items():
+            if r is root:
+                del self._roots[ns]
+                return
+
+    # ================================================================= leases
+    def _lock_path(self, node: Node) -> None:
+        pool = self.pool
+        x: Node | None = node
+        while x is not None and x.parent is not None:
+            x.hold += 1
+            if x.hold == 1:
+                pool._evictable -= x.n_solo
+                if x.in_lru:
+                    self._lru.discard(x)
+            x = x.parent
+
+    def _unlock_path(self, node: Node) -> None:
+        pool = self.pool
+        x: Node | None = node
+        while x is not None and x.parent is not None:
+            x.hold -= 1
+            if x.hold == 0:
+                pool._evictable += x.n_solo
+                if not x.children:
+                    self._lru.add(x)
+            x = x.parent
+
+    def _release(self, lease: Lease) -> None:
+        node = lease._node
+        lease._node = None
+        if node is None or lease._epoch != self._epoch:
+            return  # already released, or its nodes went away in flush("force")
+        self._unlock_path(node)
+        self._leases -= 1
+
+    def _clone_lease(self, lease: Lease) -> Lease:
+        if lease._tree is not self:
+            raise UnknownLease("clone() of a lease issued by another RadixTree")
+        node = lease._node
+        if node is None or lease._epoch != self._epoch:
+            return Lease(self, None, self._epoch)
+        self._lock_path(node)
+        self._leases += 1
+        return Lease(self, node, self._epoch)
+
+    def release(self, lease: Lease) -> None:
+        """Release ``lease`` (idempotent). Raises UnknownLease for a lease of another tree."""
+        if lease._tree is not self:
+            raise UnknownLease("release() of a lease issued by another RadixTree")
+        lease.release()
+
+    # =============================================================== eviction
+    def evictable_blocks(self) -> int:
+        """Blocks that evicting every unlocked, unpinned entry would free (exact, O(1))."""
+        return self.pool._evictable
+
+    def evict(self, n_blocks: int) -> list[int]:
+        """Free at least ``n_blocks`` blocks if possible, least recently used leaves first.
+
+        Returns the blocks that became free (fewer when not enough is evictable). O(log n) per node.
+        """
+        freed: list[int] = []
+        lru = self._lru
+        while len(freed) < n_blocks and len(lru):
+            self._remove_leaf(lru.pop_oldest(), "lru", freed)
+        return freed
+
+    # ================================================================= stats
+    @property
+    def num_nodes(self) -> int:
+        return self._nodes
+
+    @property
+    def num_cached_blocks(self) -> int:
+        return self._cached_blocks
+
+    @property
+    def num_pinned_blocks(self) -> int:
+        return self._pinned_blocks
+
+    @property
+    def num_leases(self) -> int:
+        return self._leases
+
+    def stats(self) -> CacheStats:
+        pool = self.pool
+        return CacheStats(
+            block_size=self.block_size,
+            usable_blocks=pool.num_usable,
+            free_blocks=pool.num_free,
+            evictable_blocks=pool._evictable,
+            in_use_blocks=pool.num_in_use,
+            cached_blocks=self._cached_blocks,
+            pinned_blocks=self._pinned_blocks,
+            pin_budget_blocks=self.pin_budget_blocks,
+            nodes=self._nodes,
+            leases=self._leases,
+            hit_tokens=self._hit_tokens,
+            miss_tokens=self._miss_tokens,
+            evicted_blocks=dict(self._evicted),
+        )
