@@ -9,7 +9,6 @@ NOTE: ops are applied as one batch: a block must not be both a destination and a
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import Any
 
 import torch
 
@@ -127,11 +126,11 @@ def _copy_rows(
 
 
 def _copy_kernel(
-    src_ptr: Any,
-    dst_ptr: Any,
-    ops_ptr: Any,
-    stride_src: Any,
-    stride_dst: Any,
+    src_ptr: tl.tensor,
+    dst_ptr: tl.tensor,
+    ops_ptr: tl.tensor,
+    stride_src: tl.tensor,
+    stride_dst: tl.tensor,
     ROW: tl.constexpr,
     BLOCK_SIZE: tl.constexpr,
     TILE: tl.constexpr,

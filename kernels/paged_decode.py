@@ -12,7 +12,6 @@ SDPA call in which the G query heads of a kv head play the role of G query rows 
 from __future__ import annotations
 
 import math
-from typing import Any
 
 import torch
 import torch.nn.functional as F
@@ -186,24 +185,24 @@ def default_num_splits(num_seqs: int, num_kv_heads: int, max_len: int, device: t
 
 
 def _decode_stage1(
-    q_ptr: Any,
-    k_ptr: Any,
-    v_ptr: Any,
-    bt_ptr: Any,
-    lens_ptr: Any,
-    out_ptr: Any,
-    part_o_ptr: Any,
-    part_ml_ptr: Any,
-    scale: Any,
-    stride_qs: Any,
-    stride_qh: Any,
-    stride_kn: Any,
-    stride_vn: Any,
-    stride_bts: Any,
-    stride_os: Any,
-    stride_oh: Any,
-    max_blocks: Any,
-    num_splits: Any,
+    q_ptr: tl.tensor,
+    k_ptr: tl.tensor,
+    v_ptr: tl.tensor,
+    bt_ptr: tl.tensor,
+    lens_ptr: tl.tensor,
+    out_ptr: tl.tensor,
+    part_o_ptr: tl.tensor,
+    part_ml_ptr: tl.tensor,
+    scale: tl.tensor,
+    stride_qs: tl.tensor,
+    stride_qh: tl.tensor,
+    stride_kn: tl.tensor,
+    stride_vn: tl.tensor,
+    stride_bts: tl.tensor,
+    stride_os: tl.tensor,
+    stride_oh: tl.tensor,
+    max_blocks: tl.tensor,
+    num_splits: tl.tensor,
     GROUP: tl.constexpr,
     GROUP_TILE: tl.constexpr,
     HEAD_DIM: tl.constexpr,
@@ -285,12 +284,12 @@ def _decode_stage1(
 
 
 def _decode_stage2(
-    part_o_ptr: Any,
-    part_ml_ptr: Any,
-    out_ptr: Any,
-    stride_os: Any,
-    stride_oh: Any,
-    num_splits: Any,
+    part_o_ptr: tl.tensor,
+    part_ml_ptr: tl.tensor,
+    out_ptr: tl.tensor,
+    stride_os: tl.tensor,
+    stride_oh: tl.tensor,
+    num_splits: tl.tensor,
     NUM_Q_HEADS: tl.constexpr,
     HEAD_DIM: tl.constexpr,
     D_TILE: tl.constexpr,

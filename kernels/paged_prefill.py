@@ -12,8 +12,6 @@ block gather, one SDPA call with a causal-and-length mask.
 
 from __future__ import annotations
 
-from typing import Any
-
 import torch
 import torch.nn.functional as F
 
@@ -134,22 +132,22 @@ def _prefill_chunk(
 
 
 def _prefill_kernel(
-    q_ptr: Any,
-    k_ptr: Any,
-    v_ptr: Any,
-    bt_ptr: Any,
-    cu_ptr: Any,
-    lens_ptr: Any,
-    out_ptr: Any,
-    scale: Any,
-    stride_qt: Any,
-    stride_qh: Any,
-    stride_kn: Any,
-    stride_vn: Any,
-    stride_bts: Any,
-    stride_ot: Any,
-    stride_oh: Any,
-    max_blocks: Any,
+    q_ptr: tl.tensor,
+    k_ptr: tl.tensor,
+    v_ptr: tl.tensor,
+    bt_ptr: tl.tensor,
+    cu_ptr: tl.tensor,
+    lens_ptr: tl.tensor,
+    out_ptr: tl.tensor,
+    scale: tl.tensor,
+    stride_qt: tl.tensor,
+    stride_qh: tl.tensor,
+    stride_kn: tl.tensor,
+    stride_vn: tl.tensor,
+    stride_bts: tl.tensor,
+    stride_ot: tl.tensor,
+    stride_oh: tl.tensor,
+    max_blocks: tl.tensor,
     GROUP: tl.constexpr,
     HEAD_DIM: tl.constexpr,
     D_TILE: tl.constexpr,

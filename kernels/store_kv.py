@@ -5,8 +5,6 @@ A slot of -1 marks a padded entry and is skipped. Slots must be distinct (each n
 
 from __future__ import annotations
 
-from typing import Any
-
 import torch
 
 from radixd.kernels.checks import check_cache, check_int_vector
@@ -71,17 +69,17 @@ def store_kv_torch(
 
 
 def _store_kv_kernel(
-    k_ptr: Any,
-    v_ptr: Any,
-    kc_ptr: Any,
-    vc_ptr: Any,
-    slot_ptr: Any,
-    stride_kt: Any,
-    stride_kh: Any,
-    stride_vt: Any,
-    stride_vh: Any,
-    stride_kcn: Any,
-    stride_vcn: Any,
+    k_ptr: tl.tensor,
+    v_ptr: tl.tensor,
+    kc_ptr: tl.tensor,
+    vc_ptr: tl.tensor,
+    slot_ptr: tl.tensor,
+    stride_kt: tl.tensor,
+    stride_kh: tl.tensor,
+    stride_vt: tl.tensor,
+    stride_vh: tl.tensor,
+    stride_kcn: tl.tensor,
+    stride_vcn: tl.tensor,
     NUM_KV_HEADS: tl.constexpr,
     HEAD_DIM: tl.constexpr,
     BLOCK_SIZE: tl.constexpr,
