@@ -11,13 +11,44 @@ NULL_BLOCK = 0
 """Block 0 is never handed out: padded block-table entries point at it."""
 
 
-def is_run(blocks: list[int]) -> bool:
-    """True when ``blocks`` are consecutive ascending ids (then slice stores replace per-block loops)."""
+def block_runs(blocks: list[int], max_runs: int = 4) -> list[tuple[int, int]] | None:
+    """Split ``blocks`` into maximal runs of consecutive ascending ids: ``[(first_id, length), ...]``.
+
+    Allocation and eviction keep a request's blocks mostly contiguous, so bulk updates (refcounts,
+    ownership) can use one C-level slice store per run instead of a Python step per block. Finds each
+    run with O(log n) probes and verifies it with one slice comparison. Returns None when the list is
+    too fragmented (more than ``max_runs`` runs, or runs averaging under 4 blocks) to be worth it.
+    """
     n = len(blocks)
     if n < 2:
-        return False
-    a = blocks[0]
-    return blocks[-1] == a + n - 1 and blocks == list(range(a, a + n))
+        return None
+    runs: list[tuple[int, int]] = []
+    i = 0
+    limit = min(max_runs, n // 4)
+    while i < n:
+        if len(runs) >= limit:
+            return None
+        v = blocks[i]
+        rem = n - i
+        if blocks[n - 1] == v + rem - 1 and blocks[i:] == list(range(v, v + rem)):
+            runs.append((v, rem))
+            return runs
+        # Largest k with blocks[i + k - 1] == v + k - 1 (probe by doubling, then bisect), then verify.
+        k = 1
+        while k * 2 <= rem and blocks[i + k * 2 - 1] == v + k * 2 - 1:
+            k *= 2
+        lo, hi = k, min(k * 2, rem + 1)
+        while hi - lo > 1:
+            mid = (lo + hi) >> 1
+            if blocks[i + mid - 1] == v + mid - 1:
+                lo = mid
+            else:
+                hi = mid
+        if blocks[i : i + lo] != list(range(v, v + lo)):
+            return None  # the probes were fooled by a non-monotone list: use the per-block path
+        runs.append((v, lo))
+        i += lo
+    return runs
 
 
 class BlockOwner(Protocol):
@@ -106,9 +137,10 @@ class BlockPool:
         del free[-n:]
         out.reverse()  # lowest ids first
         rc = self._rc
-        a = out[0]
-        if is_run(out):
-            rc[a : a + n] = [1] * n  # contiguous ids: one C-level slice store
+        runs = block_runs(out)
+        if runs is not None:
+            for a, k in runs:  # mostly contiguous ids: one C-level slice store per run
+                rc[a : a + k] = [1] * k
         else:
             for b in out:
                 rc[b] = 1

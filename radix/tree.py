@@ -6,12 +6,23 @@ from collections.abc import Sequence
 
 from radixd.radix.errors import InvalidRequest, UnknownLease
 from radixd.radix.node import Node, Tokens, as_tokens, common_prefix_len
-from radixd.radix.pool import is_run
+from radixd.radix.pool import block_runs
 from radixd.radix.results import InsertResult, Lease, PrefixMatch
 from radixd.radix.tree_admin import FlushMode, TreeAdmin
 from radixd.radix.tree_core import EVICT_REASONS
 
 __all__ = ["EVICT_REASONS", "FlushMode", "RadixTree"]
+
+
+def _disjoint_within(runs: list[tuple[int, int]], nblocks: int) -> bool:
+    """Runs lie in [1, nblocks) and do not overlap (no block is given twice)."""
+    ordered = sorted(runs)
+    end = 1
+    for a, k in ordered:
+        if a < end:
+            return False
+        end = a + k
+    return end <= nblocks
 
 
 class RadixTree(TreeAdmin):
@@ -240,18 +251,18 @@ class RadixTree(TreeAdmin):
         self._clock += 1
         leaf = Node(tokens, blocks, parent, tokens[: self.block_size], self._clock)
         step = 0 if donate else 1  # donated blocks keep the caller's reference; others gain one
-        n = len(blocks)
-        a = blocks[0]
-        if is_run(blocks) and a > 0 and a + n <= nblocks:
-            seg = rc[a : a + n]
-            if 0 not in seg and owner[a : a + n].count(None) == n:
-                # Contiguous, allocated, not cached yet: adopt with slice stores.
-                if donate:
-                    solo = seg.count(1)
-                else:
-                    rc[a : a + n] = [c + 1 for c in seg]
-                    solo = 0
-                owner[a : a + n] = [leaf] * n
+        runs = block_runs(blocks)
+        if runs is not None and _disjoint_within(runs, nblocks):
+            segs = [rc[a : a + k] for a, k in runs]
+            if all(0 not in seg for seg in segs) and all(owner[a : a + k].count(None) == k for a, k in runs):
+                # Allocated and not cached yet (runs are disjoint): adopt with slice stores.
+                solo = 0
+                for (a, k), seg in zip(runs, segs, strict=True):
+                    if donate:
+                        solo += seg.count(1)
+                    else:
+                        rc[a : a + k] = [c + 1 for c in seg]
+                    owner[a : a + k] = [leaf] * k
                 return self._finish_leaf(parent, leaf, solo)
         # One pass: validate and adopt; undo on the first bad block so a failed insert changes nothing.
         solo = 0

@@ -9,7 +9,7 @@ from __future__ import annotations
 from radixd.radix.errors import InvalidRequest, RadixError, UnknownLease
 from radixd.radix.lru import LruIndex
 from radixd.radix.node import Node, Tokens
-from radixd.radix.pool import BlockPool, is_run
+from radixd.radix.pool import BlockPool, block_runs
 from radixd.radix.results import CacheStats, Lease
 
 EVICT_REASONS = ("lru", "prefix", "flush", "superseded")
@@ -130,20 +130,23 @@ class TreeCore:
         n = len(blocks)
         if node.n_solo == n:
             # Fast path (the common case): nobody else holds any of them, so all become free.
-            if is_run(blocks):
-                a = blocks[0]
-                owner[a : a + n] = [None] * n
-                rc[a : a + n] = [0] * n
+            runs = block_runs(blocks)
+            if runs is not None:
+                for a, k in runs:
+                    owner[a : a + k] = [None] * k
+                    rc[a : a + k] = [0] * k
             else:
                 for b in blocks:
                     owner[b] = None
                     rc[b] = 0
-            free.extend(blocks)
+            # Pushed in descending order so the next allocate (which pops and reverses) gets
+            # ascending runs back.
+            free.extend(reversed(blocks))
             if freed is not None:
                 freed.extend(blocks)
         else:
             # Inlined decref: owner is cleared first, so the pool's ownership hook has nothing to do.
-            for b in blocks:
+            for b in reversed(blocks):
                 owner[b] = None
                 c = rc[b] - 1
                 rc[b] = c
