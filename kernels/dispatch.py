@@ -64,8 +64,11 @@ class LazyKernel:
     Usage: ``_kernel = LazyKernel(_kernel_fn)`` then ``_kernel[grid](args...)``.
     """
 
-    def __init__(self, fn: Callable[..., None]) -> None:
+    def __init__(self, fn: Callable[..., None], do_not_specialize: tuple[str, ...] = ()) -> None:
         self.fn = fn
+        # NOTE: integer arguments that vary from call to call (table widths, split counts) are not
+        # specialized on value/divisibility, so they do not trigger a recompile each time they change.
+        self.do_not_specialize = do_not_specialize
         self._variants: dict[bool, Any] = {}
 
     def __getitem__(self, grid: Any) -> Any:
@@ -91,7 +94,7 @@ class LazyKernel:
             from triton.runtime.interpreter import InterpretedFunction
 
             return InterpretedFunction(self.fn)
-        return triton.jit(self.fn)
+        return triton.jit(self.fn, do_not_specialize=list(self.do_not_specialize))
 
 
 _STDLIB_CACHE: dict[int, Any] = {}

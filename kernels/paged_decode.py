@@ -315,8 +315,8 @@ def _decode_stage2(
     tl.store(out_ptr + seq * stride_os + head * stride_oh + dd, res.to(out_ptr.dtype.element_ty), mask=d_mask)
 
 
-_stage1 = LazyKernel(_decode_stage1)
-_stage2 = LazyKernel(_decode_stage2)
+_stage1 = LazyKernel(_decode_stage1, do_not_specialize=("max_blocks", "num_splits"))
+_stage2 = LazyKernel(_decode_stage2, do_not_specialize=("num_splits",))
 
 
 def paged_decode_triton(

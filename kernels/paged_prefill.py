@@ -219,7 +219,7 @@ def _prefill_kernel(
     tl.store(out_ptr + o_off, o.to(out_ptr.dtype.element_ty), mask=r_mask[:, None] & d_mask[None, :])
 
 
-_kernel = LazyKernel(_prefill_kernel)
+_kernel = LazyKernel(_prefill_kernel, do_not_specialize=("max_blocks",))
 _BLOCK_M = 64
 _BLOCK_N = 64
 
