@@ -68,6 +68,11 @@ def gather_kv(
     """Gather the first ``num_blocks`` table entries of every sequence: [S, num_blocks * B, Hkv, D]."""
     s = block_tables.shape[0]
     _, b, h, d = cache.shape
+    if num_blocks > block_tables.shape[1]:
+        raise ValueError(
+            f"block_tables has {block_tables.shape[1]} columns but a sequence length needs {num_blocks} "
+            f"blocks of {b} tokens: the table must cover every position below seq_len"
+        )
     idx = block_tables[:, :num_blocks].reshape(-1).long()
     # NOTE: index_select on the block axis copies whole dense blocks (B*H*D elements) per index,
     # the cheapest gather torch offers on CPU.

@@ -120,6 +120,7 @@ def test_bf16_torch_twin() -> None:
         ({"seq_lens": torch.zeros(3, dtype=torch.int32)}, "seq_lens"),
         ({"block_tables": torch.zeros(2, 3)}, "block_tables"),
         ({"num_splits": 0}, "num_splits"),
+        ({"seq_lens": torch.tensor([13, 3], dtype=torch.int32)}, "must cover every position"),
         ({"backend": "cuda"}, "unknown kernel backend"),
     ],
 )
