@@ -300,7 +300,16 @@ def bench_ms(fn: Callable[[], object], dry: bool) -> float:
         return (time.perf_counter() - t0) * 1e3
     import triton.testing
 
-    return float(triton.testing.do_bench_cudagraph(fn, rep=30, return_mode="median"))
+    try:
+        return float(triton.testing.do_bench_cudagraph(fn, rep=30, return_mode="median"))
+    except Exception:  # a capture failure should cost one number's method, not the whole sweep
+        traceback.print_exc()
+        _FALLBACKS.append(getattr(fn, "__name__", "fn"))
+        torch.cuda.synchronize()
+        return float(triton.testing.do_bench(fn, rep=30, return_mode="median"))
+
+
+_FALLBACKS: list[str] = []
 
 
 def copy_bandwidth(dev: torch.device, dry: bool) -> float:
@@ -479,13 +488,17 @@ def main(argv: list[str] | None = None) -> int:
     report = Report(out_dir / ("gpu-dry-run.md" if args.dry_run else "gpu.md"))
     import triton
 
-    gpu = torch.cuda.get_device_name(dev) if dev.type == "cuda" else "CPU (Triton interpreter, dry run)"
+    gpu = "CPU (Triton interpreter, dry run)"
+    if dev.type == "cuda":
+        props = torch.cuda.get_device_properties(dev)
+        gpu = f"{props.name}, {props.multi_processor_count} SMs, {props.total_memory / 2**30:.0f} GiB"
     report.add(
         "# radixd kernels: GPU check",
         "",
         f"- device: {gpu}",
         f"- torch {torch.__version__}, triton {triton.__version__}, python {platform.python_version()}",
         f"- command: `bash bench/gpu_check.sh{' --dry-run' if args.dry_run else ''}`",
+        f"- decode tiles: {DECODE_CONFIG}",
         "",
     )
     report.flush()
@@ -495,6 +508,8 @@ def main(argv: list[str] | None = None) -> int:
         deadline = start + args.budget_s
         bandwidth(report, dev, args.dry_run, deadline - (0 if args.dry_run else 45))
         tile_sweep(report, dev, args.dry_run, deadline)
+    if _FALLBACKS:
+        report.add(f"CUDA-graph capture failed for {len(_FALLBACKS)} timings; those used plain do_bench.", "")
     report.add(f"Total wall time {time.monotonic() - start:.0f} s. Failures: {len(report.failures)}.")
     report.flush()
     print(report.path.read_text())
