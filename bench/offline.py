@@ -44,6 +44,21 @@ def matmul_flops(repeats: int) -> float:
     return 2 * n**3 / median_time(lambda: a @ b, max(repeats, 5))
 
 
+def weight_stream_time(lm: LoadedModel, repeats: int) -> float:
+    """Seconds for one pass of every weight matrix at batch 1 (the matvecs alone, no attention): the
+    memory-bandwidth floor of a batch-1 decode step for any fp32 implementation on this CPU."""
+    w = lm.model.weights
+    mats = [m for lw in w.layers for m in (lw.qkv, lw.o_proj, lw.gate_up, lw.down)] + [w.lm_head]
+    xs = {n: torch.randn(1, n) for n in {m.shape[1] for m in mats}}
+
+    def run() -> None:
+        for m in mats:
+            torch.nn.functional.linear(xs[m.shape[1]], m)
+
+    run()
+    return median_time(run, max(repeats, 5))
+
+
 def prompts(batch: int, length: int, vocab: int) -> list[list[int]]:
     g = torch.Generator().manual_seed(batch)
     # Avoid the first ids (control tokens) so prompts look like text to both models.
@@ -137,22 +152,31 @@ def main(argv: list[str] | None = None) -> int:
             ps = prompts(b, args.prompt_len, cfg.vocab_size)
             n = args.decode_tokens
             ours.decode(ps, 2)  # warm-up
-            t_ours = statistics.median(ours.decode(ps, n) for _ in range(args.repeats))
-            r_ours = b * n / t_ours
-            r_hf = None
             if hf is not None:
                 hf.decode(ps, 2)
-                r_hf = b * n / statistics.median(hf.decode(ps, n) for _ in range(args.repeats))
+            # NOTE: the two sides alternate within each repeat so background load hits both alike.
+            t_ours, t_hf = [], []
+            for _ in range(args.repeats):
+                t_ours.append(ours.decode(ps, n))
+                if hf is not None:
+                    t_hf.append(hf.decode(ps, n))
+            r_ours = b * n / statistics.median(t_ours)
+            r_hf = b * n / statistics.median(t_hf) if t_hf else None
             rows.append((b, r_ours, r_hf))
             print(f"batch {b}: radixd {r_ours:.1f} tok/s, transformers {r_hf or 0:.1f} tok/s", flush=True)
         pp = prompts(1, args.prefill_len, cfg.vocab_size)[0]
         ours.prefill(pp)
-        pre_ours = statistics.median(ours.prefill(pp) for _ in range(args.repeats))
-        pre_hf = None
         if hf is not None:
             hf.generate([pp], 1)
-            pre_hf = statistics.median(hf.generate([pp], 1) for _ in range(args.repeats))
-    report = render(args, argv, path, cfg.num_params, flops, ceiling, rows, pre_ours, pre_hf)
+        p_ours, p_hf = [], []
+        for _ in range(args.repeats):
+            p_ours.append(ours.prefill(pp))
+            if hf is not None:
+                p_hf.append(hf.generate([pp], 1))
+        pre_ours = statistics.median(p_ours)
+        pre_hf = statistics.median(p_hf) if p_hf else None
+        floor = weight_stream_time(lm, args.repeats)
+    report = render(args, argv, path, cfg.num_params, flops, ceiling, rows, pre_ours, pre_hf, floor)
     print(report)
     if args.out:
         with open(args.out, "w") as f:
@@ -170,6 +194,7 @@ def render(
     rows: list[tuple[int, float, float | None]],
     pre_ours: float,
     pre_hf: float | None,
+    floor: float,
 ) -> str:
     cmd = " ".join([".venv/bin/python bench/offline.py", *(argv if argv is not None else sys.argv[1:])])
     load = os.getloadavg()
@@ -183,6 +208,8 @@ def render(
         f"load average at the end {load[0]:.2f} / {load[1]:.2f} / {load[2]:.2f}",
         f"- fp32 matmul (1024^3) in this run: {flops / 1e9:.1f} GFLOP/s -> compute ceiling "
         f"{ceiling:.0f} tok/s (FLOP/s / (2 x params))",
+        f"- batch-1 weight-streaming floor in this run: {floor * 1e3:.1f} ms per token (every weight "
+        f"matvec once, nothing else) -> at most {1 / floor:.1f} tok/s at batch 1 for any fp32 implementation",
         f"- decode: prompts of {args.prompt_len} random tokens, {args.decode_tokens} timed greedy steps, "
         f"median of {args.repeats}; prefill excluded on both sides",
         "",

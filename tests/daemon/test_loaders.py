@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import os
 import re
-import shutil
 import time
 from pathlib import Path
 from typing import Any
@@ -14,6 +13,7 @@ import pytest
 import torch
 
 from radixd.daemon.loaders import LoadedModel, ModelLoadError, default_model_path, load_model
+from radixd.daemon.loaders.cache import cache_key, load_cached
 from radixd.daemon.loaders.gguf_file import _unpermute
 
 
@@ -76,16 +76,29 @@ def test_second_load_is_fast_and_identical(smollm: LoadedModel, model_cache_dir:
     assert again.config == smollm.config
 
 
+def test_cache_key_follows_path_size_and_mtime(tmp_path: Path) -> None:
+    f = tmp_path / "m.gguf"
+    f.write_bytes(b"x" * 10)
+    k1 = cache_key(str(f))
+    assert cache_key(str(f)) == k1
+    os.utime(f, ns=(1, 1))
+    k2 = cache_key(str(f))
+    f.write_bytes(b"x" * 11)
+    os.utime(f, ns=(1, 1))
+    assert len({k1, k2, cache_key(str(f))}) == 3
+
+
 @pytest.mark.slow
-def test_changed_file_misses_the_cache(tmp_path: Path, model_cache_dir: Path) -> None:
-    copy = tmp_path / "copy.gguf"
-    shutil.copy(default_model_path(), copy)
-    before = set(model_cache_dir.iterdir())
-    load_model(str(copy))
-    assert len(set(model_cache_dir.iterdir()) - before) == 1
-    os.utime(copy, ns=(1, 1))
-    load_model(str(copy))
-    assert len(set(model_cache_dir.iterdir()) - before) == 2
+def test_damaged_cache_entry_is_a_miss(smollm: LoadedModel, model_cache_dir: Path) -> None:
+    entry = model_cache_dir / cache_key(default_model_path())
+    assert (entry / "meta.json").exists()
+    assert load_cached(default_model_path()) is not None
+    saved = (entry / "meta.json").read_text()
+    try:
+        (entry / "meta.json").write_text("{not json")
+        assert load_cached(default_model_path()) is None
+    finally:
+        (entry / "meta.json").write_text(saved)
 
 
 @pytest.fixture(scope="module")
