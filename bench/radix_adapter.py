@@ -16,7 +16,7 @@ from typing import Any
 
 import numpy as np
 
-from radixd.radix import BlockPool, PrefixMatch, RadixTree
+from radixd.radix import TOKEN_BYTES, BlockPool, PrefixMatch, RadixTree, TokenKey
 from radixd.radix.verify import check_consistency
 
 
@@ -29,10 +29,11 @@ class Adapter:
         self.pool = BlockPool(self.capacity_blocks + 1, page_size)
         self.tree = RadixTree(self.pool)
 
-    def prepare(self, tokens: np.ndarray[Any, Any]) -> tuple[int, ...]:
-        return tuple(tokens.tolist())  # the tree's native key form: no copy per call
+    def prepare(self, tokens: np.ndarray[Any, Any]) -> TokenKey:
+        # The tree's packed key form (native int32), as a scheduler would keep it per request.
+        return TokenKey(np.ascontiguousarray(tokens, dtype=np.int32).tobytes())
 
-    def match(self, tokens: tuple[int, ...]) -> tuple[int, PrefixMatch]:
+    def match(self, tokens: TokenKey) -> tuple[int, PrefixMatch]:
         m = self.tree.match(tokens)
         return m.num_tokens, m
 
@@ -42,7 +43,7 @@ class Adapter:
     def evict(self, n_tokens: int) -> int:
         return len(self.tree.evict(-(-n_tokens // self.page_size))) * self.page_size
 
-    def insert(self, tokens: tuple[int, ...], handle: PrefixMatch) -> None:
+    def insert(self, tokens: TokenKey, handle: PrefixMatch) -> None:
         B = self.page_size
         total = len(tokens)
         n_matched = handle.num_tokens
@@ -52,7 +53,7 @@ class Adapter:
         if aligned < len(blocks):  # the unaligned tail is not cached (as in the peer's protocol)
             self.pool.decref(blocks[-1])
         # donate: the tree keeps our reference on what it adopts and releases duplicates.
-        self.tree.insert(tokens[: aligned * B], blocks[:aligned], donate=True)
+        self.tree.insert(tokens[: aligned * B * TOKEN_BYTES], blocks[:aligned], donate=True)
 
     def release(self, handle: PrefixMatch) -> None:
         handle.lease.release()

@@ -12,6 +12,11 @@ all of it. Public API (everything below is re-exported here)::
         incref(b); decref(b) -> bool (True when freed); incref_all(bs); decref_all(bs) -> int
         refcount(b); num_free; num_evictable; num_in_use; num_usable; num_blocks; block_size
 
+    Token keys: methods taking ``tokens`` accept a sequence of ints or the packed form
+    ``encode_tokens(ids) -> TokenKey`` (native int32 bytes; len() counts tokens). The tree compares
+    packed tokens with memcmp, so matching a long prefix costs almost nothing per token; a scheduler can
+    keep each request's TokenKey to skip the conversion. token_ids(packed) unpacks.
+
     RadixTree(pool, pin_budget_fraction=0.25)     one tree per pool
         match(tokens, namespace="") -> PrefixMatch(blocks, num_tokens, partial_block,
                                                    partial_tokens, lease)   [.cached_tokens]
@@ -68,6 +73,7 @@ from radixd.radix.errors import (
     UnknownLease,
 )
 from radixd.radix.memory import LLAMA2_70B, LLAMA3_8B, LLAMA3_70B, KVSpec
+from radixd.radix.node import TOKEN_BYTES, TokenKey, encode_tokens, token_ids
 from radixd.radix.pool import NULL_BLOCK, BlockPool
 from radixd.radix.results import CacheStats, InsertResult, Lease, PrefixMatch
 from radixd.radix.table import AppendResult, BlockTable, CopyOp
@@ -79,6 +85,7 @@ __all__ = [
     "LLAMA3_8B",
     "LLAMA3_70B",
     "NULL_BLOCK",
+    "TOKEN_BYTES",
     "AppendResult",
     "BlockPool",
     "BlockTable",
@@ -97,5 +104,8 @@ __all__ = [
     "PrefixMatch",
     "RadixError",
     "RadixTree",
+    "TokenKey",
     "UnknownLease",
+    "encode_tokens",
+    "token_ids",
 ]

@@ -2,21 +2,56 @@
 
 from __future__ import annotations
 
+from array import array
 from collections.abc import Sequence
 
-Tokens = tuple[int, ...]
+from radixd.radix.errors import InvalidRequest
+
+TOKEN_BYTES = 4
+"""Token ids are packed as native int32: comparing two runs of tokens is then a memcmp."""
+
+Tokens = bytes
+"""The tree's key form: ``TOKEN_BYTES`` bytes per token. Every offset inside the tree is in bytes."""
 
 
-def as_tokens(tokens: Sequence[int]) -> Tokens:
-    """Token ids as a tuple (the tree's key form); a tuple is passed through without a copy."""
-    return tokens if type(tokens) is tuple else tuple(tokens)
+class TokenKey(bytes):
+    """Packed token ids (see :func:`encode_tokens`) whose ``len()`` counts tokens, not bytes."""
+
+    __slots__ = ()
+
+    def __len__(self) -> int:
+        return bytes.__len__(self) // TOKEN_BYTES
+
+
+def encode_tokens(tokens: Sequence[int]) -> TokenKey:
+    """Pack token ids once so repeated tree calls skip the conversion (``match``/``insert`` accept it)."""
+    return TokenKey(as_tokens(tokens))
+
+
+def as_tokens(tokens: Sequence[int] | bytes) -> Tokens:
+    """Token ids in the tree's packed form. ``bytes`` / TokenKey are taken as already packed."""
+    if isinstance(tokens, bytes):
+        t = tokens if type(tokens) is bytes else bytes(tokens)
+        if len(t) % TOKEN_BYTES:
+            raise InvalidRequest(f"packed tokens must be a multiple of {TOKEN_BYTES} bytes, got {len(t)}")
+        return t
+    try:
+        return array("i", tokens).tobytes()
+    except (OverflowError, TypeError) as e:
+        raise InvalidRequest(f"token ids must be integers in [-2**31, 2**31): {e}") from None
+
+
+def token_ids(t: bytes) -> list[int]:
+    """Unpack (for tests, debugging and admin output)."""
+    return array("i", t).tolist()
 
 
 class Node:
     """One edge of the radix tree: a run of whole blocks (only a leaf may end in a partial block).
 
-    ``tokens`` and ``blocks`` are parallel: block ``i`` holds ``tokens[i*B : (i+1)*B]``. ``key`` is the
-    node's first block (its key in ``parent.children``). A root (one per namespace) has no tokens.
+    ``tokens`` (packed, see ``Tokens``) and ``blocks`` are parallel: block ``i`` holds token bytes
+    ``tokens[i*Bb : (i+1)*Bb]`` with ``Bb = block_size * TOKEN_BYTES``. ``key`` is the node's first block
+    (its key in ``parent.children``). A root (one per namespace) has no tokens.
     """
 
     # NOTE: invariants (checked by radixd.radix.verify):
@@ -36,6 +71,7 @@ class Node:
         "in_lru",
         "key",
         "n_solo",
+        "nid",
         "parent",
         "pin",
         "tick",
@@ -51,24 +87,25 @@ class Node:
         self.key = key
         self.tick = tick
         self.children: dict[Tokens, Node] = {}
-        # First token -> children starting with it; only kept when block_size > 1, where it finds the
-        # sibling sharing the longest partial first block without scanning every child.
-        self.by_first: dict[int, list[Node]] | None = None
+        # First token (packed) -> children starting with it; only kept when block_size > 1, where it
+        # finds the sibling sharing the longest partial first block without scanning every child.
+        self.by_first: dict[bytes, list[Node]] | None = None
         self.hold = 0
         self.pin = 0
         self.n_solo = 0
         self.in_lru = False
         self.alive = True
+        self.nid = 0  # owner id in the pool (set when the node starts holding blocks)
 
     def __repr__(self) -> str:
         return (
-            f"Node(tokens={len(self.tokens)}, blocks={len(self.blocks)}, "
+            f"Node(tokens={len(self.tokens) // TOKEN_BYTES}, blocks={len(self.blocks)}, "
             f"children={len(self.children)}, hold={self.hold}, pin={self.pin})"
         )
 
 
 def common_prefix_len(a: Tokens, off: int, b: Tokens) -> int:
-    """Length of the longest common prefix of ``a[off:]`` and ``b``, comparing real tokens.
+    """Length in bytes of the longest common prefix of ``a[off:]`` and ``b`` (the real tokens).
 
     Compares slices (C speed) and bisects on the first mismatch, so the Python-level work is
     O(log n) instead of one step per token.
@@ -85,4 +122,4 @@ def common_prefix_len(a: Tokens, off: int, b: Tokens) -> int:
             hi = mid
     while lo < hi and a[off + lo] == b[lo]:
         lo += 1
-    return lo
+    return lo - lo % TOKEN_BYTES  # whole tokens only

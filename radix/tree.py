@@ -2,11 +2,12 @@
 
 from __future__ import annotations
 
+from array import array
 from collections.abc import Sequence
 
 from radixd.radix.errors import InvalidRequest, UnknownLease
-from radixd.radix.node import Node, Tokens, as_tokens, common_prefix_len
-from radixd.radix.pool import block_runs
+from radixd.radix.node import TOKEN_BYTES, Node, Tokens, as_tokens, common_prefix_len
+from radixd.radix.pool import block_runs, filled
 from radixd.radix.results import InsertResult, Lease, PrefixMatch
 from radixd.radix.tree_admin import FlushMode, TreeAdmin
 from radixd.radix.tree_core import EVICT_REASONS
@@ -47,24 +48,24 @@ class RadixTree(TreeAdmin):
     #  * different namespaces have different roots and never share a node or a block.
 
     # ================================================================== lookup
-    def match(self, tokens: Sequence[int], namespace: str = "") -> PrefixMatch:
+    def match(self, tokens: Sequence[int] | bytes, namespace: str = "") -> PrefixMatch:
         """Longest cached prefix of ``tokens``; locks it until ``result.lease.release()``.
 
-        Pass a tuple to avoid a copy. To keep at least one token to compute (for logits), match
-        ``tokens[:-1]``.
+        ``tokens``: token ids, or packed ones (``encode_tokens``) to skip the conversion. To keep at
+        least one token to compute (for logits), match ``tokens[:-1]``.
         """
         t = as_tokens(tokens)
         node, blocks, pblock, ptok = self._walk(t, namespace, touch=True)
         num_tokens = len(blocks) * self.block_size
         self._hit_tokens += num_tokens + ptok
-        self._miss_tokens += len(t) - num_tokens - ptok
+        self._miss_tokens += len(t) // TOKEN_BYTES - num_tokens - ptok
         if node is None:
             return PrefixMatch(blocks, num_tokens, pblock, ptok, Lease(self, None, self._epoch))
         self._lock_path(node)
         self._leases += 1
         return PrefixMatch(blocks, num_tokens, pblock, ptok, Lease(self, node, self._epoch))
 
-    def peek(self, tokens: Sequence[int], namespace: str = "") -> int:
+    def peek(self, tokens: Sequence[int] | bytes, namespace: str = "") -> int:
         """Cached prefix length of ``tokens`` (full + partial block tokens); no lock, LRU or stats change."""
         _node, blocks, _pb, ptok = self._walk(as_tokens(tokens), namespace, touch=False)
         return len(blocks) * self.block_size + ptok
@@ -75,7 +76,7 @@ class RadixTree(TreeAdmin):
         node = self._roots.get(namespace)
         if node is None:
             return None, blocks, None, 0
-        B = self.block_size
+        B = self._bb  # offsets below are in packed bytes
         n = len(t)
         pos = 0
         clock = self._clock
@@ -101,10 +102,10 @@ class RadixTree(TreeAdmin):
             k = m // B
             blocks += child.blocks[:k]
             self._clock = clock
-            r = m - k * B
+            r = (m - k * B) // TOKEN_BYTES
             return child, blocks, (child.blocks[k] if r else None), r
         self._clock = clock
-        if B > 1 and pos < n and node.by_first:
+        if self.block_size > 1 and pos < n and node.by_first:
             best, best_len = self._best_partial(node, t, pos)
             if best is not None:
                 if touch:
@@ -117,21 +118,21 @@ class RadixTree(TreeAdmin):
     def _best_partial(self, node: Node, t: Tokens, pos: int) -> tuple[Node | None, int]:
         """The child whose first block shares the longest (partial) prefix with t[pos:pos+B]."""
         by_first = node.by_first
-        cands = by_first.get(t[pos]) if by_first is not None else None
+        cands = by_first.get(t[pos : pos + TOKEN_BYTES]) if by_first is not None else None
         best: Node | None = None
         best_len = 0
         if cands:
-            q = t[pos : pos + self.block_size]
+            q = t[pos : pos + self._bb]
             for c in cands:
                 m = common_prefix_len(q, 0, c.key)
                 if m > best_len:
                     best, best_len = c, m
-        return best, best_len
+        return best, best_len // TOKEN_BYTES
 
     # ================================================================== insert
     def insert(
         self,
-        tokens: Sequence[int],
+        tokens: Sequence[int] | bytes,
         blocks: Sequence[int],
         namespace: str = "",
         lease: Lease | None = None,
@@ -151,11 +152,14 @@ class RadixTree(TreeAdmin):
         the caller must not release any of them afterwards. It saves a pass over the blocks.
         """
         t = as_tokens(tokens)
-        B = self.block_size
+        B = self._bb  # offsets below are in packed bytes
         n = len(t)
         nb = -(-n // B)
         if len(blocks) != nb:
-            raise InvalidRequest(f"insert of {n} tokens needs ceil({n}/{B}) = {nb} blocks, got {len(blocks)}")
+            nt, bs = n // TOKEN_BYTES, self.block_size
+            raise InvalidRequest(
+                f"insert of {nt} tokens needs ceil({nt}/{bs}) = {nb} blocks, got {len(blocks)}"
+            )
         if lease is not None and lease._tree is not self:
             raise UnknownLease("insert(lease=...) got a lease issued by another RadixTree")
         if n == 0:
@@ -164,7 +168,7 @@ class RadixTree(TreeAdmin):
             blocks = list(blocks)
         root = self._roots.get(namespace)
         if root is None:
-            root = self._roots[namespace] = Node((), [], None, (), 0)
+            root = self._roots[namespace] = Node(b"", [], None, b"", 0)
         node = root
         dups: list[int] = []
         j = 0
@@ -199,12 +203,12 @@ class RadixTree(TreeAdmin):
         if j < nb:
             rest = t[j * B :]
             rest_blocks = blocks[j:]
-            covered = self._settle_partial(node, rest, rest_blocks, dups) if B > 1 else None
+            covered = self._settle_partial(node, rest, rest_blocks, dups) if self.block_size > 1 else None
             if covered is not None:
                 final = covered
             else:
                 final = self._add_leaf(node, rest, rest_blocks, donate)
-                new_tokens = len(rest)
+                new_tokens = len(rest) // TOKEN_BYTES
         if lease is not None and lease._node is not None and lease._epoch == self._epoch:
             old = lease._node
             self._lock_path(final)
@@ -212,7 +216,7 @@ class RadixTree(TreeAdmin):
             lease._node = final
         if donate and dups:
             self.pool.decref_all(dups)
-        return InsertResult(dups, n - new_tokens, new_tokens)
+        return InsertResult(dups, n // TOKEN_BYTES - new_tokens, new_tokens)
 
     def _settle_partial(
         self, node: Node, rest: Tokens, rest_blocks: list[int], dups: list[int]
@@ -224,15 +228,15 @@ class RadixTree(TreeAdmin):
         partial leaves that ``rest`` supersedes and returns None (the caller adds ``rest`` as a leaf).
         """
         by_first = node.by_first
-        cands = by_first.get(rest[0]) if by_first is not None else None
+        cands = by_first.get(rest[:TOKEN_BYTES]) if by_first is not None else None
         if not cands:
             return None
-        first = rest[: self.block_size]
+        first = rest[: self._bb]
         lf = len(first)
         for c in list(cands):
             key = c.key
             if len(key) >= lf:
-                if lf < self.block_size and key[:lf] == first:
+                if lf < self._bb and key[:lf] == first:
                     if rest_blocks[0] != c.blocks[0]:
                         dups.append(rest_blocks[0])
                     self._clock += 1
@@ -249,29 +253,31 @@ class RadixTree(TreeAdmin):
         owner = pool._owner
         nblocks = pool.num_blocks
         self._clock += 1
-        leaf = Node(tokens, blocks, parent, tokens[: self.block_size], self._clock)
+        leaf = Node(tokens, blocks, parent, tokens[: self._bb], self._clock)
+        nid = self._new_owner(leaf)
         step = 0 if donate else 1  # donated blocks keep the caller's reference; others gain one
         runs = block_runs(blocks)
         if runs is not None and _disjoint_within(runs, nblocks):
             segs = [rc[a : a + k] for a, k in runs]
-            if all(0 not in seg for seg in segs) and all(owner[a : a + k].count(None) == k for a, k in runs):
+            if all(0 not in seg for seg in segs) and all(owner[a : a + k].count(0) == k for a, k in runs):
                 # Allocated and not cached yet (runs are disjoint): adopt with slice stores.
                 solo = 0
                 for (a, k), seg in zip(runs, segs, strict=True):
                     if donate:
                         solo += seg.count(1)
                     else:
-                        rc[a : a + k] = [c + 1 for c in seg]
-                    owner[a : a + k] = [leaf] * k
+                        rc[a : a + k] = array(rc.typecode, [c + 1 for c in seg])
+                    owner[a : a + k] = filled(owner, nid, k)
                 return self._finish_leaf(parent, leaf, solo)
         # One pass: validate and adopt; undo on the first bad block so a failed insert changes nothing.
         solo = 0
         for i, b in enumerate(blocks):
-            if not 0 < b < nblocks or rc[b] == 0 or owner[b] is not None:
+            if not 0 < b < nblocks or rc[b] == 0 or owner[b]:
                 cached = 0 < b < nblocks and rc[b] > 0
                 for a in blocks[:i]:
                     rc[a] -= step
-                    owner[a] = None
+                    owner[a] = 0
+                pool._unregister(nid)
                 if parent.parent is None and not parent.children:
                     self._drop_root(parent)  # created for this insert only
                 if cached:
@@ -286,7 +292,7 @@ class RadixTree(TreeAdmin):
             rc[b] = c
             if c == 1:
                 solo += 1
-            owner[b] = leaf
+            owner[b] = nid
         return self._finish_leaf(parent, leaf, solo)
 
     def _finish_leaf(self, parent: Node, leaf: Node, solo: int) -> Node:

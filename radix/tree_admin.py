@@ -7,7 +7,7 @@ from typing import Literal
 
 from radixd.radix.errors import FlushRefused, InvalidRequest, NotPinned, PinBudgetExceeded
 from radixd.radix.lru import LruIndex
-from radixd.radix.node import Node, Tokens, as_tokens, common_prefix_len
+from radixd.radix.node import TOKEN_BYTES, Node, Tokens, as_tokens, common_prefix_len
 from radixd.radix.tree_core import TreeCore
 
 FlushMode = Literal["unlocked", "refuse", "force"]
@@ -17,7 +17,7 @@ class TreeAdmin(TreeCore):
     """Administrative operations of :class:`radixd.radix.RadixTree` (use that class)."""
 
     # =============================================================== eviction
-    def evict_prefix(self, tokens: Sequence[int], namespace: str = "") -> int:
+    def evict_prefix(self, tokens: Sequence[int] | bytes, namespace: str = "") -> int:
         """Drop every unlocked, unpinned cached sequence that starts with ``tokens``.
 
         An empty ``tokens`` means the whole namespace. Returns the number of blocks dropped.
@@ -32,7 +32,7 @@ class TreeAdmin(TreeCore):
         return self._evicted["prefix"] - before
 
     def _subtrees_with_prefix(self, root: Node, t: Tokens) -> list[Node]:
-        B = self.block_size
+        B = self._bb  # offsets in packed bytes
         node = root
         pos = 0
         n = len(t)
@@ -51,7 +51,7 @@ class TreeAdmin(TreeCore):
                 pos += L
             else:
                 by_first = node.by_first
-                cands = by_first.get(t[pos], []) if by_first is not None else []
+                cands = by_first.get(t[pos : pos + TOKEN_BYTES], []) if by_first is not None else []
                 return [c for c in cands if c.tokens[:rem] == t[pos:]]
         return list(node.children.values()) if node.parent is None else [node]
 
@@ -108,12 +108,13 @@ class TreeAdmin(TreeCore):
                 if x.hold == 0:
                     pool._evictable -= x.n_solo
                 for b in x.blocks:
-                    owner[b] = None
+                    owner[b] = 0
                     pool.decref(b)
                 dropped += len(x.blocks)
                 x.alive = False
                 x.in_lru = False
         self._evicted["flush"] += dropped
+        pool._owners.clear()
         self._roots.clear()
         self._lru = LruIndex()
         self._pins.clear()
@@ -121,7 +122,7 @@ class TreeAdmin(TreeCore):
         self._epoch += 1
 
     # ================================================================== pins
-    def pin(self, tokens: Sequence[int], namespace: str = "") -> int:
+    def pin(self, tokens: Sequence[int] | bytes, namespace: str = "") -> int:
         """Exempt the cached prefix of ``tokens`` from eviction; returns the number of tokens pinned.
 
         Pins whole cached blocks (a partial trailing block only when it ends a cached leaf). Pinning
@@ -166,7 +167,7 @@ class TreeAdmin(TreeCore):
 
     def _pin_target(self, root: Node, t: Tokens) -> Node | None:
         """Deepest node fully covered by ``t`` (splitting at a block boundary when ``t`` ends inside)."""
-        B = self.block_size
+        B = self._bb  # offsets in packed bytes
         node = root
         pos = 0
         n = len(t)
@@ -193,15 +194,15 @@ class TreeAdmin(TreeCore):
         while x is not None:
             total += len(x.tokens)
             x = x.parent
-        return total
+        return total // TOKEN_BYTES
 
-    def unpin(self, tokens: Sequence[int], namespace: str = "") -> int:
+    def unpin(self, tokens: Sequence[int] | bytes, namespace: str = "") -> int:
         """Undo :meth:`pin` of exactly these tokens; returns the tokens unpinned. Raises NotPinned."""
         key = (namespace, as_tokens(tokens))
         node = self._pins.pop(key, None)
         if node is None:
             raise NotPinned(
-                f"no pin for these {len(key[1])} tokens in namespace {namespace!r}; "
+                f"no pin for these {len(key[1]) // TOKEN_BYTES} tokens in namespace {namespace!r}; "
                 "unpin takes the same tokens that were pinned"
             )
         pool = self.pool

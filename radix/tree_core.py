@@ -8,8 +8,8 @@ from __future__ import annotations
 
 from radixd.radix.errors import InvalidRequest, RadixError, UnknownLease
 from radixd.radix.lru import LruIndex
-from radixd.radix.node import Node, Tokens
-from radixd.radix.pool import BlockPool, block_runs
+from radixd.radix.node import TOKEN_BYTES, Node, Tokens
+from radixd.radix.pool import BlockPool, block_runs, filled
 from radixd.radix.results import CacheStats, Lease
 
 EVICT_REASONS = ("lru", "prefix", "flush", "superseded")
@@ -26,6 +26,8 @@ class TreeCore:
         pool._tree_attached = True
         self.pool = pool
         self.block_size = pool.block_size
+        self._bb = pool.block_size * TOKEN_BYTES  # a block's tokens, in packed bytes
+        self._next_nid = 0
         self.pin_budget_blocks = int(pin_budget_fraction * pool.num_usable)
         self._roots: dict[str, Node] = {}
         self._lru = LruIndex()
@@ -57,9 +59,10 @@ class TreeCore:
             by_first = parent.by_first
             if by_first is None:
                 by_first = parent.by_first = {}
-            lst = by_first.get(child.key[0])
+            first = child.key[:TOKEN_BYTES]
+            lst = by_first.get(first)
             if lst is None:
-                by_first[child.key[0]] = [child]
+                by_first[first] = [child]
             else:
                 lst.append(child)
 
@@ -67,9 +70,10 @@ class TreeCore:
         del parent.children[child.key]
         by_first = parent.by_first
         if by_first is not None:
-            lst = by_first[child.key[0]]
+            first = child.key[:TOKEN_BYTES]
+            lst = by_first[first]
             if len(lst) == 1:
-                del by_first[child.key[0]]
+                del by_first[first]
             else:
                 lst.remove(child)
 
@@ -79,7 +83,7 @@ class TreeCore:
         The lower part keeps the node's identity, so leases and pins that end at it stay valid and
         keep covering the whole path (the upper part inherits their hold and pin counts).
         """
-        B = self.block_size
+        B = self._bb
         parent = child.parent
         if parent is None or not 0 < k < len(child.blocks):
             raise RadixError(f"internal: cannot split a node of {len(child.blocks)} blocks at {k}")
@@ -90,22 +94,23 @@ class TreeCore:
         # Re-seat: same key in the parent, so replace in place.
         parent.children[upper.key] = upper
         if parent.by_first is not None:
-            lst = parent.by_first[upper.key[0]]
+            lst = parent.by_first[upper.key[:TOKEN_BYTES]]
             lst[lst.index(child)] = upper
         child.tokens = ct[k * B :]
         child.blocks = child.blocks[k:]
         child.key = child.tokens[:B]
         child.parent = upper
         upper.children[child.key] = child
-        if B > 1:
-            upper.by_first = {child.key[0]: [child]}
+        if self.block_size > 1:
+            upper.by_first = {child.key[:TOKEN_BYTES]: [child]}
         upper.hold = child.hold
         upper.pin = child.pin
         rc = self.pool._rc
         owner = self.pool._owner
+        nid = self._new_owner(upper)
         solo = 0
         for b in upper.blocks:
-            owner[b] = upper
+            owner[b] = nid
             if rc[b] == 1:
                 solo += 1
         upper.n_solo = solo
@@ -133,11 +138,11 @@ class TreeCore:
             runs = block_runs(blocks)
             if runs is not None:
                 for a, k in runs:
-                    owner[a : a + k] = [None] * k
-                    rc[a : a + k] = [0] * k
+                    owner[a : a + k] = filled(owner, 0, k)
+                    rc[a : a + k] = filled(rc, 0, k)
             else:
                 for b in blocks:
-                    owner[b] = None
+                    owner[b] = 0
                     rc[b] = 0
             # Pushed in descending order so the next allocate (which pops and reverses) gets
             # ascending runs back.
@@ -147,13 +152,14 @@ class TreeCore:
         else:
             # Inlined decref: owner is cleared first, so the pool's ownership hook has nothing to do.
             for b in reversed(blocks):
-                owner[b] = None
+                owner[b] = 0
                 c = rc[b] - 1
                 rc[b] = c
                 if c == 0:
                     free.append(b)
                     if freed is not None:
                         freed.append(b)
+        self.pool._unregister(node.nid)
         node.alive = False
         node.n_solo = 0
         self._nodes -= 1
@@ -164,6 +170,13 @@ class TreeCore:
                 self._lru.add(parent)
         elif not parent.children and not keep_root:
             self._drop_root(parent)
+
+    def _new_owner(self, node: Node) -> int:
+        """Give ``node`` a pool owner id (blocks record ids, not objects: the GC never walks them)."""
+        self._next_nid += 1
+        node.nid = self._next_nid
+        self.pool._register(node.nid, node)
+        return node.nid
 
     def _drop_root(self, root: Node) -> None:
         for ns, r in self._roots.items():

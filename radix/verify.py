@@ -7,7 +7,7 @@ from collections.abc import Iterable
 from typing import NoReturn
 
 from radixd.radix.errors import RadixError
-from radixd.radix.node import Node
+from radixd.radix.node import TOKEN_BYTES, Node
 from radixd.radix.pool import NULL_BLOCK
 from radixd.radix.table import BlockTable
 from radixd.radix.tree import RadixTree
@@ -37,7 +37,7 @@ def check_consistency(tree: RadixTree, tables: Iterable[BlockTable] = ()) -> Non
     With ``tables`` (all live tables), also checks refcount == holders for every block.
     """
     pool = tree.pool
-    B = tree.block_size
+    B = tree._bb  # node offsets are in packed bytes
     rc = pool._rc
     free = pool._free
     if len(set(free)) != len(free):
@@ -67,10 +67,10 @@ def check_consistency(tree: RadixTree, tables: Iterable[BlockTable] = ()) -> Non
         if x.key != x.tokens[:B] or not x.tokens:
             _fail(f"{x}: key is not its first block")
         if len(x.blocks) != -(-len(x.tokens) // B):
-            _fail(f"{x}: {len(x.blocks)} blocks for {len(x.tokens)} tokens")
+            _fail(f"{x}: {len(x.blocks)} blocks for {len(x.tokens) // TOKEN_BYTES} tokens")
         if len(x.tokens) % B and x.children:
             _fail(f"{x}: a node ending in a partial block has children")
-        if B > 1 and (p.by_first is None or x not in p.by_first.get(x.key[0], [])):
+        if tree.block_size > 1 and (p.by_first is None or x not in p.by_first.get(x.key[:TOKEN_BYTES], [])):
             _fail(f"{x}: missing from parent's first-token index")
         if p.parent is not None and (x.hold > p.hold or x.pin > p.pin):
             _fail(f"{x}: holds more than its parent")
@@ -79,7 +79,7 @@ def check_consistency(tree: RadixTree, tables: Iterable[BlockTable] = ()) -> Non
         solo = 0
         for b in x.blocks:
             tree_refs[b] += 1
-            if pool._owner[b] is not x:
+            if pool._owner[b] != x.nid or pool._owners.get(x.nid) is not x:
                 _fail(f"block {b} of {x} is not owned by it")
             if rc[b] == 1:
                 solo += 1
@@ -104,7 +104,7 @@ def check_consistency(tree: RadixTree, tables: Iterable[BlockTable] = ()) -> Non
             if n_idx != len(x.children):
                 _fail(f"{x}: first-token index has {n_idx} entries for {len(x.children)} children")
     for b in range(pool.num_blocks):
-        if pool._owner[b] is not None and tree_refs[b] == 0:
+        if pool._owner[b] and tree_refs[b] == 0:
             _fail(f"block {b} has a stale owner")
         if tree_refs[b] > 1:
             _fail(f"block {b} is stored in {tree_refs[b]} tree positions")
@@ -112,6 +112,8 @@ def check_consistency(tree: RadixTree, tables: Iterable[BlockTable] = ()) -> Non
         _fail(f"LRU index has {len(tree._lru)} entries, {lru_members} evictable leaves exist")
     if evictable != pool._evictable:
         _fail(f"pool counts {pool._evictable} evictable blocks, the tree holds {evictable}")
+    if len(pool._owners) != nodes:
+        _fail(f"{len(pool._owners)} registered block owners for {nodes} nodes")
     if nodes != tree._nodes or sum(tree_refs.values()) != tree._cached_blocks:
         _fail("node or cached-block counter is off")
     if pinned != tree._pinned_blocks:
@@ -124,7 +126,7 @@ def check_consistency(tree: RadixTree, tables: Iterable[BlockTable] = ()) -> Non
         holders = Counter(tree_refs)
         for t in tables:
             holders.update(t.blocks)
-            if len(t.blocks) != -(-t.num_tokens // B):
+            if len(t.blocks) != -(-t.num_tokens // tree.block_size):
                 _fail(f"{t}: {len(t.blocks)} blocks for {t.num_tokens} tokens")
         for b in range(1, pool.num_blocks):
             if rc[b] != holders[b]:

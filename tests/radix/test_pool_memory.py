@@ -84,3 +84,17 @@ def test_budget_to_blocks() -> None:
     assert spec.bytes_for_tokens(17) == 2 * spec.bytes_per_block
     with pytest.raises(InvalidRequest, match="head_dim must be a positive integer"):
         KVSpec(num_layers=1, num_kv_heads=1, head_dim=0)
+
+
+def test_token_keys_pack_and_validate() -> None:
+    from radixd.radix import TOKEN_BYTES, encode_tokens, token_ids
+    from radixd.radix.node import as_tokens
+
+    key = encode_tokens([1, 2, 70000])
+    assert len(key) == 3 and len(bytes(key)) == 3 * TOKEN_BYTES
+    assert token_ids(key) == [1, 2, 70000]
+    assert as_tokens(key) == as_tokens((1, 2, 70000)) == as_tokens([1, 2, 70000])
+    with pytest.raises(InvalidRequest, match="token ids must be integers"):
+        as_tokens([2**40])
+    with pytest.raises(InvalidRequest, match="multiple of 4 bytes"):
+        as_tokens(b"abc")

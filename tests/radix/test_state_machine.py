@@ -24,7 +24,7 @@ from radixd.radix import (
     PinBudgetExceeded,
     RadixTree,
 )
-from radixd.radix.node import Node
+from radixd.radix.node import Node, encode_tokens, token_ids
 from radixd.radix.verify import check_consistency, iter_nodes
 
 TOKENS = st.lists(st.integers(0, 1), min_size=0, max_size=14)
@@ -44,7 +44,7 @@ def _path_tokens(node: Node) -> tuple[int, ...]:
     parts = []
     x: Node | None = node
     while x is not None and x.parent is not None:
-        parts.append(x.tokens)
+        parts.append(token_ids(x.tokens))
         x = x.parent
     return tuple(t for part in reversed(parts) for t in part)
 
@@ -110,7 +110,7 @@ class RadixMachine(RuleBasedStateMachine):
     @rule(toks=TOKENS, ns=NAMESPACES)
     def new_request(self, toks: list[int], ns: str) -> None:
         t = tuple(toks)
-        m = self.tree.match(t, ns)
+        m = self.tree.match(encode_tokens(t) if len(t) % 2 else t, ns)  # both key forms
         assert m.num_tokens == len(m.blocks) * self.B
         best = self._brute_best(t, ns)
         assert m.cached_tokens == best, f"match found {m.cached_tokens} cached tokens, best is {best}"
@@ -290,7 +290,7 @@ class RadixMachine(RuleBasedStateMachine):
                 assert self.content[blk][p % self.B] == tok, "a sequence's KV was overwritten"
         for node in iter_nodes(self.tree):
             for i, b in enumerate(node.blocks):
-                want = list(node.tokens[i * self.B : (i + 1) * self.B])
+                want = token_ids(node.tokens)[i * self.B : (i + 1) * self.B]
                 assert self.content[b][: len(want)] == want, "a cached block's KV was overwritten"
 
     def teardown(self) -> None:
