@@ -171,6 +171,7 @@ class ModelRunner:
             ).to(dev),
             decode_block_tables=self._tables(dec).to(dev),
             decode_seq_lens=torch.tensor([s.start_pos + 1 for s in dec], dtype=torch.int32).to(dev),
+            max_position=max(pos),
         )
         input_ids = torch.tensor(ids, dtype=torch.int64).to(dev)
         positions = torch.tensor(pos, dtype=torch.int64).to(dev)

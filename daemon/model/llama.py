@@ -107,6 +107,7 @@ class AttentionMetadata:
     prefill_seq_lens: torch.Tensor  # int32 [Sp]
     decode_block_tables: torch.Tensor  # int32 [Sd, max_blocks]
     decode_seq_lens: torch.Tensor  # int32 [Sd]
+    max_position: int = -1  # largest position in the step if known on the host (saves a device sync)
 
 
 def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
@@ -141,7 +142,7 @@ class LlamaModel:
         t = input_ids.shape[0]
         hq, hkv, d = cfg.num_heads, cfg.num_kv_heads, cfg.head_dim
         np_ = meta.num_prefill_tokens
-        cos, sin = self.rotary.cos_sin(positions, self.dtype)
+        cos, sin = self.rotary.cos_sin(positions, self.dtype, meta.max_position)
         h = F.embedding(input_ids, w.embed)
         qk_size = self.q_size + self.kv_size
         for li, lw in enumerate(w.layers):

@@ -49,9 +49,13 @@ class Rotary:
         freqs = pos.unsqueeze(1) * self.inv_freq.unsqueeze(0)
         self._cos, self._sin = freqs.cos(), freqs.sin()
 
-    def cos_sin(self, positions: torch.Tensor, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
+    def cos_sin(
+        self, positions: torch.Tensor, dtype: torch.dtype, max_position: int = -1
+    ) -> tuple[torch.Tensor, torch.Tensor]:
         """cos [T, 1, D] (halves duplicated) and signed sin [T, 1, D] = (-sin, sin) for `positions` [T]."""
-        need = int(positions.max().item()) + 1 if positions.numel() else 0
+        if max_position < 0:
+            max_position = int(positions.max().item()) if positions.numel() else -1
+        need = max_position + 1
         if need > self._cos.shape[0]:
             self._grow(need)
         cos = self._cos.index_select(0, positions)
