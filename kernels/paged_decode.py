@@ -73,7 +73,7 @@ def gather_kv(
             f"block_tables has {block_tables.shape[1]} columns but a sequence length needs {num_blocks} "
             f"blocks of {b} tokens: the table must cover every position below seq_len"
         )
-    idx = block_tables[:, :num_blocks].reshape(-1).long()
+    idx = block_tables[:, :num_blocks].reshape(-1)  # int32 or int64: index_select takes both
     # NOTE: index_select on the block axis copies whole dense blocks (B*H*D elements) per index,
     # the cheapest gather torch offers on CPU.
     if out is None:
@@ -118,44 +118,75 @@ def paged_decode_torch(
 ) -> torch.Tensor:
     """Vectorized torch twin of :func:`paged_decode` (no loop over sequences or tokens).
 
-    Sequences go in length-sorted chunks of ~CHUNK_BYTES of K+V: each chunk is gathered through
-    its block tables into one reused buffer and attended with one SDPA call, where the G query
-    heads of a kv head act as G query rows (no K/V repeat). The loop runs once per chunk.
+    Each group of sequences is gathered through its block tables (whole blocks, one index_select
+    per pool) and attended with one SDPA call, where the G query heads of a kv head act as G query
+    rows (no K/V repeat). A batch whose gathered K+V fits in CHUNK_BYTES is one group (the fast
+    path: few small ops, which matters for small decode batches); a bigger one goes in
+    length-sorted chunks of ~CHUNK_BYTES, so the gathered chunk is still in cache when SDPA reads
+    it and each chunk is padded only to its own longest sequence. The loop runs once per chunk.
     """
     s, hq, d = q.shape
     _, b, hkv, _ = k_cache.shape
     group = hq // hkv
-    out = torch.zeros(s, hkv, group, d, dtype=q.dtype, device=q.device)
     if s == 0:
-        return out.view(s, hq, d)
-    block_bytes = b * hkv * d * k_cache.element_size()
-    order, counts = length_chunks(seq_lens, b, 2 * block_bytes)
-    if not counts:
-        return out.view(s, hq, d)
-    lens = seq_lens.long().cpu()
-    order_dev = order.to(q.device)
+        return q.new_zeros(s, hq, d)
+    lens = seq_lens if seq_lens.device.type == "cpu" else seq_lens.cpu()
+    max_len = int(lens.max())
+    if max_len <= 0:
+        return q.new_zeros(s, hq, d)
     qg = q.view(s, hkv, group, d).to(k_cache.dtype)
-    max_blocks = max(int(lens[order[a]] + b - 1) // b for a in _starts(counts))  # sizes the reused buffers
-    cap = max(c * max_blocks for c in counts)
-    k_buf = torch.empty(cap * b * hkv * d, dtype=k_cache.dtype, device=k_cache.device)
+    block_bytes = b * hkv * d * k_cache.element_size()
+    nb = (max_len + b - 1) // b
+    if s * nb * 2 * block_bytes <= CHUNK_BYTES:
+        out = _attend(qg, k_cache, v_cache, block_tables, lens, nb, scale, None, None)
+        if bool((lens == 0).any()):
+            # NOTE: an all-masked row (length 0) comes back NaN from SDPA; the contract says zeros.
+            out = out.masked_fill((lens == 0).to(out.device).view(s, 1, 1, 1), 0.0)
+        return out.to(q.dtype).view(s, hq, d)
+    out = torch.zeros(s, hkv, group, d, dtype=q.dtype, device=q.device)
+    order, counts = length_chunks(lens, b, 2 * block_bytes)
+    lens = lens.long()
+    order_dev = order.to(q.device)
+    buf_blocks = max(
+        c * ((int(lens[order[a]]) + b - 1) // b) for a, c in zip(_starts(counts), counts, strict=True)
+    )
+    k_buf = torch.empty(buf_blocks * b * hkv * d, dtype=k_cache.dtype, device=k_cache.device)
     v_buf = torch.empty_like(k_buf)
     a = 0
     for n in counts:
         idx = order_dev[a : a + n]
         chunk_lens = lens[order[a : a + n]]
-        length = int(chunk_lens[0])  # longest first
-        nb = (length + b - 1) // b
+        nb = (int(chunk_lens[0]) + b - 1) // b  # longest first
         tables = block_tables.index_select(0, idx)
-        kg = gather_kv(k_cache, tables, nb, k_buf).transpose(1, 2)  # [n, Hkv, nb*B, D] view
-        vg = gather_kv(v_cache, tables, nb, v_buf).transpose(1, 2)
-        mask = None
-        if bool((chunk_lens != nb * b).any()):
-            pos = torch.arange(nb * b)
-            mask = (pos[None, :] < chunk_lens[:, None]).view(n, 1, 1, nb * b).to(q.device)
-        o = F.scaled_dot_product_attention(qg.index_select(0, idx), kg, vg, attn_mask=mask, scale=scale)
+        o = _attend(qg.index_select(0, idx), k_cache, v_cache, tables, chunk_lens, nb, scale, k_buf, v_buf)
         out.index_copy_(0, idx, o.to(q.dtype))
         a += n
     return out.view(s, hq, d)
+
+
+def _attend(
+    qg: torch.Tensor,  # [n, Hkv, G, D] in the cache dtype
+    k_cache: torch.Tensor,
+    v_cache: torch.Tensor,
+    tables: torch.Tensor,  # [n, >= nb]
+    lens: torch.Tensor,  # [n] on CPU, all > 0 except on the fast path
+    nb: int,
+    scale: float,
+    k_buf: torch.Tensor | None,
+    v_buf: torch.Tensor | None,
+) -> torch.Tensor:
+    """Gather nb blocks per sequence and run one SDPA: [n, Hkv, G, D]."""
+    n = qg.shape[0]
+    length = nb * k_cache.shape[1]
+    kg = gather_kv(k_cache, tables, nb, k_buf).transpose(1, 2)  # [n, Hkv, L, D] strided view
+    vg = gather_kv(v_cache, tables, nb, v_buf).transpose(1, 2)
+    mask = None
+    if bool((lens != length).any()):
+        # An additive float mask: SDPA would turn a boolean one into this anyway, one op later.
+        pos = torch.arange(length)
+        mask = torch.where(pos[None, :] < lens[:, None], 0.0, float("-inf")).to(qg.dtype)
+        mask = mask.view(n, 1, 1, length).to(qg.device)
+    return F.scaled_dot_product_attention(qg, kg, vg, attn_mask=mask, scale=scale)
 
 
 def _starts(counts: list[int]) -> list[int]:
