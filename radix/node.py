@@ -71,7 +71,6 @@ class Node:
         "in_lru",
         "key",
         "n_solo",
-        "nid",
         "parent",
         "pin",
         "tick",
@@ -95,7 +94,6 @@ class Node:
         self.n_solo = 0
         self.in_lru = False
         self.alive = True
-        self.nid = 0  # owner id in the pool (set when the node starts holding blocks)
 
     def __repr__(self) -> str:
         return (

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-from array import array
 from collections.abc import Iterable
 from typing import Protocol
 
@@ -10,11 +9,6 @@ from radixd.radix.errors import DoubleFree, InvalidRequest, OutOfBlocks
 
 NULL_BLOCK = 0
 """Block 0 is never handed out: padded block-table entries point at it."""
-
-
-def filled(like: array[int], value: int, n: int) -> array[int]:
-    """An array of ``n`` copies of ``value`` with the typecode of ``like`` (for slice stores)."""
-    return array(like.typecode, [value]) * n
 
 
 def block_runs(blocks: list[int], max_runs: int = 4) -> list[tuple[int, int]] | None:
@@ -84,18 +78,9 @@ class BlockPool:
     #  * refcount(b) == number of holders of b (tables + the tree), for every block b >= 1;
     #  * b is on the free list  <=>  refcount(b) == 0, and it is on it exactly once (no double free);
     #  * block 0 (NULL_BLOCK) is never on the free list and never handed out;
-    #  * _evictable == #{b : owner(b) != 0 and its node's hold == 0 and refcount(b) == 1}.
+    #  * _evictable == #{b : owner(b) is not None and owner(b).hold == 0 and refcount(b) == 1}.
 
-    __slots__ = (
-        "_evictable",
-        "_free",
-        "_owner",
-        "_owners",
-        "_rc",
-        "_tree_attached",
-        "block_size",
-        "num_blocks",
-    )
+    __slots__ = ("_evictable", "_free", "_owner", "_rc", "_tree_attached", "block_size", "num_blocks")
 
     def __init__(self, num_blocks: int, block_size: int = 16) -> None:
         if num_blocks < 2:
@@ -104,13 +89,10 @@ class BlockPool:
             raise InvalidRequest(f"block_size must be >= 1, got {block_size}")
         self.num_blocks = num_blocks
         self.block_size = block_size
-        # Typed arrays, not lists: the cyclic GC never has to walk them (pools reach millions of blocks).
-        self._rc = array("i", [0]) * num_blocks
-        # Owner id per block (0: not cached); ids map to the tree's nodes through _owners.
-        self._owner = array("l", [0]) * num_blocks
-        self._owners: dict[int, BlockOwner] = {}
+        self._rc: list[int] = [0] * num_blocks
+        self._owner: list[BlockOwner | None] = [None] * num_blocks
         # Popped from the end: block 1 is handed out first.
-        self._free = array("l", range(num_blocks - 1, 0, -1))
+        self._free: list[int] = list(range(num_blocks - 1, 0, -1))
         self._evictable = 0
         self._tree_attached = False  # at most one RadixTree per pool
 
@@ -151,14 +133,14 @@ class BlockPool:
         free = self._free
         if n > len(free):
             raise OutOfBlocks(n, len(free), self._evictable)
-        out = free[-n:].tolist()
+        out = free[-n:]
         del free[-n:]
         out.reverse()  # lowest ids first
         rc = self._rc
         runs = block_runs(out)
         if runs is not None:
             for a, k in runs:  # mostly contiguous ids: one C-level slice store per run
-                rc[a : a + k] = filled(rc, 1, k)
+                rc[a : a + k] = [1] * k
         else:
             for b in out:
                 rc[b] = 1
@@ -172,9 +154,8 @@ class BlockPool:
         c = rc[block] + 1
         rc[block] = c
         if c == 2:
-            oid = self._owner[block]
-            if oid:
-                owner = self._owners[oid]
+            owner = self._owner[block]
+            if owner is not None:
                 owner.n_solo -= 1
                 if owner.hold == 0:
                     self._evictable -= 1
@@ -190,9 +171,8 @@ class BlockPool:
             self._free.append(block)
             return True
         if c == 1:
-            oid = self._owner[block]
-            if oid:
-                owner = self._owners[oid]
+            owner = self._owner[block]
+            if owner is not None:
                 owner.n_solo += 1
                 if owner.hold == 0:
                     self._evictable += 1
@@ -209,9 +189,8 @@ class BlockPool:
             c = rc[b] + 1
             rc[b] = c
             if c == 2:
-                oid = owner[b]
-                if oid:
-                    o = self._owners[oid]
+                o = owner[b]
+                if o is not None:
                     o.n_solo -= 1
                     if o.hold == 0:
                         self._evictable -= 1
@@ -232,9 +211,8 @@ class BlockPool:
                 free.append(b)
                 freed += 1
             elif c == 1:
-                oid = owner[b]
-                if oid:
-                    o = self._owners[oid]
+                o = owner[b]
+                if o is not None:
                     o.n_solo += 1
                     if o.hold == 0:
                         self._evictable += 1
@@ -243,11 +221,8 @@ class BlockPool:
     # ------------------------------------------------------- cache ownership
     # Used by RadixTree only: it marks the blocks it stores so refcount changes made by tables keep
     # the evictable count exact without the tree scanning anything.
-    def _register(self, nid: int, owner: BlockOwner) -> None:
-        self._owners[nid] = owner
-
-    def _unregister(self, nid: int) -> None:
-        self._owners.pop(nid, None)
+    def _set_owner(self, block: int, owner: BlockOwner | None) -> None:
+        self._owner[block] = owner
 
     # ------------------------------------------------------------ validation
     def _check_id(self, block: int) -> None:

@@ -2,12 +2,11 @@
 
 from __future__ import annotations
 
-from array import array
 from collections.abc import Sequence
 
 from radixd.radix.errors import InvalidRequest, UnknownLease
 from radixd.radix.node import TOKEN_BYTES, Node, Tokens, as_tokens, common_prefix_len
-from radixd.radix.pool import block_runs, filled
+from radixd.radix.pool import block_runs
 from radixd.radix.results import InsertResult, Lease, PrefixMatch
 from radixd.radix.tree_admin import FlushMode, TreeAdmin
 from radixd.radix.tree_core import EVICT_REASONS
@@ -254,30 +253,28 @@ class RadixTree(TreeAdmin):
         nblocks = pool.num_blocks
         self._clock += 1
         leaf = Node(tokens, blocks, parent, tokens[: self._bb], self._clock)
-        nid = self._new_owner(leaf)
         step = 0 if donate else 1  # donated blocks keep the caller's reference; others gain one
         runs = block_runs(blocks)
         if runs is not None and _disjoint_within(runs, nblocks):
             segs = [rc[a : a + k] for a, k in runs]
-            if all(0 not in seg for seg in segs) and all(owner[a : a + k].count(0) == k for a, k in runs):
+            if all(0 not in seg for seg in segs) and all(owner[a : a + k].count(None) == k for a, k in runs):
                 # Allocated and not cached yet (runs are disjoint): adopt with slice stores.
                 solo = 0
                 for (a, k), seg in zip(runs, segs, strict=True):
                     if donate:
                         solo += seg.count(1)
                     else:
-                        rc[a : a + k] = array(rc.typecode, [c + 1 for c in seg])
-                    owner[a : a + k] = filled(owner, nid, k)
+                        rc[a : a + k] = [c + 1 for c in seg]
+                    owner[a : a + k] = [leaf] * k
                 return self._finish_leaf(parent, leaf, solo)
         # One pass: validate and adopt; undo on the first bad block so a failed insert changes nothing.
         solo = 0
         for i, b in enumerate(blocks):
-            if not 0 < b < nblocks or rc[b] == 0 or owner[b]:
+            if not 0 < b < nblocks or rc[b] == 0 or owner[b] is not None:
                 cached = 0 < b < nblocks and rc[b] > 0
                 for a in blocks[:i]:
                     rc[a] -= step
-                    owner[a] = 0
-                pool._unregister(nid)
+                    owner[a] = None
                 if parent.parent is None and not parent.children:
                     self._drop_root(parent)  # created for this insert only
                 if cached:
@@ -292,7 +289,7 @@ class RadixTree(TreeAdmin):
             rc[b] = c
             if c == 1:
                 solo += 1
-            owner[b] = nid
+            owner[b] = leaf
         return self._finish_leaf(parent, leaf, solo)
 
     def _finish_leaf(self, parent: Node, leaf: Node, solo: int) -> Node:

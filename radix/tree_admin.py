@@ -108,13 +108,12 @@ class TreeAdmin(TreeCore):
                 if x.hold == 0:
                     pool._evictable -= x.n_solo
                 for b in x.blocks:
-                    owner[b] = 0
+                    owner[b] = None
                     pool.decref(b)
                 dropped += len(x.blocks)
                 x.alive = False
                 x.in_lru = False
         self._evicted["flush"] += dropped
-        pool._owners.clear()
         self._roots.clear()
         self._lru = LruIndex()
         self._pins.clear()

@@ -9,7 +9,7 @@ from __future__ import annotations
 from radixd.radix.errors import InvalidRequest, RadixError, UnknownLease
 from radixd.radix.lru import LruIndex
 from radixd.radix.node import TOKEN_BYTES, Node, Tokens
-from radixd.radix.pool import BlockPool, block_runs, filled
+from radixd.radix.pool import BlockPool, block_runs
 from radixd.radix.results import CacheStats, Lease
 
 EVICT_REASONS = ("lru", "prefix", "flush", "superseded")
@@ -27,7 +27,6 @@ class TreeCore:
         self.pool = pool
         self.block_size = pool.block_size
         self._bb = pool.block_size * TOKEN_BYTES  # a block's tokens, in packed bytes
-        self._next_nid = 0
         self.pin_budget_blocks = int(pin_budget_fraction * pool.num_usable)
         self._roots: dict[str, Node] = {}
         self._lru = LruIndex()
@@ -107,10 +106,9 @@ class TreeCore:
         upper.pin = child.pin
         rc = self.pool._rc
         owner = self.pool._owner
-        nid = self._new_owner(upper)
         solo = 0
         for b in upper.blocks:
-            owner[b] = nid
+            owner[b] = upper
             if rc[b] == 1:
                 solo += 1
         upper.n_solo = solo
@@ -138,11 +136,11 @@ class TreeCore:
             runs = block_runs(blocks)
             if runs is not None:
                 for a, k in runs:
-                    owner[a : a + k] = filled(owner, 0, k)
-                    rc[a : a + k] = filled(rc, 0, k)
+                    owner[a : a + k] = [None] * k
+                    rc[a : a + k] = [0] * k
             else:
                 for b in blocks:
-                    owner[b] = 0
+                    owner[b] = None
                     rc[b] = 0
             # Pushed in descending order so the next allocate (which pops and reverses) gets
             # ascending runs back.
@@ -152,14 +150,13 @@ class TreeCore:
         else:
             # Inlined decref: owner is cleared first, so the pool's ownership hook has nothing to do.
             for b in reversed(blocks):
-                owner[b] = 0
+                owner[b] = None
                 c = rc[b] - 1
                 rc[b] = c
                 if c == 0:
                     free.append(b)
                     if freed is not None:
                         freed.append(b)
-        self.pool._unregister(node.nid)
         node.alive = False
         node.n_solo = 0
         self._nodes -= 1
@@ -170,13 +167,6 @@ class TreeCore:
                 self._lru.add(parent)
         elif not parent.children and not keep_root:
             self._drop_root(parent)
-
-    def _new_owner(self, node: Node) -> int:
-        """Give ``node`` a pool owner id (blocks record ids, not objects: the GC never walks them)."""
-        self._next_nid += 1
-        node.nid = self._next_nid
-        self.pool._register(node.nid, node)
-        return node.nid
 
     def _drop_root(self, root: Node) -> None:
         for ns, r in self._roots.items():
