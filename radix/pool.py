@@ -11,44 +11,34 @@ NULL_BLOCK = 0
 """Block 0 is never handed out: padded block-table entries point at it."""
 
 
-def block_runs(blocks: list[int], max_runs: int = 4) -> list[tuple[int, int]] | None:
-    """Split ``blocks`` into maximal runs of consecutive ascending ids: ``[(first_id, length), ...]``.
+def block_runs(blocks: list[int]) -> list[tuple[int, int]] | None:
+    """``blocks`` as one or two runs of consecutive ascending ids: ``[(first_id, length), ...]``.
 
-    Allocation and eviction keep a request's blocks mostly contiguous, so bulk updates (refcounts,
-    ownership) can use one C-level slice store per run instead of a Python step per block. Finds each
-    run with O(log n) probes and verifies it with one slice comparison. Returns None when the list is
-    too fragmented (more than ``max_runs`` runs, or runs averaging under 4 blocks) to be worth it.
+    Allocation hands out mostly contiguous ids, so bulk updates (refcounts, ownership) can use one
+    C-level slice store per run instead of a Python step per block. Finds the break with O(log n)
+    probes and verifies each run with one slice comparison; returns None for anything more fragmented
+    (the caller then takes its per-block path), so a miss costs only a few probes.
     """
     n = len(blocks)
     if n < 2:
         return None
-    runs: list[tuple[int, int]] = []
-    i = 0
-    limit = min(max_runs, n // 4)
-    while i < n:
-        if len(runs) >= limit:
-            return None
-        v = blocks[i]
-        rem = n - i
-        if blocks[n - 1] == v + rem - 1 and blocks[i:] == list(range(v, v + rem)):
-            runs.append((v, rem))
-            return runs
-        # Largest k with blocks[i + k - 1] == v + k - 1 (probe by doubling, then bisect), then verify.
-        k = 1
-        while k * 2 <= rem and blocks[i + k * 2 - 1] == v + k * 2 - 1:
-            k *= 2
-        lo, hi = k, min(k * 2, rem + 1)
-        while hi - lo > 1:
-            mid = (lo + hi) >> 1
-            if blocks[i + mid - 1] == v + mid - 1:
-                lo = mid
-            else:
-                hi = mid
-        if blocks[i : i + lo] != list(range(v, v + lo)):
-            return None  # the probes were fooled by a non-monotone list: use the per-block path
-        runs.append((v, lo))
-        i += lo
-    return runs
+    a = blocks[0]
+    if blocks[-1] == a + n - 1 and blocks == list(range(a, a + n)):
+        return [(a, n)]
+    lo, hi = 1, n  # the probe blocks[m - 1] == a + m - 1 holds for m = lo and fails for m = hi
+    while hi - lo > 1:
+        mid = (lo + hi) >> 1
+        if blocks[mid - 1] == a + mid - 1:
+            lo = mid
+        else:
+            hi = mid
+    b = blocks[lo]
+    rest = n - lo
+    if blocks[-1] != b + rest - 1 or blocks[lo:] != list(range(b, b + rest)):
+        return None
+    if blocks[:lo] != list(range(a, a + lo)):
+        return None  # the probes were fooled by a non-monotone list
+    return [(a, lo), (b, rest)]
 
 
 class BlockOwner(Protocol):
