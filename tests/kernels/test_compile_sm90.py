@@ -17,6 +17,7 @@ import pytest
 triton = pytest.importorskip("triton")
 from triton.backends.compiler import GPUTarget  # noqa: E402
 from triton.compiler import ASTSource  # noqa: E402
+from triton.runtime.jit import JITFunction  # noqa: E402
 
 import radixd.kernels  # noqa: E402,F401
 
@@ -38,7 +39,7 @@ pytestmark = [
 
 
 def _compile(fn: Callable[..., None], types: dict[str, str], consts: dict[str, Any], **options: int) -> Any:
-    jf = triton.jit(fn)
+    jf = JITFunction(fn)  # not triton.jit: that returns an interpreter wrapper under TRITON_INTERPRET=1
     signature = {name: ("constexpr" if name in consts else types[name]) for name in jf.arg_names}
     src = ASTSource(jf, signature, consts, attrs={})
     return triton.compile(src, target=GPUTarget("cuda", 90, 32), options={"num_warps": 4, **options})
