@@ -20,6 +20,7 @@ import structlog
 from radixd.daemon.engine.admin import AdminMixin
 from radixd.daemon.engine.config import EngineConfig
 from radixd.daemon.engine.kv import KVManager
+from radixd.daemon.engine.outputs import OutputMixin
 from radixd.daemon.engine.scheduler import Planned, Scheduler
 from radixd.daemon.engine.sequence import RequestState, SeqStatus, Sequence
 from radixd.daemon.engine.sessions import SessionManager
@@ -27,13 +28,11 @@ from radixd.daemon.engine.swap import HostSwap
 from radixd.daemon.engine.textstream import TextStream
 from radixd.daemon.engine.types import (
     EngineError,
-    FinishReason,
     GenerateRequest,
     InvalidRequest,
     RequestOutput,
-    RequestTooLarge,
-    TokenLogprob,
 )
+from radixd.daemon.engine.validation import ValidationMixin
 from radixd.daemon.runner import ModelRunner, StepSeq
 from radixd.daemon.sampling import SampleResult, SamplingState
 from radixd.daemon.tokenizer import TextTokenizer
@@ -62,7 +61,7 @@ def copy_waves(ops: list[tuple[int, int, int]]) -> list[list[tuple[int, int, int
     return waves
 
 
-class EngineCore(AdminMixin):
+class EngineCore(ValidationMixin, OutputMixin, AdminMixin):
     """Engine state and the step function (single-threaded)."""
 
     def __init__(
@@ -109,87 +108,10 @@ class EngineCore(AdminMixin):
         self.peak_used_blocks = 0
         self.peak_active_blocks = 0
 
-    # ---- validation (thread-safe: reads immutable config only) -----------------------------------
-    def usable_blocks(self) -> int:
-        return self.pool.num_blocks - 1  # block 0 is the null block
-
-    def check_fits(self, prompt_len: int, req: GenerateRequest) -> None:
-        """Raise RequestTooLarge when the request could never run, even alone in an empty pool."""
-        p = req.sampling
-        total = prompt_len + p.max_tokens
-        if total > self.max_model_len:
-            raise RequestTooLarge(
-                f"prompt ({prompt_len} tokens) + max_tokens ({p.max_tokens}) = {total} exceeds the context"
-                f" limit of {self.max_model_len} tokens; shorten the prompt or lower max_tokens"
-            )
-        width = max(p.n, req.beam_width, 1)
-        # The shared prompt once, then per output its generated tokens plus one copied partial block.
-        need = self.kv.blocks_for(prompt_len) + (width if width > 1 else 0) * (
-            self.kv.blocks_for(p.max_tokens) + 1
-        )
-        if width == 1:
-            need = self.kv.blocks_for(total)
-        if need > self.usable_blocks():
-            raise RequestTooLarge(
-                f"the request needs up to {need} KV blocks of {self.block_size} tokens but the pool has"
-                f" {self.usable_blocks()}; lower max_tokens / n or start the daemon with more KV memory"
-            )
-
-    def validate(self, req: GenerateRequest) -> None:
-        """Checks that need no engine state; raise InvalidRequest / RequestTooLarge."""
-        if not req.request_id:
-            raise InvalidRequest("request_id must be a non-empty string")
-        ids = req.prompt_token_ids
-        if not ids and req.session_id is None:
-            raise InvalidRequest("the prompt is empty; send at least one token")
-        bad = [
-            t for t in ids if isinstance(t, bool) or not isinstance(t, int) or not 0 <= t < self.vocab_size
-        ]
-        if bad:
-            raise InvalidRequest(
-                f"prompt token ids must be integers in [0, {self.vocab_size}); got {bad[:5]}"
-            )
-        if req.beam_width < 0 or req.beam_width > 10:
-            raise InvalidRequest(f"beam_width must be in [0, 10], got {req.beam_width}")
-        if req.beam_width and req.sampling.n > req.beam_width:
-            raise InvalidRequest(f"n ({req.sampling.n}) must not exceed beam_width ({req.beam_width})")
-        self.check_fits(len(ids), req)
-
     # ---- requests --------------------------------------------------------------------------------
     def _new_seq_id(self) -> int:
         self._next_seq_id += 1
         return self._next_seq_id
-
-    def _emit(self, sink: Sink, out: RequestOutput) -> None:
-        try:
-            sink(out)
-        except Exception:  # a broken sink must not take the engine down
-            log.exception("engine.sink_failed", request_id=out.request_id)
-
-    def reject(self, req: GenerateRequest, sink: Sink, exc: EngineError) -> None:
-        """Finish a request that never ran with an error output for each index."""
-        self.counters["requests_rejected"] += 1
-        log.info("engine.reject", request_id=req.request_id, error=str(exc), code=exc.code)
-        for i in range(max(req.sampling.n, 1)):
-            self._emit(
-                sink,
-                RequestOutput(
-                    request_id=req.request_id,
-                    index=i,
-                    new_token_ids=[],
-                    text_delta="",
-                    logprobs=None,
-                    prompt_tokens=len(req.prompt_token_ids),
-                    cached_tokens=0,
-                    completion_tokens=0,
-                    finished=True,
-                    finish_reason="error",
-                    error=str(exc),
-                    error_code=exc.code,
-                    session_id=req.session_id,
-                ),
-            )
-        self.on_request_done(req.request_id)
 
     def add_request(self, req: GenerateRequest, sink: Sink) -> None:
         """Queue a validated request (engine thread)."""
@@ -406,96 +328,6 @@ class EngineCore(AdminMixin):
             beam_step(self, seq, res)
             return
         self._accept(seq, res)
-
-    def _accept(self, seq: Sequence, res: SampleResult) -> None:
-        r = seq.request
-        tok = res.token_id
-        seq.tokens.append(tok)
-        if seq.sampling is not None:
-            seq.sampling.append(tok)
-        self.counters["generated_tokens"] += 1
-        if r.first_token_at is None:
-            r.first_token_at = time.monotonic()
-        seq.pending_tokens.append(tok)
-        if r.req.sampling.logprobs is not None and res.logprob is not None:
-            seq.pending_logprobs.append(TokenLogprob(tok, res.logprob, list(res.top_logprobs)))
-        reason: FinishReason | None = seq.sampling.finish_reason(tok) if seq.sampling is not None else None  # type: ignore[assignment]
-        delta = seq.text.push(tok) if seq.text is not None else ""
-        if seq.text is not None and seq.text.stopped:
-            reason = "stop"
-        elif reason is None and len(seq.tokens) >= self.max_model_len:
-            reason = "length"
-        if reason is None:
-            self._send(seq, delta)
-            return
-        if seq.text is not None:
-            delta += seq.text.finish()
-        self._send(seq, delta, reason)
-        self._finish_seq(seq, reason, emit=False)
-        if not r.live_seqs:
-            self._finish_request(r)
-
-    def _send(
-        self, seq: Sequence, delta: str, reason: FinishReason | None = None, error: str | None = None
-    ) -> None:
-        r = seq.request
-        now = time.monotonic()
-        out = RequestOutput(
-            request_id=r.request_id,
-            index=max(seq.index, 0),
-            new_token_ids=seq.pending_tokens,
-            text_delta=delta,
-            logprobs=seq.pending_logprobs if r.req.sampling.logprobs is not None else None,
-            prompt_tokens=r.prompt_len,
-            cached_tokens=r.cached_tokens or 0,
-            completion_tokens=max(0, seq.num_generated),
-            finished=reason is not None,
-            finish_reason=reason,
-            error=error,
-            queue_time_s=(r.admitted_at or now) - r.arrival if r.cached_tokens is not None else None,
-            ttft_s=r.first_token_at - r.arrival if r.first_token_at is not None else None,
-            error_code="internal" if reason == "error" else None,
-            session_id=r.req.session_id,
-        )
-        seq.pending_tokens = []
-        seq.pending_logprobs = []
-        self._emit(r.sink, out)
-
-    def _finish_seq(self, seq: Sequence, reason: FinishReason, emit: bool, error: str | None = None) -> None:
-        """End one sequence: its computed tokens go into the tree, its blocks and lease are freed."""
-        if emit:
-            indexes = [seq.index] if not seq.is_root else list(range(seq.request.n))
-            for i in indexes:
-                seq.index = i
-                self._send(seq, "", reason, error)
-        self.scheduler.remove(seq)
-        if self.swap is not None and seq.host_blocks:
-            self.swap.drop(seq)
-        self.kv.insert_all(seq)
-        self.kv.release(seq)
-        seq.status = SeqStatus.FINISHED
-        seq.finish_reason = reason
-
-    def _finish_request(self, r: RequestState) -> None:
-        if r.done:
-            return
-        r.done = True
-        self.requests.pop(r.request_id, None)
-        self.counters["requests_finished"] += 1
-        self.counters["cached_tokens"] += r.cached_tokens or 0
-        ok = all(s.finish_reason in ("stop", "length") for s in r.seqs)
-        if r.req.session_id is not None:
-            best = next((s for s in r.seqs if s.index == 0), None)
-            self.sessions.end_turn(r.req.session_id, best.tokens if ok and best is not None else None)
-        log.info(
-            "engine.finished",
-            request_id=r.request_id,
-            reasons=[s.finish_reason for s in r.seqs],
-            prompt_tokens=r.prompt_len,
-            cached_tokens=r.cached_tokens,
-            completion_tokens=sum(max(0, s.num_generated) for s in r.seqs),
-        )
-        self.on_request_done(r.request_id)
 
     # ---- timers ----------------------------------------------------------------------------------
     def idle_wait_s(self) -> float:

@@ -1,0 +1,167 @@
+"""Outputs and endings: accept sampled tokens, stream them to sinks, finish sequences and requests.
+
+A finished sequence inserts every computed token into the tree (so the next turn hits) and frees its
+table, lease and host blocks; a finished request advances its session and tells the engine.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from typing import TYPE_CHECKING
+
+import structlog
+
+from radixd.daemon.engine.sequence import RequestState, SeqStatus, Sequence
+from radixd.daemon.engine.types import (
+    EngineError,
+    FinishReason,
+    GenerateRequest,
+    RequestOutput,
+    TokenLogprob,
+)
+from radixd.daemon.sampling import SampleResult
+
+if TYPE_CHECKING:
+    from radixd.daemon.engine.kv import KVManager
+    from radixd.daemon.engine.scheduler import Scheduler
+    from radixd.daemon.engine.sessions import SessionManager
+    from radixd.daemon.engine.swap import HostSwap
+
+Sink = Callable[[RequestOutput], None]
+
+log = structlog.get_logger("radixd.engine")
+
+
+class OutputMixin:
+    """Token acceptance and request endings of EngineCore."""
+
+    requests: dict[str, RequestState]
+    scheduler: Scheduler
+    kv: KVManager
+    swap: HostSwap | None
+    sessions: SessionManager
+    counters: dict[str, int]
+    max_model_len: int
+    on_request_done: Callable[[str], None]
+
+    def _emit(self, sink: Sink, out: RequestOutput) -> None:
+        try:
+            sink(out)
+        except Exception:  # a broken sink must not take the engine down
+            log.exception("engine.sink_failed", request_id=out.request_id)
+
+    def reject(self, req: GenerateRequest, sink: Sink, exc: EngineError) -> None:
+        """Finish a request that never ran with an error output for each index."""
+        self.counters["requests_rejected"] += 1
+        log.info("engine.reject", request_id=req.request_id, error=str(exc), code=exc.code)
+        for i in range(max(req.sampling.n, 1)):
+            self._emit(
+                sink,
+                RequestOutput(
+                    request_id=req.request_id,
+                    index=i,
+                    new_token_ids=[],
+                    text_delta="",
+                    logprobs=None,
+                    prompt_tokens=len(req.prompt_token_ids),
+                    cached_tokens=0,
+                    completion_tokens=0,
+                    finished=True,
+                    finish_reason="error",
+                    error=str(exc),
+                    error_code=exc.code,
+                    session_id=req.session_id,
+                ),
+            )
+        self.on_request_done(req.request_id)
+
+    def _accept(self, seq: Sequence, res: SampleResult) -> None:
+        r = seq.request
+        tok = res.token_id
+        seq.tokens.append(tok)
+        if seq.sampling is not None:
+            seq.sampling.append(tok)
+        self.counters["generated_tokens"] += 1
+        if r.first_token_at is None:
+            r.first_token_at = time.monotonic()
+        seq.pending_tokens.append(tok)
+        if r.req.sampling.logprobs is not None and res.logprob is not None:
+            seq.pending_logprobs.append(TokenLogprob(tok, res.logprob, list(res.top_logprobs)))
+        reason: FinishReason | None = seq.sampling.finish_reason(tok) if seq.sampling is not None else None  # type: ignore[assignment]
+        delta = seq.text.push(tok) if seq.text is not None else ""
+        if seq.text is not None and seq.text.stopped:
+            reason = "stop"
+        elif reason is None and len(seq.tokens) >= self.max_model_len:
+            reason = "length"
+        if reason is None:
+            self._send(seq, delta)
+            return
+        if seq.text is not None:
+            delta += seq.text.finish()
+        self._send(seq, delta, reason)
+        self._finish_seq(seq, reason, emit=False)
+        if not r.live_seqs:
+            self._finish_request(r)
+
+    def _send(
+        self, seq: Sequence, delta: str, reason: FinishReason | None = None, error: str | None = None
+    ) -> None:
+        r = seq.request
+        now = time.monotonic()
+        out = RequestOutput(
+            request_id=r.request_id,
+            index=max(seq.index, 0),
+            new_token_ids=seq.pending_tokens,
+            text_delta=delta,
+            logprobs=seq.pending_logprobs if r.req.sampling.logprobs is not None else None,
+            prompt_tokens=r.prompt_len,
+            cached_tokens=r.cached_tokens or 0,
+            completion_tokens=max(0, seq.num_generated),
+            finished=reason is not None,
+            finish_reason=reason,
+            error=error,
+            queue_time_s=(r.admitted_at or now) - r.arrival if r.cached_tokens is not None else None,
+            ttft_s=r.first_token_at - r.arrival if r.first_token_at is not None else None,
+            error_code="internal" if reason == "error" else None,
+            session_id=r.req.session_id,
+        )
+        seq.pending_tokens = []
+        seq.pending_logprobs = []
+        self._emit(r.sink, out)
+
+    def _finish_seq(self, seq: Sequence, reason: FinishReason, emit: bool, error: str | None = None) -> None:
+        """End one sequence: its computed tokens go into the tree, its blocks and lease are freed."""
+        if emit:
+            indexes = [seq.index] if not seq.is_root else list(range(seq.request.n))
+            for i in indexes:
+                seq.index = i
+                self._send(seq, "", reason, error)
+        self.scheduler.remove(seq)
+        if self.swap is not None and seq.host_blocks:
+            self.swap.drop(seq)
+        self.kv.insert_all(seq)
+        self.kv.release(seq)
+        seq.status = SeqStatus.FINISHED
+        seq.finish_reason = reason
+
+    def _finish_request(self, r: RequestState) -> None:
+        if r.done:
+            return
+        r.done = True
+        self.requests.pop(r.request_id, None)
+        self.counters["requests_finished"] += 1
+        self.counters["cached_tokens"] += r.cached_tokens or 0
+        ok = all(s.finish_reason in ("stop", "length") for s in r.seqs)
+        if r.req.session_id is not None:
+            best = next((s for s in r.seqs if s.index == 0), None)
+            self.sessions.end_turn(r.req.session_id, best.tokens if ok and best is not None else None)
+        log.info(
+            "engine.finished",
+            request_id=r.request_id,
+            reasons=[s.finish_reason for s in r.seqs],
+            prompt_tokens=r.prompt_len,
+            cached_tokens=r.cached_tokens,
+            completion_tokens=sum(max(0, s.num_generated) for s in r.seqs),
+        )
+        self.on_request_done(r.request_id)
