@@ -16,7 +16,7 @@ from typing import Any
 
 import numpy as np
 
-from radixd.radix import TOKEN_BYTES, BlockPool, PrefixMatch, RadixTree, TokenKey
+from radixd.radix import BlockPool, PrefixMatch, RadixTree, TokenKey
 from radixd.radix.verify import check_consistency
 
 
@@ -53,7 +53,7 @@ class Adapter:
         if aligned < len(blocks):  # the unaligned tail is not cached (as in the peer's protocol)
             self.pool.decref(blocks[-1])
         # donate: the tree keeps our reference on what it adopts and releases duplicates.
-        self.tree.insert(tokens[: aligned * B * TOKEN_BYTES], blocks[:aligned], donate=True)
+        self.tree.insert(tokens[: aligned * B], blocks[:aligned], donate=True)
 
     def release(self, handle: PrefixMatch) -> None:
         handle.lease.release()

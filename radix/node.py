@@ -2,8 +2,11 @@
 
 from __future__ import annotations
 
+import sys
 from array import array
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
+from operator import index
+from typing import SupportsIndex, overload
 
 from radixd.radix.errors import InvalidRequest
 
@@ -15,12 +18,40 @@ Tokens = bytes
 
 
 class TokenKey(bytes):
-    """Packed token ids (see :func:`encode_tokens`) whose ``len()`` counts tokens, not bytes."""
+    """Packed token ids (see :func:`encode_tokens`) that behave like a sequence of token ids.
+
+    ``len()``, indexing, slicing (which returns a TokenKey) and iteration count tokens, not bytes, so
+    ``key[:-1]`` drops the last token. The tree reads the raw bytes.
+    """
 
     __slots__ = ()
 
     def __len__(self) -> int:
         return bytes.__len__(self) // TOKEN_BYTES
+
+    @overload
+    def __getitem__(self, key: SupportsIndex) -> int: ...
+    @overload
+    def __getitem__(self, key: slice) -> TokenKey: ...
+    def __getitem__(self, key: SupportsIndex | slice) -> int | TokenKey:
+        if isinstance(key, slice):
+            start, stop, step = key.indices(len(self))
+            if step == 1:
+                return TokenKey(
+                    bytes.__getitem__(self, slice(start * TOKEN_BYTES, max(start, stop) * TOKEN_BYTES))
+                )
+            return encode_tokens(token_ids(self)[key])
+        i = index(key)
+        n = len(self)
+        if i < 0:
+            i += n
+        if not 0 <= i < n:
+            raise IndexError("TokenKey index out of range")
+        raw = bytes.__getitem__(self, slice(i * TOKEN_BYTES, (i + 1) * TOKEN_BYTES))
+        return int.from_bytes(raw, sys.byteorder, signed=True)
+
+    def __iter__(self) -> Iterator[int]:
+        return iter(token_ids(self))
 
 
 def encode_tokens(tokens: Sequence[int]) -> TokenKey:

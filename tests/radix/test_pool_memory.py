@@ -94,6 +94,11 @@ def test_token_keys_pack_and_validate() -> None:
     assert len(key) == 3 and len(bytes(key)) == 3 * TOKEN_BYTES
     assert token_ids(key) == [1, 2, 70000]
     assert as_tokens(key) == as_tokens((1, 2, 70000)) == as_tokens([1, 2, 70000])
+    assert key[-1] == 70000 and key[0] == 1 and list(key) == [1, 2, 70000]
+    assert isinstance(key[:-1], type(key)) and list(key[:-1]) == [1, 2] and len(key[1:]) == 2
+    assert list(key[::-1]) == [70000, 2, 1] and len(key[5:]) == 0
+    with pytest.raises(IndexError):
+        key[3]
     with pytest.raises(InvalidRequest, match="token ids must be integers"):
         as_tokens([2**40])
     with pytest.raises(InvalidRequest, match="multiple of 4 bytes"):
