@@ -3,6 +3,24 @@
 Public API (the server calls only this): `Engine` (engine.py) with `start`, `shutdown`, `submit`,
 `abort`, `call`, `flush`; request/response types and errors in `types.py`; `EngineConfig` in
 `config.py`; `build_engine` (factory.py) builds model, runner, tokenizer and core from a model path.
+
+Semantics callers rely on:
+- `submit` raises `InvalidRequest` / `RequestTooLarge` (never fits: context limit or pool size),
+  `QueueFull`, `EngineStopped`; later failures (unknown session: code "not_found", a session busy
+  with another turn: "failed_precondition") arrive as a finished output with finish_reason "error"
+  and `error_code`. Every error class has a `code` naming its gRPC status class.
+- Outputs: one `RequestOutput` per step per running output index (n > 1: indexes 0..n-1; beam search:
+  the n best hypotheses once, at the end); the request is complete when every index has finished.
+- `cached_tokens`: prompt tokens supplied by the prefix cache at first admission. The last prompt
+  token is always computed (for logits); a previous turn's last generated token has no KV (it was
+  never fed back), so turn 2 of a conversation reports turn 1's prompt + output - 1.
+- Session turns: with `session_id`, `prompt_token_ids` are the new turn's tokens; the prompt is the
+  session's tokens + them; a turn that ends with "stop"/"length" advances the session (an abort or
+  error leaves it unchanged).
+- Admin / sessions run on the engine thread: `engine.call(lambda core: core.evict(64))`,
+  `core.evict_prefix`, `core.flush(mode)`, `engine.flush("wait_idle", timeout_s)`, `core.pin` /
+  `unpin`, `core.lookup_prefix`, `core.stats()`, `core.load()`, `core.list_sessions()`,
+  `core.sessions.create/get/fork/close/release_lease`.
 """
 
 from radixd.daemon.engine.config import EngineConfig

@@ -46,10 +46,12 @@ class OutputMixin:
     on_request_done: Callable[[str], None]
 
     def _emit(self, sink: Sink, out: RequestOutput) -> None:
-        try:
-            sink(out)
-        except Exception:  # a broken sink must not take the engine down
-            log.exception("engine.sink_failed", request_id=out.request_id)
+        # NOTE: the request id is bound while the sink runs, so whatever it logs carries it.
+        with structlog.contextvars.bound_contextvars(request_id=out.request_id):
+            try:
+                sink(out)
+            except Exception:  # a broken sink must not take the engine down
+                log.exception("engine.sink_failed")
 
     def reject(self, req: GenerateRequest, sink: Sink, exc: EngineError) -> None:
         """Finish a request that never ran with an error output for each index."""
