@@ -19,7 +19,8 @@ from collections.abc import Callable
 import torch
 import torch.nn.functional as F
 
-from radixd.kernels.paged_decode import gather_kv, paged_decode_torch
+from radixd.kernels.paged_decode import paged_decode_torch
+from radixd.kernels.paging import gather_kv
 
 DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
 

@@ -11,13 +11,13 @@ SDPA call in which the G query heads of a kv head play the role of G query rows 
 
 from __future__ import annotations
 
-import math
-
 import torch
 import torch.nn.functional as F
 
+from radixd.kernels import paging
 from radixd.kernels.checks import check_block_tables, check_cache, check_int_vector, check_query
 from radixd.kernels.dispatch import LazyKernel, check_same_device, resolve_backend
+from radixd.kernels.paging import chunk_starts, gather_kv, length_chunks
 
 try:  # triton is a hard dependency, but keep the torch path importable without it
     import triton
@@ -62,52 +62,6 @@ def paged_decode(
 # ----------------------------------------------------------------------------------------------
 
 
-def gather_kv(
-    cache: torch.Tensor, block_tables: torch.Tensor, num_blocks: int, out: torch.Tensor | None = None
-) -> torch.Tensor:
-    """Gather the first ``num_blocks`` table entries of every sequence: [S, num_blocks * B, Hkv, D]."""
-    s = block_tables.shape[0]
-    _, b, h, d = cache.shape
-    if num_blocks > block_tables.shape[1]:
-        raise ValueError(
-            f"block_tables has {block_tables.shape[1]} columns but a sequence length needs {num_blocks} "
-            f"blocks of {b} tokens: the table must cover every position below seq_len"
-        )
-    idx = block_tables[:, :num_blocks].reshape(-1)  # int32 or int64: index_select takes both
-    # NOTE: index_select on the block axis copies whole dense blocks (B*H*D elements) per index,
-    # the cheapest gather torch offers on CPU.
-    if out is None:
-        return cache.index_select(0, idx).view(s, num_blocks * b, h, d)
-    buf = out.view(-1)[: idx.numel() * b * h * d].view(idx.numel(), b, h, d)
-    torch.index_select(cache, 0, idx, out=buf)
-    return buf.view(s, num_blocks * b, h, d)
-
-
-# Gathered K+V bytes per chunk of sequences: small enough to stay in the CPU's L2/L3 between the
-# gather and the attention that reads it (measured: 4-16 MiB chunks beat one big gather by ~5x).
-CHUNK_BYTES = 8 << 20
-
-
-def length_chunks(
-    lens: torch.Tensor, block_size: int, bytes_per_block: int
-) -> tuple[torch.Tensor, list[int]]:
-    """Sort sequences by length (longest first) and cut them into chunks of about CHUNK_BYTES.
-
-    Returns the order (a permutation of sequence indices, empty sequences dropped) and the chunk
-    sizes; similar lengths share a chunk, so padding to the chunk's longest sequence stays small.
-    """
-    lens = lens.long().cpu()
-    order = torch.argsort(lens, descending=True, stable=True)
-    order = order[lens[order] > 0]
-    if order.numel() == 0:
-        return order, []
-    blocks = (lens[order] + block_size - 1) // block_size
-    cost = torch.cumsum(blocks * bytes_per_block, 0)
-    chunk_id = torch.div(cost - 1, CHUNK_BYTES, rounding_mode="floor")
-    _, counts = torch.unique_consecutive(chunk_id, return_counts=True)
-    return order, [int(c) for c in counts]
-
-
 def paged_decode_torch(
     q: torch.Tensor,
     k_cache: torch.Tensor,
@@ -137,7 +91,7 @@ def paged_decode_torch(
     qg = q.view(s, hkv, group, d).to(k_cache.dtype)
     block_bytes = b * hkv * d * k_cache.element_size()
     nb = (max_len + b - 1) // b
-    if s * nb * 2 * block_bytes <= CHUNK_BYTES:
+    if s * nb * 2 * block_bytes <= paging.CHUNK_BYTES:
         out = _attend(qg, k_cache, v_cache, block_tables, lens, nb, scale, None, None)
         if bool((lens == 0).any()):
             # NOTE: an all-masked row (length 0) comes back NaN from SDPA; the contract says zeros.
@@ -148,7 +102,7 @@ def paged_decode_torch(
     lens = lens.long()
     order_dev = order.to(q.device)
     buf_blocks = max(
-        c * ((int(lens[order[a]]) + b - 1) // b) for a, c in zip(_starts(counts), counts, strict=True)
+        c * ((int(lens[order[a]]) + b - 1) // b) for a, c in zip(chunk_starts(counts), counts, strict=True)
     )
     k_buf = torch.empty(buf_blocks * b * hkv * d, dtype=k_cache.dtype, device=k_cache.device)
     v_buf = torch.empty_like(k_buf)
@@ -187,15 +141,6 @@ def _attend(
         mask = torch.where(pos[None, :] < lens[:, None], 0.0, float("-inf")).to(qg.dtype)
         mask = mask.view(n, 1, 1, length).to(qg.device)
     return F.scaled_dot_product_attention(qg, kg, vg, attn_mask=mask, scale=scale)
-
-
-def _starts(counts: list[int]) -> list[int]:
-    """Index of each chunk's first (longest) sequence in the sorted order."""
-    starts, a = [], 0
-    for c in counts:
-        starts.append(a)
-        a += c
-    return starts
 
 
 # ----------------------------------------------------------------------------------------------
@@ -432,8 +377,3 @@ def paged_decode_triton(
             num_warps=4,
         )
     return out
-
-
-def reference_scale(head_dim: int) -> float:
-    """The usual softmax scale 1/sqrt(head_dim), for callers and tests."""
-    return 1.0 / math.sqrt(head_dim)

@@ -17,7 +17,7 @@ import torch.nn.functional as F
 
 from radixd.kernels.checks import check_block_tables, check_cache, check_int_vector, check_query
 from radixd.kernels.dispatch import LazyKernel, check_same_device, resolve_backend
-from radixd.kernels.paged_decode import gather_kv, length_chunks
+from radixd.kernels.paging import gather_kv, length_chunks
 
 try:
     import triton
