@@ -101,3 +101,24 @@ def test_abort_before_admission_and_twice(smollm: LoadedModel) -> None:
     assert len(col.outs[("a", 0)]) == 3  # two tokens, then the abort
     assert not core.has_work()
     assert_all_free(core)
+
+
+def test_stop_strings_eos_and_logprobs(smollm: LoadedModel) -> None:
+    tok = smollm.tokenizer
+    core = make_core(smollm, num_blocks=64)
+    prompt = tok.encode("The capital of France is")
+    free = run(core, [GenerateRequest("free", prompt, greedy(8))])
+    full = free.text("free")
+    assert "." in full
+    params = SamplingParams(max_tokens=8, temperature=0.0, stop=(".",), logprobs=2)
+    col = run(core, [GenerateRequest("stop", prompt, params)])
+    final = col.final("stop")
+    assert final.finish_reason == "stop" and col.text("stop") == full[: full.index(".")]
+    lps = [lp for o in col.outs[("stop", 0)] for lp in (o.logprobs or [])]
+    assert [lp.token_id for lp in lps] == col.tokens("stop")
+    assert all(len(lp.top) == 2 and lp.top[0][1] >= lp.top[1][1] and lp.logprob <= 0 for lp in lps)
+    assert all(lp.top[0][0] == lp.token_id for lp in lps)  # greedy picks the top token
+    eos = SamplingParams(max_tokens=8, temperature=0.0, stop_token_ids=(free.tokens("free")[1],))
+    col = run(core, [GenerateRequest("eos", prompt, eos)])
+    assert col.final("eos").finish_reason == "stop" and len(col.tokens("eos")) == 2
+    assert_all_free(core)
