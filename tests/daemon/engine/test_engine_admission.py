@@ -122,3 +122,17 @@ def test_stop_strings_eos_and_logprobs(smollm: LoadedModel) -> None:
     col = run(core, [GenerateRequest("eos", prompt, eos)])
     assert col.final("eos").finish_reason == "stop" and len(col.tokens("eos")) == 2
     assert_all_free(core)
+
+
+def test_session_lease_expires_after_its_ttl(smollm: LoadedModel) -> None:
+    core = make_core(smollm, num_blocks=64)
+    core.sessions.create("brief", ttl_s=0.05)
+    run(core, [GenerateRequest("t", [3] * 40, greedy(2), session_id="brief")])
+    assert core.sessions.get("brief").resident_tokens == 41
+    assert core.tree.num_leases == 1
+    time.sleep(0.1)
+    core.tick()
+    info = core.sessions.get("brief")  # still open, just no longer holding its prefix in memory
+    assert info.resident_tokens == 0 and info.num_tokens == 42 and core.tree.num_leases == 0
+    core.sessions.close("brief")
+    assert_all_free(core)
