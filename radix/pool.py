@@ -11,34 +11,38 @@ NULL_BLOCK = 0
 """Block 0 is never handed out: padded block-table entries point at it."""
 
 
-def block_runs(blocks: list[int]) -> list[tuple[int, int]] | None:
-    """``blocks`` as one or two runs of consecutive ascending ids: ``[(first_id, length), ...]``.
+def block_runs(blocks: list[int], ids: list[int], max_runs: int = 4) -> list[tuple[int, int]] | None:
+    """``blocks`` as at most ``max_runs`` runs of consecutive ascending ids: ``[(first_id, length), ...]``.
 
     Allocation hands out mostly contiguous ids, so bulk updates (refcounts, ownership) can use one
-    C-level slice store per run instead of a Python step per block. Finds the break with O(log n)
-    probes and verifies each run with one slice comparison; returns None for anything more fragmented
-    (the caller then takes its per-block path), so a miss costs only a few probes.
+    C-level slice store per run instead of a Python step per block. Each run's end is found with
+    O(log n) probes and verified with one slice comparison; anything more fragmented returns None (the
+    caller then takes its per-block path), so a miss costs only a few probes. ``ids`` is the pool's
+    ``list(range(num_blocks))``: comparing against a slice of it creates no int objects.
     """
     n = len(blocks)
     if n < 2:
         return None
-    a = blocks[0]
-    if blocks[-1] == a + n - 1 and blocks == list(range(a, a + n)):
-        return [(a, n)]
-    lo, hi = 1, n  # the probe blocks[m - 1] == a + m - 1 holds for m = lo and fails for m = hi
-    while hi - lo > 1:
-        mid = (lo + hi) >> 1
-        if blocks[mid - 1] == a + mid - 1:
-            lo = mid
-        else:
-            hi = mid
-    b = blocks[lo]
-    rest = n - lo
-    if blocks[-1] != b + rest - 1 or blocks[lo:] != list(range(b, b + rest)):
-        return None
-    if blocks[:lo] != list(range(a, a + lo)):
-        return None  # the probes were fooled by a non-monotone list
-    return [(a, lo), (b, rest)]
+    runs: list[tuple[int, int]] = []
+    i = 0
+    while len(runs) < max_runs:
+        a = blocks[i]
+        rest = n - i
+        if blocks[-1] == a + rest - 1 and blocks[i:] == ids[a : a + rest]:
+            runs.append((a, rest))
+            return runs
+        lo, hi = 1, rest  # the probe blocks[i + m - 1] == a + m - 1 holds for m = lo, fails for m = hi
+        while hi - lo > 1:
+            mid = (lo + hi) >> 1
+            if blocks[i + mid - 1] == a + mid - 1:
+                lo = mid
+            else:
+                hi = mid
+        if blocks[i : i + lo] != ids[a : a + lo]:
+            return None  # the probes were fooled by a non-monotone list
+        runs.append((a, lo))
+        i += lo
+    return None
 
 
 class BlockOwner(Protocol):
@@ -70,7 +74,7 @@ class BlockPool:
     #  * block 0 (NULL_BLOCK) is never on the free list and never handed out;
     #  * _evictable == #{b : owner(b) is not None and owner(b).hold == 0 and refcount(b) == 1}.
 
-    __slots__ = ("_evictable", "_free", "_owner", "_rc", "_tree_attached", "block_size", "num_blocks")
+    __slots__ = ("_evictable", "_free", "_ids", "_owner", "_rc", "_tree_attached", "block_size", "num_blocks")
 
     def __init__(self, num_blocks: int, block_size: int = 16) -> None:
         if num_blocks < 2:
@@ -82,7 +86,9 @@ class BlockPool:
         self._rc: list[int] = [0] * num_blocks
         self._owner: list[BlockOwner | None] = [None] * num_blocks
         # Popped from the end: block 1 is handed out first.
-        self._free: list[int] = list(range(num_blocks - 1, 0, -1))
+        # Every block id as an int object, shared by the free list (identity makes run checks cheap).
+        self._ids: list[int] = list(range(num_blocks))
+        self._free: list[int] = self._ids[:0:-1]
         self._evictable = 0
         self._tree_attached = False  # at most one RadixTree per pool
 
@@ -127,7 +133,7 @@ class BlockPool:
         del free[-n:]
         out.reverse()  # lowest ids first
         rc = self._rc
-        runs = block_runs(out)
+        runs = block_runs(out, self._ids)
         if runs is not None:
             for a, k in runs:  # mostly contiguous ids: one C-level slice store per run
                 rc[a : a + k] = [1] * k

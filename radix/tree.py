@@ -254,7 +254,7 @@ class RadixTree(TreeAdmin):
         self._clock += 1
         leaf = Node(tokens, blocks, parent, tokens[: self._bb], self._clock)
         step = 0 if donate else 1  # donated blocks keep the caller's reference; others gain one
-        runs = block_runs(blocks)
+        runs = block_runs(blocks, pool._ids)
         if runs is not None and _disjoint_within(runs, nblocks):
             segs = [rc[a : a + k] for a, k in runs]
             if all(0 not in seg for seg in segs) and all(owner[a : a + k].count(None) == k for a, k in runs):

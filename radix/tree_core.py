@@ -117,7 +117,11 @@ class TreeCore:
         return upper
 
     def _remove_leaf(self, node: Node, reason: str, freed: list[int] | None, keep_root: bool = False) -> None:
-        """Drop a leaf and its tree references; appends blocks that became free to ``freed``."""
+        """Drop a leaf and its tree references.
+
+        Blocks that became free go to the pool's free list, or, when ``freed`` is given, to ``freed``
+        and the caller must hand them back to the pool (``evict`` does, sorted).
+        """
         parent = node.parent
         if parent is None or node.children:
             raise RadixError("internal: only a leaf can be removed")
@@ -133,7 +137,7 @@ class TreeCore:
         n = len(blocks)
         if node.n_solo == n:
             # Fast path (the common case): nobody else holds any of them, so all become free.
-            runs = block_runs(blocks)
+            runs = block_runs(blocks, pool._ids)
             if runs is not None:
                 for a, k in runs:
                     owner[a : a + k] = [None] * k
@@ -142,21 +146,20 @@ class TreeCore:
                 for b in blocks:
                     owner[b] = None
                     rc[b] = 0
-            # Pushed in descending order so the next allocate (which pops and reverses) gets
-            # ascending runs back.
-            free.extend(reversed(blocks))
             if freed is not None:
-                freed.extend(blocks)
+                freed.extend(blocks)  # the caller returns them to the pool
+            else:
+                # Descending, so the next allocate (which pops and reverses) gets ascending runs.
+                free.extend(reversed(blocks))
         else:
             # Inlined decref: owner is cleared first, so the pool's ownership hook has nothing to do.
+            out = free if freed is None else freed
             for b in reversed(blocks):
                 owner[b] = None
                 c = rc[b] - 1
                 rc[b] = c
                 if c == 0:
-                    free.append(b)
-                    if freed is not None:
-                        freed.append(b)
+                    out.append(b)
         node.alive = False
         node.n_solo = 0
         self._nodes -= 1
@@ -235,6 +238,11 @@ class TreeCore:
         lru = self._lru
         while len(freed) < n_blocks and len(lru):
             self._remove_leaf(lru.pop_oldest(), "lru", freed)
+        if freed:
+            # Return them sorted (descending: allocate pops from the end and reverses), which glues
+            # neighbouring ids of different evicted nodes back into long runs: later allocations stay
+            # contiguous and take the slice-store paths. Timsort merges the per-node runs cheaply.
+            self.pool._free.extend(sorted(freed, reverse=True))
         return freed
 
     # ================================================================= stats
