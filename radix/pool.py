@@ -2,12 +2,14 @@
 
 from __future__ import annotations
 
+import gc
 from collections.abc import Iterable
 from typing import Protocol
 
 from radixd.radix.errors import DoubleFree, InvalidRequest, OutOfBlocks
 
 NULL_BLOCK = 0
+_PROMOTE_AT = 65536  # pools at least this large move their lists to the oldest GC generation at once
 """Block 0 is never handed out: padded block-table entries point at it."""
 
 
@@ -91,6 +93,11 @@ class BlockPool:
         self._free: list[int] = self._ids[:0:-1]
         self._evictable = 0
         self._tree_attached = False  # at most one RadixTree per pool
+        if num_blocks >= _PROMOTE_AT:
+            # The per-block lists above hold millions of entries. Left in the young GC generation, the
+            # next collections would walk them: a pause of tens of ms in the middle of serving. Promote
+            # them now, once, at construction (startup) time.
+            gc.collect(1)
 
     # ------------------------------------------------------------------ counts
     @property
