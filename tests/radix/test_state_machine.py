@@ -208,6 +208,17 @@ class RadixMachine(RuleBasedStateMachine):
         for child in seq.table.fork(k):
             self.seqs.append(Seq(child, list(seq.tokens), seq.namespace, seq.lease.clone()))
 
+    @precondition(lambda self: self.seqs)
+    @rule(i=PICK, n=st.integers(1, 3))
+    def fork_and_diverge(self, i: int, n: int) -> None:
+        """Parallel sampling: fork, then parent and child write different tokens (copy-on-write)."""
+        seq = self.seqs[i % len(self.seqs)]
+        (child_table,) = seq.table.fork(1)
+        child = Seq(child_table, list(seq.tokens), seq.namespace, seq.lease.clone())
+        self.seqs.append(child)
+        self._append(seq, [0] * n)
+        self._append(child, [1] * n)
+
     @rule(n=st.integers(0, 8))
     def evict(self, n: int) -> None:
         evictable = self.tree.evictable_blocks()
