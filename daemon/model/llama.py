@@ -110,13 +110,37 @@ class AttentionMetadata:
     max_position: int = -1  # largest position in the step if known on the host (saves a device sync)
 
 
+def _mm(x: torch.Tensor, w_in_out: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
+    return torch.mm(x, w_in_out) if bias is None else torch.addmm(bias, x, w_in_out)
+
+
 def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
     """LlamaRMSNorm as one fused op (bitwise equal to HF's fp32 formula on CPU)."""
     return F.rms_norm(x, (x.shape[-1],), weight, eps)
 
 
+@dataclass
+class _InOut:
+    """One layer's matrices stored [in, out] (contiguous) for `x @ W` matmuls."""
+
+    qkv: torch.Tensor
+    o_proj: torch.Tensor
+    gate_up: torch.Tensor
+    down: torch.Tensor
+
+
+def _in_out(w: torch.Tensor) -> torch.Tensor:
+    return w.t().contiguous()
+
+
 class LlamaModel:
-    """The decoder. `forward` returns final-norm hidden states; `logits` projects chosen rows."""
+    """The decoder. `forward` returns final-norm hidden states; `logits` projects chosen rows.
+
+    NOTE: the model re-lays the matrices of `weights` out as [in, out] and points `weights` at
+    transposed views of them (same values, no second copy): CPU GEMMs with a few rows (decode batches)
+    run up to 2x faster in this layout than `F.linear`'s [out, in]. A tied lm_head gets its own [H, V]
+    copy since the embedding lookup needs the [V, H] rows.
+    """
 
     def __init__(self, config: ModelConfig, weights: LlamaWeights, device: str = "cpu") -> None:
         self.config = config
@@ -127,6 +151,15 @@ class LlamaModel:
         self.scale = config.head_dim**-0.5
         self.q_size = config.num_heads * config.head_dim
         self.kv_size = config.num_kv_heads * config.head_dim
+        self._mats: list[_InOut] = []
+        for lw in weights.layers:
+            m = _InOut(_in_out(lw.qkv), _in_out(lw.o_proj), _in_out(lw.gate_up), _in_out(lw.down))
+            lw.qkv, lw.o_proj, lw.gate_up, lw.down = m.qkv.t(), m.o_proj.t(), m.gate_up.t(), m.down.t()
+            self._mats.append(m)
+        tied = weights.lm_head is weights.embed
+        self._lm_head = _in_out(weights.lm_head)
+        if not tied:
+            weights.lm_head = self._lm_head.t()
 
     def forward(
         self,
@@ -145,9 +178,9 @@ class LlamaModel:
         cos, sin = self.rotary.cos_sin(positions, self.dtype, meta.max_position)
         h = F.embedding(input_ids, w.embed)
         qk_size = self.q_size + self.kv_size
-        for li, lw in enumerate(w.layers):
+        for li, (lw, m) in enumerate(zip(w.layers, self._mats, strict=True)):
             x = rms_norm(h, lw.attn_norm, cfg.rms_norm_eps)
-            qkv = F.linear(x, lw.qkv, lw.qkv_bias)
+            qkv = _mm(x, m.qkv, lw.qkv_bias)
             # Rotate q and k together: one set of elementwise ops per layer instead of two.
             qk = apply_rotary(qkv[:, :qk_size].view(t, hq + hkv, d), cos, sin)
             q, k = qk[:, :hq], qk[:, hq:]
@@ -182,14 +215,14 @@ class LlamaModel:
                     q[np_:], kc, vc, meta.decode_block_tables, meta.decode_seq_lens, self.scale
                 )
                 attn = torch.cat((pre, dec), dim=0)
-            h += F.linear(attn.reshape(t, hq * d), lw.o_proj, lw.o_bias)
+            h += _mm(attn.reshape(t, hq * d), m.o_proj, lw.o_bias)
             x = rms_norm(h, lw.mlp_norm, cfg.rms_norm_eps)
-            gu = F.linear(x, lw.gate_up)
+            gu = torch.mm(x, m.gate_up)
             inter = gu.shape[1] // 2
             gate = F.silu(gu[:, :inter], inplace=True)
-            h += F.linear(gate.mul_(gu[:, inter:]), lw.down)
+            h += torch.mm(gate.mul_(gu[:, inter:]), m.down)
         return rms_norm(h, w.norm, cfg.rms_norm_eps)
 
     def logits(self, hidden: torch.Tensor) -> torch.Tensor:
         """[N, H] -> fp32 logits [N, V]."""
-        return F.linear(hidden, self.weights.lm_head).float()
+        return torch.mm(hidden, self._lm_head).float()
