@@ -37,6 +37,7 @@ def median_time(fn: Callable[[], object], repeats: int) -> float:
 
 
 def matmul_flops(repeats: int) -> float:
+    """fp32 FLOP/s of a 1024^3 matmul (median of max(repeats, 5) runs)."""
     n = 1024
     a, b = torch.randn(n, n), torch.randn(n, n)
     for _ in range(2):
@@ -142,8 +143,7 @@ def main(argv: list[str] | None = None) -> int:
     path = args.model or default_model_path()
     lm = load_model(path)
     cfg = lm.config
-    flops = matmul_flops(args.repeats)
-    ceiling = flops / (2 * cfg.num_params)
+    flops_runs = [matmul_flops(args.repeats)]
     ours = RadixdSide(lm, max(batches), max(args.prompt_len + args.decode_tokens + 1, args.prefill_len + 1))
     hf = None if args.no_hf else HFSide(path)
     rows = []
@@ -157,6 +157,8 @@ def main(argv: list[str] | None = None) -> int:
             # NOTE: the two sides alternate within each repeat so background load hits both alike.
             t_ours, t_hf = [], []
             for _ in range(args.repeats):
+                # The CPU's matmul rate is sampled between measurements too: background load drifts.
+                flops_runs.append(matmul_flops(1))
                 t_ours.append(ours.decode(ps, n))
                 if hf is not None:
                     t_hf.append(hf.decode(ps, n))
@@ -176,7 +178,9 @@ def main(argv: list[str] | None = None) -> int:
         pre_ours = statistics.median(p_ours)
         pre_hf = statistics.median(p_hf) if p_hf else None
         floor = weight_stream_time(lm, args.repeats)
-    report = render(args, argv, path, cfg.num_params, flops, ceiling, rows, pre_ours, pre_hf, floor)
+    flops = statistics.median(flops_runs)
+    ceiling = flops / (2 * cfg.num_params)
+    report = render(args, argv, path, cfg.num_params, flops_runs, ceiling, rows, pre_ours, pre_hf, floor)
     print(report)
     if args.out:
         with open(args.out, "w") as f:
@@ -189,7 +193,7 @@ def render(
     argv: list[str] | None,
     path: str,
     params: int,
-    flops: float,
+    flops_runs: list[float],
     ceiling: float,
     rows: list[tuple[int, float, float | None]],
     pre_ours: float,
@@ -198,6 +202,7 @@ def render(
 ) -> str:
     cmd = " ".join([".venv/bin/python bench/offline.py", *(argv if argv is not None else sys.argv[1:])])
     load = os.getloadavg()
+    flops = statistics.median(flops_runs)
     lines = [
         "# Offline throughput: radixd ModelRunner vs transformers generate",
         "",
@@ -206,7 +211,8 @@ def render(
         f"- model: `{os.path.basename(path)}` ({params / 1e6:.1f} M parameters per token, fp32 on CPU)",
         f"- CPU: {platform.processor() or platform.machine()}, torch threads {torch.get_num_threads()}, "
         f"load average at the end {load[0]:.2f} / {load[1]:.2f} / {load[2]:.2f}",
-        f"- fp32 matmul (1024^3) in this run: {flops / 1e9:.1f} GFLOP/s -> compute ceiling "
+        f"- fp32 matmul (1024^3, median of {len(flops_runs)} samples spread over the run): "
+        f"{flops / 1e9:.1f} GFLOP/s -> compute ceiling "
         f"{ceiling:.0f} tok/s (FLOP/s / (2 x params))",
         f"- batch-1 weight-streaming floor in this run: {floor * 1e3:.1f} ms per token (every weight "
         f"matvec once, nothing else) -> at most {1 / floor:.1f} tok/s at batch 1 for any fp32 implementation",
