@@ -16,7 +16,7 @@ from typing import Any
 
 import numpy as np
 
-from radixd.radix import BlockPool, PrefixMatch, RadixTree, TokenKey
+from radixd.radix import TOKEN_BYTES, BlockPool, PrefixMatch, RadixTree, TokenKey
 from radixd.radix.verify import check_consistency
 
 
@@ -50,10 +50,12 @@ class Adapter:
         new = self.pool.allocate(-(-(total - n_matched) // B))
         aligned = total // B
         blocks = handle.blocks + new
+        key: bytes = tokens
         if aligned < len(blocks):  # the unaligned tail is not cached (as in the peer's protocol)
-            self.pool.decref(blocks[-1])
+            self.pool.decref(blocks.pop())
+            key = bytes.__getitem__(tokens, slice(0, aligned * B * TOKEN_BYTES))  # packed, no unpacking
         # donate: the tree keeps our reference on what it adopts and releases duplicates.
-        self.tree.insert(tokens[: aligned * B], blocks[:aligned], donate=True)
+        self.tree.insert(key, blocks, donate=True)
 
     def release(self, handle: PrefixMatch) -> None:
         handle.lease.release()

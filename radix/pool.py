@@ -7,13 +7,14 @@ from collections.abc import Iterable
 from typing import Protocol
 
 from radixd.radix.errors import DoubleFree, InvalidRequest, OutOfBlocks
+from radixd.radix.extents import FreeExtents
 
 NULL_BLOCK = 0
 _PROMOTE_AT = 65536  # pools at least this large move their lists to the oldest GC generation at once
 """Block 0 is never handed out: padded block-table entries point at it."""
 
 
-def block_runs(blocks: list[int], ids: list[int], max_runs: int = 4) -> list[tuple[int, int]] | None:
+def block_runs(blocks: list[int], ids: list[int], max_runs: int = 8) -> list[tuple[int, int]] | None:
     """``blocks`` as at most ``max_runs`` runs of consecutive ascending ids: ``[(first_id, length), ...]``.
 
     Allocation hands out mostly contiguous ids, so bulk updates (refcounts, ownership) can use one
@@ -61,9 +62,10 @@ class BlockOwner(Protocol):
 class BlockPool:
     """``num_blocks`` physical blocks of ``block_size`` tokens; block 0 is the null block.
 
-    O(1) allocate / free per block (a LIFO free list; recently freed blocks are reused first, which is
-    kind to caches). Each handed-out block carries a reference count; a block returns to the free list
-    exactly when its count drops to 0.
+    Free blocks are kept as maximal runs of consecutive ids (:class:`FreeExtents`): ``allocate(n)`` costs
+    O(runs) Python steps whatever ``n`` is, and a freed block costs O(1); recently freed blocks are reused
+    first, which is kind to caches. Each handed-out block carries a reference count; a block returns to
+    the free extents exactly when its count drops to 0.
 
     The radix tree registers itself as the *owner* of the blocks it caches, which lets the pool keep an
     exact, O(1) count of blocks that are cached and evictable (held by the cache alone, in an entry that
@@ -72,7 +74,7 @@ class BlockPool:
 
     # NOTE: invariants
     #  * refcount(b) == number of holders of b (tables + the tree), for every block b >= 1;
-    #  * b is on the free list  <=>  refcount(b) == 0, and it is on it exactly once (no double free);
+    #  * b lies in a free run  <=>  refcount(b) == 0, and in exactly one (no double free);
     #  * block 0 (NULL_BLOCK) is never on the free list and never handed out;
     #  * _evictable == #{b : owner(b) is not None and owner(b).hold == 0 and refcount(b) == 1}.
 
@@ -87,10 +89,11 @@ class BlockPool:
         self.block_size = block_size
         self._rc: list[int] = [0] * num_blocks
         self._owner: list[BlockOwner | None] = [None] * num_blocks
-        # Popped from the end: block 1 is handed out first.
-        # Every block id as an int object, shared by the free list (identity makes run checks cheap).
+        # Every block id as an int object: allocations hand out slices of it (no new ints) and run
+        # checks compare against it (identity makes them cheap).
         self._ids: list[int] = list(range(num_blocks))
-        self._free: list[int] = self._ids[:0:-1]
+        self._free = FreeExtents()
+        self._free.put(1, num_blocks - 1)  # block 1 is handed out first
         self._evictable = 0
         self._tree_attached = False  # at most one RadixTree per pool
         if num_blocks >= _PROMOTE_AT:
@@ -107,7 +110,7 @@ class BlockPool:
 
     @property
     def num_free(self) -> int:
-        return len(self._free)
+        return self._free.count
 
     @property
     def num_evictable(self) -> int:
@@ -117,7 +120,7 @@ class BlockPool:
     @property
     def num_in_use(self) -> int:
         """Allocated blocks that are not cached-evictable (held by a table, a lease or a pin)."""
-        return self.num_blocks - 1 - len(self._free) - self._evictable
+        return self.num_blocks - 1 - self._free.count - self._evictable
 
     def refcount(self, block: int) -> int:
         self._check_id(block)
@@ -134,19 +137,14 @@ class BlockPool:
                 return []
             raise InvalidRequest(f"cannot allocate a negative number of blocks ({n})")
         free = self._free
-        if n > len(free):
-            raise OutOfBlocks(n, len(free), self._evictable)
-        out = free[-n:]
-        del free[-n:]
-        out.reverse()  # lowest ids first
+        if n > free.count:
+            raise OutOfBlocks(n, free.count, self._evictable)
         rc = self._rc
-        runs = block_runs(out, self._ids)
-        if runs is not None:
-            for a, k in runs:  # mostly contiguous ids: one C-level slice store per run
-                rc[a : a + k] = [1] * k
-        else:
-            for b in out:
-                rc[b] = 1
+        ids = self._ids
+        out: list[int] = []
+        for a, k in free.take(n):  # one C-level slice copy and store per run, no per-block step
+            out += ids[a : a + k]
+            rc[a : a + k] = [1] * k
         return out
 
     def incref(self, block: int) -> None:
@@ -171,7 +169,7 @@ class BlockPool:
         c = rc[block] - 1
         rc[block] = c
         if c == 0:
-            self._free.append(block)
+            self._free.put(block, 1)
             return True
         if c == 1:
             owner = self._owner[block]
@@ -211,7 +209,7 @@ class BlockPool:
             c = rc[b] - 1
             rc[b] = c
             if c == 0:
-                free.append(b)
+                free.put(b, 1)
                 freed += 1
             elif c == 1:
                 o = owner[b]

@@ -16,6 +16,9 @@ __all__ = ["EVICT_REASONS", "FlushMode", "RadixTree"]
 
 def _disjoint_within(runs: list[tuple[int, int]], nblocks: int) -> bool:
     """Runs lie in [1, nblocks) and do not overlap (no block is given twice)."""
+    if len(runs) == 1:
+        a, k = runs[0]
+        return a >= 1 and a + k <= nblocks
     ordered = sorted(runs)
     end = 1
     for a, k in ordered:
@@ -256,17 +259,21 @@ class RadixTree(TreeAdmin):
         step = 0 if donate else 1  # donated blocks keep the caller's reference; others gain one
         runs = block_runs(blocks, pool._ids)
         if runs is not None and _disjoint_within(runs, nblocks):
-            segs = [rc[a : a + k] for a, k in runs]
-            if all(0 not in seg for seg in segs) and all(owner[a : a + k].count(None) == k for a, k in runs):
-                # Allocated and not cached yet (runs are disjoint): adopt with slice stores.
-                solo = 0
-                for (a, k), seg in zip(runs, segs, strict=True):
-                    if donate:
-                        solo += seg.count(1)
-                    else:
-                        rc[a : a + k] = [c + 1 for c in seg]
+            # Allocated and not cached yet (runs are disjoint): adopt with slice stores. A run whose
+            # counts are all 1 (just allocated: the common case) needs no separate scan for zeros.
+            solo = 0
+            for a, k in runs:
+                seg = rc[a : a + k]
+                ones = seg.count(1)
+                if (ones != k and 0 in seg) or owner[a : a + k].count(None) != k:
+                    break
+                solo += ones
+            else:
+                for a, k in runs:
+                    if not donate:
+                        rc[a : a + k] = [c + 1 for c in rc[a : a + k]]
                     owner[a : a + k] = [leaf] * k
-                return self._finish_leaf(parent, leaf, solo)
+                return self._finish_leaf(parent, leaf, solo if donate else 0)
         # One pass: validate and adopt; undo on the first bad block so a failed insert changes nothing.
         solo = 0
         for i, b in enumerate(blocks):

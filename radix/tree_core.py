@@ -119,8 +119,8 @@ class TreeCore:
     def _remove_leaf(self, node: Node, reason: str, freed: list[int] | None, keep_root: bool = False) -> None:
         """Drop a leaf and its tree references.
 
-        Blocks that became free go to the pool's free list, or, when ``freed`` is given, to ``freed``
-        and the caller must hand them back to the pool (``evict`` does, sorted).
+        Blocks that became free go back to the pool; when ``freed`` is given they are also appended to
+        it (``evict`` returns them).
         """
         parent = node.parent
         if parent is None or node.children:
@@ -135,31 +135,26 @@ class TreeCore:
         free = pool._free
         blocks = node.blocks
         n = len(blocks)
-        if node.n_solo == n:
-            # Fast path (the common case): nobody else holds any of them, so all become free.
-            runs = block_runs(blocks, pool._ids)
-            if runs is not None:
-                for a, k in runs:
-                    owner[a : a + k] = [None] * k
-                    rc[a : a + k] = [0] * k
-            else:
-                for b in blocks:
-                    owner[b] = None
-                    rc[b] = 0
+        runs = block_runs(blocks, pool._ids) if node.n_solo == n else None
+        if runs is not None:
+            # Fast path (the common case): nobody else holds any of them, so every run becomes free
+            # with slice stores and one merge into the free extents.
+            for a, k in runs:
+                owner[a : a + k] = [None] * k
+                rc[a : a + k] = [0] * k
+                free.put(a, k)
             if freed is not None:
-                freed.extend(blocks)  # the caller returns them to the pool
-            else:
-                # Descending, so the next allocate (which pops and reverses) gets ascending runs.
-                free.extend(reversed(blocks))
+                freed += blocks
         else:
             # Inlined decref: owner is cleared first, so the pool's ownership hook has nothing to do.
-            out = free if freed is None else freed
-            for b in reversed(blocks):
+            for b in blocks:
                 owner[b] = None
                 c = rc[b] - 1
                 rc[b] = c
                 if c == 0:
-                    out.append(b)
+                    free.put(b, 1)
+                    if freed is not None:
+                        freed.append(b)
         node.alive = False
         node.n_solo = 0
         self._nodes -= 1
@@ -237,12 +232,9 @@ class TreeCore:
         freed: list[int] = []
         lru = self._lru
         while len(freed) < n_blocks and len(lru):
+            # The pool's free extents merge each freed run with its free neighbours, so later
+            # allocations stay contiguous without sorting anything here.
             self._remove_leaf(lru.pop_oldest(), "lru", freed)
-        if freed:
-            # Return them sorted (descending: allocate pops from the end and reverses), which glues
-            # neighbouring ids of different evicted nodes back into long runs: later allocations stay
-            # contiguous and take the slice-store paths. Timsort merges the per-node runs cheaply.
-            self.pool._free.extend(sorted(freed, reverse=True))
         return freed
 
     # ================================================================= stats

@@ -39,17 +39,32 @@ def check_consistency(tree: RadixTree, tables: Iterable[BlockTable] = ()) -> Non
     pool = tree.pool
     B = tree._bb  # node offsets are in packed bytes
     rc = pool._rc
-    free = pool._free
-    if len(set(free)) != len(free):
-        _fail("a block is on the free list twice")
-    if NULL_BLOCK in free or rc[NULL_BLOCK] != 0:
+    ext = pool._free
+    runs = sorted(ext.runs())
+    end = 1
+    for a, k in runs:
+        if k < 1 or a < end:
+            _fail(f"free run ({a}, {k}) is empty or overlaps the previous run or the null block")
+        if a == end and end > 1:
+            _fail(f"free run ({a}, {k}) touches the previous one: runs were not merged")
+        if ext._by_end.get(a + k) != a:
+            _fail(f"free run ({a}, {k}) is missing from the end index")
+        end = a + k
+    if end > pool.num_blocks or len(ext._by_end) != len(runs):
+        _fail("free runs go past the pool or the end index has stale entries")
+    if rc[NULL_BLOCK] != 0:
         _fail("the null block was handed out or freed")
-    for b in free:
-        if rc[b] != 0:
-            _fail(f"free block {b} has refcount {rc[b]}")
+    n_free = 0
+    for a, k in runs:
+        n_free += k
+        for b in range(a, a + k):
+            if rc[b] != 0:
+                _fail(f"free block {b} has refcount {rc[b]}")
+    if n_free != ext.count:
+        _fail(f"free extents count {ext.count} blocks but hold {n_free}")
     allocated = sum(1 for b in range(1, pool.num_blocks) if rc[b] > 0)
-    if allocated + len(free) != pool.num_usable:
-        _fail(f"{allocated} allocated + {len(free)} free != {pool.num_usable} usable blocks")
+    if allocated + n_free != pool.num_usable:
+        _fail(f"{allocated} allocated + {n_free} free != {pool.num_usable} usable blocks")
 
     tree_refs: Counter[int] = Counter()
     evictable = nodes = pinned = lru_members = 0
