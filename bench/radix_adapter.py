@@ -41,7 +41,7 @@ class Adapter:
         return self.pool.num_free * self.page_size
 
     def evict(self, n_tokens: int) -> int:
-        return len(self.tree.evict(-(-n_tokens // self.page_size))) * self.page_size
+        return self.tree.evict_count(-(-n_tokens // self.page_size)) * self.page_size
 
     def insert(self, tokens: TokenKey, handle: PrefixMatch) -> None:
         B = self.page_size

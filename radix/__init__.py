@@ -28,7 +28,8 @@ all of it. Public API (everything below is re-exported here)::
             every block that is not already its own, and releases the duplicates); with lease=,
             the lease moves to the inserted path
         release(lease); Lease.release() (idempotent; no-op after flush("force")); Lease.clone()
-        evict(n_blocks) -> list[int] (freed); evict_prefix(tokens, namespace="") -> int
+        evict(n_blocks) -> list[int] (freed); evict_count(n_blocks) -> int (how many freed)
+        evict_prefix(tokens, namespace="") -> int
         flush(mode="unlocked" | "refuse" | "force", include_pinned=False) -> int
         pin(tokens, namespace="") -> int; unpin(tokens, namespace="") -> int
         evictable_blocks() -> int (exact, O(1)); stats() -> CacheStats

@@ -91,7 +91,8 @@ class Node:
     #  * hold == leases + pins whose path runs through this node; a parent's hold >= each child's,
     #    so hold == 0 means the whole subtree may be evicted;
     #  * n_solo == number of this node's blocks whose refcount is 1 (held by the tree alone);
-    #  * in_lru  <=>  alive, not a root, no children, hold == 0.
+    #  * in_lru  <=>  alive, not a root, no children, hold == 0;
+    #  * runs is None, or the (first_id, length) runs of consecutive ids that spell out blocks exactly.
 
     __slots__ = (
         "alive",
@@ -104,6 +105,7 @@ class Node:
         "n_solo",
         "parent",
         "pin",
+        "runs",
         "tick",
         "tokens",
     )
@@ -125,12 +127,29 @@ class Node:
         self.n_solo = 0
         self.in_lru = False
         self.alive = True
+        # Known when the blocks came in as a few runs of consecutive ids (the common case): freeing the
+        # node then takes one slice store per run, with no pass over the blocks to rediscover them.
+        self.runs: list[tuple[int, int]] | None = None
 
     def __repr__(self) -> str:
         return (
             f"Node(tokens={len(self.tokens) // TOKEN_BYTES}, blocks={len(self.blocks)}, "
             f"children={len(self.children)}, hold={self.hold}, pin={self.pin})"
         )
+
+
+def split_runs(runs: list[tuple[int, int]], k: int) -> tuple[list[tuple[int, int]], list[tuple[int, int]]]:
+    """Runs of the first ``k`` blocks and of the rest (``0 < k < total``)."""
+    head: list[tuple[int, int]] = []
+    for i, (a, n) in enumerate(runs):
+        if k < n:
+            head.append((a, k))
+            return head, [(a + k, n - k), *runs[i + 1 :]]
+        head.append((a, n))
+        k -= n
+        if not k:
+            return head, runs[i + 1 :]
+    raise ValueError("split point past the end of the runs")
 
 
 def common_prefix_len(a: Tokens, off: int, b: Tokens) -> int:

@@ -273,6 +273,7 @@ class RadixTree(TreeAdmin):
                     if not donate:
                         rc[a : a + k] = [c + 1 for c in rc[a : a + k]]
                     owner[a : a + k] = [leaf] * k
+                leaf.runs = runs
                 return self._finish_leaf(parent, leaf, solo if donate else 0)
         # One pass: validate and adopt; undo on the first bad block so a failed insert changes nothing.
         solo = 0

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from radixd.radix.errors import InvalidRequest, RadixError, UnknownLease
 from radixd.radix.lru import LruIndex
-from radixd.radix.node import TOKEN_BYTES, Node, Tokens
+from radixd.radix.node import TOKEN_BYTES, Node, Tokens, split_runs
 from radixd.radix.pool import BlockPool, block_runs
 from radixd.radix.results import CacheStats, Lease
 
@@ -97,6 +97,8 @@ class TreeCore:
             lst[lst.index(child)] = upper
         child.tokens = ct[k * B :]
         child.blocks = child.blocks[k:]
+        if child.runs is not None:
+            upper.runs, child.runs = split_runs(child.runs, k)
         child.key = child.tokens[:B]
         child.parent = upper
         upper.children[child.key] = child
@@ -116,8 +118,8 @@ class TreeCore:
         self._nodes += 1
         return upper
 
-    def _remove_leaf(self, node: Node, reason: str, freed: list[int] | None, keep_root: bool = False) -> None:
-        """Drop a leaf and its tree references.
+    def _remove_leaf(self, node: Node, reason: str, freed: list[int] | None, keep_root: bool = False) -> int:
+        """Drop a leaf and its tree references; returns how many of its blocks became free.
 
         Blocks that became free go back to the pool; when ``freed`` is given they are also appended to
         it (``evict`` returns them).
@@ -135,7 +137,9 @@ class TreeCore:
         free = pool._free
         blocks = node.blocks
         n = len(blocks)
-        runs = block_runs(blocks, pool._ids) if node.n_solo == n else None
+        runs = None
+        if node.n_solo == n:
+            runs = node.runs if node.runs is not None else block_runs(blocks, pool._ids)
         if runs is not None:
             # Fast path (the common case): nobody else holds any of them, so every run becomes free
             # with slice stores and one merge into the free extents.
@@ -145,7 +149,9 @@ class TreeCore:
                 free.put(a, k)
             if freed is not None:
                 freed += blocks
+            n_freed = n
         else:
+            n_freed = 0
             # Inlined decref: owner is cleared first, so the pool's ownership hook has nothing to do.
             for b in blocks:
                 owner[b] = None
@@ -153,6 +159,7 @@ class TreeCore:
                 rc[b] = c
                 if c == 0:
                     free.put(b, 1)
+                    n_freed += 1
                     if freed is not None:
                         freed.append(b)
         node.alive = False
@@ -165,6 +172,7 @@ class TreeCore:
                 self._lru.add(parent)
         elif not parent.children and not keep_root:
             self._drop_root(parent)
+        return n_freed
 
     def _drop_root(self, root: Node) -> None:
         for ns, r in self._roots.items():
@@ -236,6 +244,18 @@ class TreeCore:
             # allocations stay contiguous without sorting anything here.
             self._remove_leaf(lru.pop_oldest(), "lru", freed)
         return freed
+
+    def evict_count(self, n_blocks: int) -> int:
+        """Like :meth:`evict` but returns only how many blocks became free.
+
+        For callers that size the free pool and never look at the ids (a scheduler making room): it
+        skips building the list, which at block size 1 is a thousand ids per evicted request.
+        """
+        got = 0
+        lru = self._lru
+        while got < n_blocks and len(lru):
+            got += self._remove_leaf(lru.pop_oldest(), "lru", None)
+        return got
 
     # ================================================================= stats
     @property

@@ -91,6 +91,8 @@ def check_consistency(tree: RadixTree, tables: Iterable[BlockTable] = ()) -> Non
             _fail(f"{x}: holds more than its parent")
         if x.pin > x.hold or x.pin < 0:
             _fail(f"{x}: pin {x.pin} vs hold {x.hold}")
+        if x.runs is not None and [b for a, k in x.runs for b in range(a, a + k)] != x.blocks:
+            _fail(f"{x}: cached runs {x.runs} do not spell out its blocks")
         solo = 0
         for b in x.blocks:
             tree_refs[b] += 1

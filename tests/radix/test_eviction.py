@@ -164,3 +164,19 @@ def test_evictable_count_is_exact(tree: RadixTree) -> None:
     assert tree.evictable_blocks() == 2
     s = tree.stats()
     assert (s.free_blocks, s.evictable_blocks, s.in_use_blocks) == (38, 2, 0)
+
+
+def test_evict_count_frees_like_evict_and_counts_only_freed_blocks(tree: RadixTree) -> None:
+    pool = tree.pool
+    cache(tree, A)
+    b = cache(tree, B)
+    table = BlockTable(pool)
+    m = tree.match(B)
+    table.share_prefix(m.blocks, m.num_tokens)  # B's blocks stay held by a table once evicted
+    m.lease.release()
+    free = pool.num_free
+    assert tree.evict_count(1) == 2  # A goes first (oldest): its 2 blocks become free
+    assert tree.evict_count(1) == 0  # B's node goes, but the table still holds its blocks
+    assert tree.num_cached_blocks == 0 and pool.num_free == free + 2
+    assert table.release() == len(b) and pool.num_free == pool.num_usable
+    check_consistency(tree)
