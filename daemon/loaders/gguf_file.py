@@ -123,8 +123,6 @@ def convert_gguf(path: str) -> ConvertedModel:
         vocab = int(by_name["token_embd.weight"].shape[-1])
         cfg = _config(reader, path, vocab)
         arch = _field(reader, "general.architecture")
-        if "rope_freqs.weight" in by_name:
-            raise ModelLoadError(f"{path}: per-frequency RoPE factors (rope_freqs) are not supported")
         raw: dict[str, torch.Tensor] = {}
         for t in tqdm(reader.tensors, desc=f"converting {path.rsplit('/', 1)[-1]}", unit="tensor"):
             arr = gguf.quants.dequantize(t.data, t.tensor_type)
@@ -137,7 +135,14 @@ def convert_gguf(path: str) -> ConvertedModel:
     tied = "output.weight" not in raw
     if not tied:
         out["lm_head"] = raw["output.weight"]
-    cfg = ModelConfig.from_dict({**cfg.to_dict(), "tie_word_embeddings": tied})
+    extra: dict[str, object] = {"tie_word_embeddings": tied}
+    if "rope_freqs.weight" in raw:
+        if cfg.rope_scaling is not None:
+            raise ModelLoadError(
+                f"{path}: both rope scaling metadata and a rope_freqs tensor; cannot combine"
+            )
+        extra["rope_scaling"] = {"rope_type": "freq_factors", "factors": raw["rope_freqs.weight"].tolist()}
+    cfg = ModelConfig.from_dict({**cfg.to_dict(), **extra})
     perm = arch in _PERMUTED_ARCHS
     for i in range(cfg.num_layers):
         p = f"blk.{i}."

@@ -16,6 +16,12 @@ def inv_frequencies(head_dim: int, theta: float, scaling: dict[str, Any] | None)
     kind = scaling.get("rope_type", scaling.get("type", "default"))
     if kind == "default":
         return inv
+    if kind == "freq_factors":
+        # GGUF llama3-style files store the per-frequency divisors directly (tensor rope_freqs.weight).
+        factors = torch.tensor(scaling["factors"], dtype=torch.float32)
+        if factors.shape != inv.shape:
+            raise ValueError(f"rope freq_factors has {factors.numel()} entries, expected {inv.numel()}")
+        return inv / factors
     factor = float(scaling["factor"])
     if kind == "linear":
         return inv / factor
@@ -31,7 +37,9 @@ def inv_frequencies(head_dim: int, theta: float, scaling: dict[str, Any] | None)
         smoothed = (1 - smooth) * scaled / factor + smooth * scaled
         medium = ~(wavelen < high_wavelen) & ~(wavelen > low_wavelen)
         return torch.where(medium, smoothed, scaled)
-    raise ValueError(f"unsupported rope scaling type {kind!r} (supported: default, linear, llama3)")
+    raise ValueError(
+        f"unsupported rope scaling type {kind!r} (supported: default, linear, llama3, freq_factors)"
+    )
 
 
 class Rotary:
