@@ -103,6 +103,7 @@ class Node:
         "in_lru",
         "key",
         "n_solo",
+        "oid",
         "parent",
         "pin",
         "runs",
@@ -125,6 +126,7 @@ class Node:
         self.hold = 0
         self.pin = 0
         self.n_solo = 0
+        self.oid = 0  # the pool's id for this node while it holds blocks (0: none yet)
         self.in_lru = False
         self.alive = True
         # Known when the blocks came in as a few runs of consecutive ids (the common case): freeing the

@@ -6,6 +6,9 @@ import gc
 from collections.abc import Iterable
 from typing import Protocol
 
+import numpy as np
+import numpy.typing as npt
+
 from radixd.radix.errors import DoubleFree, InvalidRequest, OutOfBlocks
 from radixd.radix.extents import FreeExtents
 
@@ -52,11 +55,12 @@ class BlockOwner(Protocol):
     """What the pool needs to know about the cache entry (a tree node) that holds a block.
 
     ``n_solo`` counts the owner's blocks that nobody but the cache holds (refcount 1); ``hold`` is the
-    owner's lease + pin count (0 means the cache may evict it).
+    owner's lease + pin count (0 means the cache may evict it); ``oid`` is the id the pool gave it.
     """
 
     n_solo: int
     hold: int
+    oid: int
 
 
 class BlockPool:
@@ -76,9 +80,22 @@ class BlockPool:
     #  * refcount(b) == number of holders of b (tables + the tree), for every block b >= 1;
     #  * b lies in a free run  <=>  refcount(b) == 0, and in exactly one (no double free);
     #  * block 0 (NULL_BLOCK) is never on the free list and never handed out;
-    #  * _evictable == #{b : owner(b) is not None and owner(b).hold == 0 and refcount(b) == 1}.
+    #  * _evictable == #{b : owner(b) is not None and owner(b).hold == 0 and refcount(b) == 1};
+    #  * _owner[b] == 0 or _owner[b] is a key of _owners (the owner is registered while it holds blocks).
 
-    __slots__ = ("_evictable", "_free", "_ids", "_owner", "_rc", "_tree_attached", "block_size", "num_blocks")
+    __slots__ = (
+        "_evictable",
+        "_free",
+        "_ids",
+        "_next_oid",
+        "_ones_bytes",
+        "_owner",
+        "_owners",
+        "_rc",
+        "_tree_attached",
+        "block_size",
+        "num_blocks",
+    )
 
     def __init__(self, num_blocks: int, block_size: int = 16) -> None:
         if num_blocks < 2:
@@ -87,8 +104,15 @@ class BlockPool:
             raise InvalidRequest(f"block_size must be >= 1, got {block_size}")
         self.num_blocks = num_blocks
         self.block_size = block_size
-        self._rc: list[int] = [0] * num_blocks
-        self._owner: list[BlockOwner | None] = [None] * num_blocks
+        # Refcounts and owners are numpy arrays: the tree moves whole runs of blocks (a thousand per
+        # request at block size 1) with one slice store each, whatever the run's length. Owners are
+        # stored as ids (0 = none) so they can be slice-stored too; _owners maps an id to its owner.
+        self._rc: npt.NDArray[np.int32] = np.zeros(num_blocks, dtype=np.int32)
+        self._owner: npt.NDArray[np.int64] = np.zeros(num_blocks, dtype=np.int64)
+        self._owners: dict[int, BlockOwner] = {}
+        # int32 ones, as bytes: "is every refcount of this run 1?" is then a single memcmp.
+        self._ones_bytes = np.ones(num_blocks, dtype=np.int32).tobytes()
+        self._next_oid = 1
         # Every block id as an int object: allocations hand out slices of it (no new ints) and run
         # checks compare against it (identity makes them cheap).
         self._ids: list[int] = list(range(num_blocks))
@@ -124,7 +148,7 @@ class BlockPool:
 
     def refcount(self, block: int) -> int:
         self._check_id(block)
-        return self._rc[block]
+        return int(self._rc[block])
 
     # ------------------------------------------------------------ allocation
     def allocate(self, n: int) -> list[int]:
@@ -144,7 +168,7 @@ class BlockPool:
         out: list[int] = []
         for a, k in free.take(n):  # one C-level slice copy and store per run, no per-block step
             out += ids[a : a + k]
-            rc[a : a + k] = [1] * k
+            rc[a : a + k] = 1
         return out
 
     def incref(self, block: int) -> None:
@@ -152,11 +176,12 @@ class BlockPool:
         rc = self._rc
         if not 0 < block < self.num_blocks or rc[block] == 0:
             self._bad_incref(block)
-        c = rc[block] + 1
+        c = int(rc[block]) + 1
         rc[block] = c
         if c == 2:
-            owner = self._owner[block]
-            if owner is not None:
+            oid = int(self._owner[block])
+            if oid:
+                owner = self._owners[oid]
                 owner.n_solo -= 1
                 if owner.hold == 0:
                     self._evictable -= 1
@@ -166,64 +191,52 @@ class BlockPool:
         rc = self._rc
         if not 0 < block < self.num_blocks or rc[block] == 0:
             self._bad_decref(block)
-        c = rc[block] - 1
+        c = int(rc[block]) - 1
         rc[block] = c
         if c == 0:
             self._free.put(block, 1)
             return True
         if c == 1:
-            owner = self._owner[block]
-            if owner is not None:
+            oid = int(self._owner[block])
+            if oid:
+                owner = self._owners[oid]
                 owner.n_solo += 1
                 if owner.hold == 0:
                     self._evictable += 1
         return False
 
     def incref_all(self, blocks: Iterable[int]) -> None:
-        """incref each block (inlined: this runs per block of every shared prefix)."""
-        rc = self._rc
-        owner = self._owner
-        nb = self.num_blocks
+        """incref each block."""
         for b in blocks:
-            if not 0 < b < nb or rc[b] == 0:
-                self._bad_incref(b)
-            c = rc[b] + 1
-            rc[b] = c
-            if c == 2:
-                o = owner[b]
-                if o is not None:
-                    o.n_solo -= 1
-                    if o.hold == 0:
-                        self._evictable -= 1
+            self.incref(b)
 
     def decref_all(self, blocks: Iterable[int]) -> int:
-        """decref each block (inlined: this runs per block of every finished request); returns #freed."""
-        rc = self._rc
-        owner = self._owner
-        free = self._free
-        nb = self.num_blocks
+        """decref each block; returns how many became free."""
         freed = 0
         for b in blocks:
-            if not 0 < b < nb or rc[b] == 0:
-                self._bad_decref(b)
-            c = rc[b] - 1
-            rc[b] = c
-            if c == 0:
-                free.put(b, 1)
+            if self.decref(b):
                 freed += 1
-            elif c == 1:
-                o = owner[b]
-                if o is not None:
-                    o.n_solo += 1
-                    if o.hold == 0:
-                        self._evictable += 1
         return freed
 
     # ------------------------------------------------------- cache ownership
     # Used by RadixTree only: it marks the blocks it stores so refcount changes made by tables keep
     # the evictable count exact without the tree scanning anything.
-    def _set_owner(self, block: int, owner: BlockOwner | None) -> None:
-        self._owner[block] = owner
+    def _register(self, owner: BlockOwner) -> int:
+        """Give ``owner`` a fresh id (stored in ``_owner`` for each of its blocks)."""
+        oid = self._next_oid
+        self._next_oid = oid + 1
+        self._owners[oid] = owner
+        owner.oid = oid
+        return oid
+
+    def _unregister(self, owner: BlockOwner) -> None:
+        self._owners.pop(owner.oid, None)
+
+    def owner_of(self, block: int) -> BlockOwner | None:
+        """The cache entry holding ``block`` (None when the cache does not hold it)."""
+        self._check_id(block)
+        oid = int(self._owner[block])
+        return self._owners[oid] if oid else None
 
     # ------------------------------------------------------------ validation
     def _check_id(self, block: int) -> None:

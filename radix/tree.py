@@ -4,6 +4,8 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
+import numpy as np
+
 from radixd.radix.errors import InvalidRequest, UnknownLease
 from radixd.radix.node import TOKEN_BYTES, Node, Tokens, as_tokens, common_prefix_len
 from radixd.radix.pool import block_runs
@@ -262,27 +264,36 @@ class RadixTree(TreeAdmin):
             # Allocated and not cached yet (runs are disjoint): adopt with slice stores. A run whose
             # counts are all 1 (just allocated: the common case) needs no separate scan for zeros.
             solo = 0
+            ones_bytes = pool._ones_bytes
             for a, k in runs:
                 seg = rc[a : a + k]
-                ones = seg.count(1)
-                if (ones != k and 0 in seg) or owner[a : a + k].count(None) != k:
+                if seg.tobytes() == ones_bytes[: 4 * k]:  # one memcmp, the cheapest test for small runs
+                    ones = k
+                elif seg.all():
+                    ones = int(np.count_nonzero(seg == 1))
+                else:
+                    break
+                if np.count_nonzero(owner[a : a + k]):
                     break
                 solo += ones
             else:
+                oid = pool._register(leaf)
                 for a, k in runs:
                     if not donate:
-                        rc[a : a + k] = [c + 1 for c in rc[a : a + k]]
-                    owner[a : a + k] = [leaf] * k
+                        rc[a : a + k] += 1
+                    owner[a : a + k] = oid
                 leaf.runs = runs
                 return self._finish_leaf(parent, leaf, solo if donate else 0)
         # One pass: validate and adopt; undo on the first bad block so a failed insert changes nothing.
+        oid = pool._register(leaf)
         solo = 0
         for i, b in enumerate(blocks):
-            if not 0 < b < nblocks or rc[b] == 0 or owner[b] is not None:
+            if not 0 < b < nblocks or rc[b] == 0 or owner[b] != 0:
                 cached = 0 < b < nblocks and rc[b] > 0
                 for a in blocks[:i]:
                     rc[a] -= step
-                    owner[a] = None
+                    owner[a] = 0
+                pool._unregister(leaf)
                 if parent.parent is None and not parent.children:
                     self._drop_root(parent)  # created for this insert only
                 if cached:
@@ -293,11 +304,11 @@ class RadixTree(TreeAdmin):
                 pool._bad_incref(b)
             # Without donate the caller keeps its reference, so the count goes to >= 2 and n_solo
             # starts at 0; the pool's hook keeps it exact when the caller drops its reference later.
-            c = rc[b] + step
+            c = int(rc[b]) + step
             rc[b] = c
             if c == 1:
                 solo += 1
-            owner[b] = leaf
+            owner[b] = oid
         return self._finish_leaf(parent, leaf, solo)
 
     def _finish_leaf(self, parent: Node, leaf: Node, solo: int) -> Node:

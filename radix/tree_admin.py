@@ -108,8 +108,9 @@ class TreeAdmin(TreeCore):
                 if x.hold == 0:
                     pool._evictable -= x.n_solo
                 for b in x.blocks:
-                    owner[b] = None
+                    owner[b] = 0
                     pool.decref(b)
+                pool._unregister(x)
                 dropped += len(x.blocks)
                 x.alive = False
                 x.in_lru = False

@@ -6,6 +6,8 @@ statistics live here; ``tree_admin`` adds prefix eviction, flush and pins, ``tre
 
 from __future__ import annotations
 
+import numpy as np
+
 from radixd.radix.errors import InvalidRequest, RadixError, UnknownLease
 from radixd.radix.lru import LruIndex
 from radixd.radix.node import TOKEN_BYTES, Node, Tokens, split_runs
@@ -106,13 +108,17 @@ class TreeCore:
             upper.by_first = {child.key[:TOKEN_BYTES]: [child]}
         upper.hold = child.hold
         upper.pin = child.pin
-        rc = self.pool._rc
-        owner = self.pool._owner
-        solo = 0
-        for b in upper.blocks:
-            owner[b] = upper
-            if rc[b] == 1:
-                solo += 1
+        pool = self.pool
+        oid = pool._register(upper)
+        if upper.runs is not None:
+            solo = 0
+            for a, n in upper.runs:
+                pool._owner[a : a + n] = oid
+                solo += int(np.count_nonzero(pool._rc[a : a + n] == 1))
+        else:
+            idx = np.asarray(upper.blocks, dtype=np.int64)
+            pool._owner[idx] = oid
+            solo = int(np.count_nonzero(pool._rc[idx] == 1))
         upper.n_solo = solo
         child.n_solo -= solo
         self._nodes += 1
@@ -144,8 +150,8 @@ class TreeCore:
             # Fast path (the common case): nobody else holds any of them, so every run becomes free
             # with slice stores and one merge into the free extents.
             for a, k in runs:
-                owner[a : a + k] = [None] * k
-                rc[a : a + k] = [0] * k
+                owner[a : a + k] = 0
+                rc[a : a + k] = 0
                 free.put(a, k)
             if freed is not None:
                 freed += blocks
@@ -154,8 +160,8 @@ class TreeCore:
             n_freed = 0
             # Inlined decref: owner is cleared first, so the pool's ownership hook has nothing to do.
             for b in blocks:
-                owner[b] = None
-                c = rc[b] - 1
+                owner[b] = 0
+                c = int(rc[b]) - 1
                 rc[b] = c
                 if c == 0:
                     free.put(b, 1)
@@ -164,6 +170,7 @@ class TreeCore:
                         freed.append(b)
         node.alive = False
         node.n_solo = 0
+        pool._unregister(node)
         self._nodes -= 1
         self._cached_blocks -= len(node.blocks)
         self._evicted[reason] += len(node.blocks)

@@ -38,7 +38,8 @@ def check_consistency(tree: RadixTree, tables: Iterable[BlockTable] = ()) -> Non
     """
     pool = tree.pool
     B = tree._bb  # node offsets are in packed bytes
-    rc = pool._rc
+    rc: list[int] = pool._rc.tolist()
+    owner_ids: list[int] = pool._owner.tolist()
     ext = pool._free
     runs = sorted(ext.runs())
     end = 1
@@ -96,7 +97,7 @@ def check_consistency(tree: RadixTree, tables: Iterable[BlockTable] = ()) -> Non
         solo = 0
         for b in x.blocks:
             tree_refs[b] += 1
-            if pool._owner[b] is not x:
+            if owner_ids[b] == 0 or pool._owners.get(owner_ids[b]) is not x:
                 _fail(f"block {b} of {x} is not owned by it")
             if rc[b] == 1:
                 solo += 1
@@ -121,7 +122,7 @@ def check_consistency(tree: RadixTree, tables: Iterable[BlockTable] = ()) -> Non
             if n_idx != len(x.children):
                 _fail(f"{x}: first-token index has {n_idx} entries for {len(x.children)} children")
     for b in range(pool.num_blocks):
-        if pool._owner[b] is not None and tree_refs[b] == 0:
+        if owner_ids[b] != 0 and tree_refs[b] == 0:
             _fail(f"block {b} has a stale owner")
         if tree_refs[b] > 1:
             _fail(f"block {b} is stored in {tree_refs[b]} tree positions")
@@ -129,6 +130,8 @@ def check_consistency(tree: RadixTree, tables: Iterable[BlockTable] = ()) -> Non
         _fail(f"LRU index has {len(tree._lru)} entries, {lru_members} evictable leaves exist")
     if evictable != pool._evictable:
         _fail(f"pool counts {pool._evictable} evictable blocks, the tree holds {evictable}")
+    if len(pool._owners) != nodes:
+        _fail(f"{len(pool._owners)} registered block owners for {nodes} nodes")
     if nodes != tree._nodes or sum(tree_refs.values()) != tree._cached_blocks:
         _fail("node or cached-block counter is off")
     if pinned != tree._pinned_blocks:
