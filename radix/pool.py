@@ -13,6 +13,9 @@ from radixd.radix.errors import DoubleFree, InvalidRequest, OutOfBlocks
 from radixd.radix.extents import FreeExtents
 
 NULL_BLOCK = 0
+RC_MASK = 0xFFFFFFFF
+"""A block's state word: ``owner_id << OWNER_SHIFT | refcount``."""
+OWNER_SHIFT = 32
 _PROMOTE_AT = 65536  # pools at least this large move their lists to the oldest GC generation at once
 """Block 0 is never handed out: padded block-table entries point at it."""
 
@@ -81,17 +84,17 @@ class BlockPool:
     #  * b lies in a free run  <=>  refcount(b) == 0, and in exactly one (no double free);
     #  * block 0 (NULL_BLOCK) is never on the free list and never handed out;
     #  * _evictable == #{b : owner(b) is not None and owner(b).hold == 0 and refcount(b) == 1};
-    #  * _owner[b] == 0 or _owner[b] is a key of _owners (the owner is registered while it holds blocks).
+    #  * owner id of b (_state[b] >> 32) is 0 or a key of _owners (registered while it holds blocks).
 
     __slots__ = (
         "_evictable",
         "_free",
+        "_free_oids",
         "_ids",
         "_next_oid",
         "_ones_bytes",
-        "_owner",
         "_owners",
-        "_rc",
+        "_state",
         "_tree_attached",
         "block_size",
         "num_blocks",
@@ -104,15 +107,16 @@ class BlockPool:
             raise InvalidRequest(f"block_size must be >= 1, got {block_size}")
         self.num_blocks = num_blocks
         self.block_size = block_size
-        # Refcounts and owners are numpy arrays: the tree moves whole runs of blocks (a thousand per
-        # request at block size 1) with one slice store each, whatever the run's length. Owners are
-        # stored as ids (0 = none) so they can be slice-stored too; _owners maps an id to its owner.
-        self._rc: npt.NDArray[np.int32] = np.zeros(num_blocks, dtype=np.int32)
-        self._owner: npt.NDArray[np.int64] = np.zeros(num_blocks, dtype=np.int64)
+        # One int64 word per block: owner id (0 = none) in the high 32 bits, refcount in the low 32.
+        # The tree moves whole runs of blocks (a thousand per request at block size 1): adopting a
+        # freshly allocated run is one memcmp ("refcount 1, no owner" everywhere) plus one slice store,
+        # and freeing it is one slice store, whatever the run's length. _owners maps an id to its owner.
+        self._state: npt.NDArray[np.int64] = np.zeros(num_blocks, dtype=np.int64)
         self._owners: dict[int, BlockOwner] = {}
-        # int32 ones, as bytes: "is every refcount of this run 1?" is then a single memcmp.
-        self._ones_bytes = np.ones(num_blocks, dtype=np.int32).tobytes()
+        # State words of "refcount 1, no owner", as bytes, for that memcmp.
+        self._ones_bytes = np.ones(num_blocks, dtype=np.int64).tobytes()
         self._next_oid = 1
+        self._free_oids: list[int] = []
         # Every block id as an int object: allocations hand out slices of it (no new ints) and run
         # checks compare against it (identity makes them cheap).
         self._ids: list[int] = list(range(num_blocks))
@@ -148,7 +152,7 @@ class BlockPool:
 
     def refcount(self, block: int) -> int:
         self._check_id(block)
-        return int(self._rc[block])
+        return int(self._state[block]) & RC_MASK
 
     # ------------------------------------------------------------ allocation
     def allocate(self, n: int) -> list[int]:
@@ -163,46 +167,49 @@ class BlockPool:
         free = self._free
         if n > free.count:
             raise OutOfBlocks(n, free.count, self._evictable)
-        rc = self._rc
+        st = self._state
         ids = self._ids
         out: list[int] = []
         for a, k in free.take(n):  # one C-level slice copy and store per run, no per-block step
             out += ids[a : a + k]
-            rc[a : a + k] = 1
+            st[a : a + k] = 1  # refcount 1, no owner
         return out
 
     def incref(self, block: int) -> None:
         """Add one holder to an allocated block."""
-        rc = self._rc
-        if not 0 < block < self.num_blocks or rc[block] == 0:
+        if not 0 < block < self.num_blocks:
             self._bad_incref(block)
-        c = int(rc[block]) + 1
-        rc[block] = c
-        if c == 2:
-            oid = int(self._owner[block])
-            if oid:
-                owner = self._owners[oid]
-                owner.n_solo -= 1
-                if owner.hold == 0:
-                    self._evictable -= 1
+        st = self._state
+        w = int(st[block])
+        c = w & RC_MASK
+        if c == 0:
+            self._bad_incref(block)
+        st[block] = w + 1
+        if c == 1 and w >> OWNER_SHIFT:
+            owner = self._owners[w >> OWNER_SHIFT]
+            owner.n_solo -= 1
+            if owner.hold == 0:
+                self._evictable -= 1
 
     def decref(self, block: int) -> bool:
         """Drop one holder; the block returns to the free list when none is left. Returns True if freed."""
-        rc = self._rc
-        if not 0 < block < self.num_blocks or rc[block] == 0:
+        if not 0 < block < self.num_blocks:
             self._bad_decref(block)
-        c = int(rc[block]) - 1
-        rc[block] = c
+        st = self._state
+        w = int(st[block])
+        c = w & RC_MASK
         if c == 0:
+            self._bad_decref(block)
+        if c == 1:
+            st[block] = 0  # free blocks have no owner
             self._free.put(block, 1)
             return True
-        if c == 1:
-            oid = int(self._owner[block])
-            if oid:
-                owner = self._owners[oid]
-                owner.n_solo += 1
-                if owner.hold == 0:
-                    self._evictable += 1
+        st[block] = w - 1
+        if c == 2 and w >> OWNER_SHIFT:
+            owner = self._owners[w >> OWNER_SHIFT]
+            owner.n_solo += 1
+            if owner.hold == 0:
+                self._evictable += 1
         return False
 
     def incref_all(self, blocks: Iterable[int]) -> None:
@@ -222,20 +229,30 @@ class BlockPool:
     # Used by RadixTree only: it marks the blocks it stores so refcount changes made by tables keep
     # the evictable count exact without the tree scanning anything.
     def _register(self, owner: BlockOwner) -> int:
-        """Give ``owner`` a fresh id (stored in ``_owner`` for each of its blocks)."""
-        oid = self._next_oid
-        self._next_oid = oid + 1
+        """Give ``owner`` an id (stored in the high bits of each of its blocks' state words).
+
+        Ids of dropped owners are reused, so they stay below the number of live nodes + 1 and always
+        fit the 31 bits available (a fresh id per node would overflow after 2**31 inserts).
+        """
+        free_ids = self._free_oids
+        if free_ids:
+            oid = free_ids.pop()
+        else:
+            oid = self._next_oid
+            self._next_oid = oid + 1
         self._owners[oid] = owner
         owner.oid = oid
         return oid
 
     def _unregister(self, owner: BlockOwner) -> None:
-        self._owners.pop(owner.oid, None)
+        if self._owners.pop(owner.oid, None) is not None:
+            self._free_oids.append(owner.oid)
+        owner.oid = 0
 
     def owner_of(self, block: int) -> BlockOwner | None:
         """The cache entry holding ``block`` (None when the cache does not hold it)."""
         self._check_id(block)
-        oid = int(self._owner[block])
+        oid = int(self._state[block]) >> OWNER_SHIFT
         return self._owners[oid] if oid else None
 
     # ------------------------------------------------------------ validation

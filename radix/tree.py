@@ -4,11 +4,9 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-import numpy as np
-
 from radixd.radix.errors import InvalidRequest, UnknownLease
 from radixd.radix.node import TOKEN_BYTES, Node, Tokens, as_tokens, common_prefix_len
-from radixd.radix.pool import block_runs
+from radixd.radix.pool import OWNER_SHIFT, RC_MASK, block_runs
 from radixd.radix.results import InsertResult, Lease, PrefixMatch
 from radixd.radix.tree_admin import FlushMode, TreeAdmin
 from radixd.radix.tree_core import EVICT_REASONS
@@ -253,50 +251,35 @@ class RadixTree(TreeAdmin):
 
     def _add_leaf(self, parent: Node, tokens: Tokens, blocks: list[int], donate: bool) -> Node:
         pool = self.pool
-        rc = pool._rc
-        owner = pool._owner
+        st = pool._state
         nblocks = pool.num_blocks
         self._clock += 1
         leaf = Node(tokens, blocks, parent, tokens[: self._bb], self._clock)
         step = 0 if donate else 1  # donated blocks keep the caller's reference; others gain one
         runs = block_runs(blocks, pool._ids)
         if runs is not None and _disjoint_within(runs, nblocks):
-            # Allocated and not cached yet (runs are disjoint): adopt with slice stores. A run whose
-            # counts are all 1 (just allocated: the common case) needs no separate scan for zeros.
-            solo = 0
+            # Runs of blocks just allocated (the common case): each has refcount 1 and no owner, which
+            # one memcmp of the run's state words confirms; adopting it is then one slice store.
             ones_bytes = pool._ones_bytes
-            for a, k in runs:
-                seg = rc[a : a + k]
-                if seg.tobytes() == ones_bytes[: 4 * k]:  # one memcmp, the cheapest test for small runs
-                    ones = k
-                elif seg.all():
-                    ones = int(np.count_nonzero(seg == 1))
-                else:
-                    break
-                if np.count_nonzero(owner[a : a + k]):
-                    break
-                solo += ones
-            else:
-                oid = pool._register(leaf)
+            if all(st[a : a + k].tobytes() == ones_bytes[: 8 * k] for a, k in runs):
+                word = (pool._register(leaf) << OWNER_SHIFT) | (1 + step)
                 for a, k in runs:
-                    if not donate:
-                        rc[a : a + k] += 1
-                    owner[a : a + k] = oid
+                    st[a : a + k] = word
                 leaf.runs = runs
-                return self._finish_leaf(parent, leaf, solo if donate else 0)
+                # Without donate the caller keeps its reference: counts are 2, nobody is solo yet.
+                return self._finish_leaf(parent, leaf, 0 if step else len(blocks))
         # One pass: validate and adopt; undo on the first bad block so a failed insert changes nothing.
-        oid = pool._register(leaf)
+        high = pool._register(leaf) << OWNER_SHIFT
         solo = 0
         for i, b in enumerate(blocks):
-            if not 0 < b < nblocks or rc[b] == 0 or owner[b] != 0:
-                cached = 0 < b < nblocks and rc[b] > 0
+            w = int(st[b]) if 0 < b < nblocks else 0
+            if w & RC_MASK == 0 or w >> OWNER_SHIFT:
                 for a in blocks[:i]:
-                    rc[a] -= step
-                    owner[a] = 0
+                    st[a] = (int(st[a]) & RC_MASK) - step
                 pool._unregister(leaf)
                 if parent.parent is None and not parent.children:
                     self._drop_root(parent)  # created for this insert only
-                if cached:
+                if w & RC_MASK:
                     raise InvalidRequest(
                         f"block {b} is already cached by the tree (or given twice); "
                         "every position needs its own block"
@@ -304,11 +287,10 @@ class RadixTree(TreeAdmin):
                 pool._bad_incref(b)
             # Without donate the caller keeps its reference, so the count goes to >= 2 and n_solo
             # starts at 0; the pool's hook keeps it exact when the caller drops its reference later.
-            c = int(rc[b]) + step
-            rc[b] = c
+            c = (w & RC_MASK) + step
+            st[b] = high | c
             if c == 1:
                 solo += 1
-            owner[b] = oid
         return self._finish_leaf(parent, leaf, solo)
 
     def _finish_leaf(self, parent: Node, leaf: Node, solo: int) -> Node:

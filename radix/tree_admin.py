@@ -8,6 +8,7 @@ from typing import Literal
 from radixd.radix.errors import FlushRefused, InvalidRequest, NotPinned, PinBudgetExceeded
 from radixd.radix.lru import LruIndex
 from radixd.radix.node import TOKEN_BYTES, Node, Tokens, as_tokens, common_prefix_len
+from radixd.radix.pool import RC_MASK
 from radixd.radix.tree_core import TreeCore
 
 FlushMode = Literal["unlocked", "refuse", "force"]
@@ -98,7 +99,7 @@ class TreeAdmin(TreeCore):
 
     def _force_clear(self) -> None:
         pool = self.pool
-        owner = pool._owner
+        st = pool._state
         dropped = 0
         for root in self._roots.values():
             stack = list(root.children.values())
@@ -108,7 +109,7 @@ class TreeAdmin(TreeCore):
                 if x.hold == 0:
                     pool._evictable -= x.n_solo
                 for b in x.blocks:
-                    owner[b] = 0
+                    st[b] = int(st[b]) & RC_MASK  # clear the owner first: no ownership hook
                     pool.decref(b)
                 pool._unregister(x)
                 dropped += len(x.blocks)

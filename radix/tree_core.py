@@ -11,7 +11,7 @@ import numpy as np
 from radixd.radix.errors import InvalidRequest, RadixError, UnknownLease
 from radixd.radix.lru import LruIndex
 from radixd.radix.node import TOKEN_BYTES, Node, Tokens, split_runs
-from radixd.radix.pool import BlockPool, block_runs
+from radixd.radix.pool import OWNER_SHIFT, RC_MASK, BlockPool, block_runs
 from radixd.radix.results import CacheStats, Lease
 
 EVICT_REASONS = ("lru", "prefix", "flush", "superseded")
@@ -109,16 +109,19 @@ class TreeCore:
         upper.hold = child.hold
         upper.pin = child.pin
         pool = self.pool
-        oid = pool._register(upper)
+        st = pool._state
+        high = pool._register(upper) << OWNER_SHIFT
         if upper.runs is not None:
             solo = 0
             for a, n in upper.runs:
-                pool._owner[a : a + n] = oid
-                solo += int(np.count_nonzero(pool._rc[a : a + n] == 1))
+                rcs = st[a : a + n] & RC_MASK
+                st[a : a + n] = rcs | high
+                solo += int(np.count_nonzero(rcs == 1))
         else:
             idx = np.asarray(upper.blocks, dtype=np.int64)
-            pool._owner[idx] = oid
-            solo = int(np.count_nonzero(pool._rc[idx] == 1))
+            rcs = st[idx] & RC_MASK
+            st[idx] = rcs | high
+            solo = int(np.count_nonzero(rcs == 1))
         upper.n_solo = solo
         child.n_solo -= solo
         self._nodes += 1
@@ -138,8 +141,7 @@ class TreeCore:
         pool = self.pool
         if node.hold == 0:
             pool._evictable -= node.n_solo
-        owner = pool._owner
-        rc = pool._rc
+        st = pool._state
         free = pool._free
         blocks = node.blocks
         n = len(blocks)
@@ -148,21 +150,19 @@ class TreeCore:
             runs = node.runs if node.runs is not None else block_runs(blocks, pool._ids)
         if runs is not None:
             # Fast path (the common case): nobody else holds any of them, so every run becomes free
-            # with slice stores and one merge into the free extents.
+            # (refcount 0, no owner) with one slice store and one merge into the free extents.
             for a, k in runs:
-                owner[a : a + k] = 0
-                rc[a : a + k] = 0
+                st[a : a + k] = 0
                 free.put(a, k)
             if freed is not None:
                 freed += blocks
             n_freed = n
         else:
             n_freed = 0
-            # Inlined decref: owner is cleared first, so the pool's ownership hook has nothing to do.
+            # Inlined decref that also clears the owner, so the pool's ownership hook has nothing to do.
             for b in blocks:
-                owner[b] = 0
-                c = int(rc[b]) - 1
-                rc[b] = c
+                c = (int(st[b]) & RC_MASK) - 1
+                st[b] = c
                 if c == 0:
                     free.put(b, 1)
                     n_freed += 1

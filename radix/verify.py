@@ -8,7 +8,7 @@ from typing import NoReturn
 
 from radixd.radix.errors import RadixError
 from radixd.radix.node import TOKEN_BYTES, Node
-from radixd.radix.pool import NULL_BLOCK
+from radixd.radix.pool import NULL_BLOCK, OWNER_SHIFT, RC_MASK
 from radixd.radix.table import BlockTable
 from radixd.radix.tree import RadixTree
 
@@ -38,8 +38,8 @@ def check_consistency(tree: RadixTree, tables: Iterable[BlockTable] = ()) -> Non
     """
     pool = tree.pool
     B = tree._bb  # node offsets are in packed bytes
-    rc: list[int] = pool._rc.tolist()
-    owner_ids: list[int] = pool._owner.tolist()
+    rc: list[int] = (pool._state & RC_MASK).tolist()
+    owner_ids: list[int] = (pool._state >> OWNER_SHIFT).tolist()
     ext = pool._free
     runs = sorted(ext.runs())
     end = 1
