@@ -45,7 +45,7 @@ class Adapter:
 
     def insert(self, tokens: TokenKey, handle: PrefixMatch) -> None:
         B = self.page_size
-        total = len(tokens)
+        total = bytes.__len__(tokens) // TOKEN_BYTES
         n_matched = handle.num_tokens
         new = self.pool.allocate(-(-(total - n_matched) // B))
         aligned = total // B

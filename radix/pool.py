@@ -37,7 +37,7 @@ def block_runs(blocks: list[int], ids: list[int], max_runs: int = 8) -> list[tup
     while len(runs) < max_runs:
         a = blocks[i]
         rest = n - i
-        if blocks[-1] == a + rest - 1 and blocks[i:] == ids[a : a + rest]:
+        if blocks[-1] == a + rest - 1 and (blocks if i == 0 else blocks[i:]) == ids[a : a + rest]:
             runs.append((a, rest))
             return runs
         lo, hi = 1, rest  # the probe blocks[i + m - 1] == a + m - 1 holds for m = lo, fails for m = hi
@@ -169,10 +169,15 @@ class BlockPool:
             raise OutOfBlocks(n, free.count, self._evictable)
         st = self._state
         ids = self._ids
-        out: list[int] = []
-        for a, k in free.take(n):  # one C-level slice copy and store per run, no per-block step
-            out += ids[a : a + k]
+        runs = free.take(n)
+        if len(runs) == 1:  # the common case: a single run, a single slice copy
+            a, k = runs[0]
             st[a : a + k] = 1  # refcount 1, no owner
+            return ids[a : a + k]
+        out: list[int] = []
+        for a, k in runs:  # one C-level slice copy and store per run, no per-block step
+            out += ids[a : a + k]
+            st[a : a + k] = 1
         return out
 
     def incref(self, block: int) -> None:

@@ -182,7 +182,10 @@ class RadixTree(TreeAdmin):
             if child is None:
                 break
             clock += 1
-            self._touch(child, clock)
+            if child.in_lru:
+                self._touch(child, clock)
+            else:
+                child.tick = clock
             ct = child.tokens
             cb = child.blocks
             L = len(ct)
@@ -261,7 +264,12 @@ class RadixTree(TreeAdmin):
             # Runs of blocks just allocated (the common case): each has refcount 1 and no owner, which
             # one memcmp of the run's state words confirms; adopting it is then one slice store.
             ones_bytes = pool._ones_bytes
-            if all(st[a : a + k].tobytes() == ones_bytes[: 8 * k] for a, k in runs):
+            if len(runs) == 1:
+                a, k = runs[0]
+                fresh = st[a : a + k].tobytes() == ones_bytes[: 8 * k]
+            else:
+                fresh = all(st[a : a + k].tobytes() == ones_bytes[: 8 * k] for a, k in runs)
+            if fresh:
                 word = (pool._register(leaf) << OWNER_SHIFT) | (1 + step)
                 for a, k in runs:
                     st[a : a + k] = word
