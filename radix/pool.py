@@ -125,7 +125,7 @@ class BlockPool:
         self._evictable = 0
         self._tree_attached = False  # at most one RadixTree per pool
         if num_blocks >= _PROMOTE_AT:
-            # The per-block lists above hold millions of entries. Left in the young GC generation, the
+            # The id list above holds millions of entries. Left in the young GC generation, the
             # next collections would walk them: a pause of tens of ms in the middle of serving. Promote
             # them now, once, at construction (startup) time.
             gc.collect(1)
@@ -218,16 +218,44 @@ class BlockPool:
         return False
 
     def incref_all(self, blocks: Iterable[int]) -> None:
-        """incref each block."""
+        """incref each block (inlined: this runs per block of every shared prefix)."""
+        st = self._state
+        owners = self._owners
+        nb = self.num_blocks
         for b in blocks:
-            self.incref(b)
+            w = int(st[b]) if 0 < b < nb else 0
+            if not w & RC_MASK:
+                self._bad_incref(b)
+            st[b] = w + 1
+            if w & RC_MASK == 1 and w >> OWNER_SHIFT:
+                o = owners[w >> OWNER_SHIFT]
+                o.n_solo -= 1
+                if o.hold == 0:
+                    self._evictable -= 1
 
     def decref_all(self, blocks: Iterable[int]) -> int:
-        """decref each block; returns how many became free."""
+        """decref each block (inlined: this runs per block of every finished request); returns #freed."""
+        st = self._state
+        owners = self._owners
+        free = self._free
+        nb = self.num_blocks
         freed = 0
         for b in blocks:
-            if self.decref(b):
+            w = int(st[b]) if 0 < b < nb else 0
+            c = w & RC_MASK
+            if c == 0:
+                self._bad_decref(b)
+            if c == 1:
+                st[b] = 0  # free blocks have no owner
+                free.put(b, 1)
                 freed += 1
+                continue
+            st[b] = w - 1
+            if c == 2 and w >> OWNER_SHIFT:
+                o = owners[w >> OWNER_SHIFT]
+                o.n_solo += 1
+                if o.hold == 0:
+                    self._evictable += 1
         return freed
 
     # ------------------------------------------------------- cache ownership
