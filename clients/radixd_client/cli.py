@@ -180,7 +180,7 @@ def _run(args: argparse.Namespace, client: Client) -> int:
             print(json.dumps({"cache": stats, "load": load}, indent=2))
         else:
             for key, value in {**stats, **load}.items():
-                print(f"{key}: {value}")
+                print(f"{key}: {_plain(value)}")
     elif cmd == "evict":
         n = client.evict(
             num_blocks=args.blocks, prefix=args.prefix, session_id=args.session, namespace=args.namespace
@@ -198,6 +198,13 @@ def _run(args: argparse.Namespace, client: Client) -> int:
         print(status)
         return 0 if status == "SERVING" else 1
     return 0
+
+
+def _plain(value: object) -> str:
+    """A stats value for people: proto3 JSON spells 64-bit integers as strings and maps as dicts."""
+    if isinstance(value, dict):
+        return ", ".join(f"{k}={v}" for k, v in sorted(value.items())) or "-"
+    return str(value)
 
 
 def _chat(args: argparse.Namespace, client: Client) -> int:
@@ -245,6 +252,11 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 2
     except KeyboardInterrupt:
         return 130
+    except BrokenPipeError:
+        # `radixctl stats | head`: the reader left. Point stdout at /dev/null so the flush at exit
+        # does not raise a second time, and end quietly.
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        return 0
     finally:
         client.close()
 
