@@ -94,7 +94,7 @@ class RadixTree(TreeAdmin):
                 child.tick = clock
             ct = child.tokens
             L = len(ct)
-            if t[pos : pos + L] == ct and not L % B:
+            if not L % B and t.startswith(ct, pos):  # compares in place, no slice copy
                 blocks += child.blocks
                 pos += L
                 node = child
@@ -189,7 +189,7 @@ class RadixTree(TreeAdmin):
             ct = child.tokens
             cb = child.blocks
             L = len(ct)
-            if t[pos : pos + L] == ct and not L % B:
+            if not L % B and t.startswith(ct, pos):  # compares in place, no slice copy
                 mine = blocks[j : j + len(cb)]
                 if mine != cb:
                     dups.extend(a for a, c in zip(mine, cb, strict=True) if a != c)
