@@ -169,10 +169,24 @@ class BlockPool:
             raise OutOfBlocks(n, free.count, self._evictable)
         st = self._state
         ids = self._ids
+        by_start = free._by_start
+        if by_start:
+            # The common case, inlined: the newest free run holds n blocks; take its head.
+            a, k = by_start.popitem()
+            if k >= n:
+                if k > n:
+                    by_start[a + n] = k - n
+                    free._by_end[a + k] = a + n
+                else:
+                    del free._by_end[a + k]
+                free.count -= n
+                st[a : a + n] = 1  # refcount 1, no owner
+                return ids[a : a + n]
+            by_start[a] = k  # put it back (it is the newest again) and take the general path
         runs = free.take(n)
-        if len(runs) == 1:  # the common case: a single run, a single slice copy
+        if len(runs) == 1:  # a single run, a single slice copy
             a, k = runs[0]
-            st[a : a + k] = 1  # refcount 1, no owner
+            st[a : a + k] = 1
             return ids[a : a + k]
         out: list[int] = []
         for a, k in runs:  # one C-level slice copy and store per run, no per-block step

@@ -208,7 +208,10 @@ class RadixTree(TreeAdmin):
         if j < nb:
             rest = t[j * B :]
             rest_blocks = blocks[j:]
-            covered = self._settle_partial(node, rest, rest_blocks, dups) if self.block_size > 1 else None
+            by_first = node.by_first
+            covered = None
+            if by_first is not None and rest[:TOKEN_BYTES] in by_first:  # else no sibling can overlap
+                covered = self._settle_partial(node, rest, rest_blocks, dups)
             if covered is not None:
                 final = covered
             else:
@@ -260,7 +263,7 @@ class RadixTree(TreeAdmin):
         leaf = Node(tokens, blocks, parent, tokens[: self._bb], self._clock)
         step = 0 if donate else 1  # donated blocks keep the caller's reference; others gain one
         runs = block_runs(blocks, pool._ids)
-        if runs is not None and _disjoint_within(runs, nblocks):
+        if runs is not None and (len(runs) == 1 or _disjoint_within(runs, nblocks)):  # one run: disjoint
             # Runs of blocks just allocated (the common case): each has refcount 1 and no owner, which
             # one memcmp of the run's state words confirms; adopting it is then one slice store.
             ones_bytes = pool._ones_bytes

@@ -137,7 +137,8 @@ class TreeCore:
         if parent is None or node.children:
             raise RadixError("internal: only a leaf can be removed")
         self._unlink(parent, node)
-        self._lru.discard(node)
+        if node.in_lru:
+            self._lru.discard(node)
         pool = self.pool
         if node.hold == 0:
             pool._evictable -= node.n_solo
@@ -260,7 +261,8 @@ class TreeCore:
         """
         got = 0
         lru = self._lru
-        while got < n_blocks and len(lru):
+        live = lru._nodes  # non-empty <=> something is evictable (skips a Python-level __len__)
+        while got < n_blocks and live:
             got += self._remove_leaf(lru.pop_oldest(), "lru", None)
         return got
 
