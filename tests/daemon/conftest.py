@@ -1,40 +1,16 @@
-"""Shared fixtures: one loaded SmolLM2 per session (converted into a session cache folder) and the
-transformers reference model built from the same GGUF by transformers' own GGUF reader."""
+"""Fixtures of the model tests: the transformers reference model, built from the same GGUF by
+transformers' own GGUF reader, and its greedy outputs. The radixd model itself is tests/conftest.py's."""
 
 from __future__ import annotations
 
 import os
-import time
-from collections.abc import Iterator
-from pathlib import Path
 from typing import Any
 
 import pytest
 import torch
 from daemon_testkit import PROMPTS
 
-from radixd.daemon.loaders import LoadedModel, default_model_path, load_model
-
-
-@pytest.fixture(scope="session")
-def model_cache_dir(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Path]:
-    """A private conversion cache for the session (never the user's ~/.cache)."""
-    d = tmp_path_factory.mktemp("radixd-cache")
-    old = os.environ.get("RADIXD_CACHE_DIR")
-    os.environ["RADIXD_CACHE_DIR"] = str(d)
-    yield d
-    if old is None:
-        os.environ.pop("RADIXD_CACHE_DIR", None)
-    else:
-        os.environ["RADIXD_CACHE_DIR"] = old
-
-
-@pytest.fixture(scope="session")
-def smollm(model_cache_dir: Path) -> LoadedModel:
-    t0 = time.perf_counter()
-    lm = load_model()
-    lm.first_load_s = time.perf_counter() - t0  # type: ignore[attr-defined]
-    return lm
+from radixd.daemon.loaders import LoadedModel, default_model_path
 
 
 @pytest.fixture(scope="session")

@@ -7,12 +7,13 @@ from collections.abc import Iterator
 import pytest
 from e2e_kit import RunningDaemon, serve_args, start_daemon, stop_daemon
 
-from radixd.daemon.loaders import LoadedModel, load_model
+from radixd.daemon.loaders import LoadedModel
 
 
 @pytest.fixture(scope="session")
-def loaded_model() -> LoadedModel:
-    return load_model(None, device="cpu")
+def loaded_model(smollm: LoadedModel) -> LoadedModel:
+    """The session's model (tests/conftest.py), under the name the e2e kit uses."""
+    return smollm
 
 
 @pytest.fixture(scope="module")
