@@ -5,7 +5,8 @@ STAMP  := $(VENV)/.radixd-installed
 HOST   ?= 127.0.0.1
 PORT   ?= 50051
 
-.PHONY: venv serve test lint typecheck unit proto bench clean
+.PHONY: venv serve test lint typecheck unit proto bench bench-memory bench-radix bench-kernels bench-offline \
+        bench-workloads bench-serve gpu-check clean
 
 venv: $(STAMP)
 
@@ -35,8 +36,31 @@ test: lint typecheck unit
 proto: $(STAMP)
 	$(PY) -m radixd_client.protogen
 
-bench: $(STAMP)
+# Benchmarks print their tables; docs/benchmarks.md says which file keeps each one and how it was run.
+bench: bench-memory bench-radix bench-kernels bench-offline bench-workloads bench-serve
+
+bench-memory: $(STAMP)
 	$(PY) bench/fragmentation.py
+
+bench-radix: $(STAMP)
+	$(PY) bench/radix_adapter.py --repeat 5 --workloads w1,w2
+	$(PY) bench/radix_adapter.py --repeat 1 --workloads w3 --page-sizes 16,1
+
+bench-kernels: $(STAMP)
+	$(PY) bench/kernels_cpu.py --rounds 40 --threads 1
+
+bench-offline: $(STAMP)
+	$(PY) bench/offline.py --threads 1
+
+bench-workloads: $(STAMP)
+	$(PY) bench/workloads.py --gen 16
+
+bench-serve: $(STAMP)
+	$(PY) bench/serve_bench.py
+
+# On a CUDA machine (not part of make test): correctness sweep, bandwidth sweep, report in $$OUT or docs/.
+gpu-check:
+	bash bench/gpu_check.sh
 
 clean:
 	rm -rf $(VENV) .pytest_cache .mypy_cache .ruff_cache build *.egg-info
