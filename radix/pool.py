@@ -1,4 +1,4 @@
-"""BlockPool: the physical KV blocks, their reference counts and the free list."""
+"""BlockPool: the physical KV blocks, their reference counts, owners and free extents."""
 
 from __future__ import annotations
 
@@ -82,7 +82,7 @@ class BlockPool:
     # NOTE: invariants
     #  * refcount(b) == number of holders of b (tables + the tree), for every block b >= 1;
     #  * b lies in a free run  <=>  refcount(b) == 0, and in exactly one (no double free);
-    #  * block 0 (NULL_BLOCK) is never on the free list and never handed out;
+    #  * block 0 (NULL_BLOCK) is never free and never handed out;
     #  * _evictable == #{b : owner(b) is not None and owner(b).hold == 0 and refcount(b) == 1};
     #  * owner id of b (_state[b] >> 32) is 0 or a key of _owners (registered while it holds blocks).
 
@@ -211,7 +211,7 @@ class BlockPool:
                 self._evictable -= 1
 
     def decref(self, block: int) -> bool:
-        """Drop one holder; the block returns to the free list when none is left. Returns True if freed."""
+        """Drop one holder; the block becomes free when none is left. Returns True if freed."""
         if not 0 < block < self.num_blocks:
             self._bad_decref(block)
         st = self._state
