@@ -73,6 +73,7 @@ from radixd.radix.errors import (
     RadixError,
     UnknownLease,
 )
+from radixd.radix.events import CacheListener
 from radixd.radix.memory import LLAMA2_70B, LLAMA3_8B, LLAMA3_70B, KVSpec
 from radixd.radix.node import TOKEN_BYTES, TokenKey, encode_tokens, token_ids
 from radixd.radix.pool import NULL_BLOCK, BlockPool
@@ -90,6 +91,7 @@ __all__ = [
     "AppendResult",
     "BlockPool",
     "BlockTable",
+    "CacheListener",
     "CacheStats",
     "CopyOp",
     "DoubleFree",

@@ -311,4 +311,7 @@ class RadixTree(TreeAdmin):
         self._nodes += 1
         self._cached_blocks += len(leaf.blocks)
         self._lru.add(leaf)
+        if self.listener is not None:
+            ns, path = self._path(leaf)
+            self.listener.stored(ns, path, len(path) - len(leaf.tokens) // TOKEN_BYTES, len(leaf.blocks))
         return leaf

@@ -121,6 +121,8 @@ class TreeAdmin(TreeCore):
         self._pins.clear()
         self._nodes = self._cached_blocks = self._pinned_blocks = self._leases = 0
         self._epoch += 1
+        if self.listener is not None:
+            self.listener.cleared()
 
     # ================================================================== pins
     def pin(self, tokens: Sequence[int] | bytes, namespace: str = "") -> int:

@@ -9,8 +9,9 @@ from __future__ import annotations
 import numpy as np
 
 from radixd.radix.errors import InvalidRequest, RadixError, UnknownLease
+from radixd.radix.events import CacheListener
 from radixd.radix.lru import LruIndex
-from radixd.radix.node import TOKEN_BYTES, Node, Tokens, split_runs
+from radixd.radix.node import TOKEN_BYTES, Node, Tokens, split_runs, token_ids
 from radixd.radix.pool import OWNER_SHIFT, RC_MASK, BlockPool, block_runs
 from radixd.radix.results import CacheStats, Lease
 
@@ -42,6 +43,8 @@ class TreeCore:
         self._hit_tokens = 0
         self._miss_tokens = 0
         self._evicted = dict.fromkeys(EVICT_REASONS, 0)
+        # Observer of content changes (see radix/events.py); None costs one test per leaf added/removed.
+        self.listener: CacheListener | None = None
 
     # ============================================================ structure
     def _touch(self, node: Node, tick: int) -> None:
@@ -127,6 +130,18 @@ class TreeCore:
         self._nodes += 1
         return upper
 
+    def _path(self, node: Node) -> tuple[str, list[int]]:
+        """The namespace and the token path from the root to the end of ``node`` (for listeners)."""
+        parts: list[bytes] = []
+        x: Node | None = node
+        root = node
+        while x is not None:
+            parts.append(bytes(x.tokens))
+            root = x
+            x = x.parent
+        ns = next((name for name, r in self._roots.items() if r is root), "")
+        return ns, token_ids(b"".join(reversed(parts)))
+
     def _remove_leaf(self, node: Node, reason: str, freed: list[int] | None, keep_root: bool = False) -> int:
         """Drop a leaf and its tree references; returns how many of its blocks became free.
 
@@ -136,6 +151,10 @@ class TreeCore:
         parent = node.parent
         if parent is None or node.children:
             raise RadixError("internal: only a leaf can be removed")
+        if self.listener is not None:
+            ns, path = self._path(node)
+            start = len(path) - len(node.tokens) // TOKEN_BYTES
+            self.listener.removed(ns, path, start, len(node.blocks), reason)
         self._unlink(parent, node)
         if node.in_lru:
             self._lru.discard(node)

@@ -9,6 +9,7 @@ another holder still reads (copy-on-write).
 from __future__ import annotations
 
 import os
+from collections import Counter
 from dataclasses import dataclass
 
 import hypothesis.strategies as st
@@ -16,6 +17,7 @@ from hypothesis import HealthCheck, settings
 from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, precondition, rule
 
 from radixd.radix import (
+    EVICT_REASONS,
     BlockPool,
     BlockTable,
     FlushRefused,
@@ -49,6 +51,28 @@ def _path_tokens(node: Node) -> tuple[int, ...]:
     return tuple(t for part in reversed(parts) for t in part)
 
 
+class MirrorListener:
+    """Rebuilds, from the tree's events alone, how many cached nodes cover each (namespace, prefix)."""
+
+    def __init__(self) -> None:
+        self.cover: Counter[tuple[str, tuple[int, ...]]] = Counter()
+
+    def stored(self, namespace: str, tokens: list[int], start: int, num_blocks: int) -> None:
+        assert 0 <= start < len(tokens) and num_blocks > 0
+        self.cover.update((namespace, tuple(tokens[:i])) for i in range(start + 1, len(tokens) + 1))
+
+    def removed(self, namespace: str, tokens: list[int], start: int, num_blocks: int, reason: str) -> None:
+        assert 0 <= start < len(tokens) and reason in EVICT_REASONS
+        self.cover.subtract((namespace, tuple(tokens[:i])) for i in range(start + 1, len(tokens) + 1))
+
+    def cleared(self) -> None:
+        self.cover.clear()
+
+    def cached(self) -> set[tuple[str, tuple[int, ...]]]:
+        assert all(n >= 0 for n in self.cover.values()), "a prefix was removed more often than stored"
+        return {key for key, n in self.cover.items() if n > 0}
+
+
 def _lcp(a: tuple[int, ...], b: tuple[int, ...]) -> int:
     n = 0
     for x, y in zip(a, b, strict=False):
@@ -69,6 +93,8 @@ class RadixMachine(RuleBasedStateMachine):
         self.B = block_size
         self.pool = BlockPool(num_blocks, block_size)
         self.tree = RadixTree(self.pool, pin_budget_fraction=0.3)
+        self.mirror = MirrorListener()
+        self.tree.listener = self.mirror
         self.content: dict[int, list[int | None]] = {}
 
     # ---------------------------------------------------------------- helpers
@@ -290,6 +316,21 @@ class RadixMachine(RuleBasedStateMachine):
             if b not in table_blocks
         )
         assert s.evictable_blocks == truth
+
+    @invariant()
+    def events_mirror_the_tree(self) -> None:
+        """A router that only reads the events knows exactly what is cached."""
+        if not hasattr(self, "tree"):
+            return
+        actual: set[tuple[str, tuple[int, ...]]] = set()
+        for ns, root in self.tree._roots.items():
+            stack = list(root.children.values())
+            while stack:
+                x = stack.pop()
+                stack.extend(x.children.values())
+                path = _path_tokens(x)
+                actual.update((ns, path[:i]) for i in range(1, len(path) + 1))
+        assert self.mirror.cached() == actual
 
     @invariant()
     def contents_match(self) -> None:
