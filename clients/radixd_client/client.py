@@ -13,7 +13,7 @@ from __future__ import annotations
 
 from collections.abc import Iterator
 from dataclasses import dataclass
-from typing import Any, Unpack
+from typing import Any, Protocol, Unpack, cast
 
 import grpc
 
@@ -58,6 +58,16 @@ def make_channel(address: str, root_certificates: bytes | None = None) -> grpc.C
         creds = grpc.ssl_channel_credentials(root_certificates=root_certificates)
         return grpc.secure_channel(address, creds, options=channel_options())
     return grpc.insecure_channel(address, options=channel_options())
+
+
+class CacheEventStream(Protocol):
+    """A server stream of cache events (the gRPC call object): iterable and cancellable."""
+
+    def __iter__(self) -> Iterator[cache_admin_pb2.SubscribeCacheEventsResponse]: ...
+
+    def __next__(self) -> cache_admin_pb2.SubscribeCacheEventsResponse: ...
+
+    def cancel(self) -> bool: ...
 
 
 class GenerationStream:
@@ -299,11 +309,12 @@ class Client:
         )
         return resp
 
-    def cache_events(
-        self, after_sequence: int = 0, timeout: float | None = None
-    ) -> Iterator[cache_admin_pb2.SubscribeCacheEventsResponse]:
+    def cache_events(self, after_sequence: int = 0, timeout: float | None = None) -> CacheEventStream:
+        """Stream the cache's stored / removed / cleared events (after ``after_sequence``, 0 = new ones
+        only); iterate it, and ``cancel()`` it from any thread to stop."""
         req = cache_admin_pb2.SubscribeCacheEventsRequest(after_sequence=after_sequence)
-        yield from self.admin.SubscribeCacheEvents(req, timeout=timeout, metadata=self._admin_md)
+        call = self.admin.SubscribeCacheEvents(req, timeout=timeout, metadata=self._admin_md)
+        return cast(CacheEventStream, call)
 
 
-__all__ = ["Client", "GenerationStream", "Session"]
+__all__ = ["CacheEventStream", "Client", "GenerationStream", "Session"]

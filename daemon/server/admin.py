@@ -71,21 +71,18 @@ class CacheAdminServicer(cache_admin_pb2_grpc.CacheAdminServiceServicer):
         if target == "num_blocks":
             n = request.num_blocks
             freed = await on_engine(state, lambda c: c.evict(n))
-            state.events.removed(ns, [], freed)
         elif target == "prefix":
             tokens = self._tokens(request.prefix, "prefix")
             freed = await on_engine(state, lambda c: c.evict_prefix(tokens, ns))
-            state.events.removed(ns, tokens, freed)
         elif target == "session_id":
             sid = request.session_id
 
-            def evict_session(core: EngineCore) -> tuple[int, str, list[int]]:
+            def evict_session(core: EngineCore) -> int:
                 info = core.sessions.get(sid)
                 core.sessions.release_lease(sid)
-                return drop_cached(core, list(info.tokens), info.namespace), info.namespace, list(info.tokens)
+                return drop_cached(core, list(info.tokens), info.namespace)
 
-            freed, sns, tokens = await on_engine(state, evict_session)
-            state.events.removed(sns, tokens, freed)
+            freed = await on_engine(state, evict_session)
         else:
             raise bad_request("evict needs a target: num_blocks, prefix or session_id")
         return cache_admin_pb2.EvictResponse(evicted_blocks=freed)
@@ -105,7 +102,6 @@ class CacheAdminServicer(cache_admin_pb2_grpc.CacheAdminServiceServicer):
             raise bad_request(f"timeout_s must be >= 0, got {request.timeout_s}")
         timeout = request.timeout_s or DEFAULT_FLUSH_WAIT_S
         freed = await asyncio.wrap_future(state.engine.flush(mode, timeout))  # type: ignore[arg-type]
-        state.events.cleared(freed)
         return cache_admin_pb2.FlushResponse(evicted_blocks=freed)
 
     @rpc("Pin")

@@ -39,7 +39,7 @@ from radixd.daemon.loaders import ModelLoadError
 from radixd.daemon.log import get_logger
 from radixd.daemon.server.admin import CacheAdminServicer, cache_stats
 from radixd.daemon.server.auth import Authenticator, load_api_keys
-from radixd.daemon.server.events import CacheEventHub
+from radixd.daemon.server.events import CacheEventHub, TreeEventBridge
 from radixd.daemon.server.generation import GenerationServicer
 from radixd.daemon.server.metrics import Metrics
 from radixd.daemon.server.sessions import SessionServicer
@@ -202,6 +202,8 @@ async def start(args: argparse.Namespace, built: BuiltEngine) -> Daemon:
     port = _bind(public, args.host, args.port, creds)
     admin_port = _bind(admin, args.admin_host, args.admin_port, creds)
     metrics_server, metrics_port = _start_metrics(state, args)
+    # NOTE: set before the engine thread starts, which from then on alone touches the tree.
+    built.core.tree.listener = TreeEventBridge(state.events, asyncio.get_running_loop())
     state.engine.start()
     await public.start()
     await admin.start()

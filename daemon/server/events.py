@@ -1,10 +1,9 @@
 """Cache events for routers: stored / removed / cleared, with increasing sequence numbers.
 
-NOTE: what the stream covers. Events are recorded where the server sees the cache change: a finished
-request stores its prompt + output (STORED), admin evictions and dropped sessions (REMOVED), flushes
-(CLEARED). LRU evictions the engine makes on its own under memory pressure are not observed here yet
-(the radix tree offers no listener); routers should treat the map as a hint and resync with
-LookupPrefix. All methods run on the event loop thread.
+NOTE: the radix tree is the only source of events. `TreeEventBridge` is the tree's listener: it runs on
+the engine thread inside the tree's operations, so it only posts each change to the event loop, where
+`CacheEventHub` numbers it, keeps the recent ones for replay and fans it out. Every change is
+reported, LRU evictions under memory pressure included, so a subscriber's map stays exact.
 """
 
 from __future__ import annotations
@@ -37,7 +36,9 @@ class CacheEventHub:
     def sequence(self) -> int:
         return self._seq
 
-    def _publish(self, kind: int, namespace: str, tokens: list[int], blocks: int) -> None:
+    def _publish(
+        self, kind: int, namespace: str, tokens: list[int], blocks: int, start: int = 0, reason: str = ""
+    ) -> None:
         self._seq += 1
         event = Event(
             sequence=self._seq,
@@ -46,6 +47,8 @@ class CacheEventHub:
             num_blocks=blocks,
             token_ids=tokens,
             timestamp=time.time(),
+            start=start,
+            reason=reason,
         )
         self._recent.append(event)
         for q in list(self._subscribers):
@@ -57,15 +60,14 @@ class CacheEventHub:
                 q.get_nowait()
                 q.put_nowait(None)
 
-    def stored(self, namespace: str, tokens: list[int]) -> None:
-        blocks = -(-len(tokens) // self.block_size)
-        self._publish(cache_admin_pb2.CACHE_EVENT_KIND_STORED, namespace, tokens, blocks)
+    def stored(self, namespace: str, tokens: list[int], start: int, blocks: int) -> None:
+        self._publish(cache_admin_pb2.CACHE_EVENT_KIND_STORED, namespace, tokens, blocks, start)
 
-    def removed(self, namespace: str, tokens: list[int], blocks: int) -> None:
-        self._publish(cache_admin_pb2.CACHE_EVENT_KIND_REMOVED, namespace, tokens, blocks)
+    def removed(self, namespace: str, tokens: list[int], start: int, blocks: int, reason: str) -> None:
+        self._publish(cache_admin_pb2.CACHE_EVENT_KIND_REMOVED, namespace, tokens, blocks, start, reason)
 
-    def cleared(self, blocks: int) -> None:
-        self._publish(cache_admin_pb2.CACHE_EVENT_KIND_CLEARED, "", [], blocks)
+    def cleared(self) -> None:
+        self._publish(cache_admin_pb2.CACHE_EVENT_KIND_CLEARED, "", [], 0)
 
     async def subscribe(self, after_sequence: int) -> AsyncIterator[Event]:
         """Replay retained events after `after_sequence` (0 = none), then stream new ones."""
@@ -98,3 +100,20 @@ class CacheEventHub:
                     yield item
         finally:
             self._subscribers.discard(q)
+
+
+class TreeEventBridge:
+    """The radix tree's listener (``radixd.radix.CacheListener``): hands each change to the loop."""
+
+    def __init__(self, hub: CacheEventHub, loop: asyncio.AbstractEventLoop) -> None:
+        self._hub = hub
+        self._loop = loop
+
+    def stored(self, namespace: str, tokens: list[int], start: int, num_blocks: int) -> None:
+        self._loop.call_soon_threadsafe(self._hub.stored, namespace, tokens, start, num_blocks)
+
+    def removed(self, namespace: str, tokens: list[int], start: int, num_blocks: int, reason: str) -> None:
+        self._loop.call_soon_threadsafe(self._hub.removed, namespace, tokens, start, num_blocks, reason)
+
+    def cleared(self) -> None:
+        self._loop.call_soon_threadsafe(self._hub.cleared)

@@ -117,7 +117,6 @@ class SessionServicer(session_pb2_grpc.SessionServiceServicer):
                 sampling=sampling,
                 make=session_pb2.SessionServiceGenerateResponse,
                 session_id=sid,
-                context_tokens=info.tokens,
             )
 
     @rpc("ForkSession")
@@ -174,12 +173,10 @@ class SessionServicer(session_pb2_grpc.SessionServiceServicer):
         ns = self.state.namespace(context)
         sid, drop = request.session_id, request.drop_cache
 
-        def close(core: EngineCore) -> tuple[int, tuple[int, ...]]:
+        def close(core: EngineCore) -> int:
             info = owned(core, sid, ns)
             core.sessions.close(sid, keep_cached=True)
-            return (drop_cached(core, list(info.tokens), ns) if drop else 0), info.tokens
+            return drop_cached(core, list(info.tokens), ns) if drop else 0
 
-        freed, tokens = await on_engine(self.state, close)
-        if freed:
-            self.state.events.removed(ns, list(tokens), freed)
+        freed = await on_engine(self.state, close)
         return session_pb2.CloseSessionResponse(freed_blocks=freed)

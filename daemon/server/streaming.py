@@ -78,7 +78,6 @@ async def run_stream(
     sampling: SamplingParams,
     make: MakeResponse,
     session_id: str | None = None,
-    context_tokens: tuple[int, ...] = (),
     priority: int = 0,
 ) -> None:
     """Run one request and write its stream to `context`; raises RpcFailure for errors before output."""
@@ -105,7 +104,6 @@ async def run_stream(
     structlog.contextvars.bind_contextvars(request_id=client_id, engine_request_id=engine_id)
     t0 = time.monotonic()
     pending = set(range(sampling.n))
-    outputs: dict[int, list[int]] = {i: [] for i in pending}
     started = False
     try:
         engine.submit(req, bridge.sink)
@@ -124,7 +122,6 @@ async def run_stream(
                 metrics.prompt_tokens.inc(out.prompt_tokens)
                 metrics.cached_tokens.inc(out.cached_tokens)
                 await context.write(make(start=start_message(client_id, out, session_id or "")))
-            outputs.setdefault(out.index, []).extend(out.new_token_ids)
             if out.new_token_ids or out.text_delta:
                 now = time.monotonic()
                 if out.new_token_ids:
@@ -139,8 +136,6 @@ async def run_stream(
                     metrics.ttft.observe(out.ttft_s)
                 if out.queue_time_s is not None:
                     metrics.queue_time.observe(out.queue_time_s)
-                if out.finish_reason in ("stop", "length"):
-                    state.events.stored(namespace, [*context_tokens, *prompt_ids, *outputs[out.index]])
                 await context.write(make(end=end_message(out, time.monotonic() - t0)))
     finally:
         registry.unregister(namespace, client_id)

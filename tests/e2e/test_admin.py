@@ -174,31 +174,60 @@ def test_pin_survives_flush(tenants: RunningDaemon) -> None:
         assert c.lookup_prefix(prompt, namespace="alice").cached_tokens == 0
 
 
-def test_cache_events_stream(tenants: RunningDaemon) -> None:
-    got: list[object] = []
+STORED, REMOVED, CLEARED = 1, 2, 3
+
+
+def test_cache_events_mirror_the_cache(tenants: RunningDaemon) -> None:
+    """A router that reads only the event stream knows exactly which prefixes are cached, LRU
+    evictions included (the tree itself reports every change)."""
     with tenants.client() as c:
-        stream = c.cache_events(timeout=30)
+        c.flush()  # start from an empty cache, so the stream below describes all of it
+        stream = c.cache_events(timeout=60)
+        got: list[Any] = []
         ready = threading.Event()
 
         def read() -> None:
             ready.set()
-            for e in stream:
-                got.append(e)
-                if len(got) >= 2:
-                    return
+            try:
+                for e in stream:
+                    got.append(e)
+            except grpc.RpcError:
+                pass  # cancelled below
 
         t = threading.Thread(target=read, daemon=True)
         t.start()
         ready.wait(5)
         time.sleep(0.3)  # let the subscription register before the events happen
-        c.complete("Events test. " + PROMPT, max_tokens=2)
+        prompts = ["Events test one. " + PROMPT, "Events test one. " + PROMPT + " And another turn."]
+        for p in prompts:
+            c.complete(p, max_tokens=3, temperature=0.0)
+        evicted = c.evict(num_blocks=1)
+        wait_until(lambda: any(e.kind == REMOVED and e.reason == "lru" for e in got), timeout=10)
+        cover: dict[tuple[str, tuple[int, ...]], int] = {}
+        for e in got:
+            sign = {STORED: 1, REMOVED: -1}.get(e.kind, 0)
+            for i in range(e.start + 1, len(e.token_ids) + 1):
+                key = (e.namespace, tuple(e.token_ids[:i]))
+                cover[key] = cover.get(key, 0) + sign
+        cached = {key for key, n in cover.items() if n > 0}
+        for p in [*prompts, "Events test two."]:
+            ids = tuple(c.tokenize(p))
+            mirrored = max(i for i in range(len(ids) + 1) if i == 0 or ("alice", ids[:i]) in cached)
+            assert mirrored == c.lookup_prefix(p, namespace="alice").cached_tokens, p
         c.flush()
-        t.join(30)
-    kinds = [e.kind for e in got]  # type: ignore[attr-defined]
-    assert kinds[:2] == [1, 3], kinds  # STORED, then CLEARED
-    seqs = [e.sequence for e in got]  # type: ignore[attr-defined]
+        wait_until(lambda: any(e.kind == REMOVED and e.reason == "flush" for e in got), timeout=10)
+        stream.cancel()
+        t.join(10)
+    kinds = {e.kind for e in got}
+    # An unlocked flush removes leaf by leaf (a locked node would stay); CLEARED means a forced drop.
+    assert STORED in kinds and REMOVED in kinds and CLEARED not in kinds
+    assert evicted >= 1
+    assert all(e.namespace == "alice" for e in got if e.kind != CLEARED)
+    seqs = [e.sequence for e in got]
     assert seqs == sorted(seqs) and len(set(seqs)) == len(seqs)
-    assert got[0].namespace == "alice"  # type: ignore[attr-defined]
+    stored = sum(e.num_blocks for e in got if e.kind == STORED)
+    removed = sum(e.num_blocks for e in got if e.kind == REMOVED)
+    assert stored == removed > 0  # the cache started and ended empty
 
 
 def test_metrics_endpoint(tenants: RunningDaemon) -> None:

@@ -170,17 +170,21 @@ class SubscribeCacheEventsRequest(_message.Message):
     def __init__(self, after_sequence: _Optional[int] = ...) -> None: ...
 
 class SubscribeCacheEventsResponse(_message.Message):
-    __slots__ = ("sequence", "kind", "namespace", "num_blocks", "token_ids", "timestamp")
+    __slots__ = ("sequence", "kind", "namespace", "num_blocks", "token_ids", "timestamp", "start", "reason")
     SEQUENCE_FIELD_NUMBER: _ClassVar[int]
     KIND_FIELD_NUMBER: _ClassVar[int]
     NAMESPACE_FIELD_NUMBER: _ClassVar[int]
     NUM_BLOCKS_FIELD_NUMBER: _ClassVar[int]
     TOKEN_IDS_FIELD_NUMBER: _ClassVar[int]
     TIMESTAMP_FIELD_NUMBER: _ClassVar[int]
+    START_FIELD_NUMBER: _ClassVar[int]
+    REASON_FIELD_NUMBER: _ClassVar[int]
     sequence: int
     kind: CacheEventKind
     namespace: str
     num_blocks: int
     token_ids: _containers.RepeatedScalarFieldContainer[int]
     timestamp: float
-    def __init__(self, sequence: _Optional[int] = ..., kind: _Optional[_Union[CacheEventKind, str]] = ..., namespace: _Optional[str] = ..., num_blocks: _Optional[int] = ..., token_ids: _Optional[_Iterable[int]] = ..., timestamp: _Optional[float] = ...) -> None: ...
+    start: int
+    reason: str
+    def __init__(self, sequence: _Optional[int] = ..., kind: _Optional[_Union[CacheEventKind, str]] = ..., namespace: _Optional[str] = ..., num_blocks: _Optional[int] = ..., token_ids: _Optional[_Iterable[int]] = ..., timestamp: _Optional[float] = ..., start: _Optional[int] = ..., reason: _Optional[str] = ...) -> None: ...
