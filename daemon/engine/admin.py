@@ -94,9 +94,10 @@ class AdminMixin:
                 keep.append((deadline, fut))
         c._flush_waiters = keep
 
-    def pin(self, tokens: list[int], namespace: str = "") -> None:
-        """Exempt the cached prefix `tokens` from eviction (within the pin budget)."""
-        self._core().tree.pin(tokens, namespace=namespace)
+    def pin(self, tokens: list[int], namespace: str = "") -> int:
+        """Exempt the cached prefix `tokens` from eviction (within the pin budget); -> tokens pinned
+        (0 when nothing of it is cached)."""
+        return self._core().tree.pin(tokens, namespace=namespace)
 
     def unpin(self, tokens: list[int], namespace: str = "") -> None:
         self._core().tree.unpin(tokens, namespace=namespace)

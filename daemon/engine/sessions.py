@@ -149,10 +149,22 @@ class SessionManager:
         if s.lease is not None:
             s.lease.release()
             s.lease = None
-        if keep_cached or not self.kv.caching or not s.tokens:
+        return 0 if keep_cached else self._drop_cached(s)
+
+    def evict_cached(self, session_id: str) -> int:
+        """Release the session's lease and evict its cached context (admin); the session stays open and
+        recomputes what was dropped on its next turn. -> blocks evicted."""
+        s = self._get(session_id)
+        self.release_lease(session_id)
+        return self._drop_cached(s)
+
+    def _drop_cached(self, s: Session) -> int:
+        if not self.kv.caching or not s.tokens:
             return 0
         # NOTE: evict the cached node holding the session's last cached token (and anything below it):
-        # what only this session's turns added; shared ancestors (a common system prompt) stay.
+        # what only this session's turns added; shared ancestors (a common system prompt) stay. The
+        # token list usually runs one token past the cache (the last sampled token has no KV yet), so
+        # evict by the cached prefix, not by the whole list.
         n = self.kv.cached_len(s.tokens, s.namespace)
         return int(self.kv.tree.evict_prefix(s.tokens[:n], namespace=s.namespace)) if n else 0
 

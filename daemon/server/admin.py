@@ -16,7 +16,7 @@ from radixd.daemon.server.auth import admin_namespace
 from radixd.daemon.server.convert import prompt_ids
 from radixd.daemon.server.errors import RpcFailure, bad_request
 from radixd.daemon.server.handler import rpc
-from radixd.daemon.server.sessions import drop_cached, on_engine
+from radixd.daemon.server.sessions import on_engine
 from radixd.daemon.server.state import ServerState
 
 if TYPE_CHECKING:
@@ -77,12 +77,7 @@ class CacheAdminServicer(cache_admin_pb2_grpc.CacheAdminServiceServicer):
         elif target == "session_id":
             sid = request.session_id
 
-            def evict_session(core: EngineCore) -> int:
-                info = core.sessions.get(sid)
-                core.sessions.release_lease(sid)
-                return drop_cached(core, list(info.tokens), info.namespace)
-
-            freed = await on_engine(state, evict_session)
+            freed = await on_engine(state, lambda c: c.sessions.evict_cached(sid))
         else:
             raise bad_request("evict needs a target: num_blocks, prefix or session_id")
         return cache_admin_pb2.EvictResponse(evicted_blocks=freed)
@@ -110,11 +105,7 @@ class CacheAdminServicer(cache_admin_pb2_grpc.CacheAdminServiceServicer):
         ns = admin_namespace(request.namespace)
         tokens = self._tokens(request.prefix, "prefix")
 
-        def pin(core: EngineCore) -> int:
-            # NOTE: EngineCore.pin drops the count the tree returns, so ask the tree (engine thread).
-            return core.tree.pin(tokens, namespace=ns)
-
-        pinned = await on_engine(self.state, pin)
+        pinned = await on_engine(self.state, lambda c: c.pin(tokens, ns))
         if pinned == 0:
             raise RpcFailure(
                 grpc.StatusCode.FAILED_PRECONDITION,

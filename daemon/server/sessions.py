@@ -54,16 +54,6 @@ def owned(core: EngineCore, session_id: str, namespace: str) -> SessionInfo:
     return info
 
 
-def drop_cached(core: EngineCore, tokens: list[int], namespace: str) -> int:
-    """Evict the unlocked cached blocks of a session's context (engine thread); -> blocks freed.
-
-    NOTE: a session's token list usually runs one token past what is cached (the last sampled token
-    never went through the model), so evict by the cached prefix, not by the whole list.
-    """
-    cached = core.lookup_prefix(tokens, namespace)
-    return core.evict_prefix(tokens[:cached], namespace) if cached else 0
-
-
 class SessionServicer(session_pb2_grpc.SessionServiceServicer):
     def __init__(self, state: ServerState, registry: RequestRegistry) -> None:
         self.state = state
@@ -174,9 +164,8 @@ class SessionServicer(session_pb2_grpc.SessionServiceServicer):
         sid, drop = request.session_id, request.drop_cache
 
         def close(core: EngineCore) -> int:
-            info = owned(core, sid, ns)
-            core.sessions.close(sid, keep_cached=True)
-            return drop_cached(core, list(info.tokens), ns) if drop else 0
+            owned(core, sid, ns)
+            return core.sessions.close(sid, keep_cached=not drop)
 
         freed = await on_engine(self.state, close)
         return session_pb2.CloseSessionResponse(freed_blocks=freed)
