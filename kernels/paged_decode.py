@@ -91,10 +91,10 @@ def paged_decode_torch(
     qg = q.view(s, hkv, group, d).to(k_cache.dtype)
     block_bytes = b * hkv * d * k_cache.element_size()
     nb = (max_len + b - 1) // b
-    if _packed_ok(q, k_cache, v_cache, hkv):
+    if s >= _PACKED_MIN_SEQS and _packed_ok(q, k_cache, v_cache, hkv):
         plan = paging.decode_plan(block_tables, seq_lens, b, k_cache.shape[0])
-        if plan is not None and (plan.run_step is not None or s * nb * 2 * block_bytes <= paging.CHUNK_BYTES):
-            return _attend_packed(qg, k_cache, v_cache, plan, scale).view(s, hq, d)
+        if plan is not None and plan.run_step is not None:
+            return _attend_packed(qg, k_cache, v_cache, plan, plan.run_step, scale).view(s, hq, d)
     if s * nb * 2 * block_bytes <= paging.CHUNK_BYTES:
         out = _attend(qg, k_cache, v_cache, block_tables, lens, nb, scale, None, None)
         if bool((lens == 0).any()):
@@ -126,6 +126,8 @@ def paged_decode_torch(
 # needed, discarded afterwards) to get two large batched GEMMs instead of Hkv small ones; with few
 # kv heads that is cheaper than the extra ops, with many it is not.
 _PACKED_MAX_KV_HEADS = 4
+# Below this batch the few-op SDPA path's lower per-call cost wins (measured 1-4 sequences).
+_PACKED_MIN_SEQS = 8
 
 
 def _packed_ok(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, hkv: int) -> bool:
@@ -145,15 +147,16 @@ def _attend_packed(
     k_cache: torch.Tensor,
     v_cache: torch.Tensor,
     plan: paging.DecodePlan,
+    run_step: int,  # plan.run_step, known not None
     scale: float,
 ) -> torch.Tensor:
     """Decode attention as two batched GEMMs over whole tokens: [S, Hkv, G, D].
 
-    K/V of each sequence are read as [L, Hkv * D] matrices, straight from the pool when the plan
-    found evenly spaced runs of blocks (a strided view, no copy), else gathered with one index_select
-    per pool. The query is laid out block-diagonally, [S, Hq, Hkv * D] with head h's (pre-scaled)
-    values in the columns of its kv head and zeros elsewhere, so ``Q K^T`` yields exactly each head's
-    scores; ``P V`` gives every head against every kv head, and the diagonal blocks are the output.
+    Only for plans with evenly spaced runs of blocks: K/V of the batch are one strided view of the
+    pool, [S, L, Hkv * D], read in place (no gathered copy). The query is laid out block-diagonally,
+    [S, Hq, Hkv * D] with head h's (pre-scaled) values in the columns of its kv head and zeros
+    elsewhere, so ``Q K^T`` yields exactly each head's scores; ``P V`` gives every head against
+    every kv head, and the diagonal blocks are the output.
     """
     s, hkv, group, d = qg.shape
     _, b, _, _ = k_cache.shape
@@ -163,25 +166,11 @@ def _attend_packed(
     qp.diagonal(dim1=1, dim2=3).copy_(qg.permute(0, 2, 3, 1)).mul_(scale)
     qp2 = qp.view(s, hkv * group, hd)
     full = qp2.new_empty(s, hkv * group, hd)
-    if plan.run_step is not None:
-        size, stride = (s, length, hd), (plan.run_step * b * hd, hd, 1)
-        off = plan.run_first * b * hd
-        kg = k_cache.as_strided(size, stride, off)
-        vg = v_cache.as_strided(size, stride, off)
-        _packed_core(qp2, kg, vg, plan.mask, full)
-    else:
-        # Sequences in chunks of ~PACKED_CHUNK_BYTES of K: each chunk's K (then V) is gathered right
-        # before the GEMM that reads it, while it is still in the core's cache.
-        per = max(1, paging.PACKED_CHUNK_BYTES // (length * hd * k_cache.element_size()))
-        k2, v2 = k_cache.view(-1, b * hd), v_cache.view(-1, b * hd)
-        nb = plan.num_read
-        for a in range(0, s, per):
-            z = min(s, a + per)
-            idx = plan.index[a * nb : z * nb]
-            kg = k2.index_select(0, idx).view(z - a, length, hd)
-            vg = v2.index_select(0, idx).view(z - a, length, hd)
-            mask = None if plan.mask is None else plan.mask[a:z]
-            _packed_core(qp2[a:z], kg, vg, mask, full[a:z])
+    size, stride = (s, length, hd), (run_step * b * hd, hd, 1)
+    off = plan.run_first * b * hd
+    kg = k_cache.as_strided(size, stride, off)
+    vg = v_cache.as_strided(size, stride, off)
+    _packed_core(qp2, kg, vg, plan.mask, full)
     full5 = full.view(s, hkv, group, hkv, d)
     out = full5.diagonal(dim1=1, dim2=3).permute(0, 3, 1, 2)  # [S, Hkv, G, D] view
     if plan.empty is not None:

@@ -36,9 +36,6 @@ def gather_kv(
 # gather and the attention that reads it (measured: 4-16 MiB chunks beat one big gather by ~5x).
 CHUNK_BYTES = 8 << 20
 
-# K bytes per chunk of the packed fp32 decode path (gathered K, then V, each read once right away).
-PACKED_CHUNK_BYTES = 1 << 20
-
 
 def length_chunks(
     lens: torch.Tensor, block_size: int, bytes_per_block: int
@@ -88,7 +85,6 @@ class DecodePlan:
     block_size: int
     num_blocks: int  # pool size the plan was checked against
     num_read: int  # blocks read per sequence (the longest sequence's)
-    index: torch.Tensor  # int64 [S * num_read]: the table entries to gather, row-major
     mask: torch.Tensor | None  # additive fp32 [S, 1, num_read * B], None when every length is full
     empty: torch.Tensor | None  # bool [S, 1, 1], rows of length 0 (None when there are none)
     # NOTE: when every row's first num_read entries are one run of consecutive blocks and the runs
@@ -153,7 +149,6 @@ def build_decode_plan(
         block_size=block_size,
         num_blocks=num_blocks,
         num_read=nb,
-        index=tab.reshape(-1).to(dev),
         mask=mask,
         empty=empty,
         run_first=first,
