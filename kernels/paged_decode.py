@@ -7,6 +7,9 @@ softmax runs over KV tiles gathered through the block table. Stage 2 merges the 
 
 Torch twin (the daemon's CPU path): one gather of the needed blocks through index tensors, then one
 SDPA call in which the G query heads of a kv head play the role of G query rows (no K/V repeat).
+When every table is a run of consecutive blocks at evenly spaced starts (fp32, >= 8 sequences, few kv
+heads), K/V are read in place as one strided view and attended with two batched GEMMs instead; the
+layout facts come from a per-step plan (``paging.decode_plan``) shared by every layer.
 """
 
 from __future__ import annotations
