@@ -67,25 +67,14 @@ def prompts(batch: int, length: int, vocab: int) -> list[list[int]]:
 
 
 class RadixdSide:
-    def __init__(
-        self, lm: LoadedModel, max_batch: int, max_len: int, block_size: int = 16, scatter: bool = False
-    ) -> None:
+    def __init__(self, lm: LoadedModel, max_batch: int, max_len: int, block_size: int = 16) -> None:
         per_seq = -(-max_len // block_size)
         self.bs = block_size
         self.per_seq = per_seq
         self.runner = ModelRunner(lm.model, num_blocks=max_batch * per_seq + 1, block_size=block_size)
-        # NOTE: by default sequence i owns the run of blocks [1 + i * per_seq, ...): evenly spaced runs,
-        # which the CPU decode twin reads as one strided view (no gather). --scatter deals the blocks out
-        # at random instead (what a long-running pool looks like), which forces the gather path.
-        blocks = list(range(1, max_batch * per_seq + 1))
-        if scatter:
-            torch.manual_seed(0)
-            blocks = [blocks[j] for j in torch.randperm(len(blocks)).tolist()]
-        self.blocks = blocks
 
     def _tables(self, batch: int) -> list[list[int]]:
-        p = self.per_seq
-        return [self.blocks[i * p : (i + 1) * p] for i in range(batch)]
+        return [list(range(1 + i * self.per_seq, 1 + (i + 1) * self.per_seq)) for i in range(batch)]
 
     def decode(self, ps: list[list[int]], n: int) -> float:
         """Prefill (untimed), then time n greedy decode steps; returns seconds for the n steps."""
@@ -145,7 +134,6 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--repeats", type=int, default=3, help="medians over this many runs")
     ap.add_argument("--threads", type=int, default=None, help="torch threads (default: torch's choice)")
     ap.add_argument("--no-hf", action="store_true", help="skip the transformers side")
-    ap.add_argument("--scatter", action="store_true", help="random (not contiguous) blocks per sequence")
     ap.add_argument("--out", default=None, help="write the markdown report here")
     args = ap.parse_args(argv)
     if args.threads:
@@ -156,8 +144,7 @@ def main(argv: list[str] | None = None) -> int:
     lm = load_model(path)
     cfg = lm.config
     flops_runs = [matmul_flops(args.repeats)]
-    max_len = max(args.prompt_len + args.decode_tokens + 1, args.prefill_len + 1)
-    ours = RadixdSide(lm, max(batches), max_len, scatter=args.scatter)
+    ours = RadixdSide(lm, max(batches), max(args.prompt_len + args.decode_tokens + 1, args.prefill_len + 1))
     hf = None if args.no_hf else HFSide(path)
     rows = []
     with torch.inference_mode():
@@ -230,8 +217,7 @@ def render(
         f"- batch-1 weight-streaming floor in this run: {floor * 1e3:.1f} ms per token (every weight "
         f"matvec once, nothing else) -> at most {1 / floor:.1f} tok/s at batch 1 for any fp32 implementation",
         f"- decode: prompts of {args.prompt_len} random tokens, {args.decode_tokens} timed greedy steps, "
-        f"median of {args.repeats}; prefill excluded on both sides; radixd's blocks "
-        + ("scattered at random over the pool" if args.scatter else "in one contiguous run per sequence"),
+        f"median of {args.repeats}; prefill excluded on both sides",
         "",
         "| batch | radixd decode tok/s | transformers decode tok/s | ratio | % of compute ceiling |",
         "| ---: | ---: | ---: | ---: | ---: |",

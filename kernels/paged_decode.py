@@ -7,9 +7,6 @@ softmax runs over KV tiles gathered through the block table. Stage 2 merges the 
 
 Torch twin (the daemon's CPU path): one gather of the needed blocks through index tensors, then one
 SDPA call in which the G query heads of a kv head play the role of G query rows (no K/V repeat).
-When every table is a run of consecutive blocks at evenly spaced starts (fp32, >= 8 sequences, few kv
-heads), K/V are read in place as one strided view and attended with two batched GEMMs instead; the
-layout facts come from a per-step plan (``paging.decode_plan``) shared by every layer.
 """
 
 from __future__ import annotations
@@ -94,10 +91,6 @@ def paged_decode_torch(
     qg = q.view(s, hkv, group, d).to(k_cache.dtype)
     block_bytes = b * hkv * d * k_cache.element_size()
     nb = (max_len + b - 1) // b
-    if s >= _PACKED_MIN_SEQS and _packed_ok(q, k_cache, v_cache, hkv):
-        plan = paging.decode_plan(block_tables, seq_lens, b, k_cache.shape[0])
-        if plan is not None and plan.run_step is not None:
-            return _attend_packed(qg, k_cache, v_cache, plan, plan.run_step, scale).view(s, hq, d)
     if s * nb * 2 * block_bytes <= paging.CHUNK_BYTES:
         out = _attend(qg, k_cache, v_cache, block_tables, lens, nb, scale, None, None)
         if bool((lens == 0).any()):
@@ -123,74 +116,6 @@ def paged_decode_torch(
         out.index_copy_(0, idx, o.to(q.dtype))
         a += n
     return out.view(s, hq, d)
-
-
-# The packed path multiplies every query head against all Hkv kv heads (Hkv-fold more FLOPs than
-# needed, discarded afterwards) to get two large batched GEMMs instead of Hkv small ones; with few
-# kv heads that is cheaper than the extra ops, with many it is not.
-_PACKED_MAX_KV_HEADS = 4
-# Below this batch the few-op SDPA path's lower per-call cost wins (measured 1-4 sequences).
-_PACKED_MIN_SEQS = 8
-
-
-def _packed_ok(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, hkv: int) -> bool:
-    """fp32 CPU pools with few kv heads take the packed path (other dtypes keep SDPA's accumulation)."""
-    return (
-        k_cache.device.type == "cpu"
-        and k_cache.dtype == torch.float32
-        and q.dtype == torch.float32
-        and hkv <= _PACKED_MAX_KV_HEADS
-        and k_cache.is_contiguous()
-        and v_cache.is_contiguous()
-    )
-
-
-def _attend_packed(
-    qg: torch.Tensor,  # [S, Hkv, G, D] fp32
-    k_cache: torch.Tensor,
-    v_cache: torch.Tensor,
-    plan: paging.DecodePlan,
-    run_step: int,  # plan.run_step, known not None
-    scale: float,
-) -> torch.Tensor:
-    """Decode attention as two batched GEMMs over whole tokens: [S, Hkv, G, D].
-
-    Only for plans with evenly spaced runs of blocks: K/V of the batch are one strided view of the
-    pool, [S, L, Hkv * D], read in place (no gathered copy). The query is laid out block-diagonally,
-    [S, Hq, Hkv * D] with head h's (pre-scaled) values in the columns of its kv head and zeros
-    elsewhere, so ``Q K^T`` yields exactly each head's scores; ``P V`` gives every head against
-    every kv head, and the diagonal blocks are the output.
-    """
-    s, hkv, group, d = qg.shape
-    _, b, _, _ = k_cache.shape
-    hd = hkv * d
-    length = plan.num_read * b
-    qp = qg.new_zeros(s, hkv, group, hkv, d)
-    qp.diagonal(dim1=1, dim2=3).copy_(qg.permute(0, 2, 3, 1)).mul_(scale)
-    qp2 = qp.view(s, hkv * group, hd)
-    full = qp2.new_empty(s, hkv * group, hd)
-    size, stride = (s, length, hd), (run_step * b * hd, hd, 1)
-    off = plan.run_first * b * hd
-    kg = k_cache.as_strided(size, stride, off)
-    vg = v_cache.as_strided(size, stride, off)
-    _packed_core(qp2, kg, vg, plan.mask, full)
-    full5 = full.view(s, hkv, group, hkv, d)
-    out = full5.diagonal(dim1=1, dim2=3).permute(0, 3, 1, 2)  # [S, Hkv, G, D] view
-    if plan.empty is not None:
-        # NOTE: an all-masked row (length 0) comes back NaN from the softmax; the contract says zeros.
-        return out.masked_fill(plan.empty.view(s, 1, 1, 1), 0.0)
-    return out.contiguous()
-
-
-def _packed_core(
-    qp: torch.Tensor, kg: torch.Tensor, vg: torch.Tensor, mask: torch.Tensor | None, out: torch.Tensor
-) -> None:
-    """out [n, Hq, Hkv*D] = softmax(qp kg^T + mask) vg for block-diagonal qp [n, Hq, Hkv*D]."""
-    if mask is None:
-        scores = torch.bmm(qp, kg.transpose(1, 2))
-    else:
-        scores = torch.baddbmm(mask, qp, kg.transpose(1, 2))
-    torch.bmm(torch.softmax(scores, dim=-1), vg, out=out)
 
 
 def _attend(
