@@ -6,6 +6,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
+import gguf
 import numpy as np
 import pytest
 import torch
@@ -13,7 +14,6 @@ import torch
 from radixd.daemon.loaders import load_model
 from radixd.daemon.runner import ModelRunner, StepSeq
 
-gguf = pytest.importorskip("gguf")
 Q = gguf.GGMLQuantizationType
 
 H, HEADS, KV, FF, LAYERS = 256, 4, 2, 256, 2

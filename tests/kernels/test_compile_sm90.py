@@ -13,13 +13,12 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+import triton
+from triton.backends.compiler import GPUTarget
+from triton.compiler import ASTSource
+from triton.runtime.jit import JITFunction
 
-triton = pytest.importorskip("triton")
-from triton.backends.compiler import GPUTarget  # noqa: E402
-from triton.compiler import ASTSource  # noqa: E402
-from triton.runtime.jit import JITFunction  # noqa: E402
-
-import radixd.kernels  # noqa: E402,F401
+import radixd.kernels  # noqa: F401
 
 decode = sys.modules["radixd.kernels.paged_decode"]
 prefill = sys.modules["radixd.kernels.paged_prefill"]
