@@ -215,7 +215,13 @@ def test_cache_events_mirror_the_cache(tenants: RunningDaemon) -> None:
             mirrored = max(i for i in range(len(ids) + 1) if i == 0 or ("alice", ids[:i]) in cached)
             assert mirrored == c.lookup_prefix(p, namespace="alice").cached_tokens, p
         c.flush()
-        wait_until(lambda: any(e.kind == REMOVED and e.reason == "flush" for e in got), timeout=10)
+
+        def blocks(kind: int) -> int:
+            return sum(e.num_blocks for e in list(got) if e.kind == kind)
+
+        # A flush removes leaf by leaf, one event per node, so wait for the whole cascade to arrive
+        # rather than the first removal; lost or missing events leave this unbalanced and time out.
+        wait_until(lambda: blocks(REMOVED) == blocks(STORED), timeout=10, what="flush removals to arrive")
         stream.cancel()
         t.join(10)
     kinds = {e.kind for e in got}
@@ -228,6 +234,7 @@ def test_cache_events_mirror_the_cache(tenants: RunningDaemon) -> None:
     stored = sum(e.num_blocks for e in got if e.kind == STORED)
     removed = sum(e.num_blocks for e in got if e.kind == REMOVED)
     assert stored == removed > 0  # the cache started and ended empty
+    assert any(e.kind == REMOVED and e.reason == "flush" for e in got)
 
 
 def test_metrics_endpoint(tenants: RunningDaemon) -> None:
