@@ -17,6 +17,7 @@ from typing import Any
 import numpy as np
 
 from radixd.radix import TOKEN_BYTES, BlockPool, PrefixMatch, RadixTree, TokenKey
+from radixd.radix.blockids import ID_BYTES
 from radixd.radix.verify import check_consistency
 
 
@@ -34,7 +35,7 @@ class Adapter:
         return TokenKey(np.ascontiguousarray(tokens, dtype=np.int32).tobytes())
 
     def match(self, tokens: TokenKey) -> tuple[int, PrefixMatch]:
-        m = self.tree.match(tokens)
+        m = self.tree.match(tokens)  # m.block_ids: the request's block table for the cached prefix
         return m.num_tokens, m
 
     def free_tokens(self) -> int:
@@ -47,12 +48,13 @@ class Adapter:
         B = self.page_size
         total = bytes.__len__(tokens) // TOKEN_BYTES
         n_matched = handle.num_tokens
-        new = self.pool.allocate(-(-(total - n_matched) // B))
+        new = self.pool.allocate_ids(-(-(total - n_matched) // B))
         aligned = total // B
-        blocks = handle.blocks + new
+        blocks: bytes = handle.block_ids + new  # the request's whole block table, packed
         key: bytes = tokens
-        if aligned < len(blocks):  # the unaligned tail is not cached (as in the peer's protocol)
-            self.pool.decref(blocks.pop())
+        if aligned * B < total:  # the unaligned tail is not cached (as in the peer's protocol)
+            self.pool.decref(new[-1])
+            blocks = blocks[: aligned * ID_BYTES]
             key = bytes.__getitem__(tokens, slice(0, aligned * B * TOKEN_BYTES))  # packed, no unpacking
         # donate: the tree keeps our reference on what it adopts and releases duplicates.
         self.tree.insert(key, blocks, donate=True)

@@ -1,6 +1,6 @@
 """Paged KV memory management for radixd: block pool, radix prefix cache, block tables, memory model.
 
-Pure Python (stdlib, sortedcontainers, numpy); no torch, no grpc. Not thread-safe: the engine thread owns
+Pure Python (stdlib, numpy); no torch, no grpc. Not thread-safe: the engine thread owns
 all of it. Public API (everything below is re-exported here)::
 
     RadixError                 base of all errors; subclasses:
@@ -9,6 +9,7 @@ all of it. Public API (everything below is re-exported here)::
 
     BlockPool(num_blocks, block_size=16)          block 0 = NULL_BLOCK, never handed out
         allocate(n) -> list[int]      refcount 1 each; OutOfBlocks (no change) if short
+        allocate_ids(n) -> BlockIds   the same, packed (one slice per run of the free extents)
         incref(b); decref(b) -> bool (True when freed); incref_all(bs); decref_all(bs) -> int
         refcount(b); num_free; num_evictable; num_in_use; num_usable; num_blocks; block_size
 
@@ -17,12 +18,17 @@ all of it. Public API (everything below is re-exported here)::
     packed tokens with memcmp, so matching a long prefix costs almost nothing per token; a scheduler can
     keep each request's TokenKey to skip the conversion. token_ids(packed) unpacks.
 
+    Block ids: ``BlockIds`` (native int32 bytes; len(), indexing, iteration count ids; .array() is a
+    zero-copy int32 view) is how the tree stores blocks and hands them out without a Python step per
+    block. ``insert`` takes block ids as a sequence of ints or packed (any ``bytes``).
+
     RadixTree(pool, pin_budget_fraction=0.25)     one tree per pool
-        match(tokens, namespace="") -> PrefixMatch(blocks, num_tokens, partial_block,
-                                                   partial_tokens, lease)   [.cached_tokens]
-            full cached blocks + the partially matching next block; the lease locks the path
+        match(tokens, namespace="") -> PrefixMatch(block_ids, num_tokens, partial_block,
+                                                   partial_tokens, lease)   [.blocks, .cached_tokens]
+            full cached blocks (packed; .blocks as a list) + the partially matching next block; the
+            lease locks the path
         peek(tokens, namespace="") -> int          cached prefix length, no lock / LRU / stats
-        insert(tokens, blocks, namespace="", lease=None, *, donate=False)
+        insert(tokens, blocks | block_ids, namespace="", lease=None, *, donate=False)
             -> InsertResult(duplicate_blocks, num_cached_tokens, num_new_tokens)
             the tree increfs what it adopts (donate=True: takes over the caller's reference on
             every block that is not already its own, and releases the duplicates); with lease=,
@@ -50,8 +56,8 @@ all of it. Public API (everything below is re-exported here)::
         blocks_for_budget(bytes), tokens_for_budget(bytes); presets LLAMA3_8B, LLAMA3_70B, LLAMA2_70B
 
 Debugging: ``radixd.radix.verify.check_consistency(tree, tables)`` checks every invariant (O(n)).
-Layout: errors, pool, node, lru, results, tree_core (structure, leases, LRU eviction, stats),
-tree_admin (evict_prefix, flush, pins), tree (match, insert), table, memory, verify.
+Layout: errors, blockids, extents, pool, node, lru, results, tree_core (structure, leases, LRU eviction,
+stats), tree_admin (evict_prefix, flush, pins), tree (match, insert), table, memory, verify.
 
 Engine protocol for one request (B = block size)::
 
@@ -63,6 +69,7 @@ Engine protocol for one request (B = block size)::
     table.release(); m.lease.release()             # in this order or the other: both are safe
 """
 
+from radixd.radix.blockids import BlockIds
 from radixd.radix.errors import (
     DoubleFree,
     FlushRefused,
@@ -89,6 +96,7 @@ __all__ = [
     "NULL_BLOCK",
     "TOKEN_BYTES",
     "AppendResult",
+    "BlockIds",
     "BlockPool",
     "BlockTable",
     "CacheListener",

@@ -68,6 +68,38 @@ class FreeExtents:
             if not n:
                 return got
 
+    def take_fit(self, n: int, scan: int = 16) -> int:
+        """Take ``n >= 1`` blocks from the head of the newest run, among the ``scan`` newest, that holds them.
+
+        Returns the first id taken, or 0 (the null block is never free) when none of those runs is long
+        enough. Why: an allocation served by one run is one slice for the caller and one run for the tree
+        to adopt, where splitting it over the newest runs (:meth:`take`) would hand out several. A run
+        that is only partly taken keeps its remainder on top, so consecutive allocations continue it.
+        """
+        by_start = self._by_start
+        by_end = self._by_end
+        if not by_start:
+            return 0
+        a, k = by_start.popitem()  # the newest run: the common case, without building an iterator
+        if k < n:
+            by_start[a] = k  # put it back (it stays the newest) and look at older runs
+            for a, k in reversed(by_start.items()):
+                if k >= n:
+                    del by_start[a]
+                    break
+                scan -= 1
+                if not scan:
+                    return 0
+            else:
+                return 0
+        if k > n:
+            by_start[a + n] = k - n
+            by_end[a + k] = a + n
+        else:
+            del by_end[a + k]
+        self.count -= n
+        return a
+
     def contains(self, b: int) -> bool:
         """Whether block ``b`` is free (O(runs); for checks and tests)."""
         return any(a <= b < a + k for a, k in self._by_start.items())

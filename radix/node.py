@@ -8,6 +8,7 @@ from collections.abc import Iterator, Sequence
 from operator import index
 from typing import SupportsIndex, overload
 
+from radixd.radix.blockids import BlockIds
 from radixd.radix.errors import InvalidRequest
 
 TOKEN_BYTES = 4
@@ -80,9 +81,9 @@ def token_ids(t: bytes) -> list[int]:
 class Node:
     """One edge of the radix tree: a run of whole blocks (only a leaf may end in a partial block).
 
-    ``tokens`` (packed, see ``Tokens``) and ``blocks`` are parallel: block ``i`` holds token bytes
-    ``tokens[i*Bb : (i+1)*Bb]`` with ``Bb = block_size * TOKEN_BYTES``. ``key`` is the node's first block
-    (its key in ``parent.children``). A root (one per namespace) has no tokens.
+    ``tokens`` (packed, see ``Tokens``) and ``blocks`` (packed too, see ``BlockIds``) are parallel: block
+    ``i`` holds token bytes ``tokens[i*Bb : (i+1)*Bb]`` with ``Bb = block_size * TOKEN_BYTES``. ``key`` is
+    the node's first block (its key in ``parent.children``). A root (one per namespace) has no tokens.
     """
 
     # NOTE: invariants (checked by radixd.radix.verify):
@@ -111,9 +112,7 @@ class Node:
         "tokens",
     )
 
-    def __init__(
-        self, tokens: Tokens, blocks: list[int], parent: Node | None, key: Tokens, tick: int
-    ) -> None:
+    def __init__(self, tokens: Tokens, blocks: BlockIds, parent: Node | None, key: Tokens, tick: int) -> None:
         self.tokens = tokens
         self.blocks = blocks
         self.parent = parent

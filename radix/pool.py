@@ -9,49 +9,18 @@ from typing import Protocol
 import numpy as np
 import numpy.typing as npt
 
+from radixd.radix.blockids import ID_BYTES, BlockIds
 from radixd.radix.errors import DoubleFree, InvalidRequest, OutOfBlocks
 from radixd.radix.extents import FreeExtents
 
 NULL_BLOCK = 0
+"""Block 0 is never handed out: padded block-table entries point at it."""
 RC_MASK = 0xFFFFFFFF
 """A block's state word: ``owner_id << OWNER_SHIFT | refcount``."""
 OWNER_SHIFT = 32
+_MAX_BLOCKS = 2**31 - 1  # ids must fit the packed int32 form (BlockIds)
+_SPLIT_HINTS = 16  # split allocations whose runs the pool remembers (newest first out)
 _PROMOTE_AT = 65536  # pools at least this large move their lists to the oldest GC generation at once
-"""Block 0 is never handed out: padded block-table entries point at it."""
-
-
-def block_runs(blocks: list[int], ids: list[int], max_runs: int = 8) -> list[tuple[int, int]] | None:
-    """``blocks`` as at most ``max_runs`` runs of consecutive ascending ids: ``[(first_id, length), ...]``.
-
-    Allocation hands out mostly contiguous ids, so bulk updates (refcounts, ownership) can use one
-    C-level slice store per run instead of a Python step per block. Each run's end is found with
-    O(log n) probes and verified with one slice comparison; anything more fragmented returns None (the
-    caller then takes its per-block path), so a miss costs only a few probes. ``ids`` is the pool's
-    ``list(range(num_blocks))``: comparing against a slice of it creates no int objects.
-    """
-    n = len(blocks)
-    if n < 2:
-        return None
-    runs: list[tuple[int, int]] = []
-    i = 0
-    while len(runs) < max_runs:
-        a = blocks[i]
-        rest = n - i
-        if blocks[-1] == a + rest - 1 and (blocks if i == 0 else blocks[i:]) == ids[a : a + rest]:
-            runs.append((a, rest))
-            return runs
-        lo, hi = 1, rest  # the probe blocks[i + m - 1] == a + m - 1 holds for m = lo, fails for m = hi
-        while hi - lo > 1:
-            mid = (lo + hi) >> 1
-            if blocks[i + mid - 1] == a + mid - 1:
-                lo = mid
-            else:
-                hi = mid
-        if blocks[i : i + lo] != ids[a : a + lo]:
-            return None  # the probes were fooled by a non-monotone list
-        runs.append((a, lo))
-        i += lo
-    return None
 
 
 class BlockOwner(Protocol):
@@ -90,11 +59,14 @@ class BlockPool:
         "_evictable",
         "_free",
         "_free_oids",
+        "_id_bytes",
         "_ids",
         "_next_oid",
         "_ones_bytes",
         "_owners",
+        "_split_hints",
         "_state",
+        "_state_bytes",
         "_tree_attached",
         "block_size",
         "num_blocks",
@@ -103,6 +75,8 @@ class BlockPool:
     def __init__(self, num_blocks: int, block_size: int = 16) -> None:
         if num_blocks < 2:
             raise InvalidRequest(f"num_blocks must be >= 2 (block 0 is the null block), got {num_blocks}")
+        if num_blocks > _MAX_BLOCKS:
+            raise InvalidRequest(f"num_blocks must be < 2**31 (ids are packed as int32), got {num_blocks}")
         if block_size < 1:
             raise InvalidRequest(f"block_size must be >= 1, got {block_size}")
         self.num_blocks = num_blocks
@@ -115,12 +89,17 @@ class BlockPool:
         self._owners: dict[int, BlockOwner] = {}
         # State words of "refcount 1, no owner", as bytes, for that memcmp.
         self._ones_bytes = np.ones(num_blocks, dtype=np.int64).tobytes()
+        self._state_bytes = memoryview(self._state.data).cast("B")  # NOTE: _state is never resized
         self._next_oid = 1
         self._free_oids: list[int] = []
         # Every block id as an int object: allocations hand out slices of it (no new ints) and run
         # checks compare against it (identity makes them cheap).
         self._ids: list[int] = list(range(num_blocks))
+        # The same ids packed (see BlockIds): packed allocations are slices of it, and one memcmp
+        # against it proves that packed ids form a run.
+        self._id_bytes = np.arange(num_blocks, dtype=np.int32).tobytes()
         self._free = FreeExtents()
+        self._split_hints: dict[int, list[tuple[int, int]]] = {}  # first id -> runs of a split allocation
         self._free.put(1, num_blocks - 1)  # block 1 is handed out first
         self._evictable = 0
         self._tree_attached = False  # at most one RadixTree per pool
@@ -160,6 +139,32 @@ class BlockPool:
 
         Raises OutOfBlocks (and changes nothing) when fewer than ``n`` blocks are free.
         """
+        ids = self._ids
+        runs = self._take(n)
+        if len(runs) == 1:
+            a, k = runs[0]
+            return ids[a : a + k]  # no new int objects: a slice of the shared id list
+        out: list[int] = []
+        for a, k in runs:
+            out += ids[a : a + k]
+        return out
+
+    def allocate_ids(self, n: int) -> BlockIds:
+        """:meth:`allocate`, packed: the same blocks and references, as :class:`BlockIds`.
+
+        For callers that keep block tables packed (or as arrays): a run of fresh blocks is then one slice
+        of the pool's packed ids, whatever its length, and the tree recognises it as a run with one memcmp.
+        """
+        idb = self._id_bytes
+        runs = self._take(n)
+        if len(runs) == 1:
+            a, k = runs[0]
+            return BlockIds(idb[a * ID_BYTES : (a + k) * ID_BYTES])
+        return BlockIds(b"".join([idb[a * ID_BYTES : (a + k) * ID_BYTES] for a, k in runs]))
+
+    def _take(self, n: int) -> list[tuple[int, int]]:
+        """Remove ``n`` blocks from the free extents as runs (one if any recent free run is long enough,
+        see :meth:`FreeExtents.take_fit`), each block at refcount 1 with no owner."""
         if n <= 0:
             if n == 0:
                 return []
@@ -168,31 +173,20 @@ class BlockPool:
         if n > free.count:
             raise OutOfBlocks(n, free.count, self._evictable)
         st = self._state
-        ids = self._ids
-        by_start = free._by_start
-        if by_start:
-            # The common case, inlined: the newest free run holds n blocks; take its head.
-            a, k = by_start.popitem()
-            if k >= n:
-                if k > n:
-                    by_start[a + n] = k - n
-                    free._by_end[a + k] = a + n
-                else:
-                    del free._by_end[a + k]
-                free.count -= n
-                st[a : a + n] = 1  # refcount 1, no owner
-                return ids[a : a + n]
-            by_start[a] = k  # put it back (it is the newest again) and take the general path
+        a = free.take_fit(n)
+        if a:
+            st[a : a + n] = 1  # refcount 1, no owner
+            return [(a, n)]
         runs = free.take(n)
-        if len(runs) == 1:  # a single run, a single slice copy
-            a, k = runs[0]
+        for a, k in runs:  # one C-level slice store per run, no per-block step
             st[a : a + k] = 1
-            return ids[a : a + k]
-        out: list[int] = []
-        for a, k in runs:  # one C-level slice copy and store per run, no per-block step
-            out += ids[a : a + k]
-            st[a : a + k] = 1
-        return out
+        # Remember how this allocation was split, so the tree can adopt it run by run after a cheap
+        # check instead of searching the ids for run boundaries (see packed_runs).
+        hints = self._split_hints
+        hints[runs[0][0]] = runs
+        if len(hints) > _SPLIT_HINTS:
+            del hints[next(iter(hints))]
+        return runs
 
     def incref(self, block: int) -> None:
         """Add one holder to an allocated block."""
@@ -301,6 +295,10 @@ class BlockPool:
         self._check_id(block)
         oid = int(self._state[block]) >> OWNER_SHIFT
         return self._owners[oid] if oid else None
+
+    def _fresh(self, a: int, k: int) -> bool:
+        """Whether blocks ``a .. a+k-1`` all have refcount 1 and no owner (one memcmp, in place)."""
+        return self._ones_bytes.startswith(self._state_bytes[a * 8 : (a + k) * 8])
 
     # ------------------------------------------------------------ validation
     def _check_id(self, block: int) -> None:

@@ -6,6 +6,8 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
+from radixd.radix.blockids import BlockIds
+
 if TYPE_CHECKING:
     from radixd.radix.node import Node
     from radixd.radix.tree_core import TreeCore
@@ -46,17 +48,23 @@ class Lease:
 class PrefixMatch:
     """Result of :meth:`RadixTree.match`.
 
-    ``blocks`` are the cached *full* blocks of the prefix (``num_tokens == len(blocks) * block_size``).
+    ``block_ids`` are the cached *full* blocks of the prefix, packed (a sequence of ints, see
+    :class:`BlockIds`; ``num_tokens == len(block_ids) * block_size``); ``blocks`` is the same as a list.
     When the following block also matches partly, ``partial_block`` is that cached block and
     ``partial_tokens`` (1 .. block_size-1) how many of its leading tokens match: copy them
     (``BlockTable.copy_partial``) instead of recomputing. The caller must release ``lease``.
     """
 
-    blocks: list[int]
+    block_ids: BlockIds
     num_tokens: int
     partial_block: int | None
     partial_tokens: int
     lease: Lease
+
+    @property
+    def blocks(self) -> list[int]:
+        """The matched full blocks as a new list (a scheduler keeping packed tables uses ``block_ids``)."""
+        return self.block_ids.tolist()
 
     @property
     def cached_tokens(self) -> int:

@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
+from array import array
 from collections.abc import Sequence
 
+from radixd.radix.blockids import EMPTY, ID_BYTES, BlockIds, pack_blocks, packed_runs
 from radixd.radix.errors import InvalidRequest, UnknownLease
 from radixd.radix.node import TOKEN_BYTES, Node, Tokens, as_tokens, common_prefix_len
-from radixd.radix.pool import OWNER_SHIFT, RC_MASK, block_runs
+from radixd.radix.pool import OWNER_SHIFT, RC_MASK
 from radixd.radix.results import InsertResult, Lease, PrefixMatch
 from radixd.radix.tree_admin import FlushMode, TreeAdmin
 from radixd.radix.tree_core import EVICT_REASONS
@@ -26,6 +28,20 @@ def _disjoint_within(runs: list[tuple[int, int]], nblocks: int) -> bool:
             return False
         end = a + k
     return end <= nblocks
+
+
+def _joined(parts: list[bytes]) -> BlockIds:
+    """The packed blocks of a matched path (usually one node's own BlockIds, shared as is)."""
+    if len(parts) == 1 and type(parts[0]) is BlockIds:
+        return parts[0]
+    return BlockIds(b"".join(parts)) if parts else EMPTY
+
+
+def _differing(mine: bytes, start: int, cached: bytes, n: int) -> list[int]:
+    """Ids among ``n`` packed ones of ``mine`` (from byte ``start``) that differ from ``cached``'s."""
+    a = array("i", bytes.__getitem__(mine, slice(start, start + n * ID_BYTES)))
+    c = array("i", bytes.__getitem__(cached, slice(0, n * ID_BYTES)))
+    return [x for x, y in zip(a, c, strict=True) if x != y]
 
 
 class RadixTree(TreeAdmin):
@@ -58,7 +74,7 @@ class RadixTree(TreeAdmin):
         """
         t = as_tokens(tokens)
         node, blocks, pblock, ptok = self._walk(t, namespace, touch=True)
-        num_tokens = len(blocks) * self.block_size
+        num_tokens = bytes.__len__(blocks) // ID_BYTES * self.block_size
         self._hit_tokens += num_tokens + ptok
         self._miss_tokens += len(t) // TOKEN_BYTES - num_tokens - ptok
         if node is None:
@@ -72,12 +88,12 @@ class RadixTree(TreeAdmin):
         _node, blocks, _pb, ptok = self._walk(as_tokens(tokens), namespace, touch=False)
         return len(blocks) * self.block_size + ptok
 
-    def _walk(self, t: Tokens, namespace: str, touch: bool) -> tuple[Node | None, list[int], int | None, int]:
+    def _walk(self, t: Tokens, namespace: str, touch: bool) -> tuple[Node | None, BlockIds, int | None, int]:
         """(deepest node used or None, full blocks, partial block, partial tokens)."""
-        blocks: list[int] = []
+        parts: list[bytes] = []
         node = self._roots.get(namespace)
         if node is None:
-            return None, blocks, None, 0
+            return None, EMPTY, None, 0
         B = self._bb  # offsets below are in packed bytes
         n = len(t)
         pos = 0
@@ -95,17 +111,18 @@ class RadixTree(TreeAdmin):
             ct = child.tokens
             L = len(ct)
             if not L % B and t.startswith(ct, pos):  # compares in place, no slice copy
-                blocks += child.blocks
+                parts.append(child.blocks)
                 pos += L
                 node = child
                 continue
             # The query leaves this node inside it (or covers its partial last block).
             m = common_prefix_len(t, pos, ct)
             k = m // B
-            blocks += child.blocks[:k]
+            if k:
+                parts.append(bytes.__getitem__(child.blocks, slice(0, k * ID_BYTES)))
             self._clock = clock
             r = (m - k * B) // TOKEN_BYTES
-            return child, blocks, (child.blocks[k] if r else None), r
+            return child, _joined(parts), (child.blocks[k] if r else None), r
         self._clock = clock
         if self.block_size > 1 and pos < n and node.by_first:
             best, best_len = self._best_partial(node, t, pos)
@@ -114,8 +131,8 @@ class RadixTree(TreeAdmin):
                     self._lru.discard(best)
                     self._clock += 1
                     best.tick = self._clock
-                return best, blocks, best.blocks[0], best_len
-        return (node if node.parent is not None else None), blocks, None, 0
+                return best, _joined(parts), best.blocks[0], best_len
+        return (node if node.parent is not None else None), _joined(parts), None, 0
 
     def _best_partial(self, node: Node, t: Tokens, pos: int) -> tuple[Node | None, int]:
         """The child whose first block shares the longest (partial) prefix with t[pos:pos+B]."""
@@ -135,13 +152,16 @@ class RadixTree(TreeAdmin):
     def insert(
         self,
         tokens: Sequence[int] | bytes,
-        blocks: Sequence[int],
+        blocks: Sequence[int] | bytes,
         namespace: str = "",
         lease: Lease | None = None,
         *,
         donate: bool = False,
     ) -> InsertResult:
         """Cache ``tokens`` whose KV lives in ``blocks`` (``ceil(len(tokens) / block_size)`` of them).
+
+        ``blocks``: block ids, or packed ones (``BlockIds``, e.g. from ``allocate_ids`` and
+        ``PrefixMatch.block_ids``; any ``bytes`` is read as packed ids), which skips the conversion.
 
         The tree takes one reference on each block it adopts; the caller keeps its own. Blocks at
         positions the tree already caches in other blocks are returned as duplicates. If ``lease`` (a
@@ -154,23 +174,23 @@ class RadixTree(TreeAdmin):
         the caller must not release any of them afterwards. It saves a pass over the blocks.
         """
         t = as_tokens(tokens)
+        bl = blocks if type(blocks) is BlockIds else pack_blocks(blocks)
         B = self._bb  # offsets below are in packed bytes
         n = len(t)
         nb = -(-n // B)
-        if len(blocks) != nb:
+        if bytes.__len__(bl) != nb * ID_BYTES:
             nt, bs = n // TOKEN_BYTES, self.block_size
             raise InvalidRequest(
-                f"insert of {nt} tokens needs ceil({nt}/{bs}) = {nb} blocks, got {len(blocks)}"
+                f"insert of {nt} tokens needs ceil({nt}/{bs}) = {nb} blocks, "
+                f"got {bytes.__len__(bl) // ID_BYTES}"
             )
         if lease is not None and lease._tree is not self:
             raise UnknownLease("insert(lease=...) got a lease issued by another RadixTree")
         if n == 0:
             return InsertResult([], 0, 0)
-        if type(blocks) is not list:
-            blocks = list(blocks)
         root = self._roots.get(namespace)
         if root is None:
-            root = self._roots[namespace] = Node(b"", [], None, b"", 0)
+            root = self._roots[namespace] = Node(b"", EMPTY, None, b"", 0)
         node = root
         dups: list[int] = []
         j = 0
@@ -190,15 +210,15 @@ class RadixTree(TreeAdmin):
             cb = child.blocks
             L = len(ct)
             if not L % B and t.startswith(ct, pos):  # compares in place, no slice copy
-                mine = blocks[j : j + len(cb)]
-                if mine != cb:
-                    dups.extend(a for a, c in zip(mine, cb, strict=True) if a != c)
-                j += len(cb)
+                k = bytes.__len__(cb) // ID_BYTES
+                if not bl.startswith(cb, j * ID_BYTES):  # the caller's blocks are the tree's own?
+                    dups += _differing(bl, j * ID_BYTES, cb, k)
+                j += k
                 node = child
                 continue
             k = common_prefix_len(t, pos, ct) // B  # >= 1: the first block matched as a key
-            mine = blocks[j : j + k]
-            dups.extend(a for a, c in zip(mine, cb, strict=False) if a != c)
+            if not bl.startswith(bytes.__getitem__(cb, slice(0, k * ID_BYTES)), j * ID_BYTES):
+                dups += _differing(bl, j * ID_BYTES, cb, k)
             node = self._split(child, k)
             j += k
             break
@@ -207,7 +227,8 @@ class RadixTree(TreeAdmin):
         final = node
         if j < nb:
             rest = t[j * B :]
-            rest_blocks = blocks[j:]
+            # A BlockIds is immutable: when it is all new, the node can share the caller's object.
+            rest_blocks = bl if j == 0 and type(bl) is BlockIds else BlockIds(memoryview(bl)[j * ID_BYTES :])
             by_first = node.by_first
             covered = None
             if by_first is not None and rest[:TOKEN_BYTES] in by_first:  # else no sibling can overlap
@@ -227,7 +248,7 @@ class RadixTree(TreeAdmin):
         return InsertResult(dups, n // TOKEN_BYTES - new_tokens, new_tokens)
 
     def _settle_partial(
-        self, node: Node, rest: Tokens, rest_blocks: list[int], dups: list[int]
+        self, node: Node, rest: Tokens, rest_blocks: BlockIds, dups: list[int]
     ) -> Node | None:
         """Resolve partial-block overlaps between ``rest`` and ``node``'s children.
 
@@ -255,37 +276,33 @@ class RadixTree(TreeAdmin):
                 self._remove_leaf(c, "superseded", None, keep_root=True)
         return None
 
-    def _add_leaf(self, parent: Node, tokens: Tokens, blocks: list[int], donate: bool) -> Node:
+    def _add_leaf(self, parent: Node, tokens: Tokens, blocks: BlockIds, donate: bool) -> Node:
         pool = self.pool
         st = pool._state
         nblocks = pool.num_blocks
         self._clock += 1
         leaf = Node(tokens, blocks, parent, tokens[: self._bb], self._clock)
         step = 0 if donate else 1  # donated blocks keep the caller's reference; others gain one
-        runs = block_runs(blocks, pool._ids)
+        runs = packed_runs(blocks, pool._id_bytes, hints=pool._split_hints)
         if runs is not None and (len(runs) == 1 or _disjoint_within(runs, nblocks)):  # one run: disjoint
             # Runs of blocks just allocated (the common case): each has refcount 1 and no owner, which
-            # one memcmp of the run's state words confirms; adopting it is then one slice store.
-            ones_bytes = pool._ones_bytes
-            if len(runs) == 1:
-                a, k = runs[0]
-                fresh = st[a : a + k].tobytes() == ones_bytes[: 8 * k]
-            else:
-                fresh = all(st[a : a + k].tobytes() == ones_bytes[: 8 * k] for a, k in runs)
-            if fresh:
+            # one in-place memcmp of the run's state words confirms; adopting it is then one slice store.
+            fresh = pool._fresh
+            if all(fresh(a, k) for a, k in runs) if len(runs) > 1 else fresh(*runs[0]):
                 word = (pool._register(leaf) << OWNER_SHIFT) | (1 + step)
                 for a, k in runs:
                     st[a : a + k] = word
                 leaf.runs = runs
                 # Without donate the caller keeps its reference: counts are 2, nobody is solo yet.
-                return self._finish_leaf(parent, leaf, 0 if step else len(blocks))
+                return self._finish_leaf(parent, leaf, 0 if step else bytes.__len__(blocks) // ID_BYTES)
         # One pass: validate and adopt; undo on the first bad block so a failed insert changes nothing.
         high = pool._register(leaf) << OWNER_SHIFT
         solo = 0
-        for i, b in enumerate(blocks):
+        ids = blocks.tolist()
+        for i, b in enumerate(ids):
             w = int(st[b]) if 0 < b < nblocks else 0
             if w & RC_MASK == 0 or w >> OWNER_SHIFT:
-                for a in blocks[:i]:
+                for a in ids[:i]:
                     st[a] = (int(st[a]) & RC_MASK) - step
                 pool._unregister(leaf)
                 if parent.parent is None and not parent.children:
@@ -309,7 +326,7 @@ class RadixTree(TreeAdmin):
         self.pool._evictable += solo
         self._link(parent, leaf)
         self._nodes += 1
-        self._cached_blocks += len(leaf.blocks)
+        self._cached_blocks += bytes.__len__(leaf.blocks) // ID_BYTES
         self._lru.add(leaf)
         if self.listener is not None:
             ns, path = self._path(leaf)

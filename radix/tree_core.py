@@ -8,11 +8,12 @@ from __future__ import annotations
 
 import numpy as np
 
+from radixd.radix.blockids import ID_BYTES, BlockIds, packed_runs
 from radixd.radix.errors import InvalidRequest, RadixError, UnknownLease
 from radixd.radix.events import CacheListener
 from radixd.radix.lru import LruIndex
 from radixd.radix.node import TOKEN_BYTES, Node, Tokens, split_runs, token_ids
-from radixd.radix.pool import OWNER_SHIFT, RC_MASK, BlockPool, block_runs
+from radixd.radix.pool import OWNER_SHIFT, RC_MASK, BlockPool
 from radixd.radix.results import CacheStats, Lease
 
 EVICT_REASONS = ("lru", "prefix", "flush", "superseded")
@@ -92,7 +93,8 @@ class TreeCore:
         if parent is None or not 0 < k < len(child.blocks):
             raise RadixError(f"internal: cannot split a node of {len(child.blocks)} blocks at {k}")
         ct = child.tokens
-        upper = Node(ct[: k * B], child.blocks[:k], parent, child.key, child.tick)
+        cb = memoryview(child.blocks)
+        upper = Node(ct[: k * B], BlockIds(cb[: k * ID_BYTES]), parent, child.key, child.tick)
         self._clock += 1
         self._touch(child, self._clock)  # keep ticks unique: the upper part took the old one
         # Re-seat: same key in the parent, so replace in place.
@@ -101,7 +103,7 @@ class TreeCore:
             lst = parent.by_first[upper.key[:TOKEN_BYTES]]
             lst[lst.index(child)] = upper
         child.tokens = ct[k * B :]
-        child.blocks = child.blocks[k:]
+        child.blocks = BlockIds(cb[k * ID_BYTES :])
         if child.runs is not None:
             upper.runs, child.runs = split_runs(child.runs, k)
         child.key = child.tokens[:B]
@@ -121,7 +123,7 @@ class TreeCore:
                 st[a : a + n] = rcs | high
                 solo += int(np.count_nonzero(rcs == 1))
         else:
-            idx = np.asarray(upper.blocks, dtype=np.int64)
+            idx = upper.blocks.array()
             rcs = st[idx] & RC_MASK
             st[idx] = rcs | high
             solo = int(np.count_nonzero(rcs == 1))
@@ -151,10 +153,12 @@ class TreeCore:
         parent = node.parent
         if parent is None or node.children:
             raise RadixError("internal: only a leaf can be removed")
+        blocks = node.blocks
+        n = bytes.__len__(blocks) // ID_BYTES
         if self.listener is not None:
             ns, path = self._path(node)
             start = len(path) - len(node.tokens) // TOKEN_BYTES
-            self.listener.removed(ns, path, start, len(node.blocks), reason)
+            self.listener.removed(ns, path, start, n, reason)
         self._unlink(parent, node)
         if node.in_lru:
             self._lru.discard(node)
@@ -163,11 +167,9 @@ class TreeCore:
             pool._evictable -= node.n_solo
         st = pool._state
         free = pool._free
-        blocks = node.blocks
-        n = len(blocks)
         runs = None
         if node.n_solo == n:
-            runs = node.runs if node.runs is not None else block_runs(blocks, pool._ids)
+            runs = node.runs if node.runs is not None else packed_runs(blocks, pool._id_bytes)
         if runs is not None:
             # Fast path (the common case): nobody else holds any of them, so every run becomes free
             # (refcount 0, no owner) with one slice store and one merge into the free extents.
@@ -175,12 +177,12 @@ class TreeCore:
                 st[a : a + k] = 0
                 free.put(a, k)
             if freed is not None:
-                freed += blocks
+                freed += blocks.tolist()
             n_freed = n
         else:
             n_freed = 0
             # Inlined decref that also clears the owner, so the pool's ownership hook has nothing to do.
-            for b in blocks:
+            for b in blocks.tolist():
                 c = (int(st[b]) & RC_MASK) - 1
                 st[b] = c
                 if c == 0:
@@ -192,8 +194,8 @@ class TreeCore:
         node.n_solo = 0
         pool._unregister(node)
         self._nodes -= 1
-        self._cached_blocks -= len(node.blocks)
-        self._evicted[reason] += len(node.blocks)
+        self._cached_blocks -= n
+        self._evicted[reason] += n
         if parent.parent is not None:
             if not parent.children and parent.hold == 0:
                 self._lru.add(parent)

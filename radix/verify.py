@@ -92,7 +92,7 @@ def check_consistency(tree: RadixTree, tables: Iterable[BlockTable] = ()) -> Non
             _fail(f"{x}: holds more than its parent")
         if x.pin > x.hold or x.pin < 0:
             _fail(f"{x}: pin {x.pin} vs hold {x.hold}")
-        if x.runs is not None and [b for a, k in x.runs for b in range(a, a + k)] != x.blocks:
+        if x.runs is not None and [b for a, k in x.runs for b in range(a, a + k)] != x.blocks.tolist():
             _fail(f"{x}: cached runs {x.runs} do not spell out its blocks")
         solo = 0
         for b in x.blocks:
@@ -126,8 +126,15 @@ def check_consistency(tree: RadixTree, tables: Iterable[BlockTable] = ()) -> Non
             _fail(f"block {b} has a stale owner")
         if tree_refs[b] > 1:
             _fail(f"block {b} is stored in {tree_refs[b]} tree positions")
-    if len(tree._lru) != lru_members or len(tree._lru._ticks) != lru_members:
-        _fail(f"LRU index has {len(tree._lru)} entries, {lru_members} evictable leaves exist")
+    lru = tree._lru
+    if len(lru) != lru_members:
+        _fail(f"LRU index has {len(lru)} entries, {lru_members} evictable leaves exist")
+    heap = lru._heap
+    if any(heap[(i - 1) >> 1] > heap[i] for i in range(1, len(heap))):
+        _fail("LRU heap order is broken")
+    if not set(lru._nodes) <= set(heap):
+        _fail("an indexed LRU tick is missing from the heap")
+
     if evictable != pool._evictable:
         _fail(f"pool counts {pool._evictable} evictable blocks, the tree holds {evictable}")
     if len(pool._owners) != nodes:

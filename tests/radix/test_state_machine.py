@@ -171,22 +171,29 @@ class RadixMachine(RuleBasedStateMachine):
         if finish:
             self.finish(len(self.seqs) - 1, lease_first=False, twice=False)
 
-    @rule(toks=TOKENS, ns=NAMESPACES)
-    def insert_donated(self, toks: list[int], ns: str) -> None:
-        """The bench-style protocol: compute the uncached suffix into fresh blocks and donate them."""
+    @rule(toks=TOKENS, ns=NAMESPACES, packed=st.booleans())
+    def insert_donated(self, toks: list[int], ns: str, packed: bool) -> None:
+        """The bench-style protocol: compute the uncached suffix into fresh blocks and donate them.
+
+        ``packed``: the block table is kept packed (``allocate_ids`` + ``block_ids``), as a scheduler
+        holding block tables as arrays would.
+        """
         t = tuple(toks)
         m = self.tree.match(t, ns)
+        assert m.block_ids.tolist() == m.blocks
         n_new = -(-len(t) // self.B) - len(m.blocks)
         try:
-            new = self.pool.allocate(n_new)
+            new_ids = self.pool.allocate_ids(n_new)
         except OutOfBlocks:
             m.lease.release()
             return
+        new = new_ids.tolist()
         for i, b in enumerate(new):
             start = (len(m.blocks) + i) * self.B
             chunk = list(t[start : start + self.B])
             self.content[b] = chunk + [None] * (self.B - len(chunk))
-        res = self.tree.insert(t, m.blocks + new, ns, donate=True)
+        table = m.block_ids + new_ids if packed else m.blocks + new
+        res = self.tree.insert(t, table, ns, donate=True)
         assert set(res.duplicate_blocks) <= set(new)
         assert all(self.pool.refcount(b) == 0 for b in res.duplicate_blocks)
         m.lease.release()

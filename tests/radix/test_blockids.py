@@ -1,0 +1,154 @@
+"""Packed block ids: the BlockIds sequence, run detection, packed allocation and packed inserts."""
+
+from __future__ import annotations
+
+from array import array
+
+import numpy as np
+import pytest
+
+from radixd.radix import BlockPool, InvalidRequest, OutOfBlocks, RadixTree
+from radixd.radix.blockids import BlockIds, pack_blocks, packed_runs
+from radixd.radix.extents import FreeExtents
+from radixd.radix.lru import LruIndex
+from radixd.radix.node import Node
+from radixd.radix.verify import check_consistency
+
+
+def ids(*xs: int) -> BlockIds:
+    return BlockIds(array("i", xs).tobytes())
+
+
+def test_block_ids_behave_like_a_sequence_of_ints() -> None:
+    b = ids(5, 6, 9)
+    assert len(b) == 3 and list(b) == [5, 6, 9] and b.tolist() == [5, 6, 9]
+    assert (b[0], b[2], b[-1], b[-3]) == (5, 9, 9, 5)
+    assert isinstance(b[1:], BlockIds) and b[1:].tolist() == [6, 9] and b[::2].tolist() == [5, 9]
+    assert b[5:].tolist() == [] and not BlockIds()
+    assert b.array().dtype == np.int32 and b.array().tolist() == [5, 6, 9]
+    assert repr(b) == "BlockIds([5, 6, 9])"
+    for bad in (3, -4):
+        with pytest.raises(IndexError):
+            b[bad]
+
+
+def test_pack_blocks_validates() -> None:
+    assert pack_blocks([1, 2]) == ids(1, 2)
+    assert pack_blocks(ids(3)) == ids(3)
+    with pytest.raises(InvalidRequest):
+        pack_blocks(b"\x01\x02\x03")  # not whole ids
+    with pytest.raises(InvalidRequest):
+        pack_blocks([2**31])
+
+
+def test_packed_runs() -> None:
+    idb = np.arange(100, dtype=np.int32).tobytes()
+    assert packed_runs(ids(), idb) == []
+    assert packed_runs(ids(7), idb) == [(7, 1)]
+    assert packed_runs(ids(3, 4, 5), idb) == [(3, 3)]
+    assert packed_runs(ids(3, 4, 9, 10, 11, 2), idb) == [(3, 2), (9, 3), (2, 1)]
+    assert packed_runs(ids(0, 1), idb) is None  # the null block is never part of a run
+    assert packed_runs(ids(98, 99, 100), idb) is None  # past the pool
+    assert packed_runs(ids(1, 3, 5), idb, max_runs=2) is None  # too fragmented
+    assert packed_runs(ids(5, 4), idb) == [(5, 1), (4, 1)]
+
+
+def test_packed_runs_trusts_a_hint_only_after_checking_it() -> None:
+    idb = np.arange(100, dtype=np.int32).tobytes()
+    blocks = ids(10, 11, 50, 51, 52)
+    hints = {10: [(10, 2), (50, 3)]}
+    assert packed_runs(blocks, idb, hints=hints) == [(10, 2), (50, 3)] and not hints  # used up
+    stale = {10: [(10, 2), (60, 3)]}
+    assert packed_runs(blocks, idb, hints=stale) == [(10, 2), (50, 3)]
+    short = {10: [(10, 2), (50, 2)]}  # covers only part of the blocks
+    assert packed_runs(blocks, idb, hints=short) == [(10, 2), (50, 3)]
+
+
+def test_allocate_ids_matches_allocate() -> None:
+    pool = BlockPool(9, 1)
+    got = pool.allocate_ids(3)
+    assert isinstance(got, BlockIds) and got.tolist() == [1, 2, 3]
+    assert all(pool.refcount(b) == 1 for b in got) and pool.num_free == 5
+    assert pool.allocate_ids(0) == BlockIds()
+    with pytest.raises(OutOfBlocks):
+        pool.allocate_ids(6)
+    with pytest.raises(InvalidRequest):
+        pool.allocate_ids(-1)
+    assert pool.num_free == 5
+    pool.decref_all(got)
+    assert pool.num_free == 8
+
+
+def test_allocation_takes_a_run_that_fits_before_splitting() -> None:
+    pool = BlockPool(101, 1)
+    held = pool.allocate(100)
+    pool.decref_all(held[0:30])  # free runs: 1..30, then 61..70 (newest)
+    pool.decref_all(held[60:70])
+    got = pool.allocate_ids(20)
+    assert got.tolist() == list(range(1, 21))  # the newest run is too short: the older one fits
+    assert pool._free.runs() == [(61, 10), (21, 10)]  # the remainder is on top
+    split = pool.allocate_ids(15)  # no single run holds 15: newest runs first, and remembered
+    assert split.tolist() == [*range(21, 31), *range(61, 66)]
+    assert pool._split_hints[21] == [(21, 10), (61, 5)]
+
+
+def test_take_fit_looks_at_a_bounded_number_of_runs() -> None:
+    ext = FreeExtents()
+    ext.put(1, 50)
+    for a in range(100, 120, 2):  # ten one-block runs on top
+        ext.put(a, 1)
+    assert ext.take_fit(10, scan=5) == 0 and ext.count == 60
+    assert ext.take_fit(10, scan=20) == 1 and ext.count == 50
+
+
+@pytest.mark.parametrize("block_size", [1, 4])
+def test_packed_insert_and_match(block_size: int) -> None:
+    pool = BlockPool(64, block_size)
+    tree = RadixTree(pool)
+    toks = list(range(8 * block_size))
+    new = pool.allocate_ids(8)
+    res = tree.insert(toks, new, donate=True)
+    assert res.num_new_tokens == len(toks) and res.duplicate_blocks == []
+    m = tree.match(toks[: 5 * block_size])
+    assert isinstance(m.block_ids, BlockIds) and m.block_ids == new[:5] and m.blocks == new[:5].tolist()
+    # A second request computed the same prefix into other blocks: they are duplicates.
+    other = pool.allocate_ids(3)
+    res = tree.insert(toks[: 3 * block_size], bytes(other), donate=True)
+    assert sorted(res.duplicate_blocks) == other.tolist() and all(pool.refcount(b) == 0 for b in other)
+    # Extending the matched path: matched blocks + new ones, as one packed table.
+    ext = pool.allocate_ids(2)
+    res = tree.insert([*toks[: 5 * block_size], *[999] * (2 * block_size)], m.block_ids + ext, donate=True)
+    assert res.duplicate_blocks == [] and res.num_new_tokens == 2 * block_size
+    m.lease.release()
+    check_consistency(tree)
+    assert tree.flush() == 10 and pool.num_free == pool.num_usable
+
+
+def test_packed_insert_rejects_bad_blocks_and_changes_nothing() -> None:
+    pool = BlockPool(16, 1)
+    tree = RadixTree(pool)
+    a = pool.allocate_ids(3)
+    with pytest.raises(InvalidRequest):
+        tree.insert([1, 2, 3, 4], a + a[:1], donate=True)  # a block given twice
+    with pytest.raises(InvalidRequest):
+        tree.insert([1, 2], ids(a[0], 9), donate=True)  # block 9 is free
+    with pytest.raises(InvalidRequest):
+        tree.insert([1, 2], a, donate=True)  # wrong count
+    assert all(pool.refcount(b) == 1 for b in a) and tree.num_nodes == 0
+    check_consistency(tree)
+    pool.decref_all(a)
+
+
+def test_lru_heap_keeps_order_and_prunes_stale_entries() -> None:
+    lru = LruIndex()
+    nodes = [Node(b"", BlockIds(), None, b"", t) for t in range(1, 301)]
+    for x in nodes:
+        lru.add(x)
+    for x in nodes[:250]:  # leased: out of the index
+        lru.discard(x)
+    assert len(lru) == 50 and len(lru._heap) <= 2 * 50 + 64
+    for x in reversed(nodes[:10]):  # released again with their old ticks
+        lru.add(x)
+    assert lru.oldest_first() == [*nodes[:10], *nodes[250:]]
+    assert [lru.pop_oldest() for _ in range(12)] == [*nodes[:10], *nodes[250:252]]
+    assert not any(x.in_lru for x in nodes[:10]) and len(lru) == 48
