@@ -63,11 +63,13 @@ class BlockPool:
         "_ids",
         "_next_oid",
         "_ones_bytes",
+        "_ones_view",
         "_owners",
         "_split_hints",
         "_state",
         "_state_bytes",
         "_tree_attached",
+        "_zeros_view",
         "block_size",
         "num_blocks",
     )
@@ -89,6 +91,10 @@ class BlockPool:
         self._owners: dict[int, BlockOwner] = {}
         # State words of "refcount 1, no owner", as bytes, for that memcmp.
         self._ones_bytes = np.ones(num_blocks, dtype=np.int64).tobytes()
+        # Whole runs of state words are written through these byte views: a memcpy costs a fraction of
+        # numpy's slice assignment, whose per-call overhead dominates at these sizes.
+        self._ones_view = memoryview(self._ones_bytes)
+        self._zeros_view = memoryview(bytes(8 * num_blocks))
         self._state_bytes = memoryview(self._state.data).cast("B")  # NOTE: _state is never resized
         self._next_oid = 1
         self._free_oids: list[int] = []
@@ -172,14 +178,15 @@ class BlockPool:
         free = self._free
         if n > free.count:
             raise OutOfBlocks(n, free.count, self._evictable)
-        st = self._state
+        sb = self._state_bytes
+        ones = self._ones_view
         a = free.take_fit(n)
         if a:
-            st[a : a + n] = 1  # refcount 1, no owner
+            sb[a * 8 : (a + n) * 8] = ones[: n * 8]  # refcount 1, no owner: one memcpy
             return [(a, n)]
         runs = free.take(n)
-        for a, k in runs:  # one C-level slice store per run, no per-block step
-            st[a : a + k] = 1
+        for a, k in runs:  # one memcpy per run, no per-block step
+            sb[a * 8 : (a + k) * 8] = ones[: k * 8]
         # Remember how this allocation was split, so the tree can adopt it run by run after a cheap
         # check instead of searching the ids for run boundaries (see packed_runs).
         hints = self._split_hints

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import sys
 from array import array
 from collections.abc import Sequence
 
@@ -289,9 +290,10 @@ class RadixTree(TreeAdmin):
             # one in-place memcmp of the run's state words confirms; adopting it is then one slice store.
             fresh = pool._fresh
             if all(fresh(a, k) for a, k in runs) if len(runs) > 1 else fresh(*runs[0]):
-                word = (pool._register(leaf) << OWNER_SHIFT) | (1 + step)
+                word = ((pool._register(leaf) << OWNER_SHIFT) | (1 + step)).to_bytes(8, sys.byteorder)
+                sb = pool._state_bytes
                 for a, k in runs:
-                    st[a : a + k] = word
+                    sb[a * 8 : (a + k) * 8] = word * k
                 leaf.runs = runs
                 # Without donate the caller keeps its reference: counts are 2, nobody is solo yet.
                 return self._finish_leaf(parent, leaf, 0 if step else bytes.__len__(blocks) // ID_BYTES)

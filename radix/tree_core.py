@@ -173,8 +173,10 @@ class TreeCore:
         if runs is not None:
             # Fast path (the common case): nobody else holds any of them, so every run becomes free
             # (refcount 0, no owner) with one slice store and one merge into the free extents.
+            sb = pool._state_bytes
+            zeros = pool._zeros_view
             for a, k in runs:
-                st[a : a + k] = 0
+                sb[a * 8 : (a + k) * 8] = zeros[: k * 8]
                 free.put(a, k)
             if freed is not None:
                 freed += blocks.tolist()
