@@ -50,7 +50,7 @@ class Adapter:
         n_matched = handle.num_tokens
         new = self.pool.allocate_ids(-(-(total - n_matched) // B))
         aligned = total // B
-        blocks: bytes = handle.block_ids + new  # the request's whole block table, packed
+        blocks: bytes = handle.block_ids + new if n_matched else new  # the request's block table, packed
         key: bytes = tokens
         if aligned * B < total:  # the unaligned tail is not cached (as in the peer's protocol)
             self.pool.decref(new[-1])

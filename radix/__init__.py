@@ -57,7 +57,8 @@ all of it. Public API (everything below is re-exported here)::
 
 Debugging: ``radixd.radix.verify.check_consistency(tree, tables)`` checks every invariant (O(n)).
 Layout: errors, blockids, extents, pool, node, lru, results, tree_core (structure, leases, LRU eviction,
-stats), tree_admin (evict_prefix, flush, pins), tree (match, insert), table, memory, verify.
+stats), tree_admin (evict_prefix, flush, pins), tree_adopt (new leaves take over their blocks), tree (match,
+insert), table, memory, verify.
 
 Engine protocol for one request (B = block size)::
 

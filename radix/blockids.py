@@ -23,7 +23,8 @@ from radixd.radix.errors import InvalidRequest
 
 ID_BYTES = 4
 """Bytes per packed block id (native int32)."""
-_unpack_id = struct.Struct("i").unpack_from
+unpack_id = struct.Struct("i").unpack_from
+"""``unpack_id(packed, offset) -> (id,)``: one packed id, read in place."""
 
 
 class BlockIds(bytes):
@@ -54,7 +55,7 @@ class BlockIds(bytes):
         if i < 0:
             raise IndexError("BlockIds index out of range")
         try:
-            got: int = _unpack_id(self, i * ID_BYTES)[0]
+            got: int = unpack_id(self, i * ID_BYTES)[0]
         except struct.error:
             raise IndexError("BlockIds index out of range") from None
         return got
@@ -76,6 +77,12 @@ class BlockIds(bytes):
 
 
 EMPTY = BlockIds()
+
+
+def first_id(blocks: bytes) -> int:
+    """The first of packed ids (``blocks`` must not be empty)."""
+    got: int = unpack_id(blocks)[0]
+    return got
 
 
 def pack_blocks(blocks: Sequence[int] | bytes) -> bytes:
@@ -111,7 +118,7 @@ def packed_runs(
     n = nbytes // ID_BYTES
     if not n:
         return []
-    a = _unpack_id(blocks)[0]
+    a = first_id(blocks)
     if a >= 1 and id_bytes.startswith(blocks, a * ID_BYTES):  # consecutive ids, compared in place: one run
         return [(a, n)]
     mv = memoryview(blocks)

@@ -303,10 +303,6 @@ class BlockPool:
         oid = int(self._state[block]) >> OWNER_SHIFT
         return self._owners[oid] if oid else None
 
-    def _fresh(self, a: int, k: int) -> bool:
-        """Whether blocks ``a .. a+k-1`` all have refcount 1 and no owner (one memcmp, in place)."""
-        return self._ones_bytes.startswith(self._state_bytes[a * 8 : (a + k) * 8])
-
     # ------------------------------------------------------------ validation
     def _check_id(self, block: int) -> None:
         if not 0 <= block < self.num_blocks:

@@ -2,33 +2,18 @@
 
 from __future__ import annotations
 
-import sys
 from array import array
 from collections.abc import Sequence
 
-from radixd.radix.blockids import EMPTY, ID_BYTES, BlockIds, pack_blocks, packed_runs
+from radixd.radix.blockids import EMPTY, ID_BYTES, BlockIds, pack_blocks
 from radixd.radix.errors import InvalidRequest, UnknownLease
 from radixd.radix.node import TOKEN_BYTES, Node, Tokens, as_tokens, common_prefix_len
-from radixd.radix.pool import OWNER_SHIFT, RC_MASK
 from radixd.radix.results import InsertResult, Lease, PrefixMatch
-from radixd.radix.tree_admin import FlushMode, TreeAdmin
+from radixd.radix.tree_admin import FlushMode
+from radixd.radix.tree_adopt import TreeAdopt
 from radixd.radix.tree_core import EVICT_REASONS
 
 __all__ = ["EVICT_REASONS", "FlushMode", "RadixTree"]
-
-
-def _disjoint_within(runs: list[tuple[int, int]], nblocks: int) -> bool:
-    """Runs lie in [1, nblocks) and do not overlap (no block is given twice)."""
-    if len(runs) == 1:
-        a, k = runs[0]
-        return a >= 1 and a + k <= nblocks
-    ordered = sorted(runs)
-    end = 1
-    for a, k in ordered:
-        if a < end:
-            return False
-        end = a + k
-    return end <= nblocks
 
 
 def _joined(parts: list[bytes]) -> BlockIds:
@@ -45,7 +30,7 @@ def _differing(mine: bytes, start: int, cached: bytes, n: int) -> list[int]:
     return [x for x, y in zip(a, c, strict=True) if x != y]
 
 
-class RadixTree(TreeAdmin):
+class RadixTree(TreeAdopt):
     """Prefix cache of KV blocks keyed by (namespace, token ids).
 
     * ``match`` returns the longest cached prefix as full blocks plus the partially matching next
@@ -125,7 +110,8 @@ class RadixTree(TreeAdmin):
             r = (m - k * B) // TOKEN_BYTES
             return child, _joined(parts), (child.blocks[k] if r else None), r
         self._clock = clock
-        if self.block_size > 1 and pos < n and node.by_first:
+        by_first = node.by_first
+        if by_first and t[pos : pos + TOKEN_BYTES] in by_first:  # a child may share part of a block
             best, best_len = self._best_partial(node, t, pos)
             if best is not None:
                 if touch:
@@ -133,7 +119,7 @@ class RadixTree(TreeAdmin):
                     self._clock += 1
                     best.tick = self._clock
                 return best, _joined(parts), best.blocks[0], best_len
-        return (node if node.parent is not None else None), _joined(parts), None, 0
+        return (node if node.parent is not None else None), (_joined(parts) if parts else EMPTY), None, 0
 
     def _best_partial(self, node: Node, t: Tokens, pos: int) -> tuple[Node | None, int]:
         """The child whose first block shares the longest (partial) prefix with t[pos:pos+B]."""
@@ -175,7 +161,7 @@ class RadixTree(TreeAdmin):
         the caller must not release any of them afterwards. It saves a pass over the blocks.
         """
         t = as_tokens(tokens)
-        bl = blocks if type(blocks) is BlockIds else pack_blocks(blocks)
+        bl = blocks if type(blocks) is BlockIds or type(blocks) is bytes else pack_blocks(blocks)
         B = self._bb  # offsets below are in packed bytes
         n = len(t)
         nb = -(-n // B)
@@ -276,61 +262,3 @@ class RadixTree(TreeAdmin):
                 # c is a one-block partial leaf whose tokens are a prefix of ours: ours supersedes it.
                 self._remove_leaf(c, "superseded", None, keep_root=True)
         return None
-
-    def _add_leaf(self, parent: Node, tokens: Tokens, blocks: BlockIds, donate: bool) -> Node:
-        pool = self.pool
-        st = pool._state
-        nblocks = pool.num_blocks
-        self._clock += 1
-        leaf = Node(tokens, blocks, parent, tokens[: self._bb], self._clock)
-        step = 0 if donate else 1  # donated blocks keep the caller's reference; others gain one
-        runs = packed_runs(blocks, pool._id_bytes, hints=pool._split_hints)
-        if runs is not None and (len(runs) == 1 or _disjoint_within(runs, nblocks)):  # one run: disjoint
-            # Runs of blocks just allocated (the common case): each has refcount 1 and no owner, which
-            # one in-place memcmp of the run's state words confirms; adopting it is then one slice store.
-            fresh = pool._fresh
-            if all(fresh(a, k) for a, k in runs) if len(runs) > 1 else fresh(*runs[0]):
-                word = ((pool._register(leaf) << OWNER_SHIFT) | (1 + step)).to_bytes(8, sys.byteorder)
-                sb = pool._state_bytes
-                for a, k in runs:
-                    sb[a * 8 : (a + k) * 8] = word * k
-                leaf.runs = runs
-                # Without donate the caller keeps its reference: counts are 2, nobody is solo yet.
-                return self._finish_leaf(parent, leaf, 0 if step else bytes.__len__(blocks) // ID_BYTES)
-        # One pass: validate and adopt; undo on the first bad block so a failed insert changes nothing.
-        high = pool._register(leaf) << OWNER_SHIFT
-        solo = 0
-        ids = blocks.tolist()
-        for i, b in enumerate(ids):
-            w = int(st[b]) if 0 < b < nblocks else 0
-            if w & RC_MASK == 0 or w >> OWNER_SHIFT:
-                for a in ids[:i]:
-                    st[a] = (int(st[a]) & RC_MASK) - step
-                pool._unregister(leaf)
-                if parent.parent is None and not parent.children:
-                    self._drop_root(parent)  # created for this insert only
-                if w & RC_MASK:
-                    raise InvalidRequest(
-                        f"block {b} is already cached by the tree (or given twice); "
-                        "every position needs its own block"
-                    )
-                pool._bad_incref(b)
-            # Without donate the caller keeps its reference, so the count goes to >= 2 and n_solo
-            # starts at 0; the pool's hook keeps it exact when the caller drops its reference later.
-            c = (w & RC_MASK) + step
-            st[b] = high | c
-            if c == 1:
-                solo += 1
-        return self._finish_leaf(parent, leaf, solo)
-
-    def _finish_leaf(self, parent: Node, leaf: Node, solo: int) -> Node:
-        leaf.n_solo = solo
-        self.pool._evictable += solo
-        self._link(parent, leaf)
-        self._nodes += 1
-        self._cached_blocks += bytes.__len__(leaf.blocks) // ID_BYTES
-        self._lru.add(leaf)
-        if self.listener is not None:
-            ns, path = self._path(leaf)
-            self.listener.stored(ns, path, len(path) - len(leaf.tokens) // TOKEN_BYTES, len(leaf.blocks))
-        return leaf

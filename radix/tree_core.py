@@ -1,10 +1,13 @@
 """TreeCore: radix-tree state plus the structural primitives every operation builds on.
 
 Splitting and removing nodes, the first-token index, leases (lock / unlock a path), LRU eviction and
-statistics live here; ``tree_admin`` adds prefix eviction, flush and pins, ``tree`` adds match / insert.
+statistics live here; ``tree_admin`` adds prefix eviction, flush and pins, ``tree_adopt`` the creation of
+leaves, ``tree`` match / insert.
 """
 
 from __future__ import annotations
+
+from heapq import heappop
 
 import numpy as np
 
@@ -159,7 +162,10 @@ class TreeCore:
             ns, path = self._path(node)
             start = len(path) - len(node.tokens) // TOKEN_BYTES
             self.listener.removed(ns, path, start, n, reason)
-        self._unlink(parent, node)
+        if parent.by_first is None:
+            del parent.children[node.key]  # _unlink without a first-token index
+        else:
+            self._unlink(parent, node)
         if node.in_lru:
             self._lru.discard(node)
         pool = self.pool
@@ -194,7 +200,9 @@ class TreeCore:
                         freed.append(b)
         node.alive = False
         node.n_solo = 0
-        pool._unregister(node)
+        if pool._owners.pop(node.oid, None) is not None:  # BlockPool._unregister, inlined
+            pool._free_oids.append(node.oid)
+        node.oid = 0
         self._nodes -= 1
         self._cached_blocks -= n
         self._evicted[reason] += n
@@ -285,8 +293,12 @@ class TreeCore:
         got = 0
         lru = self._lru
         live = lru._nodes  # non-empty <=> something is evictable (skips a Python-level __len__)
+        heap = lru._heap
         while got < n_blocks and live:
-            got += self._remove_leaf(lru.pop_oldest(), "lru", None)
+            node = live.pop(heappop(heap), None)  # LruIndex.pop_oldest, inlined
+            if node is not None:
+                node.in_lru = False
+                got += self._remove_leaf(node, "lru", None)
         return got
 
     # ================================================================= stats
