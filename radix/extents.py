@@ -83,6 +83,8 @@ class FreeExtents:
         a, k = by_start.popitem()  # the newest run: the common case, without building an iterator
         if k < n:
             by_start[a] = k  # put it back (it stays the newest) and look at older runs
+            if max(by_start.values()) < n:  # one C-level pass rules out the scan
+                return 0
             for a, k in reversed(by_start.items()):
                 if k >= n:
                     del by_start[a]

@@ -162,6 +162,21 @@ class BlockPool:
         of the pool's packed ids, whatever its length, and the tree recognises it as a run with one memcmp.
         """
         idb = self._id_bytes
+        free = self._free
+        by_start = free._by_start
+        if by_start and 0 < n <= free.count:
+            # The common case, inlined (FreeExtents.take_fit's first step): the newest run holds n.
+            a, k = by_start.popitem()
+            if k >= n:
+                if k > n:
+                    by_start[a + n] = k - n
+                    free._by_end[a + k] = a + n
+                else:
+                    del free._by_end[a + k]
+                free.count -= n
+                self._state_bytes[a * 8 : (a + n) * 8] = self._ones_view[: n * 8]  # refcount 1, no owner
+                return BlockIds(idb[a * ID_BYTES : (a + n) * ID_BYTES])
+            by_start[a] = k  # put it back: it stays the newest
         runs = self._take(n)
         if len(runs) == 1:
             a, k = runs[0]

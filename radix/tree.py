@@ -7,7 +7,7 @@ from collections.abc import Sequence
 
 from radixd.radix.blockids import EMPTY, ID_BYTES, BlockIds, pack_blocks
 from radixd.radix.errors import InvalidRequest, UnknownLease
-from radixd.radix.node import TOKEN_BYTES, Node, Tokens, as_tokens, common_prefix_len
+from radixd.radix.node import TOKEN_BYTES, Node, TokenKey, Tokens, as_tokens, common_prefix_len
 from radixd.radix.results import InsertResult, Lease, PrefixMatch
 from radixd.radix.tree_admin import FlushMode
 from radixd.radix.tree_adopt import TreeAdopt
@@ -58,14 +58,23 @@ class RadixTree(TreeAdopt):
         ``tokens``: token ids, or packed ones (``encode_tokens``) to skip the conversion. To keep at
         least one token to compute (for logits), match ``tokens[:-1]``.
         """
-        t = as_tokens(tokens)
+        # A scheduler's TokenKey needs only a copy as plain bytes (the tree slices bytes, not tokens).
+        t = bytes(tokens) if type(tokens) is TokenKey and not bytes.__len__(tokens) % 4 else as_tokens(tokens)
         node, blocks, pblock, ptok = self._walk(t, namespace, touch=True)
         num_tokens = bytes.__len__(blocks) // ID_BYTES * self.block_size
         self._hit_tokens += num_tokens + ptok
         self._miss_tokens += len(t) // TOKEN_BYTES - num_tokens - ptok
         if node is None:
             return PrefixMatch(blocks, num_tokens, pblock, ptok, Lease(self, None, self._epoch))
-        self._lock_path(node)
+        pool = self.pool
+        x: Node | None = node
+        while x is not None and x.parent is not None:  # _lock_path, inlined
+            x.hold += 1
+            if x.hold == 1:
+                pool._evictable -= x.n_solo
+                if x.in_lru:
+                    self._lru.discard(x)
+            x = x.parent
         self._leases += 1
         return PrefixMatch(blocks, num_tokens, pblock, ptok, Lease(self, node, self._epoch))
 
@@ -160,7 +169,7 @@ class RadixTree(TreeAdopt):
         uncached suffix). Adopted blocks keep that reference, duplicates are released by the tree, and
         the caller must not release any of them afterwards. It saves a pass over the blocks.
         """
-        t = as_tokens(tokens)
+        t = bytes(tokens) if type(tokens) is TokenKey and not bytes.__len__(tokens) % 4 else as_tokens(tokens)
         bl = blocks if type(blocks) is BlockIds or type(blocks) is bytes else pack_blocks(blocks)
         B = self._bb  # offsets below are in packed bytes
         n = len(t)

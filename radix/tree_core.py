@@ -162,10 +162,16 @@ class TreeCore:
             ns, path = self._path(node)
             start = len(path) - len(node.tokens) // TOKEN_BYTES
             self.listener.removed(ns, path, start, n, reason)
-        if parent.by_first is None:
-            del parent.children[node.key]  # _unlink without a first-token index
-        else:
-            self._unlink(parent, node)
+        key = node.key
+        del parent.children[key]  # _unlink, inlined
+        by_first = parent.by_first
+        if by_first is not None:
+            first = key[:TOKEN_BYTES]
+            same = by_first[first]
+            if len(same) == 1:
+                del by_first[first]
+            else:
+                same.remove(node)
         if node.in_lru:
             self._lru.discard(node)
         pool = self.pool
@@ -247,8 +253,16 @@ class TreeCore:
         lease._node = None
         if node is None or lease._epoch != self._epoch:
             return  # already released, or its nodes went away in flush("force")
-        self._unlock_path(node)
         self._leases -= 1
+        pool = self.pool
+        x: Node | None = node
+        while x is not None and x.parent is not None:  # _unlock_path, inlined
+            x.hold -= 1
+            if x.hold == 0:
+                pool._evictable += x.n_solo
+                if not x.children:
+                    self._lru.add(x)
+            x = x.parent
 
     def _clone_lease(self, lease: Lease) -> Lease:
         if lease._tree is not self:
