@@ -97,12 +97,19 @@ def pack_blocks(blocks: Sequence[int] | bytes) -> bytes:
         raise InvalidRequest(f"block ids must be integers in [0, 2**31): {e}") from None
 
 
-def packed_runs(
-    blocks: bytes,
-    id_bytes: bytes,
-    max_runs: int = 8,
-    hints: dict[int, list[tuple[int, int]]] | None = None,
-) -> list[tuple[int, int]] | None:
+def spells_runs(blocks: bytes, id_bytes: bytes, runs: list[tuple[int, int]]) -> bool:
+    """Whether ``blocks`` (packed) is exactly the ids of ``runs`` in order: one in-place memcmp per run
+    against ``id_bytes`` (the pool's ids ``0 .. num_blocks-1``, packed)."""
+    mv = memoryview(blocks)
+    i = 0
+    for a, k in runs:
+        if a < 1 or not id_bytes.startswith(mv[i : i + k * ID_BYTES], a * ID_BYTES):
+            return False
+        i += k * ID_BYTES
+    return i == bytes.__len__(blocks)
+
+
+def packed_runs(blocks: bytes, id_bytes: bytes, max_runs: int = 8) -> list[tuple[int, int]] | None:
     """``blocks`` (packed) as at most ``max_runs`` runs of consecutive ascending ids ``[(first, length)]``.
 
     Allocation hands out mostly contiguous ids, so bulk updates (refcounts, ownership) can use one
@@ -110,9 +117,7 @@ def packed_runs(
     memcmp against ``id_bytes`` (the pool's ids ``0 .. num_blocks-1``, packed), which also proves that
     every id in it is a valid block other than the null block; several runs take one vectorised pass.
     Anything more fragmented, or out of range, returns None (the caller then takes its per-block path);
-    an empty ``blocks`` is no runs. ``hints`` maps a first id to the runs that ``blocks`` probably spells
-    out when it starts there (how the pool split an allocation, see ``BlockPool._take``); a hint is
-    used up when looked at, and trusted only after one in-place memcmp per run.
+    an empty ``blocks`` is no runs.
     """
     nbytes = bytes.__len__(blocks)
     n = nbytes // ID_BYTES
@@ -121,18 +126,7 @@ def packed_runs(
     a = first_id(blocks)
     if a >= 1 and id_bytes.startswith(blocks, a * ID_BYTES):  # consecutive ids, compared in place: one run
         return [(a, n)]
-    mv = memoryview(blocks)
-    hint = hints.pop(a, None) if hints else None
-    if hint is not None and len(hint) <= max_runs:
-        i = 0
-        for a, k in hint:
-            if a < 1 or not id_bytes.startswith(mv[i : i + k * ID_BYTES], a * ID_BYTES):
-                break
-            i += k * ID_BYTES
-        else:
-            if i == nbytes:
-                return hint
-    ids: Any = mv.cast("i")
+    ids: Any = memoryview(blocks).cast("i")
     # Several runs: one vectorised pass finds where consecutive ids break.
     arr = np.frombuffer(blocks, dtype=np.int32)
     ends = (arr[1:] != arr[:-1] + 1).nonzero()[0].tolist()

@@ -203,7 +203,7 @@ class BlockPool:
         for a, k in runs:  # one memcpy per run, no per-block step
             sb[a * 8 : (a + k) * 8] = ones[: k * 8]
         # Remember how this allocation was split, so the tree can adopt it run by run after a cheap
-        # check instead of searching the ids for run boundaries (see packed_runs).
+        # check (spells_runs) instead of searching the ids for run boundaries.
         hints = self._split_hints
         hints[runs[0][0]] = runs
         if len(hints) > _SPLIT_HINTS:

@@ -5,7 +5,7 @@ from __future__ import annotations
 import sys
 from heapq import heappush
 
-from radixd.radix.blockids import ID_BYTES, BlockIds, packed_runs, unpack_id
+from radixd.radix.blockids import ID_BYTES, BlockIds, packed_runs, spells_runs, unpack_id
 from radixd.radix.errors import InvalidRequest
 from radixd.radix.node import TOKEN_BYTES, Node, Tokens
 from radixd.radix.pool import OWNER_SHIFT, RC_MASK
@@ -38,10 +38,16 @@ class TreeAdopt(TreeAdmin):
         if a >= 1 and pool._id_bytes.startswith(blocks, a * ID_BYTES):  # one run (the common case)
             runs = [(a, n)]
         else:
-            got = packed_runs(blocks, pool._id_bytes, hints=pool._split_hints)
-            if got is None or not _disjoint_within(got, pool.num_blocks):
-                return self._adopt_each(parent, leaf, donate)
-            runs = got
+            # Split over several runs: the pool remembers how it split its recent allocations, and runs
+            # from one allocation are disjoint, so spelling them out is proof enough.
+            hint = pool._split_hints.pop(a, None)
+            if hint is not None and spells_runs(blocks, pool._id_bytes, hint):
+                runs = hint
+            else:
+                got = packed_runs(blocks, pool._id_bytes)
+                if got is None or not _disjoint_within(got, pool.num_blocks):
+                    return self._adopt_each(parent, leaf, donate)
+                runs = got
         # Blocks just allocated have refcount 1 and no owner, which one in-place memcmp of each run's
         # state words confirms; adopting a run is then one memcpy.
         ones = pool._ones_bytes

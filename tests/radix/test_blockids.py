@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 
 from radixd.radix import BlockPool, InvalidRequest, OutOfBlocks, RadixTree
-from radixd.radix.blockids import BlockIds, pack_blocks, packed_runs
+from radixd.radix.blockids import BlockIds, pack_blocks, packed_runs, spells_runs
 from radixd.radix.extents import FreeExtents
 from radixd.radix.lru import LruIndex
 from radixd.radix.node import Node
@@ -53,15 +53,29 @@ def test_packed_runs() -> None:
     assert packed_runs(ids(5, 4), idb) == [(5, 1), (4, 1)]
 
 
-def test_packed_runs_trusts_a_hint_only_after_checking_it() -> None:
+def test_spells_runs() -> None:
     idb = np.arange(100, dtype=np.int32).tobytes()
     blocks = ids(10, 11, 50, 51, 52)
-    hints = {10: [(10, 2), (50, 3)]}
-    assert packed_runs(blocks, idb, hints=hints) == [(10, 2), (50, 3)] and not hints  # used up
-    stale = {10: [(10, 2), (60, 3)]}
-    assert packed_runs(blocks, idb, hints=stale) == [(10, 2), (50, 3)]
-    short = {10: [(10, 2), (50, 2)]}  # covers only part of the blocks
-    assert packed_runs(blocks, idb, hints=short) == [(10, 2), (50, 3)]
+    assert spells_runs(blocks, idb, [(10, 2), (50, 3)])
+    assert not spells_runs(blocks, idb, [(10, 2), (60, 3)])  # other ids
+    assert not spells_runs(blocks, idb, [(10, 2), (50, 2)])  # covers only part of the blocks
+    assert not spells_runs(blocks, idb, [(10, 2), (50, 4)])  # longer than the blocks
+    assert not spells_runs(ids(98, 99, 100), idb, [(98, 3)])  # past the pool
+    assert not spells_runs(ids(0, 1), idb, [(0, 2)])  # the null block
+
+
+def test_a_split_allocation_is_adopted_by_its_runs() -> None:
+    pool = BlockPool(41, 1)
+    tree = RadixTree(pool)
+    held = pool.allocate(40)
+    pool.decref_all(held[:10])  # free runs 1..10 and 21..30 (newest)
+    pool.decref_all(held[20:30])
+    new = pool.allocate_ids(15)
+    assert pool._split_hints[21] == [(21, 10), (1, 5)]
+    tree.insert(list(range(15)), new, donate=True)
+    (leaf,) = tree._roots[""].children.values()
+    assert leaf.runs == [(21, 10), (1, 5)] and not pool._split_hints
+    check_consistency(tree)
 
 
 def test_allocate_ids_matches_allocate() -> None:
