@@ -88,13 +88,14 @@ class RadixMachine(RuleBasedStateMachine):
         self.seqs: list[Seq] = []
         self.pins: set[tuple[str, tuple[int, ...]]] = set()
 
-    @initialize(block_size=st.sampled_from([1, 2, 4]), num_blocks=st.integers(6, 40))
-    def setup(self, block_size: int, num_blocks: int) -> None:
+    @initialize(block_size=st.sampled_from([1, 2, 4]), num_blocks=st.integers(6, 40), listen=st.booleans())
+    def setup(self, block_size: int, num_blocks: int, listen: bool) -> None:
         self.B = block_size
         self.pool = BlockPool(num_blocks, block_size)
         self.tree = RadixTree(self.pool, pin_budget_fraction=0.3)
         self.mirror = MirrorListener()
-        self.tree.listener = self.mirror
+        # Without a listener the tree takes its inlined paths (leaf adoption, LRU eviction).
+        self.tree.listener = self.mirror if listen else None
         self.content: dict[int, list[int | None]] = {}
 
     # ---------------------------------------------------------------- helpers
@@ -252,12 +253,17 @@ class RadixMachine(RuleBasedStateMachine):
         self._append(seq, [0] * n)
         self._append(child, [1] * n)
 
-    @rule(n=st.integers(0, 8))
-    def evict(self, n: int) -> None:
+    @rule(n=st.integers(0, 8), count_only=st.booleans())
+    def evict(self, n: int, count_only: bool) -> None:
         evictable = self.tree.evictable_blocks()
+        free = self.pool.num_free
+        if count_only:
+            got = self.tree.evict_count(n)
+            assert got >= min(n, evictable) and self.pool.num_free == free + got
+            return
         freed = self.tree.evict(n)
         assert len(freed) >= min(n, evictable), (len(freed), n, evictable)
-        assert all(self.pool.refcount(b) == 0 for b in freed)
+        assert all(self.pool.refcount(b) == 0 for b in freed) and self.pool.num_free == free + len(freed)
 
     @rule(toks=TOKENS, ns=NAMESPACES)
     def evict_prefix(self, toks: list[int], ns: str) -> None:
@@ -327,7 +333,7 @@ class RadixMachine(RuleBasedStateMachine):
     @invariant()
     def events_mirror_the_tree(self) -> None:
         """A router that only reads the events knows exactly what is cached."""
-        if not hasattr(self, "tree"):
+        if not hasattr(self, "tree") or self.tree.listener is None:
             return
         actual: set[tuple[str, tuple[int, ...]]] = set()
         for ns, root in self.tree._roots.items():
