@@ -56,9 +56,9 @@ all of it. Public API (everything below is re-exported here)::
         blocks_for_budget(bytes), tokens_for_budget(bytes); presets LLAMA3_8B, LLAMA3_70B, LLAMA2_70B
 
 Debugging: ``radixd.radix.verify.check_consistency(tree, tables)`` checks every invariant (O(n)).
-Layout: errors, blockids, extents, pool, node, lru, results, tree_core (structure, leases, LRU eviction,
-stats), tree_admin (evict_prefix, flush, pins), tree_adopt (new leaves take over their blocks), tree (match,
-insert), table, memory, verify.
+Layout: errors, blockids, extents, pool, node, lru, results, tree_core (structure, leases, stats),
+tree_evict (LRU eviction), tree_admin (evict_prefix, flush, pins), tree_adopt (new leaves take over their
+blocks), tree (match, insert), table, memory, verify.
 
 Engine protocol for one request (B = block size)::
 

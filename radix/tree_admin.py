@@ -1,4 +1,4 @@
-"""TreeAdmin: cache administration on top of TreeCore: evict_prefix, flush modes, pin / unpin."""
+"""TreeAdmin: cache administration on top of TreeEvict: evict_prefix, flush modes, pin / unpin."""
 
 from __future__ import annotations
 
@@ -9,12 +9,12 @@ from radixd.radix.errors import FlushRefused, InvalidRequest, NotPinned, PinBudg
 from radixd.radix.lru import LruIndex
 from radixd.radix.node import TOKEN_BYTES, Node, Tokens, as_tokens, common_prefix_len
 from radixd.radix.pool import RC_MASK
-from radixd.radix.tree_core import TreeCore
+from radixd.radix.tree_evict import TreeEvict
 
 FlushMode = Literal["unlocked", "refuse", "force"]
 
 
-class TreeAdmin(TreeCore):
+class TreeAdmin(TreeEvict):
     """Administrative operations of :class:`radixd.radix.RadixTree` (use that class)."""
 
     # =============================================================== eviction

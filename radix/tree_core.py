@@ -1,13 +1,11 @@
 """TreeCore: radix-tree state plus the structural primitives every operation builds on.
 
-Splitting and removing nodes, the first-token index, leases (lock / unlock a path), LRU eviction and
-statistics live here; ``tree_admin`` adds prefix eviction, flush and pins, ``tree_adopt`` the creation of
-leaves, ``tree`` match / insert.
+Splitting and removing nodes, the first-token index, leases (lock / unlock a path) and statistics live
+here; ``tree_evict`` adds LRU eviction, ``tree_admin`` prefix eviction, flush and pins, ``tree_adopt`` the
+creation of leaves, ``tree`` match / insert.
 """
 
 from __future__ import annotations
-
-from heapq import heappop
 
 import numpy as np
 
@@ -279,93 +277,6 @@ class TreeCore:
         if lease._tree is not self:
             raise UnknownLease("release() of a lease issued by another RadixTree")
         lease.release()
-
-    # =============================================================== eviction
-    def evictable_blocks(self) -> int:
-        """Blocks that evicting every unlocked, unpinned entry would free (exact, O(1))."""
-        return self.pool._evictable
-
-    def evict(self, n_blocks: int) -> list[int]:
-        """Free at least ``n_blocks`` blocks if possible, least recently used leaves first.
-
-        Returns the blocks that became free (fewer when not enough is evictable). O(log n) per node.
-        """
-        freed: list[int] = []
-        self._evict_lru(n_blocks, freed)
-        return freed
-
-    def evict_count(self, n_blocks: int) -> int:
-        """Like :meth:`evict` but returns only how many blocks became free.
-
-        For callers that size the free pool and never look at the ids (a scheduler making room): it
-        skips building the list, which at block size 1 is a thousand ids per evicted request.
-        """
-        return self._evict_lru(n_blocks, None)
-
-    def _evict_lru(self, n_blocks: int, freed: list[int] | None) -> int:
-        """Remove least recently used leaves until ``n_blocks`` blocks are free or none is evictable.
-
-        The common leaf (its blocks held by the tree alone, as the runs they were adopted in, and no
-        listener to tell) is removed here without a call per leaf; any other goes through _remove_leaf.
-        """
-        got = 0
-        lru = self._lru
-        live = lru._nodes  # non-empty <=> something is evictable (skips a Python-level __len__)
-        heap = lru._heap
-        pool = self.pool
-        sb = pool._state_bytes
-        zeros = pool._zeros_view
-        put = pool._free.put
-        owners = pool._owners
-        plain = self.listener is None
-        removed = dropped = 0
-        while got < n_blocks and live:
-            node = live.pop(heappop(heap), None)  # LruIndex.pop_oldest, inlined
-            if node is None:
-                continue  # a stale heap entry
-            node.in_lru = False
-            runs = node.runs
-            n = node.n_solo
-            if not plain or runs is None or n != bytes.__len__(node.blocks) // ID_BYTES:
-                got += self._remove_leaf(node, "lru", freed)
-                continue
-            # NOTE: the same steps as _remove_leaf for an LRU leaf (no children, hold == 0, n_solo == n).
-            parent = node.parent
-            assert parent is not None
-            key = node.key
-            del parent.children[key]
-            by_first = parent.by_first
-            if by_first is not None:
-                first = key[:TOKEN_BYTES]
-                same = by_first[first]
-                if len(same) == 1:
-                    del by_first[first]
-                else:
-                    same.remove(node)
-            pool._evictable -= n
-            for a, k in runs:
-                sb[a * 8 : (a + k) * 8] = zeros[: k * 8]
-                put(a, k)
-            if freed is not None:
-                freed += node.blocks.tolist()
-            node.alive = False
-            node.n_solo = 0
-            if owners.pop(node.oid, None) is not None:
-                pool._free_oids.append(node.oid)
-            node.oid = 0
-            removed += 1
-            dropped += n
-            got += n
-            if not parent.children:
-                if parent.parent is not None:
-                    if parent.hold == 0:
-                        lru.add(parent)
-                else:
-                    self._drop_root(parent)
-        self._nodes -= removed
-        self._cached_blocks -= dropped
-        self._evicted["lru"] += dropped
-        return got
 
     # ================================================================= stats
     @property
