@@ -54,7 +54,7 @@ class Adapter:
         key: bytes = tokens
         if aligned * B < total:  # the unaligned tail is not cached (as in the peer's protocol)
             self.pool.decref(new[-1])
-            blocks = blocks[: aligned * ID_BYTES]
+            blocks = bytes.__getitem__(blocks, slice(0, aligned * ID_BYTES))  # in bytes, even on a BlockIds
             key = bytes.__getitem__(tokens, slice(0, aligned * B * TOKEN_BYTES))  # packed, no unpacking
         # donate: the tree keeps our reference on what it adopts and releases duplicates.
         self.tree.insert(key, blocks, donate=True)
