@@ -146,12 +146,14 @@ class BlockPool:
         Raises OutOfBlocks (and changes nothing) when fewer than ``n`` blocks are free.
         """
         ids = self._ids
-        runs = self._take(n)
-        if len(runs) == 1:
-            a, k = runs[0]
-            return ids[a : a + k]  # no new int objects: a slice of the shared id list
+        free = self._free
+        if 0 < n <= free.count:
+            a = free.take_fit(n)
+            if a:  # the common case: one run
+                self._state_bytes[a * 8 : (a + n) * 8] = self._ones_view[: n * 8]  # refcount 1, no owner
+                return ids[a : a + n]  # no new int objects: a slice of the shared id list
         out: list[int] = []
-        for a, k in runs:
+        for a, k in self._take_split(n):
             out += ids[a : a + k]
         return out
 
@@ -163,29 +165,16 @@ class BlockPool:
         """
         idb = self._id_bytes
         free = self._free
-        by_start = free._by_start
-        if by_start and 0 < n <= free.count:
-            # The common case, inlined (FreeExtents.take_fit's first step): the newest run holds n.
-            a, k = by_start.popitem()
-            if k >= n:
-                if k > n:
-                    by_start[a + n] = k - n
-                    free._by_end[a + k] = a + n
-                else:
-                    del free._by_end[a + k]
-                free.count -= n
+        if 0 < n <= free.count:
+            a = free.take_fit(n)
+            if a:  # the common case: one run
                 self._state_bytes[a * 8 : (a + n) * 8] = self._ones_view[: n * 8]  # refcount 1, no owner
                 return BlockIds(idb[a * ID_BYTES : (a + n) * ID_BYTES])
-            by_start[a] = k  # put it back: it stays the newest
-        runs = self._take(n)
-        if len(runs) == 1:
-            a, k = runs[0]
-            return BlockIds(idb[a * ID_BYTES : (a + k) * ID_BYTES])
-        return BlockIds(b"".join([idb[a * ID_BYTES : (a + k) * ID_BYTES] for a, k in runs]))
+        return BlockIds(b"".join([idb[a * ID_BYTES : (a + k) * ID_BYTES] for a, k in self._take_split(n)]))
 
-    def _take(self, n: int) -> list[tuple[int, int]]:
-        """Remove ``n`` blocks from the free extents as runs (one if any recent free run is long enough,
-        see :meth:`FreeExtents.take_fit`), each block at refcount 1 with no owner."""
+    def _take_split(self, n: int) -> list[tuple[int, int]]:
+        """Remove ``n`` blocks from the free extents over several runs, newest first (for when no run
+        that :meth:`FreeExtents.take_fit` looks at holds them all), each block at refcount 1, no owner."""
         if n <= 0:
             if n == 0:
                 return []
@@ -195,10 +184,6 @@ class BlockPool:
             raise OutOfBlocks(n, free.count, self._evictable)
         sb = self._state_bytes
         ones = self._ones_view
-        a = free.take_fit(n)
-        if a:
-            sb[a * 8 : (a + n) * 8] = ones[: n * 8]  # refcount 1, no owner: one memcpy
-            return [(a, n)]
         runs = free.take(n)
         for a, k in runs:  # one memcpy per run, no per-block step
             sb[a * 8 : (a + k) * 8] = ones[: k * 8]
