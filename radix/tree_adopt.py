@@ -57,7 +57,11 @@ class TreeAdopt(TreeAdmin):
                 return self._adopt_each(parent, leaf, donate)
         # Donated blocks keep the caller's reference; otherwise the caller keeps its own too: counts
         # are 2 and nobody is solo yet.
-        word = ((pool._register(leaf) << OWNER_SHIFT) | (1 if donate else 2)).to_bytes(8, sys.byteorder)
+        free_oids = pool._free_oids  # BlockPool._register, inlined
+        oid = free_oids.pop() if free_oids else pool._register(leaf)
+        pool._owners[oid] = leaf
+        leaf.oid = oid
+        word = ((oid << OWNER_SHIFT) | (1 if donate else 2)).to_bytes(8, sys.byteorder)
         for a, k in runs:
             sb[a * 8 : (a + k) * 8] = word * k
         leaf.runs = runs
