@@ -11,9 +11,10 @@ class FreeExtents:
     runs without probing. Freed runs merge with free neighbours at once (two dict lookups), so the free
     space never fragments into runs that are adjacent but kept apart, whatever order blocks come back in.
 
-    Allocation is LIFO over runs (``dict`` keeps insertion order and ``popitem`` takes the newest): the
-    run freed (or merged) most recently is reused first, which is kind to caches; a run that is only
-    partly taken keeps its remainder on top, so consecutive allocations continue where the last stopped.
+    Allocation looks at the newest runs first (``dict`` keeps insertion order): :meth:`take_fit` takes
+    the shortest of the 16 newest runs that holds the whole request (best fit keeps long runs for long
+    requests, so requests are split over several runs less often); when none does, :meth:`take` splits
+    it over the newest runs. A run that is only partly taken keeps its remainder on top.
     """
 
     # NOTE: invariants (radixd.radix.verify checks them):
@@ -69,36 +70,36 @@ class FreeExtents:
                 return got
 
     def take_fit(self, n: int, scan: int = 16) -> int:
-        """Take ``n >= 1`` blocks from the head of the newest run, among the ``scan`` newest, that holds them.
+        """Take ``n >= 1`` blocks from the head of the shortest run that holds them among the ``scan``
+        newest runs (the newest first on a tie; an exact fit ends the search).
 
         Returns the first id taken, or 0 (the null block is never free) when none of those runs is long
         enough. Why: an allocation served by one run is one slice for the caller and one run for the tree
-        to adopt, where splitting it over the newest runs (:meth:`take`) would hand out several. A run
-        that is only partly taken keeps its remainder on top, so consecutive allocations continue it.
+        to adopt, where splitting it over the newest runs (:meth:`take`) would hand out several; taking
+        the shortest run that fits (best fit) keeps long runs for long requests, which makes splits rarer.
+        A run that is only partly taken keeps its remainder on top, so the next allocation continues it.
         """
         by_start = self._by_start
-        by_end = self._by_end
-        if not by_start:
-            return 0
-        a, k = by_start.popitem()  # the newest run: the common case, without building an iterator
-        if k < n:
-            by_start[a] = k  # put it back (it stays the newest) and look at older runs
-            if max(by_start.values()) < n:  # one C-level pass rules out the scan
-                return 0
-            for a, k in reversed(by_start.items()):
-                if k >= n:
-                    del by_start[a]
+        best_a = best_k = 0
+        for a, k in reversed(by_start.items()):
+            if k >= n and (not best_a or k < best_k):
+                best_a = a
+                best_k = k
+                if k == n:
                     break
-                scan -= 1
-                if not scan:
-                    return 0
-            else:
-                return 0
+            scan -= 1
+            if not scan:
+                break
+        if not best_a:
+            return 0
+        a = best_a
+        k = best_k
+        del by_start[a]
         if k > n:
             by_start[a + n] = k - n
-            by_end[a + k] = a + n
+            self._by_end[a + k] = a + n
         else:
-            del by_end[a + k]
+            del self._by_end[a + k]
         self.count -= n
         return a
 

@@ -106,6 +106,17 @@ def test_allocation_takes_a_run_that_fits_before_splitting() -> None:
     assert pool._split_hints[21] == [(21, 10), (61, 5)]
 
 
+def test_take_fit_takes_the_shortest_run_that_fits() -> None:
+    ext = FreeExtents()
+    ext.put(1, 50)
+    ext.put(100, 25)
+    ext.put(200, 100)  # newest
+    assert ext.take_fit(20) == 100  # best fit: the 25-block run, not the newest
+    assert ext.take_fit(100) == 200  # an exact fit
+    assert ext.take_fit(60) == 0 and ext.count == 55  # nothing holds 60 (the caller splits)
+    assert ext.runs() == [(1, 50), (120, 5)]
+
+
 def test_take_fit_looks_at_a_bounded_number_of_runs() -> None:
     ext = FreeExtents()
     ext.put(1, 50)
