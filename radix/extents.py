@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from itertools import islice
+
 
 class FreeExtents:
     """Free block ids kept as runs ``[start, start + length)``.
@@ -80,16 +82,14 @@ class FreeExtents:
         A run that is only partly taken keeps its remainder on top, so the next allocation continues it.
         """
         by_start = self._by_start
-        best_a = best_k = 0
-        for a, k in reversed(by_start.items()):
-            if k >= n and (not best_a or k < best_k):
+        best_a = 0
+        best_k = self.count + 1  # longer than any run
+        for a, k in islice(reversed(by_start.items()), scan):
+            if n <= k < best_k:
                 best_a = a
                 best_k = k
                 if k == n:
                     break
-            scan -= 1
-            if not scan:
-                break
         if not best_a:
             return 0
         a = best_a
