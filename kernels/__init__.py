@@ -14,8 +14,16 @@ Per-layer pool layout: ``k_cache``, ``v_cache`` each ``[num_blocks, block_size, 
 
 from radixd.kernels.copy_blocks import copy_blocks
 from radixd.kernels.dispatch import ENV_BACKEND, resolve_backend
-from radixd.kernels.paged_decode import paged_decode
+from radixd.kernels.paged_decode import decode_step_plan, paged_decode
 from radixd.kernels.paged_prefill import paged_prefill
 from radixd.kernels.store_kv import store_kv
 
-__all__ = ["ENV_BACKEND", "copy_blocks", "paged_decode", "paged_prefill", "resolve_backend", "store_kv"]
+__all__ = [
+    "ENV_BACKEND",
+    "copy_blocks",
+    "decode_step_plan",
+    "paged_decode",
+    "paged_prefill",
+    "resolve_backend",
+    "store_kv",
+]

@@ -5,19 +5,18 @@ heads of the GQA group are packed into one tile (padded to 16 rows for ``tl.dot`
 softmax runs over KV tiles gathered through the block table. Stage 2 merges the splits by log-sum-exp:
 ``O = sum_k l_k exp(m_k - m) O_k / sum_k l_k exp(m_k - m)``. With one split stage 1 writes the output.
 
-Torch twin (the daemon's CPU path): one gather of the needed blocks through index tensors, then one
-SDPA call in which the G query heads of a kv head play the role of G query rows (no K/V repeat).
+Torch twin (the daemon's CPU path, ``decode_plan.py``): per chunk of length-sorted sequences, one
+gather of the needed blocks and one SDPA call in which the G query heads of a kv head play the role of
+G query rows (no K/V repeat). The chunking is planned once per step and reused by every layer.
 """
 
 from __future__ import annotations
 
 import torch
-import torch.nn.functional as F
 
-from radixd.kernels import paging
 from radixd.kernels.checks import check_block_tables, check_cache, check_int_vector, check_query
+from radixd.kernels.decode_plan import DecodePlan, decode_with_plan, plan_decode
 from radixd.kernels.dispatch import LazyKernel, check_same_device, resolve_backend
-from radixd.kernels.paging import chunk_starts, gather_kv, length_chunks
 
 try:  # triton is a hard dependency, but keep the torch path importable without it
     import triton
@@ -35,6 +34,7 @@ def paged_decode(
     scale: float,
     num_splits: int | None = None,
     backend: str | None = None,
+    plan: DecodePlan | None = None,
 ) -> torch.Tensor:
     """Decode attention over a paged KV pool.
 
@@ -42,6 +42,8 @@ def paged_decode(
     [S, max_blocks] (unused entries 0); seq_lens int32 [S], KV length incl. the current token
     (already stored); a length of 0 yields a zero output row. ``num_splits`` sets the split-K
     partitions of the Triton kernel (None = heuristic; the torch twin is exact and ignores it).
+    ``plan``: the torch twin's work split from :func:`plan_for`, made once per step and shared by
+    every layer (the Triton kernel ignores it); without one the twin plans the call itself.
     Returns [S, Hq, D] in q's dtype.
     """
     op = "paged_decode"
@@ -53,13 +55,33 @@ def paged_decode(
     if num_splits is not None and num_splits < 1:
         raise ValueError(f"{op}: num_splits must be >= 1 or None, got {num_splits}")
     if resolve_backend(backend, dev) == "torch":
-        return paged_decode_torch(q, k_cache, v_cache, block_tables, seq_lens, scale)
+        return paged_decode_torch(q, k_cache, v_cache, block_tables, seq_lens, scale, plan)
     return paged_decode_triton(q, k_cache, v_cache, block_tables, seq_lens, scale, num_splits, max_blocks)
 
 
 # ----------------------------------------------------------------------------------------------
 # torch twin
 # ----------------------------------------------------------------------------------------------
+
+
+def plan_for(
+    block_tables: torch.Tensor, seq_lens: torch.Tensor, k_cache: torch.Tensor, chunk_bytes: int | None = None
+) -> DecodePlan:
+    """The torch twin's plan for a decode step over pools shaped like ``k_cache`` (any layer)."""
+    _, b, hkv, d = k_cache.shape
+    return plan_decode(
+        block_tables, seq_lens, b, 2 * b * hkv * d * k_cache.element_size(), k_cache.dtype, chunk_bytes
+    )
+
+
+def decode_step_plan(
+    block_tables: torch.Tensor, seq_lens: torch.Tensor, k_cache: torch.Tensor, backend: str | None = None
+) -> DecodePlan | None:
+    """Plan a decode step once for all of its layers (pass the result as ``paged_decode(plan=)``);
+    None where the resolved backend needs no plan (the Triton kernel splits work on the device)."""
+    if resolve_backend(backend, k_cache.device) != "torch":
+        return None
+    return plan_for(block_tables, seq_lens, k_cache)
 
 
 def paged_decode_torch(
@@ -69,78 +91,13 @@ def paged_decode_torch(
     block_tables: torch.Tensor,
     seq_lens: torch.Tensor,
     scale: float,
+    plan: DecodePlan | None = None,
 ) -> torch.Tensor:
-    """Vectorized torch twin of :func:`paged_decode` (no loop over sequences or tokens).
-
-    Each group of sequences is gathered through its block tables (whole blocks, one index_select
-    per pool) and attended with one SDPA call, where the G query heads of a kv head act as G query
-    rows (no K/V repeat). A batch whose gathered K+V fits in CHUNK_BYTES is one group (the fast
-    path: few small ops, which matters for small decode batches); a bigger one goes in
-    length-sorted chunks of ~CHUNK_BYTES, so the gathered chunk is still in cache when SDPA reads
-    it and each chunk is padded only to its own longest sequence. The loop runs once per chunk.
-    """
-    s, hq, d = q.shape
-    _, b, hkv, _ = k_cache.shape
-    group = hq // hkv
-    if s == 0:
-        return q.new_zeros(s, hq, d)
-    lens = seq_lens if seq_lens.device.type == "cpu" else seq_lens.cpu()
-    max_len = int(lens.max())
-    if max_len <= 0:
-        return q.new_zeros(s, hq, d)
-    qg = q.view(s, hkv, group, d).to(k_cache.dtype)
-    block_bytes = b * hkv * d * k_cache.element_size()
-    nb = (max_len + b - 1) // b
-    if s * nb * 2 * block_bytes <= paging.CHUNK_BYTES:
-        out = _attend(qg, k_cache, v_cache, block_tables, lens, nb, scale, None, None)
-        if bool((lens == 0).any()):
-            # NOTE: an all-masked row (length 0) comes back NaN from SDPA; the contract says zeros.
-            out = out.masked_fill((lens == 0).to(out.device).view(s, 1, 1, 1), 0.0)
-        return out.to(q.dtype).view(s, hq, d)
-    out = torch.zeros(s, hkv, group, d, dtype=q.dtype, device=q.device)
-    order, counts = length_chunks(lens, b, 2 * block_bytes)
-    lens = lens.long()
-    order_dev = order.to(q.device)
-    buf_blocks = max(
-        c * ((int(lens[order[a]]) + b - 1) // b) for a, c in zip(chunk_starts(counts), counts, strict=True)
-    )
-    k_buf = torch.empty(buf_blocks * b * hkv * d, dtype=k_cache.dtype, device=k_cache.device)
-    v_buf = torch.empty_like(k_buf)
-    a = 0
-    for n in counts:
-        idx = order_dev[a : a + n]
-        chunk_lens = lens[order[a : a + n]]
-        nb = (int(chunk_lens[0]) + b - 1) // b  # longest first
-        tables = block_tables.index_select(0, idx)
-        o = _attend(qg.index_select(0, idx), k_cache, v_cache, tables, chunk_lens, nb, scale, k_buf, v_buf)
-        out.index_copy_(0, idx, o.to(q.dtype))
-        a += n
-    return out.view(s, hq, d)
-
-
-def _attend(
-    qg: torch.Tensor,  # [n, Hkv, G, D] in the cache dtype
-    k_cache: torch.Tensor,
-    v_cache: torch.Tensor,
-    tables: torch.Tensor,  # [n, >= nb]
-    lens: torch.Tensor,  # [n] on CPU, all > 0 except on the fast path
-    nb: int,
-    scale: float,
-    k_buf: torch.Tensor | None,
-    v_buf: torch.Tensor | None,
-) -> torch.Tensor:
-    """Gather nb blocks per sequence and run one SDPA: [n, Hkv, G, D]."""
-    n = qg.shape[0]
-    length = nb * k_cache.shape[1]
-    kg = gather_kv(k_cache, tables, nb, k_buf).transpose(1, 2)  # [n, Hkv, L, D] strided view
-    vg = gather_kv(v_cache, tables, nb, v_buf).transpose(1, 2)
-    mask = None
-    if bool((lens != length).any()):
-        # An additive float mask: SDPA would turn a boolean one into this anyway, one op later.
-        pos = torch.arange(length)
-        mask = torch.where(pos[None, :] < lens[:, None], 0.0, float("-inf")).to(qg.dtype)
-        mask = mask.view(n, 1, 1, length).to(qg.device)
-    return F.scaled_dot_product_attention(qg, kg, vg, attn_mask=mask, scale=scale)
+    """Vectorized torch twin of :func:`paged_decode` (no loop over sequences or tokens): the batch
+    runs along ``plan`` (made here when not given), one gather + SDPA per chunk of sequences."""
+    if plan is None:
+        plan = plan_for(block_tables, seq_lens, k_cache)
+    return decode_with_plan(q, k_cache, v_cache, plan, scale)
 
 
 # ----------------------------------------------------------------------------------------------

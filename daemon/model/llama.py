@@ -178,6 +178,10 @@ class LlamaModel:
         cos, sin = self.rotary.cos_sin(positions, self.dtype, meta.max_position)
         h = F.embedding(input_ids, w.embed)
         qk_size = self.q_size + self.kv_size
+        # Every layer attends through the same tables: the decode work split is planned once.
+        plan = None
+        if np_ < t:
+            plan = kernels.decode_step_plan(meta.decode_block_tables, meta.decode_seq_lens, k_caches[0])
         for li, (lw, m) in enumerate(zip(w.layers, self._mats, strict=True)):
             x = rms_norm(h, lw.attn_norm, cfg.rms_norm_eps)
             qkv = _mm(x, m.qkv, lw.qkv_bias)
@@ -199,7 +203,7 @@ class LlamaModel:
                 )
             elif np_ == 0:
                 attn = kernels.paged_decode(
-                    q, kc, vc, meta.decode_block_tables, meta.decode_seq_lens, self.scale
+                    q, kc, vc, meta.decode_block_tables, meta.decode_seq_lens, self.scale, plan=plan
                 )
             else:
                 pre = kernels.paged_prefill(
@@ -212,7 +216,7 @@ class LlamaModel:
                     self.scale,
                 )
                 dec = kernels.paged_decode(
-                    q[np_:], kc, vc, meta.decode_block_tables, meta.decode_seq_lens, self.scale
+                    q[np_:], kc, vc, meta.decode_block_tables, meta.decode_seq_lens, self.scale, plan=plan
                 )
                 attn = torch.cat((pre, dec), dim=0)
             h += _mm(attn.reshape(t, hq * d), m.o_proj, lw.o_bias)

@@ -10,6 +10,7 @@ import torch.nn.functional as F
 from kernels_ref import make_pool, ref_decode, tol
 
 from radixd.kernels import paged_decode
+from radixd.kernels.paged_decode import plan_for
 
 # (Hq, Hkv, D, B): GQA ratios 3, 1, 8, 4; head dims 64, 80, 128; block sizes 16, 1, 64, 7.
 SHAPES = [(9, 3, 64, 16), (4, 4, 80, 1), (16, 2, 128, 64), (8, 2, 64, 7)]
@@ -94,6 +95,43 @@ def test_permuting_the_pool_changes_nothing(backend: str) -> None:
     tables = inv[pool.block_tables.long()].int()
     moved = paged_decode(q, pool.k[perm], pool.v[perm], tables, seq_lens, 0.125, backend=backend)
     torch.testing.assert_close(moved, base, atol=1e-6, rtol=1e-6)
+
+
+@pytest.mark.parametrize("chunk_bytes", [1, 3 * 2 * 16 * 3 * 64 * 4, 1 << 30], ids=["row", "mid", "one"])
+def test_planned_chunks_match_reference(chunk_bytes: int) -> None:
+    """Whatever the chunk size (one row per chunk, several rows, the whole batch), the twin's plan
+    covers every sequence once, keeps empty ones at zero and matches the float64 reference."""
+    hq, hkv, d, b = 9, 3, 64, 16
+    lens = [5, 0, 70, 16, 33, 1, 70, 48]
+    pool = make_pool(lens, b, hkv, d, share_prefix_blocks=1, seed=6)
+    q = torch.randn(len(lens), hq, d, generator=torch.Generator().manual_seed(7))
+    seq_lens = torch.tensor(lens, dtype=torch.int32)
+    plan = plan_for(pool.block_tables, seq_lens, pool.k, chunk_bytes=chunk_bytes)
+    rows = sorted(r for c in plan.chunks for r in range(c.start, c.end))
+    assert rows == list(range(sum(n > 0 for n in lens)))
+    if chunk_bytes == 1:
+        assert len(plan.chunks) == 7
+    out = paged_decode(q, pool.k, pool.v, pool.block_tables, seq_lens, 0.125, backend="torch", plan=plan)
+    ref = ref_decode(q, pool.k, pool.v, pool.tables, lens, 0.125)
+    torch.testing.assert_close(out.double(), ref, **tol(torch.float32))
+
+
+def test_one_plan_serves_every_layer() -> None:
+    """A plan depends only on the tables and lengths: reused on another layer's pool it gives what a
+    fresh plan gives, and a plan for another batch shape is refused."""
+    hq, hkv, d, b = 4, 2, 64, 8
+    lens = [30, 9, 17]
+    pool = make_pool(lens, b, hkv, d, seed=1)
+    tables, seq_lens = pool.block_tables, torch.tensor(lens, dtype=torch.int32)
+    k1, v1 = torch.randn_like(pool.k), torch.randn_like(pool.v)  # another layer: same tables
+    q = torch.randn(len(lens), hq, d)
+    plan = plan_for(tables, seq_lens, pool.k, chunk_bytes=1)
+    for k, v in ((pool.k, pool.v), (k1, v1)):
+        fresh = paged_decode(q, k, v, tables, seq_lens, 0.2, backend="torch")
+        reused = paged_decode(q, k, v, tables, seq_lens, 0.2, backend="torch", plan=plan)
+        torch.testing.assert_close(reused, fresh, atol=1e-6, rtol=1e-6)
+    with pytest.raises(ValueError, match="plan was made for 3 sequences"):
+        paged_decode(q[:2], k1, v1, tables[:2], seq_lens[:2], 0.2, backend="torch", plan=plan)
 
 
 def test_all_empty_sequences_give_zeros(backend: str) -> None:
