@@ -271,6 +271,32 @@ def _sample_rows(logits: torch.Tensor, states: Sequence[SamplingState]) -> torch
     return out
 
 
+# Width of the column groups greedy_argmax reduces first (a multiple of the CPU's vector width).
+_ARGMAX_GROUP = 128
+
+
+def greedy_argmax(logits: torch.Tensor) -> torch.Tensor:
+    """``torch.argmax(logits, dim=1)``, same result (first maximum; NaN counts as the maximum).
+
+    NOTE: on CPU torch's argmax over a long row is a scalar loop, about 8x slower than ``amax``
+    (6 ms for 64 x 49,152 logits, a few % of a decode step). So take the vectorized max of each
+    group of 128 columns, pick the first group holding the row's maximum, and argmax inside it.
+    """
+    rows, vocab = logits.shape
+    groups = vocab // _ARGMAX_GROUP
+    if logits.device.type != "cpu" or groups < 2:
+        return torch.argmax(logits, dim=1)
+    whole = groups * _ARGMAX_GROUP
+    group_max = logits[:, :whole].reshape(rows, groups, _ARGMAX_GROUP).amax(dim=2)
+    if whole < vocab:
+        group_max = torch.cat((group_max, logits[:, whole:].amax(dim=1, keepdim=True)), dim=1)
+    g = torch.argmax(group_max, dim=1)
+    # The last group may be short: clamping repeats its final column after the real one, and argmax
+    # returns the first maximum, so a repeat never wins over its original.
+    cols = (g.unsqueeze(1) * _ARGMAX_GROUP + torch.arange(_ARGMAX_GROUP)).clamp_(max=vocab - 1)
+    return torch.argmax(logits.gather(1, cols), dim=1) + g * _ARGMAX_GROUP
+
+
 def sample(logits: torch.Tensor, states: Sequence[SamplingState]) -> list[SampleResult]:
     """Sample one token per row of `logits` [B, V] for the matching `states`. Does not append."""
     if logits.dim() != 2 or logits.shape[0] != len(states):
@@ -284,9 +310,13 @@ def sample(logits: torch.Tensor, states: Sequence[SamplingState]) -> list[Sample
         logits = logits.clone()
         _apply_penalties(logits, states)
         _apply_min_tokens(logits, states)
-    chosen = torch.argmax(logits, dim=1)
     sampled_rows = [i for i, s in enumerate(states) if not s.params.greedy]
-    if sampled_rows:
+    if not sampled_rows:
+        chosen = greedy_argmax(logits)
+    elif len(sampled_rows) == len(states):
+        chosen = _sample_rows(logits, list(states))
+    else:
+        chosen = greedy_argmax(logits)
         idx = torch.tensor(sampled_rows, device=logits.device)
         picked = _sample_rows(logits.index_select(0, idx), [states[i] for i in sampled_rows])
         chosen = chosen.index_copy(0, idx, picked)

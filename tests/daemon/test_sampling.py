@@ -7,7 +7,7 @@ import math
 import pytest
 import torch
 
-from radixd.daemon.sampling import SamplingParams, SamplingState, sample
+from radixd.daemon.sampling import SamplingParams, SamplingState, greedy_argmax, sample
 
 V = 50
 
@@ -188,3 +188,19 @@ def test_logprobs_of_chosen_and_top_n() -> None:
     assert [t for t, _ in res.top_logprobs] == top.indices.tolist()
     assert [v for _, v in res.top_logprobs] == pytest.approx(top.values.tolist(), abs=1e-6)
     assert sample(logits, [SamplingState(SamplingParams())])[0].logprob is None
+
+
+@pytest.mark.parametrize("vocab", [1, 127, 128, 256, 1000, 49152, 49153])
+def test_greedy_argmax_equals_torch_argmax(vocab: int) -> None:
+    """Same index as torch.argmax for any width (short last group included), with ties, NaN and
+    maxima in the last column."""
+    g = torch.Generator().manual_seed(vocab)
+    x = torch.randn(9, vocab, generator=g)
+    x[1] = 0.5  # all tied: the first column wins
+    x[2, -1] = 100.0  # maximum in the last (possibly short) group
+    x[3, vocab // 2] = float("nan")
+    x[4, -1] = float("nan")
+    x[5, : min(vocab, 300) : 7] = 50.0  # ties spread over several groups
+    x[6] = x[6].round()  # many small ties
+    x[7] = float("-inf")
+    assert torch.equal(greedy_argmax(x), torch.argmax(x, dim=1))
