@@ -145,6 +145,8 @@ def decode_with_plan(
     if plan.order is None:
         return got.to(q.dtype).view(s, hq, d)
     # NOTE: sequences of length 0 are in no chunk; the contract gives them zero rows.
-    out = torch.zeros(s, hkv, group, d, dtype=q.dtype, device=q.device)
+    out = torch.empty(s, hkv, group, d, dtype=q.dtype, device=q.device)
+    if plan.order.numel() < s:
+        out.zero_()
     out.index_copy_(0, plan.order, got.to(q.dtype))
     return out.view(s, hq, d)
