@@ -36,6 +36,11 @@ class CacheEventHub:
     def sequence(self) -> int:
         return self._seq
 
+    @property
+    def num_subscribers(self) -> int:
+        """Streams currently registered for new events."""
+        return len(self._subscribers)
+
     def _publish(
         self, kind: int, namespace: str, tokens: list[int], blocks: int, start: int = 0, reason: str = ""
     ) -> None:

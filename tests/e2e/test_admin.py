@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import socket
 import threading
-import time
 import urllib.request
 from collections.abc import Iterator
 from typing import Any
@@ -182,6 +181,7 @@ def test_cache_events_mirror_the_cache(tenants: RunningDaemon) -> None:
     evictions included (the tree itself reports every change)."""
     with tenants.client() as c:
         c.flush()  # start from an empty cache, so the stream below describes all of it
+        before = tenants.state.events.num_subscribers
         stream = c.cache_events(timeout=60)
         got: list[Any] = []
         ready = threading.Event()
@@ -197,7 +197,8 @@ def test_cache_events_mirror_the_cache(tenants: RunningDaemon) -> None:
         t = threading.Thread(target=read, daemon=True)
         t.start()
         ready.wait(5)
-        time.sleep(0.3)  # let the subscription register before the events happen
+        # The stream carries only events after it registers: act once the server has registered it.
+        wait_until(lambda: tenants.state.events.num_subscribers > before, what="the subscription to register")
         prompts = ["Events test one. " + PROMPT, "Events test one. " + PROMPT + " And another turn."]
         for p in prompts:
             c.complete(p, max_tokens=3, temperature=0.0)
