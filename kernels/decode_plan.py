@@ -17,9 +17,9 @@ from dataclasses import dataclass
 import torch
 import torch.nn.functional as F
 
-# Gathered K+V bytes per chunk: about one core's L2 (2 MiB on this project's CPUs). Measured over
-# whole 30-layer decode steps with cold pools (bench/decode_chunks.py, docs/bench-kernels.md): 1-2 MiB
-# chunks beat gathering the whole batch, by up to 3x on batches of many short or few long sequences.
+# Gathered K+V bytes per chunk: one core's L2 (2 MiB on this project's CPUs). Measured over whole
+# 30-layer decode steps with cold pools (bench/decode_chunks.py, docs/bench-kernels.md): 0.5-2 MiB
+# chunks beat gathering the whole batch at once by up to 2.3x (3-5x under heavier load).
 TARGET_CHUNK_BYTES = 2 << 20
 
 
