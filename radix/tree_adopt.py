@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import sys
-from heapq import heappush
 
 from radixd.radix.blockids import ID_BYTES, BlockIds, packed_runs, spells_runs, unpack_id
 from radixd.radix.errors import InvalidRequest
@@ -85,10 +84,7 @@ class TreeAdopt(TreeAdmin):
                 same.append(leaf)
         self._nodes += 1
         self._cached_blocks += n
-        lru = self._lru
-        lru._nodes[clock] = leaf
-        heappush(lru._heap, clock)
-        leaf.in_lru = True
+        self._lru.add(leaf)
         return leaf
 
     def _adopt_each(self, parent: Node, leaf: Node, donate: bool) -> Node:

@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-from heapq import heappop
-
 from radixd.radix.blockids import ID_BYTES
 from radixd.radix.node import TOKEN_BYTES
 from radixd.radix.tree_core import TreeCore
@@ -41,8 +39,6 @@ class TreeEvict(TreeCore):
         """
         got = 0
         lru = self._lru
-        live = lru._nodes  # non-empty <=> something is evictable (skips a Python-level __len__)
-        heap = lru._heap
         pool = self.pool
         sb = pool._state_bytes
         zeros = pool._zeros_view
@@ -50,11 +46,8 @@ class TreeEvict(TreeCore):
         owners = pool._owners
         plain = self.listener is None
         removed = dropped = 0
-        while got < n_blocks and live:
-            node = live.pop(heappop(heap), None)  # LruIndex.pop_oldest, inlined
-            if node is None:
-                continue  # a stale heap entry
-            node.in_lru = False
+        while got < n_blocks and lru:
+            node = lru.pop_oldest()
             runs = node.runs
             n = node.n_solo
             if not plain or runs is None or n != bytes.__len__(node.blocks) // ID_BYTES:

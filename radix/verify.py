@@ -129,11 +129,8 @@ def check_consistency(tree: RadixTree, tables: Iterable[BlockTable] = ()) -> Non
     lru = tree._lru
     if len(lru) != lru_members:
         _fail(f"LRU index has {len(lru)} entries, {lru_members} evictable leaves exist")
-    heap = lru._heap
-    if any(heap[(i - 1) >> 1] > heap[i] for i in range(1, len(heap))):
-        _fail("LRU heap order is broken")
-    if not set(lru._nodes) <= set(heap):
-        _fail("an indexed LRU tick is missing from the heap")
+    if not lru.in_order():
+        _fail("the LRU index's ordered ticks differ from its nodes")
 
     if evictable != pool._evictable:
         _fail(f"pool counts {pool._evictable} evictable blocks, the tree holds {evictable}")

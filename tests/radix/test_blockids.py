@@ -164,14 +164,14 @@ def test_packed_insert_rejects_bad_blocks_and_changes_nothing() -> None:
     pool.decref_all(a)
 
 
-def test_lru_heap_keeps_order_and_prunes_stale_entries() -> None:
+def test_lru_index_keeps_last_use_order() -> None:
     lru = LruIndex()
     nodes = [Node(b"", BlockIds(), None, b"", t) for t in range(1, 301)]
     for x in nodes:
         lru.add(x)
     for x in nodes[:250]:  # leased: out of the index
         lru.discard(x)
-    assert len(lru) == 50 and len(lru._heap) <= 2 * 50 + 64
+    assert len(lru) == 50 and lru.in_order()
     for x in reversed(nodes[:10]):  # released again with their old ticks
         lru.add(x)
     assert lru.oldest_first() == [*nodes[:10], *nodes[250:]]
