@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+from typing import cast
+
 from radixd.radix.blockids import ID_BYTES
-from radixd.radix.node import TOKEN_BYTES
+from radixd.radix.node import TOKEN_BYTES, Node
 from radixd.radix.tree_core import TreeCore
 
 
@@ -54,8 +56,7 @@ class TreeEvict(TreeCore):
                 got += self._remove_leaf(node, "lru", freed)
                 continue
             # NOTE: the same steps as _remove_leaf for an LRU leaf (no children, hold == 0, n_solo == n).
-            parent = node.parent
-            assert parent is not None
+            parent = cast(Node, node.parent)  # an LRU leaf is never the root
             key = node.key
             del parent.children[key]
             by_first = parent.by_first
