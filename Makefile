@@ -53,7 +53,8 @@ bench-offline: $(STAMP)
 	$(PY) bench/offline.py --threads 1
 
 bench-workloads: $(STAMP)
-	$(PY) bench/workloads.py --gen 16
+	$(PY) bench/workloads.py --gen 64
+	$(PY) bench/workloads.py --workloads chat --gen 64 --repeat 3
 
 bench-serve: $(STAMP)
 	$(PY) bench/serve_bench.py

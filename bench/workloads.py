@@ -1,7 +1,7 @@
 """Scheduler workloads, in-process, with the prefix cache on and off in the same run.
 
-    .venv/bin/python bench/workloads.py                 # all four workloads, table on stdout
-    .venv/bin/python bench/workloads.py --gen 16 --write docs/bench-workloads.md
+    .venv/bin/python bench/workloads.py                 # all four workloads, 64 generated tokens
+    .venv/bin/python bench/workloads.py --workloads chat --repeat 3   # chat target: paired on/off runs
 
 (1) chat: 8 conversations x 4 turns, one shared 300-token system prompt, 40-token user turns.
 (2) agent: a 1,000-token context (a session) forked into 8 branches x 3 steps (20-token tool results).
@@ -257,7 +257,7 @@ def summary(rows: list[Row]) -> str:
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--workloads", default="chat,agent,n8,fewshot")
-    ap.add_argument("--gen", type=int, default=16, help="generated tokens per request (the issue says 64)")
+    ap.add_argument("--gen", type=int, default=64, help="generated tokens per request (the issue's 64)")
     ap.add_argument("--threads", type=int, default=1, help="torch intra-op threads")
     ap.add_argument("--num-blocks", type=int, default=2048)
     ap.add_argument(
