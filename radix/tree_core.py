@@ -252,15 +252,7 @@ class TreeCore:
         if node is None or lease._epoch != self._epoch:
             return  # already released, or its nodes went away in flush("force")
         self._leases -= 1
-        pool = self.pool
-        x: Node | None = node
-        while x is not None and x.parent is not None:  # _unlock_path, inlined
-            x.hold -= 1
-            if x.hold == 0:
-                pool._evictable += x.n_solo
-                if not x.children:
-                    self._lru.add(x)
-            x = x.parent
+        self._unlock_path(node)
 
     def _clone_lease(self, lease: Lease) -> Lease:
         if lease._tree is not self:
