@@ -146,12 +146,9 @@ class BlockPool:
         Raises OutOfBlocks (and changes nothing) when fewer than ``n`` blocks are free.
         """
         ids = self._ids
-        free = self._free
-        if 0 < n <= free.count:
-            a = free.take_fit(n)
-            if a:  # the common case: one run
-                self._state_bytes[a * 8 : (a + n) * 8] = self._ones_view[: n * 8]  # refcount 1, no owner
-                return ids[a : a + n]  # no new int objects: a slice of the shared id list
+        a = self._take_run(n)
+        if a:
+            return ids[a : a + n]  # no new int objects: a slice of the shared id list
         out: list[int] = []
         for a, k in self._take_split(n):
             out += ids[a : a + k]
@@ -164,13 +161,20 @@ class BlockPool:
         of the pool's packed ids, whatever its length, and the tree recognises it as a run with one memcmp.
         """
         idb = self._id_bytes
-        free = self._free
-        if 0 < n <= free.count:
-            a = free.take_fit(n)
-            if a:  # the common case: one run
-                self._state_bytes[a * 8 : (a + n) * 8] = self._ones_view[: n * 8]  # refcount 1, no owner
-                return BlockIds(idb[a * ID_BYTES : (a + n) * ID_BYTES])
+        a = self._take_run(n)
+        if a:
+            return BlockIds(idb[a * ID_BYTES : (a + n) * ID_BYTES])
         return BlockIds(b"".join([idb[a * ID_BYTES : (a + k) * ID_BYTES] for a, k in self._take_split(n)]))
+
+    def _take_run(self, n: int) -> int:
+        """The common case of an allocation: ``n`` blocks from one free run, each at refcount 1 and no
+        owner. Returns the run's first block, or 0 (never a usable block) when no single run fits."""
+        if 0 < n <= self._free.count:
+            a = self._free.take_fit(n)
+            if a:
+                self._state_bytes[a * 8 : (a + n) * 8] = self._ones_view[: n * 8]
+            return a
+        return 0
 
     def _take_split(self, n: int) -> list[tuple[int, int]]:
         """Remove ``n`` blocks from the free extents over several runs, newest first (for when no run

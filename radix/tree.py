@@ -66,15 +66,7 @@ class RadixTree(TreeAdopt):
         self._miss_tokens += len(t) // TOKEN_BYTES - num_tokens - ptok
         if node is None:
             return PrefixMatch(blocks, num_tokens, pblock, ptok, Lease(self, None, self._epoch))
-        pool = self.pool
-        x: Node | None = node
-        while x is not None and x.parent is not None:  # _lock_path, inlined
-            x.hold += 1
-            if x.hold == 1:
-                pool._evictable -= x.n_solo
-                if x.in_lru:
-                    self._lru.discard(x)
-            x = x.parent
+        self._lock_path(node)
         self._leases += 1
         return PrefixMatch(blocks, num_tokens, pblock, ptok, Lease(self, node, self._epoch))
 

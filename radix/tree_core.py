@@ -160,16 +160,7 @@ class TreeCore:
             ns, path = self._path(node)
             start = len(path) - len(node.tokens) // TOKEN_BYTES
             self.listener.removed(ns, path, start, n, reason)
-        key = node.key
-        del parent.children[key]  # _unlink, inlined
-        by_first = parent.by_first
-        if by_first is not None:
-            first = key[:TOKEN_BYTES]
-            same = by_first[first]
-            if len(same) == 1:
-                del by_first[first]
-            else:
-                same.remove(node)
+        self._unlink(parent, node)
         if node.in_lru:
             self._lru.discard(node)
         pool = self.pool

@@ -5,7 +5,7 @@ from __future__ import annotations
 from typing import cast
 
 from radixd.radix.blockids import ID_BYTES
-from radixd.radix.node import TOKEN_BYTES, Node
+from radixd.radix.node import Node
 from radixd.radix.tree_core import TreeCore
 
 
@@ -57,16 +57,7 @@ class TreeEvict(TreeCore):
                 continue
             # NOTE: the same steps as _remove_leaf for an LRU leaf (no children, hold == 0, n_solo == n).
             parent = cast(Node, node.parent)  # an LRU leaf is never the root
-            key = node.key
-            del parent.children[key]
-            by_first = parent.by_first
-            if by_first is not None:
-                first = key[:TOKEN_BYTES]
-                same = by_first[first]
-                if len(same) == 1:
-                    del by_first[first]
-                else:
-                    same.remove(node)
+            self._unlink(parent, node)
             pool._evictable -= n
             for a, k in runs:
                 sb[a * 8 : (a + k) * 8] = zeros[: k * 8]
