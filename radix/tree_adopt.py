@@ -56,36 +56,12 @@ class TreeAdopt(TreeAdmin):
                 return self._adopt_each(parent, leaf, donate)
         # Donated blocks keep the caller's reference; otherwise the caller keeps its own too: counts
         # are 2 and nobody is solo yet.
-        free_oids = pool._free_oids  # BlockPool._register, inlined
-        oid = free_oids.pop() if free_oids else pool._register(leaf)
-        pool._owners[oid] = leaf
-        leaf.oid = oid
+        oid = pool._register(leaf)
         word = ((oid << OWNER_SHIFT) | (1 if donate else 2)).to_bytes(8, sys.byteorder)
         for a, k in runs:
             sb[a * 8 : (a + k) * 8] = word * k
         leaf.runs = runs
-        if self.listener is not None or parent.in_lru:
-            return self._finish_leaf(parent, leaf, n if donate else 0)
-        # _finish_leaf inlined for its common case (no listener; the parent already has children).
-        if donate:
-            leaf.n_solo = n
-            pool._evictable += n
-        key = leaf.key
-        parent.children[key] = leaf
-        by_first = parent.by_first
-        if self.block_size > 1:
-            if by_first is None:
-                by_first = parent.by_first = {}
-            first = key[:TOKEN_BYTES]
-            same = by_first.get(first)
-            if same is None:
-                by_first[first] = [leaf]
-            else:
-                same.append(leaf)
-        self._nodes += 1
-        self._cached_blocks += n
-        self._lru.add(leaf)
-        return leaf
+        return self._finish_leaf(parent, leaf, n if donate else 0)
 
     def _adopt_each(self, parent: Node, leaf: Node, donate: bool) -> Node:
         """Adopt ``leaf.blocks`` one by one (blocks shared with tables, or scattered ids).

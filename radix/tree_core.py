@@ -195,9 +195,7 @@ class TreeCore:
                         freed.append(b)
         node.alive = False
         node.n_solo = 0
-        if pool._owners.pop(node.oid, None) is not None:  # BlockPool._unregister, inlined
-            pool._free_oids.append(node.oid)
-        node.oid = 0
+        pool._unregister(node)
         self._nodes -= 1
         self._cached_blocks -= n
         self._evicted[reason] += n

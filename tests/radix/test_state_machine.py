@@ -94,7 +94,7 @@ class RadixMachine(RuleBasedStateMachine):
         self.pool = BlockPool(num_blocks, block_size)
         self.tree = RadixTree(self.pool, pin_budget_fraction=0.3)
         self.mirror = MirrorListener()
-        # Without a listener the tree takes its inlined paths (leaf adoption, LRU eviction).
+        # Both settings: with a listener every change also goes through the events path.
         self.tree.listener = self.mirror if listen else None
         self.content: dict[int, list[int | None]] = {}
 
