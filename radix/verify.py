@@ -115,7 +115,7 @@ def check_consistency(tree: RadixTree, tables: Iterable[BlockTable] = ()) -> Non
             if x.tick in ticks:
                 _fail(f"tick {x.tick} used twice in the LRU index")
             ticks.add(x.tick)
-            if tree._lru._nodes.get(x.tick) is not x:
+            if x not in tree._lru:
                 _fail(f"{x} missing from the LRU index")
         if x.by_first is not None:
             n_idx = sum(len(v) for v in x.by_first.values())

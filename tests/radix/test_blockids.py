@@ -10,8 +10,6 @@ import pytest
 from radixd.radix import BlockPool, InvalidRequest, OutOfBlocks, RadixTree
 from radixd.radix.blockids import BlockIds, pack_blocks, packed_runs, spells_runs
 from radixd.radix.extents import FreeExtents
-from radixd.radix.lru import LruIndex
-from radixd.radix.node import Node
 from radixd.radix.verify import check_consistency
 
 
@@ -162,18 +160,3 @@ def test_packed_insert_rejects_bad_blocks_and_changes_nothing() -> None:
     assert all(pool.refcount(b) == 1 for b in a) and tree.num_nodes == 0
     check_consistency(tree)
     pool.decref_all(a)
-
-
-def test_lru_index_keeps_last_use_order() -> None:
-    lru = LruIndex()
-    nodes = [Node(b"", BlockIds(), None, b"", t) for t in range(1, 301)]
-    for x in nodes:
-        lru.add(x)
-    for x in nodes[:250]:  # leased: out of the index
-        lru.discard(x)
-    assert len(lru) == 50 and lru.in_order()
-    for x in reversed(nodes[:10]):  # released again with their old ticks
-        lru.add(x)
-    assert lru.oldest_first() == [*nodes[:10], *nodes[250:]]
-    assert [lru.pop_oldest() for _ in range(12)] == [*nodes[:10], *nodes[250:252]]
-    assert not any(x.in_lru for x in nodes[:10]) and len(lru) == 48
