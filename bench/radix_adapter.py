@@ -32,7 +32,7 @@ class Adapter:
 
     def prepare(self, tokens: np.ndarray[Any, Any]) -> TokenKey:
         # The tree's packed key form (native int32), as a scheduler would keep it per request.
-        return TokenKey(np.ascontiguousarray(tokens, dtype=np.int32).tobytes())
+        return TokenKey(np.ascontiguousarray(tokens, dtype=np.int32).tobytes())  # len() counts tokens
 
     def match(self, tokens: TokenKey) -> tuple[int, PrefixMatch]:
         m = self.tree.match(tokens)  # m.block_ids: the request's block table for the cached prefix
@@ -46,16 +46,17 @@ class Adapter:
 
     def insert(self, tokens: TokenKey, handle: PrefixMatch) -> None:
         B = self.page_size
-        total = bytes.__len__(tokens) // TOKEN_BYTES
+        packed = tokens.packed
+        total = len(packed) // TOKEN_BYTES
         n_matched = handle.num_tokens
         new = self.pool.allocate_ids(-(-(total - n_matched) // B))
         aligned = total // B
         blocks: bytes = handle.block_ids + new if n_matched else new  # the request's block table, packed
-        key: bytes = tokens
+        key: TokenKey | bytes = tokens
         if aligned * B < total:  # the unaligned tail is not cached (as in the peer's protocol)
             self.pool.decref(new[-1])
             blocks = bytes.__getitem__(blocks, slice(0, aligned * ID_BYTES))  # in bytes, even on a BlockIds
-            key = bytes.__getitem__(tokens, slice(0, aligned * B * TOKEN_BYTES))  # packed, no unpacking
+            key = packed[: aligned * B * TOKEN_BYTES]
         # donate: the tree keeps our reference on what it adopts and releases duplicates.
         self.tree.insert(key, blocks, donate=True)
 

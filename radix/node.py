@@ -18,17 +18,35 @@ Tokens = bytes
 """The tree's key form: ``TOKEN_BYTES`` bytes per token. Every offset inside the tree is in bytes."""
 
 
-class TokenKey(bytes):
-    """Packed token ids (see :func:`encode_tokens`) that behave like a sequence of token ids.
+class TokenKey:
+    """Token ids packed once (see :func:`encode_tokens`), behaving like a read-only sequence of ids.
 
-    ``len()``, indexing, slicing (which returns a TokenKey) and iteration count tokens, not bytes, so
-    ``key[:-1]`` drops the last token. The tree reads the raw bytes.
+    ``len()``, indexing, slicing (which returns a TokenKey) and iteration count tokens, so ``key[:-1]``
+    drops the last token. ``packed`` holds the native int32 bytes, which the tree reads as they are: a
+    key kept per request is matched and inserted without a conversion or a copy. It is a wrapper rather
+    than a ``bytes`` subclass so that nothing mistakes byte offsets for token offsets.
     """
 
-    __slots__ = ()
+    __slots__ = ("packed",)
+
+    def __init__(self, packed: bytes) -> None:
+        if len(packed) % TOKEN_BYTES:
+            raise InvalidRequest(
+                f"packed tokens must be a multiple of {TOKEN_BYTES} bytes, got {len(packed)}"
+            )
+        self.packed: Tokens = packed if type(packed) is bytes else bytes(packed)
 
     def __len__(self) -> int:
-        return bytes.__len__(self) // TOKEN_BYTES
+        return len(self.packed) // TOKEN_BYTES
+
+    def __bytes__(self) -> bytes:
+        return self.packed
+
+    def __eq__(self, other: object) -> bool:
+        return type(other) is TokenKey and other.packed == self.packed
+
+    def __hash__(self) -> int:
+        return hash(self.packed)
 
     @overload
     def __getitem__(self, key: SupportsIndex) -> int: ...
@@ -38,21 +56,22 @@ class TokenKey(bytes):
         if isinstance(key, slice):
             start, stop, step = key.indices(len(self))
             if step == 1:
-                return TokenKey(
-                    bytes.__getitem__(self, slice(start * TOKEN_BYTES, max(start, stop) * TOKEN_BYTES))
-                )
-            return encode_tokens(token_ids(self)[key])
+                return TokenKey(self.packed[start * TOKEN_BYTES : max(start, stop) * TOKEN_BYTES])
+            return encode_tokens(token_ids(self.packed)[key])
         i = index(key)
         n = len(self)
         if i < 0:
             i += n
         if not 0 <= i < n:
             raise IndexError("TokenKey index out of range")
-        raw = bytes.__getitem__(self, slice(i * TOKEN_BYTES, (i + 1) * TOKEN_BYTES))
+        raw = self.packed[i * TOKEN_BYTES : (i + 1) * TOKEN_BYTES]
         return int.from_bytes(raw, sys.byteorder, signed=True)
 
     def __iter__(self) -> Iterator[int]:
-        return iter(token_ids(self))
+        return iter(token_ids(self.packed))
+
+    def __repr__(self) -> str:
+        return f"TokenKey({token_ids(self.packed)})"
 
 
 def encode_tokens(tokens: Sequence[int]) -> TokenKey:
@@ -60,8 +79,10 @@ def encode_tokens(tokens: Sequence[int]) -> TokenKey:
     return TokenKey(as_tokens(tokens))
 
 
-def as_tokens(tokens: Sequence[int] | bytes) -> Tokens:
-    """Token ids in the tree's packed form. ``bytes`` / TokenKey are taken as already packed."""
+def as_tokens(tokens: Sequence[int] | bytes | TokenKey) -> Tokens:
+    """Token ids in the tree's packed form. A TokenKey gives its bytes; ``bytes`` is taken as packed."""
+    if type(tokens) is TokenKey:
+        return tokens.packed
     if isinstance(tokens, bytes):
         t = tokens if type(tokens) is bytes else bytes(tokens)
         if len(t) % TOKEN_BYTES:
@@ -73,9 +94,9 @@ def as_tokens(tokens: Sequence[int] | bytes) -> Tokens:
         raise InvalidRequest(f"token ids must be integers in [-2**31, 2**31): {e}") from None
 
 
-def token_ids(t: bytes) -> list[int]:
+def token_ids(t: bytes | TokenKey) -> list[int]:
     """Unpack (for tests, debugging and admin output)."""
-    return array("i", t).tolist()
+    return array("i", t.packed if type(t) is TokenKey else t).tolist()
 
 
 class Node:

@@ -52,25 +52,24 @@ class RadixTree(TreeAdopt):
     #  * different namespaces have different roots and never share a node or a block.
 
     # ================================================================== lookup
-    def match(self, tokens: Sequence[int] | bytes, namespace: str = "") -> PrefixMatch:
+    def match(self, tokens: Sequence[int] | bytes | TokenKey, namespace: str = "") -> PrefixMatch:
         """Longest cached prefix of ``tokens``; locks it until ``result.lease.release()``.
 
         ``tokens``: token ids, or packed ones (``encode_tokens``) to skip the conversion. To keep at
         least one token to compute (for logits), match ``tokens[:-1]``.
         """
-        # A scheduler's TokenKey needs only a copy as plain bytes (the tree slices bytes, not tokens).
-        t = bytes(tokens) if type(tokens) is TokenKey and not bytes.__len__(tokens) % 4 else as_tokens(tokens)
+        t = tokens.packed if type(tokens) is TokenKey else as_tokens(tokens)
         node, blocks, pblock, ptok = self._walk(t, namespace, touch=True)
         num_tokens = bytes.__len__(blocks) // ID_BYTES * self.block_size
         self._hit_tokens += num_tokens + ptok
         self._miss_tokens += len(t) // TOKEN_BYTES - num_tokens - ptok
         if node is None:
-            return PrefixMatch(blocks, num_tokens, pblock, ptok, Lease(self, None, self._epoch))
+            return PrefixMatch(blocks, num_tokens, pblock, ptok, self._no_lease)
         self._lock_path(node)
         self._leases += 1
         return PrefixMatch(blocks, num_tokens, pblock, ptok, Lease(self, node, self._epoch))
 
-    def peek(self, tokens: Sequence[int] | bytes, namespace: str = "") -> int:
+    def peek(self, tokens: Sequence[int] | bytes | TokenKey, namespace: str = "") -> int:
         """Cached prefix length of ``tokens`` (full + partial block tokens); no lock, LRU or stats change."""
         _node, blocks, _pb, ptok = self._walk(as_tokens(tokens), namespace, touch=False)
         return len(blocks) * self.block_size + ptok
@@ -139,7 +138,7 @@ class RadixTree(TreeAdopt):
     # ================================================================== insert
     def insert(
         self,
-        tokens: Sequence[int] | bytes,
+        tokens: Sequence[int] | bytes | TokenKey,
         blocks: Sequence[int] | bytes,
         namespace: str = "",
         lease: Lease | None = None,
@@ -161,7 +160,7 @@ class RadixTree(TreeAdopt):
         uncached suffix). Adopted blocks keep that reference, duplicates are released by the tree, and
         the caller must not release any of them afterwards. It saves a pass over the blocks.
         """
-        t = bytes(tokens) if type(tokens) is TokenKey and not bytes.__len__(tokens) % 4 else as_tokens(tokens)
+        t = tokens.packed if type(tokens) is TokenKey else as_tokens(tokens)
         bl = blocks if type(blocks) is BlockIds or type(blocks) is bytes else pack_blocks(blocks)
         B = self._bb  # offsets below are in packed bytes
         n = len(t)

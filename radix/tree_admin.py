@@ -7,7 +7,7 @@ from typing import Literal
 
 from radixd.radix.errors import FlushRefused, InvalidRequest, NotPinned, PinBudgetExceeded
 from radixd.radix.lru import LruIndex
-from radixd.radix.node import TOKEN_BYTES, Node, Tokens, as_tokens, common_prefix_len
+from radixd.radix.node import TOKEN_BYTES, Node, TokenKey, Tokens, as_tokens, common_prefix_len
 from radixd.radix.pool import RC_MASK
 from radixd.radix.tree_evict import TreeEvict
 
@@ -18,7 +18,7 @@ class TreeAdmin(TreeEvict):
     """Administrative operations of :class:`radixd.radix.RadixTree` (use that class)."""
 
     # =============================================================== eviction
-    def evict_prefix(self, tokens: Sequence[int] | bytes, namespace: str = "") -> int:
+    def evict_prefix(self, tokens: Sequence[int] | bytes | TokenKey, namespace: str = "") -> int:
         """Drop every unlocked, unpinned cached sequence that starts with ``tokens``.
 
         An empty ``tokens`` means the whole namespace. Returns the number of blocks dropped.
@@ -125,7 +125,7 @@ class TreeAdmin(TreeEvict):
             self.listener.cleared()
 
     # ================================================================== pins
-    def pin(self, tokens: Sequence[int] | bytes, namespace: str = "") -> int:
+    def pin(self, tokens: Sequence[int] | bytes | TokenKey, namespace: str = "") -> int:
         """Exempt the cached prefix of ``tokens`` from eviction; returns the number of tokens pinned.
 
         Pins whole cached blocks (a partial trailing block only when it ends a cached leaf). Pinning
@@ -199,7 +199,7 @@ class TreeAdmin(TreeEvict):
             x = x.parent
         return total // TOKEN_BYTES
 
-    def unpin(self, tokens: Sequence[int] | bytes, namespace: str = "") -> int:
+    def unpin(self, tokens: Sequence[int] | bytes | TokenKey, namespace: str = "") -> int:
         """Undo :meth:`pin` of exactly these tokens; returns the tokens unpinned. Raises NotPinned."""
         key = (namespace, as_tokens(tokens))
         node = self._pins.pop(key, None)

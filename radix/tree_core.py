@@ -35,6 +35,9 @@ class TreeCore:
         self.pin_budget_blocks = int(pin_budget_fraction * pool.num_usable)
         self._roots: dict[str, Node] = {}
         self._lru = LruIndex()
+        # NOTE: a lease that locks nothing never changes (nothing ever moves it), so every empty match
+        # and every clone of one can share this one.
+        self._no_lease = Lease(self, None, 0)
         self._clock = 0
         self._epoch = 0
         self._nodes = 0
@@ -248,7 +251,7 @@ class TreeCore:
             raise UnknownLease("clone() of a lease issued by another RadixTree")
         node = lease._node
         if node is None or lease._epoch != self._epoch:
-            return Lease(self, None, self._epoch)
+            return self._no_lease
         self._lock_path(node)
         self._leases += 1
         return Lease(self, node, self._epoch)

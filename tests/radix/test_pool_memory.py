@@ -87,11 +87,11 @@ def test_budget_to_blocks() -> None:
 
 
 def test_token_keys_pack_and_validate() -> None:
-    from radixd.radix import TOKEN_BYTES, encode_tokens, token_ids
+    from radixd.radix import TOKEN_BYTES, TokenKey, encode_tokens, token_ids
     from radixd.radix.node import as_tokens
 
     key = encode_tokens([1, 2, 70000])
-    assert len(key) == 3 and len(bytes(key)) == 3 * TOKEN_BYTES
+    assert len(key) == 3 and len(bytes(key)) == len(key.packed) == 3 * TOKEN_BYTES
     assert token_ids(key) == [1, 2, 70000]
     assert as_tokens(key) == as_tokens((1, 2, 70000)) == as_tokens([1, 2, 70000])
     assert key[-1] == 70000 and key[0] == 1 and list(key) == [1, 2, 70000]
@@ -99,6 +99,10 @@ def test_token_keys_pack_and_validate() -> None:
     assert list(key[::-1]) == [70000, 2, 1] and len(key[5:]) == 0
     with pytest.raises(IndexError):
         key[3]
+    assert key == encode_tokens([1, 2, 70000]) and hash(key) == hash(key.packed) and key != key.packed
+    assert repr(key[:2]) == "TokenKey([1, 2])" and token_ids(key[1:]) == [2, 70000]
+    with pytest.raises(InvalidRequest, match="multiple of 4 bytes"):
+        TokenKey(b"abcdef")
     with pytest.raises(InvalidRequest, match="token ids must be integers"):
         as_tokens([2**40])
     with pytest.raises(InvalidRequest, match="multiple of 4 bytes"):
