@@ -33,6 +33,7 @@ class TreeAdopt(TreeAdmin):
         clock = self._clock = self._clock + 1
         leaf = Node(tokens, blocks, parent, tokens[: self._bb], clock)
         n = bytes.__len__(blocks) // ID_BYTES
+        runs: list[tuple[int, int]] | None
         a = unpack_id(blocks)[0]  # the first id
         if a >= 1 and pool._id_bytes.startswith(blocks, a * ID_BYTES):  # one run (the common case)
             runs = [(a, n)]
@@ -43,28 +44,42 @@ class TreeAdopt(TreeAdmin):
             if hint is not None and spells_runs(blocks, pool._id_bytes, hint):
                 runs = hint
             else:
-                got = packed_runs(blocks, pool._id_bytes)
-                if got is None or not _disjoint_within(got, pool.num_blocks):
-                    return self._adopt_each(parent, leaf, donate)
-                runs = got
+                runs = packed_runs(blocks, pool._id_bytes)
+                if runs is not None and not _disjoint_within(runs, pool.num_blocks):
+                    runs = None
         # Blocks just allocated have refcount 1 and no owner, which one in-place memcmp of each run's
         # state words confirms; adopting a run is then one memcpy.
         ones = pool._ones_bytes
         sb = pool._state_bytes
-        for a, k in runs:
-            if not ones.startswith(sb[a * 8 : (a + k) * 8]):
-                return self._adopt_each(parent, leaf, donate)
-        # Donated blocks keep the caller's reference; otherwise the caller keeps its own too: counts
-        # are 2 and nobody is solo yet.
-        oid = pool._register(leaf)
-        word = ((oid << OWNER_SHIFT) | (1 if donate else 2)).to_bytes(8, sys.byteorder)
-        for a, k in runs:
-            sb[a * 8 : (a + k) * 8] = word * k
-        leaf.runs = runs
-        return self._finish_leaf(parent, leaf, n if donate else 0)
+        if runs is not None:
+            for a, k in runs:
+                if not ones.startswith(sb[a * 8 : (a + k) * 8]):
+                    runs = None
+                    break
+        if runs is None:
+            solo = self._adopt_each(parent, leaf, donate)
+        else:
+            # Donated blocks keep the caller's reference; otherwise the caller keeps its own too: counts
+            # are 2 and nobody is solo yet.
+            oid = pool._register(leaf)
+            word = ((oid << OWNER_SHIFT) | (1 if donate else 2)).to_bytes(8, sys.byteorder)
+            for a, k in runs:
+                sb[a * 8 : (a + k) * 8] = word * k
+            leaf.runs = runs
+            solo = n if donate else 0
+        leaf.n_solo = solo
+        pool._evictable += solo
+        self._link(parent, leaf)
+        self._nodes += 1
+        self._cached_blocks += n
+        self._lru.add(leaf)
+        if self.listener is not None:
+            ns, path = self._path(leaf)
+            self.listener.stored(ns, path, len(path) - len(tokens) // TOKEN_BYTES, n)
+        return leaf
 
-    def _adopt_each(self, parent: Node, leaf: Node, donate: bool) -> Node:
-        """Adopt ``leaf.blocks`` one by one (blocks shared with tables, or scattered ids).
+    def _adopt_each(self, parent: Node, leaf: Node, donate: bool) -> int:
+        """Adopt ``leaf.blocks`` one by one (blocks shared with tables, or scattered ids); -> solo count.
 
         Validates as it goes and undoes everything on the first bad block, so a failed insert changes
         nothing.
@@ -96,16 +111,4 @@ class TreeAdopt(TreeAdmin):
             st[b] = high | c
             if c == 1:
                 solo += 1
-        return self._finish_leaf(parent, leaf, solo)
-
-    def _finish_leaf(self, parent: Node, leaf: Node, solo: int) -> Node:
-        leaf.n_solo = solo
-        self.pool._evictable += solo
-        self._link(parent, leaf)
-        self._nodes += 1
-        self._cached_blocks += bytes.__len__(leaf.blocks) // ID_BYTES
-        self._lru.add(leaf)
-        if self.listener is not None:
-            ns, path = self._path(leaf)
-            self.listener.stored(ns, path, len(path) - len(leaf.tokens) // TOKEN_BYTES, len(leaf.blocks))
-        return leaf
+        return solo
