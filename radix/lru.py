@@ -63,14 +63,16 @@ class LruIndex:
                 self._older.remove(t)
             node.in_lru = False
 
-    def pop_oldest(self) -> Node:
-        """Remove and return the least recently used node (the index must not be empty)."""
-        older = self._older
+    def pop_oldest(self) -> Node | None:
+        """Remove and return the least recently used node; None when the index is empty."""
+        aside = self._aside
         recent = self._recent
-        if older and (not recent or older[0] < next(iter(recent))):
-            node = self._aside.pop(older.pop(0))
-        else:
+        if aside and (not recent or self._older[0] < next(iter(recent))):
+            node = aside.pop(self._older.pop(0))
+        elif recent:
             node = recent.popitem(last=False)[1]
+        else:
+            return None
         node.in_lru = False
         return node
 

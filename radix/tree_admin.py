@@ -92,9 +92,8 @@ class TreeAdmin(TreeEvict):
         if include_pinned:
             for ns, toks in list(self._pins):
                 self.unpin(toks, ns)
-        lru = self._lru
-        while len(lru):
-            self._remove_leaf(lru.pop_oldest(), "flush", None)
+        while (node := self._lru.pop_oldest()) is not None:
+            self._remove_leaf(node, "flush", None)
         return before - self._cached_blocks
 
     def _force_clear(self) -> None:

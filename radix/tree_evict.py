@@ -35,7 +35,10 @@ class TreeEvict(TreeCore):
         Evicting a leaf can make its parent a leaf, which joins the LRU index (the cascade).
         """
         got = 0
-        lru = self._lru
-        while got < n_blocks and lru:
-            got += self._remove_leaf(lru.pop_oldest(), "lru", freed)
+        pop_oldest = self._lru.pop_oldest
+        while got < n_blocks:
+            node = pop_oldest()
+            if node is None:
+                break
+            got += self._remove_leaf(node, "lru", freed)
         return got

@@ -36,7 +36,7 @@ def test_an_old_tick_is_evicted_before_newer_ones_whichever_tier_holds_it() -> N
     lru.add(b)
     lru.add(c)
     lru.add(a)  # re-enters with the oldest tick
-    assert [lru.pop_oldest() for _ in range(3)] == [a, b, c] and not lru
+    assert [lru.pop_oldest() for _ in range(4)] == [a, b, c, None] and not lru
     lru.add(leaf(4))
     lru.clear()
     assert not lru and len(lru) == 0
