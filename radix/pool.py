@@ -199,6 +199,26 @@ class BlockPool:
             del hints[next(iter(hints))]
         return runs
 
+    def _free_runs(self, runs: list[tuple[int, int]]) -> None:
+        """Free whole runs ``(first, length)`` of blocks nobody holds any more (for the tree, which held
+        them alone): their state words become 0 and the runs go back to the free extents.
+
+        Runs freed together are merged where they touch first. Blocks allocated together (one batch of
+        requests) tend to be evicted together, and each merged run costs one store and one extent merge
+        instead of one per run.
+        """
+        sb = self._state_bytes
+        zeros = self._zeros_view
+        put = self._free.put
+        s = e = 0  # the group being merged: blocks [s, e)
+        for a, k in [*sorted(runs), (NULL_BLOCK, 0)]:  # the null block (never freed) ends the last group
+            if a != e:
+                if e:
+                    sb[s * 8 : e * 8] = zeros[: (e - s) * 8]
+                    put(s, e - s)
+                s = a
+            e = a + k
+
     def incref(self, block: int) -> None:
         """Add one holder to an allocated block."""
         if not 0 < block < self.num_blocks:

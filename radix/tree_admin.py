@@ -66,9 +66,12 @@ class TreeAdmin(TreeEvict):
                 stack.extend(x.children.values())
             else:
                 stack.extend(c for c in x.children.values())
+        runs: list[tuple[int, int]] = []  # freed together, merged where adjacent
         for x in reversed(order):  # children before their parents
             if x.alive and not x.children and x.hold == 0:
-                self._remove_leaf(x, reason, None)
+                self._remove_leaf(x, reason, None, pending=runs)
+        if runs:
+            self.pool._free_runs(runs)
 
     def flush(self, mode: FlushMode = "unlocked", include_pinned: bool = False) -> int:
         """Drop cached entries; returns the number of blocks the tree released.
@@ -92,8 +95,11 @@ class TreeAdmin(TreeEvict):
         if include_pinned:
             for ns, toks in list(self._pins):
                 self.unpin(toks, ns)
+        runs: list[tuple[int, int]] = []  # freed together, merged where adjacent
         while (node := self._lru.pop_oldest()) is not None:
-            self._remove_leaf(node, "flush", None)
+            self._remove_leaf(node, "flush", None, pending=runs)
+        if runs:
+            self.pool._free_runs(runs)
         return before - self._cached_blocks
 
     def _force_clear(self) -> None:

@@ -148,11 +148,19 @@ class TreeCore:
         ns = next((name for name, r in self._roots.items() if r is root), "")
         return ns, token_ids(b"".join(reversed(parts)))
 
-    def _remove_leaf(self, node: Node, reason: str, freed: list[int] | None, keep_root: bool = False) -> int:
+    def _remove_leaf(
+        self,
+        node: Node,
+        reason: str,
+        freed: list[int] | None,
+        keep_root: bool = False,
+        pending: list[tuple[int, int]] | None = None,
+    ) -> int:
         """Drop a leaf and its tree references; returns how many of its blocks became free.
 
         Blocks that became free go back to the pool; when ``freed`` is given they are also appended to
-        it (``evict`` returns them).
+        it (``evict`` returns them). With ``pending``, whole runs that became free are appended to it
+        instead, for the caller to free with the runs of other removed leaves (``pool._free_runs``).
         """
         parent = node.parent
         if parent is None or node.children:
@@ -169,24 +177,23 @@ class TreeCore:
         pool = self.pool
         if node.hold == 0:
             pool._evictable -= node.n_solo
-        st = pool._state
-        free = pool._free
         runs = None
         if node.n_solo == n:
             runs = node.runs if node.runs is not None else packed_runs(blocks, pool._id_bytes)
         if runs is not None:
             # Fast path (the common case): nobody else holds any of them, so every run becomes free
             # (refcount 0, no owner) with one slice store and one merge into the free extents.
-            sb = pool._state_bytes
-            zeros = pool._zeros_view
-            for a, k in runs:
-                sb[a * 8 : (a + k) * 8] = zeros[: k * 8]
-                free.put(a, k)
+            if pending is None:
+                pool._free_runs(runs)
+            else:
+                pending += runs  # NOTE: their state words stay stale until the caller frees them
             if freed is not None:
                 freed += blocks.tolist()
             n_freed = n
         else:
             n_freed = 0
+            st = pool._state
+            free = pool._free
             # Inlined decref that also clears the owner, so the pool's ownership hook has nothing to do.
             for b in blocks.tolist():
                 c = (int(st[b]) & RC_MASK) - 1

@@ -36,9 +36,12 @@ class TreeEvict(TreeCore):
         """
         got = 0
         pop_oldest = self._lru.pop_oldest
+        runs: list[tuple[int, int]] = []  # freed together, merged where adjacent
         while got < n_blocks:
             node = pop_oldest()
             if node is None:
                 break
-            got += self._remove_leaf(node, "lru", freed)
+            got += self._remove_leaf(node, "lru", freed, pending=runs)
+        if runs:
+            self.pool._free_runs(runs)
         return got
