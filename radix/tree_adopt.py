@@ -69,7 +69,11 @@ class TreeAdopt(TreeAdmin):
             solo = n if donate else 0
         leaf.n_solo = solo
         pool._evictable += solo
-        self._link(parent, leaf)
+        if parent.in_lru:  # no longer a leaf
+            self._lru.discard(parent)
+        parent.children[leaf.key] = leaf
+        if self.block_size > 1:
+            self._index_first(parent, leaf)
         self._nodes += 1
         self._cached_blocks += n
         self._lru.add(leaf)

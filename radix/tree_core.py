@@ -60,23 +60,20 @@ class TreeCore:
         else:
             node.tick = tick
 
-    def _link(self, parent: Node, child: Node) -> None:
-        if parent.in_lru:
-            self._lru.discard(parent)
-        parent.children[child.key] = child
-        if self.block_size > 1:
-            by_first = parent.by_first
-            if by_first is None:
-                by_first = parent.by_first = {}
-            first = child.key[:TOKEN_BYTES]
-            lst = by_first.get(first)
-            if lst is None:
-                by_first[first] = [child]
-            else:
-                lst.append(child)
+    # The first-token index of a node's children (kept when block_size > 1) finds the sibling that shares
+    # the longest partial first block without scanning every child.
+    def _index_first(self, parent: Node, child: Node) -> None:
+        by_first = parent.by_first
+        if by_first is None:
+            by_first = parent.by_first = {}
+        first = child.key[:TOKEN_BYTES]
+        lst = by_first.get(first)
+        if lst is None:
+            by_first[first] = [child]
+        else:
+            lst.append(child)
 
-    def _unlink(self, parent: Node, child: Node) -> None:
-        del parent.children[child.key]
+    def _unindex_first(self, parent: Node, child: Node) -> None:
         by_first = parent.by_first
         if by_first is not None:
             first = child.key[:TOKEN_BYTES]
@@ -171,7 +168,9 @@ class TreeCore:
             ns, path = self._path(node)
             start = len(path) - len(node.tokens) // TOKEN_BYTES
             self.listener.removed(ns, path, start, n, reason)
-        self._unlink(parent, node)
+        del parent.children[node.key]
+        if parent.by_first is not None:
+            self._unindex_first(parent, node)
         if node.in_lru:
             self._lru.discard(node)
         pool = self.pool
