@@ -6,8 +6,9 @@ Usage (from the repository root; SGLang's sources are downloaded by the bench wh
 
 The pool owns ``capacity_tokens / page_size`` blocks (+ the null block). A request matches its prompt
 (locking the prefix with a lease), allocates blocks for the tokens it computes, inserts the page-aligned
-part of prompt + output handing its block references to the tree (``donate=True``: the tree keeps what
-it adopts and frees duplicates; the unaligned tail goes back to the pool) and finally releases the lease.
+part of prompt + output with those new blocks after the ``cached`` matched ones, handing its references
+to the tree (``donate=True``: the tree keeps what it adopts and frees duplicates; the unaligned tail goes
+back to the pool) and finally releases the lease.
 """
 
 from __future__ import annotations
@@ -49,16 +50,17 @@ class Adapter:
         packed = tokens.packed
         total = len(packed) // TOKEN_BYTES
         n_matched = handle.num_tokens
+        cached = n_matched // B  # the matched blocks: the tree's own, kept by the lease we still hold
         new = self.pool.allocate_ids(-(-(total - n_matched) // B))
         aligned = total // B
-        blocks: bytes = handle.block_ids + new if n_matched else new  # the request's block table, packed
+        blocks: bytes = new  # the blocks after the cached ones, packed
         key: TokenKey | bytes = tokens
         if aligned * B < total:  # the unaligned tail is not cached (as in the peer's protocol)
             self.pool.decref(new[-1])
-            blocks = bytes.__getitem__(blocks, slice(0, aligned * ID_BYTES))  # in bytes, even on a BlockIds
+            blocks = bytes.__getitem__(new, slice(0, (aligned - cached) * ID_BYTES))  # bytes, not ids
             key = packed[: aligned * B * TOKEN_BYTES]
         # donate: the tree keeps our reference on what it adopts and releases duplicates.
-        self.tree.insert(key, blocks, donate=True)
+        self.tree.insert(key, blocks, cached=cached, donate=True)
 
     def release(self, handle: PrefixMatch) -> None:
         handle.lease.release()

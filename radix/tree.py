@@ -23,11 +23,13 @@ def _joined(parts: list[bytes]) -> BlockIds:
     return BlockIds(b"".join(parts)) if parts else EMPTY
 
 
-def _differing(mine: bytes, start: int, cached: bytes, n: int) -> list[int]:
-    """Ids among ``n`` packed ones of ``mine`` (from byte ``start``) that differ from ``cached``'s."""
-    a = array("i", bytes.__getitem__(mine, slice(start, start + n * ID_BYTES)))
-    c = array("i", bytes.__getitem__(cached, slice(0, n * ID_BYTES)))
-    return [x for x, y in zip(a, c, strict=True) if x != y]
+def _differing(mine: bytes, start: int, node_blocks: bytes, lo: int, hi: int) -> list[int]:
+    """The caller's ids (packed ``mine``, from id ``start`` on) that differ from ``node_blocks[lo:hi]``."""
+    theirs = bytes.__getitem__(node_blocks, slice(lo * ID_BYTES, hi * ID_BYTES))
+    if mine.startswith(theirs, start * ID_BYTES):  # the tree's own blocks (the usual case): one memcmp
+        return []
+    a = array("i", bytes.__getitem__(mine, slice(start * ID_BYTES, (start + hi - lo) * ID_BYTES)))
+    return [x for x, y in zip(a, array("i", theirs), strict=True) if x != y]
 
 
 class RadixTree(TreeAdopt):
@@ -144,11 +146,17 @@ class RadixTree(TreeAdopt):
         lease: Lease | None = None,
         *,
         donate: bool = False,
+        cached: int = 0,
     ) -> InsertResult:
         """Cache ``tokens`` whose KV lives in ``blocks`` (``ceil(len(tokens) / block_size)`` of them).
 
         ``blocks``: block ids, or packed ones (``BlockIds``, e.g. from ``allocate_ids`` and
         ``PrefixMatch.block_ids``; any ``bytes`` is read as packed ids), which skips the conversion.
+
+        ``cached=k``: the first ``k`` full blocks of ``tokens`` are the tree's own (typically
+        ``len(match.block_ids)`` of the match whose lease the caller still holds), and ``blocks`` holds
+        only the blocks after them, so the caller need not join its new blocks to the matched ones. The
+        tree checks that those ``k`` blocks of tokens are still cached (InvalidRequest if not).
 
         The tree takes one reference on each block it adopts; the caller keeps its own. Blocks at
         positions the tree already caches in other blocks are returned as duplicates. If ``lease`` (a
@@ -165,12 +173,9 @@ class RadixTree(TreeAdopt):
         B = self._bb  # offsets below are in packed bytes
         n = len(t)
         nb = -(-n // B)
-        if bytes.__len__(bl) != nb * ID_BYTES:
-            nt, bs = n // TOKEN_BYTES, self.block_size
-            raise InvalidRequest(
-                f"insert of {nt} tokens needs ceil({nt}/{bs}) = {nb} blocks, "
-                f"got {bytes.__len__(bl) // ID_BYTES}"
-            )
+        c = cached  # positions from c on hold the caller's blocks (bl[i] is the block of position c + i)
+        if bytes.__len__(bl) != (nb - c) * ID_BYTES or not 0 <= c <= n // B:
+            raise self._bad_insert(n, bytes.__len__(bl) // ID_BYTES, c)
         if lease is not None and lease._tree is not self:
             raise UnknownLease("insert(lease=...) got a lease issued by another RadixTree")
         if n == 0:
@@ -198,24 +203,39 @@ class RadixTree(TreeAdopt):
             L = len(ct)
             if not L % B and t.startswith(ct, pos):  # compares in place, no slice copy
                 k = bytes.__len__(cb) // ID_BYTES
-                if not bl.startswith(cb, j * ID_BYTES):  # the caller's blocks are the tree's own?
-                    dups += _differing(bl, j * ID_BYTES, cb, k)
+                # Where the caller gave blocks, are they the tree's own? Others are duplicates.
+                if j >= c:
+                    if not bl.startswith(cb, (j - c) * ID_BYTES):
+                        dups += _differing(bl, j - c, cb, 0, k)
+                elif j + k > c:
+                    dups += _differing(bl, 0, cb, c - j, k)
                 j += k
                 node = child
                 continue
             k = common_prefix_len(t, pos, ct) // B  # >= 1: the first block matched as a key
-            if not bl.startswith(bytes.__getitem__(cb, slice(0, k * ID_BYTES)), j * ID_BYTES):
-                dups += _differing(bl, j * ID_BYTES, cb, k)
+            if j + k < c:  # the cached prefix would end inside this node: reported below, nothing split
+                j += k
+                break
+            if j + k > c:
+                lo = max(c - j, 0)
+                dups += _differing(bl, j + lo - c, cb, lo, k)
             node = self._split(child, k)
             j += k
             break
         self._clock = clock
+        if j < c:
+            raise InvalidRequest(
+                f"insert(cached={c}): only {j} leading blocks of these tokens are cached; hold the match's "
+                "lease until the insert, or pass the blocks of every position"
+            )
         new_tokens = 0
         final = node
         if j < nb:
             rest = t[j * B :]
             # A BlockIds is immutable: when it is all new, the node can share the caller's object.
-            rest_blocks = bl if j == 0 and type(bl) is BlockIds else BlockIds(memoryview(bl)[j * ID_BYTES :])
+            rest_blocks = (
+                bl if j == c and type(bl) is BlockIds else BlockIds(memoryview(bl)[(j - c) * ID_BYTES :])
+            )
             by_first = node.by_first
             covered = None
             if by_first is not None and rest[:TOKEN_BYTES] in by_first:  # else no sibling can overlap
@@ -233,6 +253,20 @@ class RadixTree(TreeAdopt):
         if donate and dups:
             self.pool.decref_all(dups)
         return InsertResult(dups, n // TOKEN_BYTES - new_tokens, new_tokens)
+
+    def _bad_insert(self, n: int, got: int, cached: int) -> InvalidRequest:
+        """The error for an insert whose block count (or ``cached``) does not fit its tokens."""
+        nt, bs = n // TOKEN_BYTES, self.block_size
+        if not 0 <= cached <= nt // bs:
+            return InvalidRequest(
+                f"insert(cached={cached}) must be within [0, {nt // bs}]: the full blocks of {nt} tokens"
+            )
+        need = (
+            f"ceil({nt}/{bs}) - {cached} = {-(-nt // bs) - cached} blocks"
+            if cached
+            else f"ceil({nt}/{bs}) = {-(-nt // bs)} blocks"
+        )
+        return InvalidRequest(f"insert of {nt} tokens needs {need}, got {got}")
 
     def _settle_partial(
         self, node: Node, rest: Tokens, rest_blocks: BlockIds, dups: list[int]

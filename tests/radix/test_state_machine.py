@@ -172,12 +172,12 @@ class RadixMachine(RuleBasedStateMachine):
         if finish:
             self.finish(len(self.seqs) - 1, lease_first=False, twice=False)
 
-    @rule(toks=TOKENS, ns=NAMESPACES, packed=st.booleans())
-    def insert_donated(self, toks: list[int], ns: str, packed: bool) -> None:
+    @rule(toks=TOKENS, ns=NAMESPACES, form=st.sampled_from(["list", "packed", "suffix"]))
+    def insert_donated(self, toks: list[int], ns: str, form: str) -> None:
         """The bench-style protocol: compute the uncached suffix into fresh blocks and donate them.
 
-        ``packed``: the block table is kept packed (``allocate_ids`` + ``block_ids``), as a scheduler
-        holding block tables as arrays would.
+        ``form``: the block table as a list, packed (``allocate_ids`` + ``block_ids``, as a scheduler
+        holding block tables as arrays would), or only the new blocks with ``cached=`` the matched ones.
         """
         t = tuple(toks)
         m = self.tree.match(t, ns)
@@ -193,8 +193,11 @@ class RadixMachine(RuleBasedStateMachine):
             start = (len(m.blocks) + i) * self.B
             chunk = list(t[start : start + self.B])
             self.content[b] = chunk + [None] * (self.B - len(chunk))
-        table = m.block_ids + new_ids if packed else m.blocks + new
-        res = self.tree.insert(t, table, ns, donate=True)
+        if form == "suffix":
+            res = self.tree.insert(t, new_ids, ns, donate=True, cached=len(m.blocks))
+        else:
+            table = m.block_ids + new_ids if form == "packed" else m.blocks + new
+            res = self.tree.insert(t, table, ns, donate=True)
         assert set(res.duplicate_blocks) <= set(new)
         assert all(self.pool.refcount(b) == 0 for b in res.duplicate_blocks)
         m.lease.release()

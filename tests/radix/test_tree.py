@@ -128,6 +128,57 @@ def test_insert_validates_blocks_and_changes_nothing_on_error(tree: RadixTree) -
     check_consistency(tree)
 
 
+def test_insert_after_cached_blocks_takes_only_the_new_ones(tree: RadixTree) -> None:
+    pool = tree.pool
+    shared = cache(tree, list(range(8)))  # 2 blocks
+    m = tree.match(list(range(13)))
+    assert m.blocks == shared
+    new = pool.allocate_ids(2)  # tokens 8..12: one full block and a partial one
+    res = tree.insert(list(range(13)), new, cached=len(m.block_ids), donate=True)
+    assert res.duplicate_blocks == [] and (res.num_cached_tokens, res.num_new_tokens) == (8, 5)
+    m.lease.release()
+    again = tree.match(list(range(13)))
+    assert again.blocks == [*shared, new[0]] and again.partial_block == new[1]
+    again.lease.release()
+    check_consistency(tree)
+
+
+def test_insert_after_cached_blocks_reports_duplicates_and_splits(tree: RadixTree) -> None:
+    pool = tree.pool
+    cache(tree, list(range(16)))  # one node of 4 blocks
+    m = tree.match(list(range(4)))  # one cached block, locked
+    # Another request cached tokens 4..11 meanwhile (they are in the node): ours are duplicates there,
+    # and the node splits where our tokens leave it.
+    mine = pool.allocate_ids(3)
+    res = tree.insert([*range(12), 99, 98, 97, 96], mine, cached=1, donate=True)
+    assert res.duplicate_blocks == list(mine[:2]) and res.num_new_tokens == 4
+    assert pool.refcount(mine[0]) == 0 and pool.refcount(mine[2]) == 1  # duplicates freed, the rest adopted
+    m.lease.release()
+    check_consistency(tree)
+
+
+def test_insert_after_cached_blocks_refuses_what_is_not_cached(tree: RadixTree) -> None:
+    pool = tree.pool
+    cache(tree, list(range(8)))
+    new = pool.allocate_ids(1)
+    before = tree.stats()
+    with pytest.raises(InvalidRequest, match=r"only 2 leading blocks of these tokens are cached"):
+        tree.insert(list(range(16)), new, cached=3)  # the third block was never cached
+    with pytest.raises(InvalidRequest, match=r"only 1 leading blocks"):
+        tree.insert([0, 1, 2, 3, 9, 9, 9, 9, 5, 5, 5, 5], new, cached=2)  # diverges inside the node
+    with pytest.raises(InvalidRequest, match=r"cached=4\) must be within \[0, 3\]"):
+        tree.insert(list(range(12)), new, cached=4)
+    with pytest.raises(InvalidRequest, match=r"needs ceil\(12/4\) - 1 = 2 blocks, got 1"):
+        tree.insert(list(range(12)), new, cached=1)
+    after = tree.stats()
+    assert (after.nodes, after.cached_blocks, pool.refcount(new[0])) == (
+        before.nodes,
+        before.cached_blocks,
+        1,
+    )
+    check_consistency(tree)
+
+
 def test_namespaces_never_share(tree: RadixTree) -> None:
     a = cache(tree, list(range(8)), ns="alice")
     assert tree.peek(list(range(8)), "bob") == 0 and tree.peek(list(range(8))) == 0
