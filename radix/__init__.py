@@ -13,10 +13,11 @@ all of it. Public API (everything below is re-exported here)::
         incref(b); decref(b) -> bool (True when freed); incref_all(bs); decref_all(bs) -> int
         refcount(b); num_free; num_evictable; num_in_use; num_usable; num_blocks; block_size
 
-    Token keys: methods taking ``tokens`` accept a sequence of ints or the packed form
-    ``encode_tokens(ids) -> TokenKey`` (native int32 bytes; len() counts tokens). The tree compares
-    packed tokens with memcmp, so matching a long prefix costs almost nothing per token; a scheduler can
-    keep each request's TokenKey to skip the conversion. token_ids(packed) unpacks.
+    Token keys: methods taking ``tokens`` accept a sequence of ints, packed bytes, or
+    ``encode_tokens(ids) -> TokenKey`` (a read-only sequence of ids over native int32 bytes,
+    ``.packed``). The tree compares packed tokens with memcmp, so matching a long prefix costs almost
+    nothing per token; a scheduler can keep each request's TokenKey, which the tree reads without a
+    conversion or a copy. token_ids(packed) unpacks.
 
     Block ids: ``BlockIds`` (native int32 bytes; len(), indexing, iteration count ids; .array() is a
     zero-copy int32 view) is how the tree stores blocks and hands them out without a Python step per
@@ -28,11 +29,12 @@ all of it. Public API (everything below is re-exported here)::
             full cached blocks (packed; .blocks as a list) + the partially matching next block; the
             lease locks the path
         peek(tokens, namespace="") -> int          cached prefix length, no lock / LRU / stats
-        insert(tokens, blocks | block_ids, namespace="", lease=None, *, donate=False)
+        insert(tokens, blocks | block_ids, namespace="", lease=None, *, donate=False, cached=0)
             -> InsertResult(duplicate_blocks, num_cached_tokens, num_new_tokens)
             the tree increfs what it adopts (donate=True: takes over the caller's reference on
             every block that is not already its own, and releases the duplicates); with lease=,
-            the lease moves to the inserted path
+            the lease moves to the inserted path; cached=k: the first k full blocks are the
+            tree's own (a held match) and blocks holds only the ones after them
         release(lease); Lease.release() (idempotent; no-op after flush("force")); Lease.clone()
         evict(n_blocks) -> list[int] (freed); evict_count(n_blocks) -> int (how many freed)
         evict_prefix(tokens, namespace="") -> int
