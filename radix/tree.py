@@ -224,6 +224,8 @@ class RadixTree(TreeAdopt):
             break
         self._clock = clock
         if j < c:
+            if not root.children:
+                self._drop_root(root)  # created for this insert only
             raise InvalidRequest(
                 f"insert(cached={c}): only {j} leading blocks of these tokens are cached; hold the match's "
                 "lease until the insert, or pass the blocks of every position"

@@ -170,6 +170,9 @@ def test_insert_after_cached_blocks_refuses_what_is_not_cached(tree: RadixTree) 
         tree.insert(list(range(12)), new, cached=4)
     with pytest.raises(InvalidRequest, match=r"needs ceil\(12/4\) - 1 = 2 blocks, got 1"):
         tree.insert(list(range(12)), new, cached=1)
+    with pytest.raises(InvalidRequest, match=r"only 0 leading blocks"):
+        tree.insert(list(range(8)), new, "nobody", cached=1)  # a namespace with nothing cached
+    assert tree.peek(list(range(8)), "nobody") == 0 and "nobody" not in tree._roots
     after = tree.stats()
     assert (after.nodes, after.cached_blocks, pool.refcount(new[0])) == (
         before.nodes,
