@@ -156,7 +156,8 @@ class RadixTree(TreeAdopt):
         ``cached=k``: the first ``k`` full blocks of ``tokens`` are the tree's own (typically
         ``len(match.block_ids)`` of the match whose lease the caller still holds), and ``blocks`` holds
         only the blocks after them, so the caller need not join its new blocks to the matched ones. The
-        tree checks that those ``k`` blocks of tokens are still cached (InvalidRequest if not).
+        tree checks that those ``k`` blocks of tokens are still cached; if not it raises InvalidRequest,
+        having cached and split nothing.
 
         The tree takes one reference on each block it adopts; the caller keeps its own. Blocks at
         positions the tree already caches in other blocks are returned as duplicates. If ``lease`` (a
