@@ -203,15 +203,17 @@ class BlockPool:
         """Free whole runs ``(first, length)`` of blocks nobody holds any more (for the tree, which held
         them alone): their state words become 0 and the runs go back to the free extents.
 
-        Runs freed together are merged where they touch first. Blocks allocated together (one batch of
-        requests) tend to be evicted together, and each merged run costs one store and one extent merge
-        instead of one per run.
+        A run that continues the one before it in ``runs`` is merged with it first: blocks allocated
+        one after another (a batch of requests) tend to be evicted together, in the same order, and each
+        merged run costs one store and one extent merge instead of one per run. The order is kept, not
+        sorted: it is the order in which the free extents hand runs out again (newest first), and
+        sorting it made W2 split a fifth more of its allocations.
         """
         sb = self._state_bytes
         zeros = self._zeros_view
         put = self._free.put
         s = e = 0  # the group being merged: blocks [s, e)
-        for a, k in [*sorted(runs), (NULL_BLOCK, 0)]:  # the null block (never freed) ends the last group
+        for a, k in [*runs, (NULL_BLOCK, 0)]:  # the null block (never freed) ends the last group
             if a != e:
                 if e:
                     sb[s * 8 : e * 8] = zeros[: (e - s) * 8]
