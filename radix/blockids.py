@@ -27,6 +27,26 @@ unpack_id = struct.Struct("i").unpack_from
 """``unpack_id(packed, offset) -> (id,)``: one packed id, read in place."""
 
 
+def packed_getitem(packed: bytes, key: SupportsIndex | slice, name: str) -> int | bytes:
+    """``packed[key]`` counting native int32 items, not bytes: an int, or for a slice its packed bytes.
+
+    The one indexing rule of the packed sequences (``BlockIds`` here, ``TokenKey`` for tokens).
+    """
+    n = bytes.__len__(packed) // ID_BYTES
+    if isinstance(key, slice):
+        start, stop, step = key.indices(n)
+        if step == 1:
+            return bytes.__getitem__(packed, slice(start * ID_BYTES, max(start, stop) * ID_BYTES))
+        return array("i", packed)[key].tobytes()
+    i = index(key)
+    if i < 0:
+        i += n
+    if not 0 <= i < n:
+        raise IndexError(f"{name} index out of range")
+    got: int = unpack_id(packed, i * ID_BYTES)[0]
+    return got
+
+
 class BlockIds(bytes):
     """Packed block ids that behave like a read-only sequence of ints.
 
@@ -44,21 +64,8 @@ class BlockIds(bytes):
     @overload
     def __getitem__(self, key: slice) -> BlockIds: ...
     def __getitem__(self, key: SupportsIndex | slice) -> int | BlockIds:
-        if isinstance(key, slice):
-            start, stop, step = key.indices(len(self))
-            if step == 1:
-                return BlockIds(bytes.__getitem__(self, slice(start * ID_BYTES, max(start, stop) * ID_BYTES)))
-            return BlockIds(array("i", self.tolist()[key]).tobytes())
-        i = index(key)
-        if i < 0:
-            i += bytes.__len__(self) // ID_BYTES
-        if i < 0:
-            raise IndexError("BlockIds index out of range")
-        try:
-            got: int = unpack_id(self, i * ID_BYTES)[0]
-        except struct.error:
-            raise IndexError("BlockIds index out of range") from None
-        return got
+        got = packed_getitem(self, key, "BlockIds")
+        return got if isinstance(got, int) else BlockIds(got)
 
     def __iter__(self) -> Iterator[int]:
         return iter(self.tolist())

@@ -2,17 +2,16 @@
 
 from __future__ import annotations
 
-import sys
 from array import array
 from collections.abc import Iterator, Sequence
-from operator import index
 from typing import SupportsIndex, overload
 
-from radixd.radix.blockids import BlockIds
+from radixd.radix.blockids import ID_BYTES, BlockIds, packed_getitem
 from radixd.radix.errors import InvalidRequest
 
-TOKEN_BYTES = 4
-"""Token ids are packed as native int32: comparing two runs of tokens is then a memcmp."""
+TOKEN_BYTES = ID_BYTES
+"""Token ids are packed as native int32 like block ids (``packed_getitem`` indexes both): comparing two
+runs of tokens is then a memcmp."""
 
 Tokens = bytes
 """The tree's key form: ``TOKEN_BYTES`` bytes per token. Every offset inside the tree is in bytes."""
@@ -53,19 +52,8 @@ class TokenKey:
     @overload
     def __getitem__(self, key: slice) -> TokenKey: ...
     def __getitem__(self, key: SupportsIndex | slice) -> int | TokenKey:
-        if isinstance(key, slice):
-            start, stop, step = key.indices(len(self))
-            if step == 1:
-                return TokenKey(self.packed[start * TOKEN_BYTES : max(start, stop) * TOKEN_BYTES])
-            return encode_tokens(token_ids(self.packed)[key])
-        i = index(key)
-        n = len(self)
-        if i < 0:
-            i += n
-        if not 0 <= i < n:
-            raise IndexError("TokenKey index out of range")
-        raw = self.packed[i * TOKEN_BYTES : (i + 1) * TOKEN_BYTES]
-        return int.from_bytes(raw, sys.byteorder, signed=True)
+        got = packed_getitem(self.packed, key, "TokenKey")
+        return got if isinstance(got, int) else TokenKey(got)
 
     def __iter__(self) -> Iterator[int]:
         return iter(token_ids(self.packed))
