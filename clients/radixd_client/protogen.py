@@ -7,6 +7,12 @@ writes the modules flat into ``radixd_client/_pb/``. protoc emits absolute impor
 ``radixd`` package on the path. Beside protoc's ``.pyi`` files for messages it writes a small typed
 ``.pyi`` for each ``*_pb2_grpc`` module (protoc has none), so strict mypy sees the stubs and servicers.
 
+It also writes ``descriptors.binpb``: a ``FileDescriptorSet`` of the radixd.v1 files *with* their
+comments (``source_code_info``). The ``*_pb2`` modules embed descriptors without comments, so the daemon
+serves gRPC reflection from this file instead; a client that only has reflection (grpcurl, Postman, a
+dynamic client in another language) then still reads "0 = greedy" and the metadata formats. Because
+comments land in this file, a comment-only edit of a .proto also needs ``make proto``.
+
 ``--out DIR`` writes elsewhere (the staleness test regenerates into a temporary folder and compares).
 """
 
@@ -24,6 +30,7 @@ _ABS_IMPORT = re.compile(r"^from radixd\.v1 import ", re.MULTILINE)
 _PACKAGE_DIR = Path(__file__).resolve().parent
 _DEFAULT_PROTO = _PACKAGE_DIR.parents[1] / "proto"
 _DEFAULT_OUT = _PACKAGE_DIR / "_pb"
+DESCRIPTOR_SET = "descriptors.binpb"
 _INIT = '"""Generated protobuf and gRPC stubs for radixd.v1 (``make proto``; do not edit)."""\n'
 _STREAM_KIND = {
     (False, False): "UnaryUnary",
@@ -49,6 +56,7 @@ def _run_protoc(proto_dir: Path, tmp: Path) -> descriptor_pb2.FileDescriptorSet:
         f"--grpc_python_out={tmp}",
         f"--descriptor_set_out={tmp / 'descriptors.pb'}",
         "--include_imports",
+        "--include_source_info",
         *protos,
     ]
     rc = protoc.main(args)
@@ -116,6 +124,12 @@ def generate(proto_dir: Path = _DEFAULT_PROTO, out_dir: Path = _DEFAULT_OUT) -> 
     init.write_text(_INIT)
     written.append(init)
     ours = [f for f in descriptors.file if f.package == "radixd.v1"]
+    # NOTE: protoc lists files dependencies first, so readers can add them to a pool in this order.
+    # Deterministic serialization keeps the bytes stable across runs (the staleness test compares them).
+    served = descriptor_pb2.FileDescriptorSet(file=ours)
+    dst = out_dir / DESCRIPTOR_SET
+    dst.write_bytes(served.SerializeToString(deterministic=True))
+    written.append(dst)
     for proto in ours:
         for message in proto.message_type:
             _MESSAGE_MODULE[message.name] = Path(proto.name).stem + "_pb2"
