@@ -8,8 +8,9 @@ one), control tokens as special added tokens, user-defined tokens as plain added
 
 from __future__ import annotations
 
+
 from collections.abc import Sequence
-from functools import lru_cache
+from functools import cached_property, lru_cache
 from typing import Any
 
 import jinja2
@@ -132,8 +133,19 @@ class TextTokenizer:
     def vocab_size(self) -> int:
         return int(self.tokenizer.get_vocab_size(with_added_tokens=True))
 
+    @cached_property
+    def longest_token_chars(self) -> int:
+        """The most characters (UTF-8 bytes, an upper bound) one token can stand for: with it, a text's
+        length bounds its token count from below without tokenizing it."""
+        longest = 0
+        for i in range(self.vocab_size):
+            longest = max(longest, len(self.decode([i]).encode()), len(self.id_to_token(i) or ""))
+        return longest
+
     def encode(self, text: str, add_special_tokens: bool = True) -> list[int]:
-        ids: list[int] = self.tokenizer.encode(text, add_special_tokens=False).ids
+        # NOTE: the batch entry point releases the GIL while it tokenizes (the single-text one holds it
+        # throughout), so a long text encoded on a worker thread never stalls the event loop.
+        ids: list[int] = self.tokenizer.encode_batch([text], add_special_tokens=False)[0].ids
         if add_special_tokens and self.add_bos and self.bos_token_id is not None:
             ids = [self.bos_token_id, *ids]
         return ids

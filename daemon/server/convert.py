@@ -5,16 +5,28 @@ Every check here raises `RpcFailure(INVALID_ARGUMENT)` with a message naming the
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any, Protocol
 
 from radixd_client._pb import common_pb2
 
 from radixd.daemon.sampling import SamplingParams
+from radixd.daemon.server.bounds import (
+    INLINE_TOKENIZE_CHARS,
+    MAX_CHAT_MESSAGES,
+    MAX_N,
+    MAX_STOP_CHARS,
+    MAX_STOP_STRINGS,
+    MAX_STOP_TOKEN_IDS,
+    check_count,
+    check_range,
+)
 from radixd.daemon.server.errors import bad_request
 
 if TYPE_CHECKING:
     from radixd.daemon.engine.types import RequestOutput
+    from radixd.daemon.server.state import Limits, ServerState
 
 FINISH = {
     "stop": common_pb2.FINISH_REASON_STOP,
@@ -47,6 +59,9 @@ class Tokenizing(Protocol):
     @property
     def vocab_size(self) -> int: ...
 
+    @property
+    def longest_token_chars(self) -> int: ...
+
     def encode(self, text: str, add_special_tokens: bool = True) -> list[int]: ...
 
     @property
@@ -61,9 +76,28 @@ class Tokenizing(Protocol):
     ) -> str: ...
 
 
-def sampling_params(msg: common_pb2.SamplingParams, default_max_tokens: int) -> SamplingParams:
-    """Engine SamplingParams from the wire message; unset fields take the defaults."""
-    kwargs: dict[str, Any] = {"max_tokens": default_max_tokens}
+def sampling_params(msg: common_pb2.SamplingParams, limits: Limits) -> SamplingParams:
+    """Engine SamplingParams from the wire message; unset fields take the defaults.
+
+    Sizes are checked first (`bounds`), so nothing is built from an oversized list or count.
+    """
+    if msg.HasField("n"):
+        check_range("sampling.n", msg.n, 1, MAX_N, "; ask for fewer completions per request")
+    if msg.HasField("max_tokens"):
+        check_range(
+            "sampling.max_tokens",
+            msg.max_tokens,
+            1,
+            limits.context_length,
+            f" (prompt + max_tokens must fit the context length of {limits.context_length} tokens)",
+        )
+    check_count("sampling.stop", msg.stop, MAX_STOP_STRINGS)
+    for i, stop in enumerate(msg.stop):
+        if len(stop) > MAX_STOP_CHARS:
+            raise bad_request(f"sampling.stop[{i}] has {len(stop)} characters; at most {MAX_STOP_CHARS}")
+    check_count("sampling.stop_token_ids", msg.stop_token_ids, MAX_STOP_TOKEN_IDS)
+    check_token_ids(msg.stop_token_ids, limits.vocab_size, what="sampling.stop_token_ids")
+    kwargs: dict[str, Any] = {"max_tokens": limits.default_max_tokens}
     for name in _SCALAR_FIELDS:
         if msg.HasField(name):
             kwargs[name] = getattr(msg, name)
@@ -100,6 +134,63 @@ def check_token_ids(ids: Sequence[int], vocab_size: int, what: str = "prompt") -
     return list(ids)
 
 
+def check_prompt(prompt: common_pb2.Prompt, limits: Limits, what: str = "prompt") -> None:
+    """Refuse a prompt that could never fit the context, before it is tokenized.
+
+    NOTE: O(1) for text and token ids, O(messages) for chat (at most MAX_CHAT_MESSAGES): a text of more
+    than `limits.max_prompt_chars` characters has more tokens than the context holds, whatever it says.
+    """
+    kind = prompt.WhichOneof("kind")
+    ctx = limits.context_length
+    if kind == "text":
+        chars = len(prompt.text)
+    elif kind == "token_ids":
+        n = len(prompt.token_ids.ids)
+        if n > ctx:
+            raise bad_request(
+                f"{what}.token_ids has {n} ids; the context length is {ctx} tokens: shorten the prompt"
+            )
+        return
+    elif kind == "chat":
+        messages = prompt.chat.messages
+        check_count(f"{what}.chat.messages", messages, MAX_CHAT_MESSAGES)
+        chars = sum(len(m.content) + len(m.role) for m in messages)
+    else:
+        return
+    if chars > limits.max_prompt_chars:
+        raise bad_request(
+            f"{what} has {chars} characters; no text longer than {limits.max_prompt_chars} characters fits"
+            f" the context of {ctx} tokens: shorten the prompt"
+        )
+
+
+async def prompt_tokens(
+    state: ServerState,
+    prompt: common_pb2.Prompt,
+    what: str = "prompt",
+    continuation: bool = False,
+    generation_prompt: bool | None = None,
+    context_tail: str = "",
+) -> list[int]:
+    """`prompt_ids` after the size bounds, tokenized off the event loop when the text is long.
+
+    NOTE: the tokenizer's batch encode releases the GIL, and long texts run on the server's single
+    tokenizer thread, so one client sending the largest text the context allows neither stalls other
+    RPCs nor takes more than one core.
+    """
+    check_prompt(prompt, state.limits, what)
+    kind = prompt.WhichOneof("kind")
+    size = len(prompt.text) if kind == "text" else sum(len(m.content) for m in prompt.chat.messages)
+    tok = state.tokenizer
+
+    def run() -> list[int]:
+        return prompt_ids(prompt, tok, continuation, generation_prompt, context_tail)
+
+    if kind == "token_ids" or size <= INLINE_TOKENIZE_CHARS:
+        return run()
+    return await asyncio.get_running_loop().run_in_executor(state.tokenize_pool, run)
+
+
 def prompt_ids(
     prompt: common_pb2.Prompt,
     tok: Tokenizing,
@@ -107,7 +198,7 @@ def prompt_ids(
     generation_prompt: bool | None = None,
     context_tail: str = "",
 ) -> list[int]:
-    """Token ids of a wire prompt.
+    """Token ids of a wire prompt (call `prompt_tokens`, which checks its size first).
 
     continuation=True (a session turn appended to earlier tokens): text gets no BOS, and chat messages
     are rendered as a delta, i.e. only the new messages' part of the template (see `_chat_delta`).
@@ -132,7 +223,7 @@ def prompt_ids(
     for i, m in enumerate(messages):
         if m["role"] not in ("system", "user", "assistant", "tool"):
             raise bad_request(
-                f"prompt.chat.messages[{i}].role {m['role']!r} must be system, user, assistant or tool"
+                f"prompt.chat.messages[{i}].role {m['role'][:32]!r} must be system, user, assistant or tool"
             )
     add_gen = chat.add_generation_prompt if generation_prompt is None else generation_prompt
     try:

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import collections
+import secrets
 import time
 from collections.abc import AsyncIterator
 
@@ -31,6 +32,8 @@ class CacheEventHub:
         self._recent: collections.deque[Event] = collections.deque(maxlen=retain)
         self._subscribers: set[asyncio.Queue[Event | None]] = set()
         self._buffer = subscriber_buffer
+        # Sequences restart at 1 with every daemon start; the id tells a restart from a gap.
+        self.start_id = f"{int(time.time())}-{secrets.token_hex(4)}"
 
     @property
     def sequence(self) -> int:
@@ -79,13 +82,21 @@ class CacheEventHub:
         q: asyncio.Queue[Event | None] = asyncio.Queue(self._buffer)
         self._subscribers.add(q)
         try:
+            if after_sequence > self._seq:
+                raise RpcFailure(
+                    grpc.StatusCode.OUT_OF_RANGE,
+                    f"after_sequence {after_sequence} is beyond the newest event ({self._seq}) of this"
+                    f" daemon (start id {self.start_id}): it restarted since you subscribed, so your map is"
+                    " stale; resync with LookupPrefix and subscribe with after_sequence=0",
+                )
             if after_sequence:
                 oldest = self._recent[0].sequence if self._recent else self._seq + 1
                 if after_sequence + 1 < oldest:
                     raise RpcFailure(
                         grpc.StatusCode.OUT_OF_RANGE,
-                        f"events after {after_sequence} are no longer retained (oldest is {oldest});"
-                        " resync with LookupPrefix and subscribe with after_sequence=0",
+                        f"events after {after_sequence} are no longer retained (oldest is {oldest}, newest"
+                        f" {self._seq}, daemon start id {self.start_id}); resync with LookupPrefix and"
+                        " subscribe with after_sequence=0",
                     )
             last = after_sequence if after_sequence else self._seq
             for event in list(self._recent):

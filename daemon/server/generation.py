@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
+import time
 from typing import Any
 
 from radixd_client._pb import generation_pb2, generation_pb2_grpc
 
-from radixd.daemon.server.convert import check_token_ids, prompt_ids, sampling_params
+from radixd.daemon.server.bounds import check_count, check_id
+from radixd.daemon.server.convert import check_token_ids, prompt_tokens, sampling_params
 from radixd.daemon.server.handler import rpc
 from radixd.daemon.server.state import ServerState
 from radixd.daemon.server.streaming import RequestRegistry, check_deadline, check_fits, run_stream
@@ -21,12 +23,14 @@ class GenerationServicer(generation_pb2_grpc.GenerationServiceServicer):
 
     @rpc("Generate")
     async def Generate(self, request: generation_pb2.GenerateRequest, context: Any) -> None:
+        arrival = time.monotonic()
         state = self.state
         state.refuse_if_draining()
         namespace = state.namespace(context)
         check_deadline(context)
-        ids = prompt_ids(request.prompt, state.tokenizer)
-        sampling = sampling_params(request.sampling, state.limits.default_max_tokens)
+        check_id("request_id", request.request_id)
+        sampling = sampling_params(request.sampling, state.limits)
+        ids = await prompt_tokens(state, request.prompt)
         check_fits(state, len(ids), sampling)
         with state.stream_slot():
             await run_stream(
@@ -39,6 +43,7 @@ class GenerationServicer(generation_pb2_grpc.GenerationServiceServicer):
                 sampling=sampling,
                 make=generation_pb2.GenerateResponse,
                 priority=request.priority,
+                arrival=arrival,
             )
 
     @rpc("Abort")
@@ -54,7 +59,7 @@ class GenerationServicer(generation_pb2_grpc.GenerationServiceServicer):
         self, request: generation_pb2.TokenizeRequest, context: Any
     ) -> generation_pb2.TokenizeResponse:
         self.state.namespace(context)
-        return generation_pb2.TokenizeResponse(token_ids=prompt_ids(request.prompt, self.state.tokenizer))
+        return generation_pb2.TokenizeResponse(token_ids=await prompt_tokens(self.state, request.prompt))
 
     @rpc("Detokenize")
     async def Detokenize(
@@ -62,6 +67,8 @@ class GenerationServicer(generation_pb2_grpc.GenerationServiceServicer):
     ) -> generation_pb2.DetokenizeResponse:
         self.state.namespace(context)
         tok = self.state.tokenizer
+        # An output never outgrows the context, so neither does a list worth detokenizing.
+        check_count("token_ids", request.token_ids, self.state.limits.context_length)
         ids = check_token_ids(request.token_ids, tok.vocab_size, what="detokenize")
         return generation_pb2.DetokenizeResponse(
             text=tok.decode(ids, skip_special_tokens=request.skip_special_tokens)

@@ -7,14 +7,18 @@ cache leases. A session belongs to the namespace (tenant) that created it; other
 from __future__ import annotations
 
 import asyncio
+import time
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any, TypeVar
 
+import grpc
 from radixd_client._pb import session_pb2, session_pb2_grpc
 
-from radixd.daemon.engine.types import UnknownSession
-from radixd.daemon.server.convert import prompt_ids, sampling_params
-from radixd.daemon.server.errors import bad_request
+from radixd.daemon.engine.types import GenerateRequest, UnknownSession
+from radixd.daemon.sampling import SamplingParams
+from radixd.daemon.server.bounds import MAX_FORK, MAX_SESSION_TTL_S, check_id, check_range, check_seconds
+from radixd.daemon.server.convert import prompt_tokens, sampling_params
+from radixd.daemon.server.errors import RpcFailure, bad_request
 from radixd.daemon.server.handler import rpc
 from radixd.daemon.server.state import ServerState
 from radixd.daemon.server.streaming import RequestRegistry, check_deadline, check_fits, run_stream
@@ -24,7 +28,6 @@ if TYPE_CHECKING:
     from radixd.daemon.engine.sessions import SessionInfo
 
 T = TypeVar("T")
-MAX_FORK = 64
 
 
 def session_message(info: SessionInfo) -> session_pb2.Session:
@@ -42,6 +45,17 @@ def session_message(info: SessionInfo) -> session_pb2.Session:
 async def on_engine(state: ServerState, fn: Callable[[EngineCore], T]) -> T:
     """Run `fn(core)` on the engine thread and await its result without blocking the loop."""
     return await asyncio.wrap_future(state.engine.call(fn))
+
+
+def check_session_room(core: EngineCore, state: ServerState, k: int) -> None:
+    """Refuse `k` more sessions when the daemon already holds its maximum (engine thread)."""
+    limit = state.limits.max_sessions
+    if len(core.sessions) + k > limit:
+        raise RpcFailure(
+            grpc.StatusCode.RESOURCE_EXHAUSTED,
+            f"{len(core.sessions)} sessions are open and at most {limit} may be; close sessions you no"
+            " longer use (CloseSession) or retry later",
+        )
 
 
 def owned(core: EngineCore, session_id: str, namespace: str) -> SessionInfo:
@@ -66,33 +80,39 @@ class SessionServicer(session_pb2_grpc.SessionServiceServicer):
         state = self.state
         state.refuse_if_draining()
         ns = state.namespace(context)
+        ttl = check_seconds("ttl_s", request.ttl_s, MAX_SESSION_TTL_S, "the daemon's default") or None
         tokens = (
-            prompt_ids(request.context, state.tokenizer, generation_prompt=False)
+            await prompt_tokens(state, request.context, "context", generation_prompt=False)
             if request.HasField("context")
             else []
         )
-        if len(tokens) >= state.limits.context_length:
-            raise bad_request(
-                f"session context has {len(tokens)} tokens; the context length is"
-                f" {state.limits.context_length}"
-            )
-        if request.ttl_s < 0:
-            raise bad_request(f"ttl_s must be >= 0 (0 = daemon default), got {request.ttl_s}")
-        ttl = request.ttl_s or None
-        info = await on_engine(state, lambda c: c.sessions.create(None, ns, tokens, ttl))
+        # NOTE: the context must leave room for the first reply token, in the context window and in the
+        # pool, else every turn would be refused: the same checks (and messages) as Generate.
+        probe = SamplingParams(max_tokens=1)
+        check_fits(state, len(tokens), probe)
+
+        def create(core: EngineCore) -> SessionInfo:
+            check_session_room(core, state, 1)
+            if tokens:
+                core.check_fits(len(tokens), GenerateRequest("session-context", tokens, probe, ns))
+            return core.sessions.create(None, ns, tokens, ttl)
+
+        info = await on_engine(state, create)
         return session_pb2.CreateSessionResponse(session=session_message(info))
 
     @rpc("SessionGenerate")
     async def Generate(self, request: session_pb2.SessionServiceGenerateRequest, context: Any) -> None:
+        arrival = time.monotonic()
         state = self.state
         state.refuse_if_draining()
         ns = state.namespace(context)
         check_deadline(context)
-        sid = request.session_id
+        sid = check_id("session_id", request.session_id)
+        check_id("request_id", request.request_id)
+        sampling = sampling_params(request.sampling, state.limits)
         info = await on_engine(state, lambda c: owned(c, sid, ns))
         tail = state.tokenizer.decode(info.tokens[-4:]) if info.tokens else ""
-        ids = prompt_ids(request.prompt, state.tokenizer, continuation=bool(info.tokens), context_tail=tail)
-        sampling = sampling_params(request.sampling, state.limits.default_max_tokens)
+        ids = await prompt_tokens(state, request.prompt, continuation=bool(info.tokens), context_tail=tail)
         if sampling.n != 1:
             raise bad_request(f"a session turn produces one reply; n must be 1, got {sampling.n}")
         check_fits(state, info.num_tokens + len(ids), sampling)
@@ -107,6 +127,7 @@ class SessionServicer(session_pb2_grpc.SessionServiceServicer):
                 sampling=sampling,
                 make=session_pb2.SessionServiceGenerateResponse,
                 session_id=sid,
+                arrival=arrival,
             )
 
     @rpc("ForkSession")
@@ -116,12 +137,12 @@ class SessionServicer(session_pb2_grpc.SessionServiceServicer):
         state = self.state
         state.refuse_if_draining()
         ns = state.namespace(context)
-        if not 1 <= request.count <= MAX_FORK:
-            raise bad_request(f"count must be in [1, {MAX_FORK}], got {request.count}")
-        sid, k = request.session_id, request.count
+        k = check_range("count", request.count, 1, MAX_FORK)
+        sid = check_id("session_id", request.session_id)
 
         def fork(core: EngineCore) -> list[SessionInfo]:
             owned(core, sid, ns)
+            check_session_room(core, state, k)
             return core.sessions.fork(sid, k)
 
         children = await on_engine(state, fork)
@@ -132,7 +153,7 @@ class SessionServicer(session_pb2_grpc.SessionServiceServicer):
         self, request: session_pb2.GetSessionRequest, context: Any
     ) -> session_pb2.GetSessionResponse:
         ns = self.state.namespace(context)
-        sid = request.session_id
+        sid = check_id("session_id", request.session_id)
         info = await on_engine(self.state, lambda c: owned(c, sid, ns))
         return session_pb2.GetSessionResponse(session=session_message(info))
 
@@ -147,7 +168,7 @@ class SessionServicer(session_pb2_grpc.SessionServiceServicer):
             raise bad_request(f"page_size must be <= {limit}, got {size}")
         # NOTE: pages are ordered by session id; the token is the last id of the previous page, so a
         # session created or closed between pages never shifts the others.
-        after = request.page_token
+        after = check_id("page_token", request.page_token)
         infos = await on_engine(self.state, lambda c: c.list_sessions(ns))
         rest = sorted((i for i in infos if i.session_id > after), key=lambda i: i.session_id)
         page = rest[:size]
@@ -161,7 +182,7 @@ class SessionServicer(session_pb2_grpc.SessionServiceServicer):
         self, request: session_pb2.CloseSessionRequest, context: Any
     ) -> session_pb2.CloseSessionResponse:
         ns = self.state.namespace(context)
-        sid, drop = request.session_id, request.drop_cache
+        sid, drop = check_id("session_id", request.session_id), request.drop_cache
 
         def close(core: EngineCore) -> int:
             owned(core, sid, ns)

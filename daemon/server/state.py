@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import concurrent.futures
 import contextlib
 import time
 from collections.abc import Iterator
@@ -12,6 +13,7 @@ from typing import TYPE_CHECKING, Any
 import grpc
 
 from radixd.daemon.server.auth import Authenticator, AuthError
+from radixd.daemon.server.bounds import DEFAULT_MAX_SESSIONS
 from radixd.daemon.server.errors import RpcFailure
 from radixd.daemon.server.events import CacheEventHub
 from radixd.daemon.server.metrics import Metrics
@@ -23,12 +25,21 @@ if TYPE_CHECKING:
 
 @dataclass(frozen=True)
 class Limits:
-    """Per-request limits the server enforces before the engine sees a request."""
+    """Per-request limits the server enforces before the engine sees a request.
+
+    The fixed bounds (n, stop lists, ids, ...) are constants in `bounds.py`; these depend on the model
+    and the pool. `max_prompt_chars`: no text longer than this can fit `context_length` tokens
+    (`bounds.prompt_char_bound`), so longer texts are refused without being tokenized.
+    """
 
     context_length: int
     default_max_tokens: int = 256
     stream_buffer: int = 1024
     max_sessions_page: int = 1000
+    max_prompt_chars: int = 1 << 20
+    vocab_size: int = 1 << 31
+    total_blocks: int = 1 << 31
+    max_sessions: int = DEFAULT_MAX_SESSIONS
 
 
 @dataclass
@@ -45,6 +56,10 @@ class ServerState:
     draining: bool = False
     active_streams: int = 0
     started_at: float = field(default_factory=time.time)
+    # Long prompts are tokenized here, one at a time (see `convert.prompt_tokens`).
+    tokenize_pool: concurrent.futures.ThreadPoolExecutor = field(
+        default_factory=lambda: concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="radixd-tokenize")
+    )
     idle: asyncio.Event = field(default_factory=asyncio.Event)
 
     def namespace(self, context: Any) -> str:

@@ -79,8 +79,13 @@ async def run_stream(
     make: MakeResponse,
     session_id: str | None = None,
     priority: int = 0,
+    arrival: float | None = None,
 ) -> None:
-    """Run one request and write its stream to `context`; raises RpcFailure for errors before output."""
+    """Run one request and write its stream to `context`; raises RpcFailure for errors before output.
+
+    `arrival` (time.monotonic()) is when the RPC arrived: the engine measures queue time and TTFT
+    from it, so they include tokenization and the engine step in progress when the request came.
+    """
     engine = state.engine
     client_id = client_id or uuid.uuid4().hex
     engine_id = registry.register(namespace, client_id)
@@ -92,6 +97,7 @@ async def run_stream(
         engine.abort(engine_id)
 
     bridge = OutputBridge(loop, state.limits.stream_buffer, overflow)
+    t0 = time.monotonic() if arrival is None else arrival
     req = GenerateRequest(
         request_id=engine_id,
         prompt_token_ids=prompt_ids,
@@ -99,11 +105,11 @@ async def run_stream(
         namespace=namespace,
         session_id=session_id,
         priority=priority,
+        arrival_time=t0,
     )
     # Every line logged for this stream carries both ids (engine lines carry the engine id).
     structlog.contextvars.bind_contextvars(request_id=client_id, engine_request_id=engine_id)
-    t0 = time.monotonic()
-    pending = set(range(sampling.n))
+    pending = set(range(sampling.n))  # n <= bounds.MAX_N, checked with the sampling params
     started = False
     try:
         engine.submit(req, bridge.sink)
