@@ -8,7 +8,6 @@ one), control tokens as special added tokens, user-defined tokens as plain added
 
 from __future__ import annotations
 
-
 from collections.abc import Sequence
 from functools import cached_property, lru_cache
 from typing import Any
