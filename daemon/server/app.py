@@ -23,7 +23,6 @@ import grpc
 import grpc.aio
 import uvloop
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
-from grpc_reflection.v1alpha import reflection
 from radixd_client._pb import (
     cache_admin_pb2,
     cache_admin_pb2_grpc,
@@ -41,7 +40,9 @@ from radixd.daemon.server.admin import CacheAdminServicer, cache_stats
 from radixd.daemon.server.auth import Authenticator, load_api_keys
 from radixd.daemon.server.events import CacheEventHub, TreeEventBridge
 from radixd.daemon.server.generation import GenerationServicer
+from radixd.daemon.server.health import PortHealth
 from radixd.daemon.server.metrics import Metrics
+from radixd.daemon.server.reflection import DescriptorFiles, add_reflection
 from radixd.daemon.server.sessions import SessionServicer
 from radixd.daemon.server.state import Limits, ServerState
 from radixd.daemon.server.streaming import RequestRegistry
@@ -137,8 +138,11 @@ def build_state(args: argparse.Namespace, built: BuiltEngine) -> ServerState:
     )
 
 
-def _servers(state: ServerState, args: argparse.Namespace) -> tuple[grpc.aio.Server, grpc.aio.Server, Any]:
-    """The public server (generation, sessions) and the admin server, both with health and reflection."""
+def _servers(
+    state: ServerState, args: argparse.Namespace
+) -> tuple[grpc.aio.Server, grpc.aio.Server, PortHealth]:
+    """The public server (generation, sessions) and the admin server, each with its own health and
+    reflection services that know only that port's services."""
     size = args.max_message_mb * 1024 * 1024
     # NOTE: no SO_REUSEPORT, so a second daemon on the same port fails to start instead of silently
     # sharing the port (and splitting requests and sessions) with the first.
@@ -148,19 +152,18 @@ def _servers(state: ServerState, args: argparse.Namespace) -> tuple[grpc.aio.Ser
         ("grpc.so_reuseport", 0),
     ]
     registry = RequestRegistry()
-    health_servicer = health.aio.HealthServicer()
+    port_health = PortHealth({"public": PUBLIC_SERVICES, "admin": (ADMIN_SERVICE,)})
+    files = DescriptorFiles.load()
     public = grpc.aio.server(options=options)
     generation_pb2_grpc.add_GenerationServiceServicer_to_server(GenerationServicer(state, registry), public)
     session_pb2_grpc.add_SessionServiceServicer_to_server(SessionServicer(state, registry), public)
-    health_pb2_grpc.add_HealthServicer_to_server(health_servicer, public)
-    reflection.enable_server_reflection(
-        (*PUBLIC_SERVICES, health.SERVICE_NAME, reflection.SERVICE_NAME), public
-    )
+    health_pb2_grpc.add_HealthServicer_to_server(port_health.servicer("public"), public)
+    add_reflection(public, files, (*PUBLIC_SERVICES, health.SERVICE_NAME))
     admin = grpc.aio.server(options=options)
     cache_admin_pb2_grpc.add_CacheAdminServiceServicer_to_server(CacheAdminServicer(state), admin)
-    health_pb2_grpc.add_HealthServicer_to_server(health_servicer, admin)
-    reflection.enable_server_reflection((ADMIN_SERVICE, health.SERVICE_NAME, reflection.SERVICE_NAME), admin)
-    return public, admin, health_servicer
+    health_pb2_grpc.add_HealthServicer_to_server(port_health.servicer("admin"), admin)
+    add_reflection(admin, files, (ADMIN_SERVICE, health.SERVICE_NAME))
+    return public, admin, port_health
 
 
 def _start_metrics(state: ServerState, args: argparse.Namespace) -> tuple[Any, int]:

@@ -53,7 +53,7 @@ def test_staleness_is_detected(tmp_path: Path) -> None:
 
 def test_comment_edits_make_the_descriptor_set_stale(tmp_path: Path) -> None:
     """Reflection serves comments from descriptors.binpb, so a comment-only edit must show as stale."""
-    out = _generate_edited(tmp_path, "common.proto", "// 0 = greedy.", "// 0 = greedy (argmax).")
+    out = _generate_edited(tmp_path, "common.proto", "0 = greedy.", "0 = greedy (argmax).")
     assert (out / "common_pb2.py").read_text() == (PB_DIR / "common_pb2.py").read_text()
     fresh = descriptor_pb2.FileDescriptorSet.FromString((out / protogen.DESCRIPTOR_SET).read_bytes())
     comments = [loc.leading_comments for f in fresh.file for loc in f.source_code_info.location]

@@ -27,8 +27,8 @@ if _version_not_supported:
 
 
 class GenerationServiceStub:
-    """Stateless generation. A tenant (from the API key in `authorization` metadata) only ever shares
-    cached prefixes with itself.
+    """Stateless generation. A tenant (from the API key in `authorization: Bearer <api key>` metadata,
+    required when the daemon runs with --api-keys) only ever shares cached prefixes with itself.
     """
 
     def __init__(self, channel):
@@ -65,8 +65,8 @@ class GenerationServiceStub:
 
 
 class GenerationServiceServicer:
-    """Stateless generation. A tenant (from the API key in `authorization` metadata) only ever shares
-    cached prefixes with itself.
+    """Stateless generation. A tenant (from the API key in `authorization: Bearer <api key>` metadata,
+    required when the daemon runs with --api-keys) only ever shares cached prefixes with itself.
     """
 
     def Generate(self, request, context):
@@ -138,8 +138,8 @@ def add_GenerationServiceServicer_to_server(servicer, server):
 
  # This class is part of an EXPERIMENTAL API.
 class GenerationService:
-    """Stateless generation. A tenant (from the API key in `authorization` metadata) only ever shares
-    cached prefixes with itself.
+    """Stateless generation. A tenant (from the API key in `authorization: Bearer <api key>` metadata,
+    required when the daemon runs with --api-keys) only ever shares cached prefixes with itself.
     """
 
     @staticmethod

@@ -28,7 +28,9 @@ if _version_not_supported:
 
 class SessionServiceStub:
     """Sessions keep a conversation's tokens (prompts and generated tokens) hot in the prefix cache, so
-    each turn only computes its new tokens. Forks clone a session copy-on-write.
+    each turn only computes its new tokens. Forks clone a session copy-on-write. Authenticated like
+    GenerationService (`authorization: Bearer <api key>` when the daemon runs with --api-keys); a
+    session belongs to its tenant.
     """
 
     def __init__(self, channel):
@@ -71,7 +73,9 @@ class SessionServiceStub:
 
 class SessionServiceServicer:
     """Sessions keep a conversation's tokens (prompts and generated tokens) hot in the prefix cache, so
-    each turn only computes its new tokens. Forks clone a session copy-on-write.
+    each turn only computes its new tokens. Forks clone a session copy-on-write. Authenticated like
+    GenerationService (`authorization: Bearer <api key>` when the daemon runs with --api-keys); a
+    session belongs to its tenant.
     """
 
     def CreateSession(self, request, context):
@@ -155,7 +159,9 @@ def add_SessionServiceServicer_to_server(servicer, server):
  # This class is part of an EXPERIMENTAL API.
 class SessionService:
     """Sessions keep a conversation's tokens (prompts and generated tokens) hot in the prefix cache, so
-    each turn only computes its new tokens. Forks clone a session copy-on-write.
+    each turn only computes its new tokens. Forks clone a session copy-on-write. Authenticated like
+    GenerationService (`authorization: Bearer <api key>` when the daemon runs with --api-keys); a
+    session belongs to its tenant.
     """
 
     @staticmethod
