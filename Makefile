@@ -4,6 +4,10 @@ PY     := $(VENV)/bin/python
 STAMP  := $(VENV)/.radixd-installed
 HOST   ?= 127.0.0.1
 PORT   ?= 50051
+# radixd serve alone picks free admin and metrics ports (replicas on one host); make serve pins the
+# addresses radixctl and the README assume. A second one: make serve PORT=50061 ADMIN_PORT=0 METRICS_PORT=0
+ADMIN_PORT   ?= 50052
+METRICS_PORT ?= 9464
 
 .PHONY: venv serve test lint typecheck unit proto bench bench-memory bench-radix bench-kernels bench-offline \
         bench-workloads bench-serve gpu-check clean
@@ -19,7 +23,7 @@ $(STAMP): pyproject.toml clients/pyproject.toml
 	@touch $@
 
 serve: $(STAMP)
-	$(VENV)/bin/radixd serve --host $(HOST) --port $(PORT)
+	$(VENV)/bin/radixd serve --host $(HOST) --port $(PORT) --admin-port $(ADMIN_PORT) --metrics-port $(METRICS_PORT)
 
 lint: $(STAMP)
 	$(VENV)/bin/ruff check .

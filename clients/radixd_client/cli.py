@@ -3,8 +3,12 @@
     radixctl generate "The capital of France is" --max-tokens 16
     radixctl chat                       # interactive REPL over a session
     radixctl --admin-token T stats      # admin calls go to --admin-address (loopback by default)
+    radixctl --ready-file ready.json --admin-token T stats   # addresses from `radixd serve --ready-file`
 
 Global flags come before the subcommand; `radixctl <command> --help` lists each command's flags.
+`radixd serve` picks a free admin port unless given `--admin-port`; radixctl's default admin address
+(127.0.0.1:50052) is what `make serve` pins, so for any other daemon pass the `admin_address` of its
+`radixd ready:` line, or its `--ready-file`.
 """
 
 from __future__ import annotations
@@ -21,16 +25,25 @@ from google.protobuf import json_format
 from radixd_client.client import Client, GenerationStream
 from radixd_client.types import FLUSH_MODES, Chunk, End, SamplingOptions, Start
 
+DEFAULT_ADDRESS = "127.0.0.1:50051"
+DEFAULT_ADMIN_ADDRESS = "127.0.0.1:50052"
+ADMIN_COMMANDS = frozenset({"stats", "evict", "flush", "pin", "unpin"})
+
 
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="radixctl", description="Talk to a radixd daemon over gRPC.")
-    p.add_argument(
-        "--address", default=os.environ.get("RADIXD_ADDRESS", "127.0.0.1:50051"), help="daemon host:port"
-    )
+    p.add_argument("--address", help=f"daemon host:port (or RADIXD_ADDRESS; default {DEFAULT_ADDRESS})")
     p.add_argument(
         "--admin-address",
-        default=os.environ.get("RADIXD_ADMIN_ADDRESS", "127.0.0.1:50052"),
-        help="admin (cache) service host:port",
+        help=f"admin (cache) service host:port (or RADIXD_ADMIN_ADDRESS; default {DEFAULT_ADMIN_ADDRESS},"
+        " the port `make serve` pins; `radixd serve` prints its own in the ready line)",
+    )
+    p.add_argument(
+        "--ready-file",
+        metavar="PATH",
+        default=os.environ.get("RADIXD_READY_FILE"),
+        help="take both addresses from this `radixd serve --ready-file` (or RADIXD_READY_FILE);"
+        " --address / --admin-address still win",
     )
     p.add_argument(
         "--admin-token",
@@ -232,16 +245,47 @@ def _chat(args: argparse.Namespace, client: Client) -> int:
     return 0
 
 
+def resolve_addresses(args: argparse.Namespace) -> tuple[str, str]:
+    """(address, admin address): the flags, else the ready file, else the environment, else defaults."""
+    ready: dict[str, object] = {}
+    if args.ready_file:
+        try:
+            with open(args.ready_file) as f:
+                ready = json.load(f)
+        except (OSError, ValueError) as exc:
+            raise SystemExit(
+                f"radixctl: cannot read the ready file {args.ready_file!r} ({exc}); pass the path given to"
+                " `radixd serve --ready-file`, once the daemon printed its `radixd ready:` line"
+            ) from exc
+    address = args.address or ready.get("address") or os.environ.get("RADIXD_ADDRESS") or DEFAULT_ADDRESS
+    admin = (
+        args.admin_address
+        or ready.get("admin_address")
+        or os.environ.get("RADIXD_ADMIN_ADDRESS")
+        or DEFAULT_ADMIN_ADDRESS
+    )
+    return str(address), str(admin)
+
+
+def _unreachable_admin_hint(admin_address: str) -> str:
+    return (
+        f"radixctl: no admin service answered at {admin_address}. `radixd serve` picks a free admin port"
+        " unless given --admin-port: pass --admin-address with the admin_address of the daemon's"
+        " `radixd ready:` line, or --ready-file with the file it was started with"
+    )
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
+    address, admin_address = resolve_addresses(args)
     root = None
     if args.tls_ca:
         with open(args.tls_ca, "rb") as f:
             root = f.read()
     client = Client(
-        args.address,
+        address,
         api_key=args.api_key,
-        admin_address=args.admin_address,
+        admin_address=admin_address,
         admin_token=args.admin_token,
         root_certificates=root,
     )
@@ -249,6 +293,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         return _run(args, client)
     except grpc.RpcError as err:
         print(f"radixctl: {err.code().name}: {err.details()}", file=sys.stderr)
+        # NOTE: only for a failed connection; a draining daemon also answers UNAVAILABLE, with its reason.
+        unreachable = err.code() == grpc.StatusCode.UNAVAILABLE and "connect" in (err.details() or "")
+        if unreachable and args.command in ADMIN_COMMANDS:
+            print(_unreachable_admin_hint(admin_address), file=sys.stderr)
         return 2
     except KeyboardInterrupt:
         return 130

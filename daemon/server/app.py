@@ -99,8 +99,18 @@ def _credentials(args: argparse.Namespace) -> grpc.ServerCredentials | None:
     return grpc.ssl_server_credentials([pair])
 
 
-def _bind(server: grpc.aio.Server, host: str, port: int, creds: grpc.ServerCredentials | None) -> int:
-    address = f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
+def _host_port(host: str, port: int) -> str:
+    return f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
+
+
+def _bind(
+    server: grpc.aio.Server,
+    host: str,
+    port: int,
+    creds: grpc.ServerCredentials | None,
+    flag: str = "--port",
+) -> int:
+    address = _host_port(host, port)
     try:
         bound = (
             server.add_secure_port(address, creds) if creds is not None else server.add_insecure_port(address)
@@ -109,7 +119,8 @@ def _bind(server: grpc.aio.Server, host: str, port: int, creds: grpc.ServerCrede
         bound = 0
     if bound == 0:
         raise SystemExit(
-            f"could not bind {address}: is another daemon using the port? pick another with --port"
+            f"could not bind {address}: is another daemon using the port? pick another with {flag}"
+            " (0 = any free port)"
         )
     return int(bound)
 
@@ -167,8 +178,8 @@ def _servers(
 
 
 def _start_metrics(state: ServerState, args: argparse.Namespace) -> tuple[Any, int]:
-    """Start the Prometheus exporter (if --metrics-port); -> (server or None, bound port or 0)."""
-    if not args.metrics_port:
+    """Start the Prometheus exporter (unless --no-metrics); -> (server or None, bound port or 0)."""
+    if args.no_metrics:
         return None, 0
     engine = state.engine
 
@@ -183,16 +194,57 @@ def _start_metrics(state: ServerState, args: argparse.Namespace) -> tuple[Any, i
         server = state.metrics.serve(args.metrics_port, args.metrics_host)
     except OSError as exc:
         raise SystemExit(
-            f"could not serve metrics on {args.metrics_host}:{args.metrics_port} ({exc});"
-            " pick another --metrics-port or pass --metrics-port 0 to turn metrics off"
+            f"could not serve metrics on {_host_port(args.metrics_host, args.metrics_port)} ({exc});"
+            " pick another --metrics-port (0 = any free port) or pass --no-metrics"
         ) from exc
     return server, int(server.server_address[1])
 
 
-def _write_ready_file(path: str, ports: dict[str, int]) -> None:
+def _write_ready_file(path: str, where: dict[str, int | str]) -> None:
     tmp = Path(path + ".tmp")
-    tmp.write_text(json.dumps({**ports, "pid": os.getpid()}))
+    tmp.write_text(json.dumps({**where, "pid": os.getpid()}))
     tmp.replace(path)  # atomic: readers never see a half-written file
+
+
+def _announce(
+    args: argparse.Namespace, state: ServerState, tls: bool, port: int, admin_port: int, metrics_port: int
+) -> None:
+    """Say where the daemon listens: the `server.serving` log line, the `--ready-file` JSON, and one
+    `radixd ready: ...` line on stdout.
+
+    The admin and metrics ports are free ports unless given (so replicas on one host need only distinct
+    `--port`s); these three places are how people, scripts and radixctl (`--ready-file`) learn them.
+    """
+    address = _host_port(args.host, port)
+    admin_address = _host_port(args.admin_host, admin_port)
+    metrics_url = f"http://{_host_port(args.metrics_host, metrics_port)}/metrics" if metrics_port else ""
+    log.info(
+        "server.serving",
+        address=address,
+        admin_address=admin_address,
+        metrics_url=metrics_url or None,
+        tls=tls,
+        tenants=state.auth.multi_tenant,
+        try_it=f"radixctl --address {address} --admin-address {admin_address} --admin-token TOKEN stats",
+    )
+    if args.ready_file:
+        _write_ready_file(
+            args.ready_file,
+            {
+                "address": address,
+                "admin_address": admin_address,
+                "metrics_url": metrics_url,
+                "port": port,
+                "admin_port": admin_port,
+                "metrics_port": metrics_port,
+            },
+        )
+    # NOTE: a plain line, not a log event, so it shows whatever the log format and level are; key=value
+    # pairs keep it easy to cut apart in a shell.
+    print(
+        f"radixd ready: address={address} admin_address={admin_address} metrics={metrics_url or 'off'}",
+        flush=True,
+    )
 
 
 async def start(args: argparse.Namespace, built: BuiltEngine) -> Daemon:
@@ -203,7 +255,7 @@ async def start(args: argparse.Namespace, built: BuiltEngine) -> Daemon:
     creds = _credentials(args)
     public, admin, health_servicer = _servers(state, args)
     port = _bind(public, args.host, args.port, creds)
-    admin_port = _bind(admin, args.admin_host, args.admin_port, creds)
+    admin_port = _bind(admin, args.admin_host, args.admin_port, creds, "--admin-port")
     metrics_server, metrics_port = _start_metrics(state, args)
     # NOTE: set before the engine thread starts, which from then on alone touches the tree.
     built.core.tree.listener = TreeEventBridge(state.events, asyncio.get_running_loop())
@@ -212,19 +264,7 @@ async def start(args: argparse.Namespace, built: BuiltEngine) -> Daemon:
     await admin.start()
     for name in ("", *PUBLIC_SERVICES, ADMIN_SERVICE):
         await health_servicer.set(name, health_pb2.HealthCheckResponse.SERVING)
-    log.info(
-        "server.serving",
-        address=f"{args.host}:{port}",
-        admin_address=f"{args.admin_host}:{admin_port}",
-        metrics_port=metrics_port or None,
-        tls=creds is not None,
-        tenants=state.auth.multi_tenant,
-        try_it=f"radixctl --address {args.host}:{port} generate 'The capital of France is'",
-    )
-    if args.ready_file:
-        _write_ready_file(
-            args.ready_file, {"port": port, "admin_port": admin_port, "metrics_port": metrics_port}
-        )
+    _announce(args, state, creds is not None, port, admin_port, metrics_port)
     return Daemon(
         state,
         public,

@@ -1,10 +1,15 @@
 """`radixd serve`: flags and entry point (`add_arguments(parser)`, `run(args) -> int`).
 
-    radixd serve --host 127.0.0.1 --port 50051 --admin-port 50052 --admin-token "$TOKEN"
+    radixd serve --host 127.0.0.1 --port 50051 --admin-token "$TOKEN"
+    radixd ready: address=127.0.0.1:50051 admin_address=127.0.0.1:40517 metrics=http://127.0.0.1:38213/metrics
 
 The admin (cache) service listens on its own port, loopback-only by default, and needs the admin
-token as a bearer credential. `--port 0` / `--admin-port 0` pick free ports; `--ready-file` then tells
-scripts which ones (JSON written once the daemon serves).
+token as a bearer credential. Only the public port has a fixed default: the admin and Prometheus
+ports default to free ones, so several daemons (replicas) on one host start with nothing but distinct
+`--port`s. Where each one landed is printed in the `radixd ready:` line on stdout, logged in the
+`server.serving` event, and written to `--ready-file` (JSON, which `radixctl --ready-file` reads).
+Pin them with `--admin-port` / `--metrics-port` when something must find them at a known place
+(`make serve` pins 50052 and 9464, the addresses radixctl and the README assume).
 """
 
 from __future__ import annotations
@@ -21,7 +26,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     net.add_argument("--host", default="127.0.0.1", help="public address to bind (default 127.0.0.1)")
     net.add_argument("--port", type=int, default=50051, help="public gRPC port (0 = pick a free one)")
     net.add_argument("--admin-host", default="127.0.0.1", help="admin address (default loopback only)")
-    net.add_argument("--admin-port", type=int, default=50052, help="admin gRPC port (0 = pick a free one)")
+    net.add_argument(
+        "--admin-port",
+        type=int,
+        default=0,
+        help="admin gRPC port (default 0 = a free one, printed when ready)",
+    )
     net.add_argument(
         "--admin-token",
         default=os.environ.get("RADIXD_ADMIN_TOKEN"),
@@ -33,9 +43,17 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     net.add_argument(
         "--max-message-mb", type=int, default=16, help="max gRPC message size in MiB (default 16)"
     )
-    net.add_argument("--metrics-port", type=int, default=9464, help="Prometheus port on loopback (0 = off)")
+    net.add_argument(
+        "--metrics-port",
+        type=int,
+        default=0,
+        help="Prometheus HTTP port (default 0 = a free one, printed when ready)",
+    )
     net.add_argument("--metrics-host", default="127.0.0.1", help="Prometheus address (default loopback)")
-    net.add_argument("--ready-file", metavar="PATH", help="write bound ports as JSON here once serving")
+    net.add_argument("--no-metrics", action="store_true", help="serve no Prometheus metrics")
+    net.add_argument(
+        "--ready-file", metavar="PATH", help="write the bound addresses as JSON here once serving"
+    )
     model = parser.add_argument_group("model and cache")
     model.add_argument("--model", default=None, help="GGUF file or HF directory (default: embedded SmolLM2)")
     model.add_argument("--device", default="cpu", help="cpu or cuda")

@@ -1,4 +1,5 @@
-"""Prometheus metrics, served on a loopback HTTP port (`--metrics-port`).
+"""Prometheus metrics, served over HTTP on loopback (`--metrics-port`; by default a free port, printed
+in the daemon's ready line, so replicas on one host never collide on it).
 
 Request-path metrics (counts, tokens, latencies) are recorded by the handlers. Cache state (blocks by
 state, evictions, preemptions, hit tokens) is read from the engine at scrape time by a collector, so it
@@ -52,7 +53,8 @@ class Metrics:
         self.registry.register(_EngineCollector(read_stats))
 
     def serve(self, port: int, host: str = "127.0.0.1") -> Any:
-        """Start the HTTP exporter thread; returns the server (has `shutdown()`)."""
+        """Start the HTTP exporter thread (`port` 0 = a free one, see `server_address`); returns the
+        server (has `shutdown()`)."""
         server, _thread = start_http_server(port, addr=host, registry=self.registry)
         return server
 
@@ -83,14 +85,25 @@ class _EngineCollector(Collector):
             "radixd_preemptions", "Preempted sequences", value=float(stats.get("preemptions", 0))
         )
         yield CounterMetricFamily(
-            "radixd_cache_hit_tokens", "Prompt tokens hit", value=float(stats.get("hit_tokens", 0))
+            "radixd_cache_hit_tokens",
+            "Prompt tokens served from the prefix cache, counted once per request at its first admission"
+            " (the sum of cached_tokens); hit + miss = prompt tokens",
+            value=float(stats.get("hit_tokens", 0)),
         )
         yield CounterMetricFamily(
-            "radixd_cache_miss_tokens", "Prompt tokens computed", value=float(stats.get("miss_tokens", 0))
+            "radixd_cache_miss_tokens",
+            "Prompt tokens computed (prompt - cached, per request at its first admission; the last prompt"
+            " token is always computed); hit + miss = prompt tokens",
+            value=float(stats.get("miss_tokens", 0)),
         )
         yield GaugeMetricFamily(
             "radixd_running_requests", "Running requests", value=float(stats.get("running", 0))
         )
         yield GaugeMetricFamily(
             "radixd_waiting_requests", "Waiting requests", value=float(stats.get("waiting", 0))
+        )
+        yield GaugeMetricFamily(
+            "radixd_swapped_requests",
+            "Requests preempted to host memory (--preemption-mode swap), waiting to resume",
+            value=float(stats.get("swapped", 0)),
         )
