@@ -146,7 +146,9 @@ class EngineCore(ValidationMixin, OutputMixin, AdminMixin):
             return
         if not self.has_work():
             self._last_progress = time.monotonic()  # the watchdog measures stalls of pending work only
-        r = RequestState(req=req, sink=sink, prompt=prompt, arrival=time.monotonic())
+        # NOTE: arrival is when the caller made the request (the RPC's arrival), not when this thread
+        # picked it up between steps: queue time and TTFT include the step that was in progress.
+        r = RequestState(req=req, sink=sink, prompt=prompt, arrival=req.arrival_time)
         self.requests[rid] = r
         self.counters["prompt_tokens"] += len(prompt)
         log.info(

@@ -74,7 +74,9 @@ class GenerateRequest:
     it from authenticated metadata. `priority`: larger is more important; under memory pressure the
     lowest priority (then the newest) running sequence is preempted first. `beam_width` > 0 runs beam
     search of that width (greedy scoring by summed logprobs; `sampling.n` outputs are returned, n <=
-    beam_width) instead of sampling.
+    beam_width) instead of sampling. `arrival_time` (`time.monotonic()`, default: when this object
+    was built) is when the request arrived; queue time and TTFT are measured from it, and FCFS order
+    follows it.
     """
 
     request_id: str

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import threading
+import time
 from collections.abc import Iterator
 
 import pytest
@@ -107,3 +108,44 @@ def test_wait_idle_flush_times_out_and_shutdown_drains(smollm: LoadedModel) -> N
         eng.submit(GenerateRequest("late", [1, 2], greedy()), Waiter())
     with pytest.raises(EngineStopped):
         eng.call(lambda c: c.stats()).result(1)
+
+
+def test_queue_time_and_ttft_count_from_arrival_not_from_pickup(
+    smollm: LoadedModel, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A request that arrives during a step waits for that step: its queue time and TTFT say so, and
+    the TTFT matches what the caller sees."""
+    core = make_core(smollm, num_blocks=128)
+    real_step = core.step
+    in_slow_step = threading.Event()
+
+    def slow_first_step() -> bool:
+        if not in_slow_step.is_set():
+            in_slow_step.set()
+            time.sleep(0.5)
+        return real_step()
+
+    monkeypatch.setattr(core, "step", slow_first_step)
+    eng = Engine(core)
+    eng.start()
+    try:
+        eng.submit(GenerateRequest("busy", smollm.tokenizer.encode(SYSTEM), greedy(4)), Waiter())
+        assert in_slow_step.wait(30)
+        first_token_at: list[float] = []
+
+        def sink(out: RequestOutput) -> None:
+            if out.new_token_ids and not first_token_at:
+                first_token_at.append(time.monotonic())
+            late(out)
+
+        late = Waiter()
+        sent = time.monotonic()
+        eng.submit(GenerateRequest("late", [1, 2, 3, 4], greedy(2), arrival_time=sent), sink)
+        assert late.done.wait(60)
+    finally:
+        eng.shutdown(drain_timeout_s=5.0)
+    end = late.outs[-1]
+    assert end.finish_reason == "length" and end.ttft_s is not None and end.queue_time_s is not None
+    seen = first_token_at[0] - sent
+    assert seen > 0.3  # most of the slow step was still to run when "late" arrived
+    assert end.queue_time_s > 0.3 and abs(end.ttft_s - seen) < 0.02, (end.ttft_s, seen)
