@@ -122,7 +122,13 @@ class AdminMixin:
         }
 
     def stats(self) -> dict[str, Any]:
-        """Counters and gauges: blocks by state, hits, evictions, preemptions, sessions."""
+        """Counters and gauges: blocks by state, hits, evictions, preemptions, sessions.
+
+        `hit_tokens` / `miss_tokens` count each admitted request's prompt once (hits = its
+        `cached_tokens`, hits + misses = its prompt tokens; see `SchedulerCounters`); `cache` holds
+        the radix tree's own statistics, whose hit/miss counts cover every match (session relocks and
+        retried admissions included).
+        """
         c = self._core()
         sc = c.scheduler.counters
         out: dict[str, Any] = dict(c.counters)
@@ -134,6 +140,8 @@ class AdminMixin:
             preemptions_recompute=sc.preemptions_recompute,
             preemptions_swap=sc.preemptions_swap,
             held_for_shared_prefix=sc.held_for_shared_prefix,
+            hit_tokens=sc.hit_tokens,
+            miss_tokens=sc.miss_tokens,
             evictable_blocks=c.tree.evictable_blocks(),
             peak_used_blocks=c.peak_used_blocks,
             peak_active_blocks=c.peak_active_blocks,

@@ -36,10 +36,20 @@ class Planned:
 
 @dataclass
 class SchedulerCounters:
+    """Scheduler totals since start.
+
+    `hit_tokens` / `miss_tokens`: each request's prompt tokens counted once, at its first admission:
+    hits are its `cached_tokens` (supplied by the prefix cache), misses the rest (computed), so
+    hits + misses = the prompt tokens of admitted requests. Re-admissions after a preemption, retries
+    of an admission that did not fit, session relocks and prefix lookups do not count.
+    """
+
     preemptions_recompute: int = 0
     preemptions_swap: int = 0
     held_for_shared_prefix: int = 0
     admitted: int = 0
+    hit_tokens: int = 0
+    miss_tokens: int = 0
 
 
 class Scheduler:
@@ -203,6 +213,8 @@ class Scheduler:
             if req.cached_tokens is None:
                 req.cached_tokens = seq.num_computed
                 req.admitted_at = time.monotonic()
+                self.counters.hit_tokens += seq.num_computed
+                self.counters.miss_tokens += req.prompt_len - seq.num_computed
             if seq.is_root and seq.remaining == 0:
                 for child in self._fork_root(seq):
                     if budget > 0 and self.kv.ensure_free(self.kv.new_blocks_for_append(child, 1)):

@@ -117,3 +117,27 @@ def test_longest_prefix_ordering_runs_all(smollm: LoadedModel) -> None:
     col = run(core, [GenerateRequest(f"l{i}", p, greedy(3)) for i, p in enumerate(prompts)])
     assert all(col.finished(f"l{i}") for i in range(len(prompts)))
     assert_all_free(core)
+
+
+def test_hits_and_misses_add_up_to_the_prompt_tokens(smollm: LoadedModel) -> None:
+    """hit_tokens = the requests' cached_tokens and hit + miss = their prompt tokens, whatever else
+    looks up the tree: session relocks, lookups, admissions retried for memory, preemptions."""
+    tok = smollm.tokenizer
+    core = make_core(smollm, num_blocks=17)  # 16 usable blocks: admissions wait and get preempted
+    core.sessions.create("s", tokens=tok.encode(SYSTEM))
+    prompts = [
+        tok.encode(SYSTEM[: 60 + 20 * i] + f"\nUser: {q}\nAssistant:") for i, q in enumerate(QUESTIONS)
+    ]
+    reqs = [GenerateRequest(f"r{i}", p, greedy(16)) for i, p in enumerate(prompts)]
+    reqs.append(GenerateRequest("n2", prompts[0], sampled(seed=3, max_tokens=4, n=2)))
+    col = run(core, reqs)
+    for turn in ("t1", "t2"):
+        run(core, [GenerateRequest(turn, tok.encode(f"\nUser: {turn}?"), greedy(4), session_id="s")], col)
+        core.lookup_prefix(prompts[1])
+    stats = core.stats()
+    assert stats["preemptions"] > 0 and stats["cache"].hit_tokens > 0
+    finals = [col.final(rid) for rid in [r.request_id for r in reqs] + ["t1", "t2"]]
+    cached = sum(f.cached_tokens for f in finals)
+    assert cached > 0 and stats["hit_tokens"] == cached
+    assert stats["hit_tokens"] + stats["miss_tokens"] == sum(f.prompt_tokens for f in finals)
+    assert stats["prompt_tokens"] == sum(f.prompt_tokens for f in finals)
