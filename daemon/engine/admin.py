@@ -139,6 +139,7 @@ class AdminMixin:
             preemptions=sc.preemptions_recompute + sc.preemptions_swap,
             preemptions_recompute=sc.preemptions_recompute,
             preemptions_swap=sc.preemptions_swap,
+            swap_fallbacks=sc.swap_fallbacks,
             held_for_shared_prefix=sc.held_for_shared_prefix,
             hit_tokens=sc.hit_tokens,
             miss_tokens=sc.miss_tokens,

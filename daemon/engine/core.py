@@ -240,18 +240,10 @@ class EngineCore(ValidationMixin, OutputMixin, AdminMixin):
     def step(self) -> bool:
         """Schedule and run one step; -> whether any token was computed."""
         plan = self.scheduler.schedule()
-        sched = self.scheduler
-        # NOTE: idle sessions' leases must not starve requests: with nothing running and requests
-        # waiting for memory, drop session leases (earliest expiry first) until something fits.
-        while (
-            not plan
-            and sched.waiting
-            and not sched.running
-            and not sched.swapped
-            and self.sessions.shed_one()
-        ):
-            log.info("engine.session_lease_shed", waiting=len(sched.waiting), free_blocks=self.pool.num_free)
-            plan = sched.schedule()
+        # NOTE: pending work that plans nothing is stalled on memory, and nothing else would free it
+        # before a session lease lapses (the TTL, 600 s by default): free room until something fits.
+        while not plan and self.scheduler.has_work() and self._unstall():
+            plan = self.scheduler.schedule()
         self._track_peaks()
         if not plan:
             return False
@@ -269,6 +261,37 @@ class EngineCore(ValidationMixin, OutputMixin, AdminMixin):
         self._last_progress = time.monotonic()
         for p, res in zip(plan, results, strict=True):
             self._after_step(p, res)
+        return True
+
+    def _unstall(self) -> bool:
+        """Free room for stalled work, one move at a time; -> whether anything changed.
+
+        First an idle session's lease goes (earliest expiry first; the session stays open and its
+        prefix stays cached, now evictable). With no lease left to shed and nothing running, the oldest
+        swapped-out sequence falls back to recompute: its swap-in needs fresh blocks for every computed
+        token, while re-admission shares what the cache still holds (a busy session's lease locks the
+        very prefix its swapped-out turn carries on the host), so recompute can fit where swap-in
+        cannot. Both preemption modes therefore progress whenever the pool can hold the work.
+        """
+        sched = self.scheduler
+        if self.sessions.shed_one():
+            log.info(
+                "engine.session_lease_shed",
+                waiting=len(sched.waiting),
+                swapped=len(sched.swapped),
+                free_blocks=self.pool.num_free,
+            )
+            return True
+        if sched.running or not sched.swapped:
+            return False
+        seq = sched.swapped_to_recompute()
+        log.info(
+            "engine.swap_fallback_recompute",
+            request_id=seq.request.request_id,
+            seq_id=seq.seq_id,
+            tokens=len(seq.tokens),
+            free_blocks=self.pool.num_free,
+        )
         return True
 
     def step_safely(self) -> bool:

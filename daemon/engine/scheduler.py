@@ -50,6 +50,7 @@ class SchedulerCounters:
     admitted: int = 0
     hit_tokens: int = 0
     miss_tokens: int = 0
+    swap_fallbacks: int = 0  # swapped-out sequences that could not swap back in and recomputed instead
 
 
 class Scheduler:
@@ -118,6 +119,17 @@ class Scheduler:
             tokens=len(seq.tokens),
             preemptions=seq.preemptions,
         )
+
+    def swapped_to_recompute(self) -> Sequence:
+        """Move the oldest swapped-out sequence to the waiting queue: its host KV is dropped and it
+        recomputes on re-admission (sharing whatever prefix the cache holds). -> that sequence."""
+        seq = self.swapped.pop(0)
+        if self.swap is not None:
+            self.swap.drop(seq)
+        seq.num_computed = 0
+        self.add(seq)
+        self.counters.swap_fallbacks += 1
+        return seq
 
     def _reserve(self, seq: Sequence, n: int, planned: set[int]) -> bool:
         """Free the blocks `seq` needs for `n` more tokens: evict cache, then preempt others."""

@@ -1,12 +1,15 @@
-"""Memory pressure: preemption by recompute or swap never changes outputs and leaks nothing."""
+"""Memory pressure: preemption by recompute or swap never changes outputs, never stalls on session
+leases, and leaks nothing."""
 
 from __future__ import annotations
 
 import random
+from collections.abc import Callable
 
 import pytest
 from engine_kit import QUESTIONS, SYSTEM, Collector, assert_all_free, greedy, make_core, run, sampled
 
+from radixd.daemon.engine.core import EngineCore
 from radixd.daemon.engine.types import GenerateRequest
 from radixd.daemon.loaders import LoadedModel
 
@@ -88,4 +91,69 @@ def test_random_aborts_leak_nothing(smollm: LoadedModel) -> None:
             assert outs[-1].finish_reason in ("abort", "length", "stop")
     aborted = sum(col.final(r).finish_reason == "abort" for r in submitted)
     assert aborted > 100
+    assert_all_free(core)
+
+
+def _idle_lease_scenario(core: EngineCore) -> tuple[Collector, list[int]]:
+    """A session turn "t" and a longer request "b" share a 16-block pool; "b" is preempted, then "t"
+    ends and its idle session locks 8 blocks, so "b" needs more than what is left. -> outputs and the
+    swapped-out count seen after every step."""
+    core.sessions.create("sess")
+    col = Collector()
+    core.add_request(
+        GenerateRequest("t", [11 + i % 50 for i in range(96)], greedy(24), session_id="sess"), col
+    )
+    core.step()
+    core.add_request(GenerateRequest("b", [300 + i % 70 for i in range(130)], greedy(30)), col)
+    return col, _drive(core)
+
+
+def _busy_session_scenario(core: EngineCore) -> tuple[Collector, list[int]]:
+    """A session holds 150 cached tokens (10 blocks of 16); its next turn "t2" is preempted by an older
+    request "r". Swapping "t2" back in needs 11 fresh blocks beside the session's 10: only
+    recompute (sharing the session's prefix) fits, and the busy session's lease is never shed."""
+    core.sessions.create("s")
+    run(core, [GenerateRequest("t1", [11 + i % 50 for i in range(150)], greedy(1), session_id="s")])
+    col = Collector()
+    core.add_request(GenerateRequest("r", [300 + i for i in range(40)], greedy(40)), col)
+    core.step()
+    core.add_request(GenerateRequest("t2", [500 + i for i in range(10)], greedy(20), session_id="s"), col)
+    return col, _drive(core)
+
+
+def _drive(core: EngineCore) -> list[int]:
+    """`run_until_idle` (which raises on a stall), recording how many sequences were swapped out."""
+    swapped = []
+    for _ in range(10_000):
+        if not core.has_work():
+            return swapped
+        if not core.step():
+            core.tick()
+            assert core.step(), f"stalled: {core.load()}, {core.stats()['evictable_blocks']} evictable"
+        swapped.append(core.load()["swapped"])
+    raise AssertionError("still busy after 10000 steps")
+
+
+@pytest.mark.parametrize("mode", ["recompute", "swap"])
+@pytest.mark.parametrize("scenario", [_idle_lease_scenario, _busy_session_scenario])
+def test_preempted_requests_resume_while_session_leases_hold_the_pool(
+    smollm: LoadedModel, mode: str, scenario: Callable[[EngineCore], tuple[Collector, list[int]]]
+) -> None:
+    ref, _ = scenario(make_core(smollm, num_blocks=512))
+    extra = {"preemption_mode": "swap", "num_host_blocks": 32} if mode == "swap" else {}
+    core = make_core(smollm, num_blocks=17, **extra)  # 16 usable blocks
+    col, swapped = scenario(core)
+    for key in ref.outs:
+        assert col.tokens(*key) == ref.tokens(*key), key
+        assert col.final(*key).finish_reason == "length"
+    stats = core.stats()
+    if mode == "swap":
+        assert stats["preemptions_swap"] == 1 and max(swapped) == 1  # the load shows it while it waits
+    else:
+        assert stats["preemptions_recompute"] == 1 and max(swapped) == 0
+    if scenario is _busy_session_scenario:
+        assert core.sessions.shed == 0 and stats["swap_fallbacks"] == (mode == "swap")
+    else:
+        assert core.sessions.shed == 1 and stats["swap_fallbacks"] == 0
+    core.sessions.close("sess" if scenario is _idle_lease_scenario else "s")
     assert_all_free(core)
