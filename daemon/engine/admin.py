@@ -82,17 +82,21 @@ class AdminMixin:
 
     def _serve_flush_waiters(self, now: float) -> None:
         c = self._core()
-        keep = []
-        for deadline, fut in c._flush_waiters:
-            if not c.requests:
-                fut.set_result(self.flush("all"))
-            elif now >= deadline:
-                fut.set_exception(
-                    EngineTimeout(f"flush 'wait_idle' timed out with {len(c.requests)} requests in flight")
-                )
-            else:
-                keep.append((deadline, fut))
-        c._flush_waiters = keep
+        waiters, c._flush_waiters = c._flush_waiters, []
+        for deadline, fut in waiters:
+            try:
+                if not c.requests:
+                    fut.set_result(self.flush("all"))
+                elif now >= deadline:
+                    busy = f"{len(c.requests)} requests in flight"
+                    fut.set_exception(EngineTimeout(f"flush 'wait_idle' timed out with {busy}"))
+                else:
+                    c._flush_waiters.append((deadline, fut))
+            except Exception as exc:  # the caller waiting on this flush gets the error, not the engine
+                c.counters["errors"] += 1
+                log.exception("engine.flush_failed")
+                if not fut.done():
+                    fut.set_exception(exc)
 
     def pin(self, tokens: list[int], namespace: str = "") -> int:
         """Exempt the cached prefix `tokens` from eviction (within the pin budget); -> tokens pinned

@@ -28,6 +28,7 @@ from radixd.daemon.engine.swap import HostSwap
 from radixd.daemon.engine.textstream import TextStream
 from radixd.daemon.engine.types import (
     EngineError,
+    EngineFault,
     GenerateRequest,
     InvalidRequest,
     RequestOutput,
@@ -42,6 +43,14 @@ FlushMode = Literal["all", "refuse_if_busy", "wait_idle"]
 Sink = Callable[[RequestOutput], None]
 
 log = structlog.get_logger("radixd.engine")
+
+
+def fault_message(exc: BaseException) -> str:
+    """What a request failed by an unexpected engine error is told."""
+    return (
+        f"internal engine error ({type(exc).__name__}: {exc}); the request was not completed."
+        " Retry it; if it keeps failing, report it with the request id from the daemon's log"
+    )
 
 
 def copy_waves(ops: list[tuple[int, int, int]]) -> list[list[tuple[int, int, int]]]:
@@ -300,14 +309,79 @@ class EngineCore(ValidationMixin, OutputMixin, AdminMixin):
             return self.step()
         except Exception as exc:
             self.counters["errors"] += 1
-            log.exception("engine.step_failed")
-            for r in list(self.requests.values()):
-                for seq in list(r.seqs):
-                    if not seq.finished:
-                        self._finish_seq(seq, "error", emit=True, error=f"internal engine error: {exc}")
-                self._finish_request(r)
+            log.exception("engine.step_failed", requests=list(self.requests))
+            # NOTE: every request in flight fails, not only those in the step: a half-applied step
+            # (slots appended, tokens not accepted, copies queued) leaves no state to trust, and a
+            # request that breaks scheduling itself would otherwise fail every step after this one.
+            for rid in list(self.requests):
+                self.fail_request(rid, exc)
             self.kv.take_copies()
             return False
+
+    # ---- unexpected errors -----------------------------------------------------------------------
+    def fail_request(self, request_id: str, exc: BaseException) -> None:
+        """Fail an in-flight request after an unexpected engine error: each unfinished output ends with
+        finish_reason "error" and code "internal", its blocks, lease and session turn are released, and
+        the failure is logged with the request id."""
+        r = self.requests.get(request_id)
+        if r is None:
+            return
+        message = fault_message(exc)
+        log.error("engine.request_failed", request_id=request_id, error=message)
+        live = [seq for seq in r.seqs if not seq.finished]
+        for seq in live:
+            self._finish_seq(seq, "error", emit=True, error=message)
+        if not r.seqs:  # it failed before it got a sequence: nothing above reached its sink
+            self._emit_errors(r, message)
+        self._finish_request(r)
+
+    def fail_submit(self, req: GenerateRequest, sink: Sink, exc: BaseException) -> None:
+        """`add_request(req, sink)` raised unexpectedly: fail `req` in whatever state it got to."""
+        r = self.requests.get(req.request_id)
+        if r is not None and r.req is req:
+            self.fail_request(req.request_id, exc)
+            return
+        if req.session_id is not None:
+            self.sessions.abandon_turn(req.session_id, req.request_id)
+        message = fault_message(exc)
+        log.error("engine.request_failed", request_id=req.request_id, error=message)
+        self.reject(req, sink, EngineFault(message))
+
+    def fail_all(self, exc: BaseException) -> None:
+        """The engine thread is dying: fail every request in flight. A request whose state is too
+        broken to finish properly still gets its error outputs, so no stream waits forever."""
+        for rid, r in list(self.requests.items()):
+            try:
+                self.fail_request(rid, exc)
+            except Exception:
+                log.exception("engine.request_fail_failed", request_id=rid)
+                self.requests.pop(rid, None)
+                self._emit_errors(r, fault_message(exc))
+                self.on_request_done(rid)
+
+    def _emit_errors(self, r: RequestState, message: str) -> None:
+        """A final error output for each index of `r` that has not finished yet."""
+        ended = {s.index for s in r.seqs if s.finished and s.index >= 0}
+        for i in range(r.n):
+            if i not in ended:
+                self._emit(
+                    r.sink,
+                    RequestOutput(
+                        request_id=r.request_id,
+                        index=i,
+                        new_token_ids=[],
+                        text_delta="",
+                        logprobs=None,
+                        prompt_tokens=r.prompt_len,
+                        cached_tokens=r.cached_tokens or 0,
+                        completion_tokens=0,
+                        finished=True,
+                        finish_reason="error",
+                        error=message,
+                        error_code=EngineFault.code,
+                        session_id=r.req.session_id,
+                    ),
+                )
 
     def run_until_idle(self, max_steps: int = 1_000_000) -> None:
         """Drive steps on the calling thread until nothing is left (tests, offline)."""

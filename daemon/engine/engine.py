@@ -6,6 +6,12 @@ each request's sink, called on the engine thread.
 
 NOTE: the engine thread is the only owner of radix state (pool, tree, tables, leases); nothing here or
 in `radixd.radix` takes locks, so no other thread may touch `EngineCore` directly once `start()` ran.
+
+NOTE: failures. Every piece of work on the engine thread (a command, a step, the timers) runs guarded:
+an unexpected exception fails only what it touched (the request with INTERNAL and its id in the log,
+the caller's future) and the loop goes on. Should the thread die anyway (an error while handling an
+error), every request in flight fails, queued work is refused, and `on_fatal` tells the owner, which
+must stop serving: a live server with a dead engine would accept work that never runs.
 """
 
 from __future__ import annotations
@@ -16,7 +22,7 @@ import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import TypeVar
+from typing import Any, TypeVar
 
 import structlog
 
@@ -46,11 +52,18 @@ class _Call:
     future: concurrent.futures.Future[object]
 
 
+@dataclass
+class _Flush:
+    mode: FlushMode
+    timeout_s: float
+    future: concurrent.futures.Future[int]
+
+
 class _Stop:
     pass
 
 
-_Command = _Submit | _Abort | _Call | _Stop
+_Command = _Submit | _Abort | _Call | _Flush | _Stop
 
 
 class Engine:
@@ -70,6 +83,9 @@ class Engine:
         self._inflight = 0  # submitted and not yet finished; guarded by _lock
         self._accepting = False
         self._stopped = threading.Event()
+        # Called once, on the dying engine thread, with the error that killed it (see the module NOTE).
+        self.on_fatal: Callable[[BaseException], None] | None = None
+        self.fatal_error: BaseException | None = None
         core.on_request_done = self._request_done
 
     # ---- lifecycle -------------------------------------------------------------------------------
@@ -117,7 +133,9 @@ class Engine:
                     " retry later"
                 )
             self._inflight += 1
-        self._queue.put(_Submit(req, sink))
+            # NOTE: queued under the lock that the stopping thread takes before it answers what is
+            # left in the queue, so no command can land in the queue after that and wait forever.
+            self._queue.put(_Submit(req, sink))
 
     def abort(self, request_id: str) -> None:
         """Abort a request by id: idempotent, also before it was admitted. Thread-safe."""
@@ -127,10 +145,7 @@ class Engine:
         """Run `fn(core)` on the engine thread between steps; its result or exception lands in the
         returned future. Thread-safe."""
         fut: concurrent.futures.Future[T] = concurrent.futures.Future()
-        if not self.running:
-            fut.set_exception(EngineStopped("the engine is not running"))
-            return fut
-        self._queue.put(_Call(fn, fut))  # type: ignore[arg-type]
+        self._enqueue(_Call(fn, fut), fut)  # type: ignore[arg-type]
         return fut
 
     def flush(self, mode: FlushMode = "all", timeout_s: float = 30.0) -> concurrent.futures.Future[int]:
@@ -139,13 +154,15 @@ class Engine:
         until no request is in flight, failing with `EngineTimeout` after `timeout_s`. Result: blocks
         freed."""
         fut: concurrent.futures.Future[int] = concurrent.futures.Future()
-        if not self.running:
-            fut.set_exception(EngineStopped("the engine is not running"))
-            return fut
-        self._queue.put(
-            _Call(lambda core: core.request_flush(mode, timeout_s, fut), concurrent.futures.Future())
-        )
+        self._enqueue(_Flush(mode, timeout_s, fut), fut)
         return fut
+
+    def _enqueue(self, cmd: _Command, fut: concurrent.futures.Future[Any]) -> None:
+        with self._lock:
+            if self._thread is not None and not self._stopped.is_set():
+                self._queue.put(cmd)
+                return
+        fut.set_exception(EngineStopped("the engine is not running"))
 
     # ---- engine thread ---------------------------------------------------------------------------
     def _request_done(self, request_id: str) -> None:
@@ -153,6 +170,7 @@ class Engine:
             self._inflight = max(0, self._inflight - 1)
 
     def _run(self) -> None:
+        error: BaseException | None = None
         try:
             progressed = False
             while True:
@@ -161,11 +179,44 @@ class Engine:
                 if not self._drain(block=not (self.core.has_work() and progressed)):
                     break
                 progressed = self.core.step_safely() if self.core.has_work() else False
-                self.core.tick()
-        finally:
+                self._tick()
+        except BaseException as exc:  # past every guard: the thread is lost (see the module NOTE)
+            error = exc
+            log.critical("engine.thread_died", error=f"{type(exc).__name__}: {exc}", exc_info=exc)
+        with self._lock:
+            self._accepting = False
             self._stopped.set()
-            self.core.abort_all("engine stopped")
-            self._fail_pending()
+        try:
+            if error is None:
+                self.core.abort_all("engine stopped")
+            else:
+                self.core.fail_all(error)
+        except BaseException as exc:
+            log.critical("engine.stop_failed", exc_info=exc)
+            error = error or exc
+        self._fail_pending()
+        if error is not None:
+            self._die(error)
+
+    def _die(self, error: BaseException) -> None:
+        self.fatal_error = error
+        hook = self.on_fatal
+        if hook is None:
+            log.critical("engine.dead", hint="no on_fatal hook is set: nothing stops the process")
+            return
+        try:
+            hook(error)
+        except Exception:
+            log.exception("engine.on_fatal_failed")
+
+    def _tick(self) -> None:
+        """Timers, guarded: a failing timer (flush waiters answer their own errors) is logged and
+        retried on the next pass instead of ending the thread."""
+        try:
+            self.core.tick()
+        except Exception:
+            self.core.counters["errors"] += 1
+            log.exception("engine.tick_failed")
 
     def _drain(self, block: bool) -> bool:
         """Apply queued commands; False once a stop command arrived."""
@@ -181,17 +232,34 @@ class Engine:
             self._apply(cmd)
 
     def _apply(self, cmd: _Command) -> None:
+        try:
+            if isinstance(cmd, _Submit):
+                self.core.add_request(cmd.req, cmd.sink)
+            elif isinstance(cmd, _Abort):
+                self.core.abort_request(cmd.request_id)
+            elif isinstance(cmd, _Flush):
+                self.core.request_flush(cmd.mode, cmd.timeout_s, cmd.future)
+            elif isinstance(cmd, _Call):
+                if not cmd.future.set_running_or_notify_cancel():
+                    return
+                try:
+                    cmd.future.set_result(cmd.fn(self.core))
+                except BaseException as exc:
+                    cmd.future.set_exception(exc)
+        except Exception as exc:
+            self._command_failed(cmd, exc)
+
+    def _command_failed(self, cmd: _Command, exc: Exception) -> None:
+        """A command raised unexpectedly: fail what it was about (its request or its caller's future)."""
+        self.core.counters["errors"] += 1
+        rid = cmd.req.request_id if isinstance(cmd, _Submit) else getattr(cmd, "request_id", None)
+        log.exception("engine.command_failed", command=type(cmd).__name__.strip("_").lower(), request_id=rid)
         if isinstance(cmd, _Submit):
-            self.core.add_request(cmd.req, cmd.sink)
+            self.core.fail_submit(cmd.req, cmd.sink, exc)
         elif isinstance(cmd, _Abort):
-            self.core.abort_request(cmd.request_id)
-        elif isinstance(cmd, _Call):
-            if not cmd.future.set_running_or_notify_cancel():
-                return
-            try:
-                cmd.future.set_result(cmd.fn(self.core))
-            except BaseException as exc:
-                cmd.future.set_exception(exc)
+            self.core.fail_request(cmd.request_id, exc)
+        elif isinstance(cmd, _Flush | _Call) and not cmd.future.done():
+            cmd.future.set_exception(exc)
 
     def _fail_pending(self) -> None:
         """After stop: answer whatever is still queued so no caller waits forever."""
@@ -200,7 +268,11 @@ class Engine:
                 cmd = self._queue.get_nowait()
             except queue.Empty:
                 return
-            if isinstance(cmd, _Submit):
-                self.core.reject(cmd.req, cmd.sink, EngineStopped("the engine stopped before admission"))
-            elif isinstance(cmd, _Call) and cmd.future.set_running_or_notify_cancel():
-                cmd.future.set_exception(EngineStopped("the engine stopped"))
+            stopped = EngineStopped("the engine stopped before running this; retry on a live daemon")
+            try:
+                if isinstance(cmd, _Submit):
+                    self.core.reject(cmd.req, cmd.sink, stopped)
+                elif isinstance(cmd, _Call | _Flush) and cmd.future.set_running_or_notify_cancel():
+                    cmd.future.set_exception(stopped)
+            except Exception:
+                log.exception("engine.refuse_failed", command=type(cmd).__name__.strip("_").lower())

@@ -200,6 +200,12 @@ class SessionManager:
             s.turns += 1
         self._relock(s, time.monotonic())
 
+    def abandon_turn(self, session_id: str, request_id: str) -> None:
+        """A turn that failed before the engine tracked it: free the session if that turn holds it."""
+        s = self._sessions.get(session_id)
+        if s is not None and s.busy_with == request_id:
+            self.end_turn(session_id, None)
+
     def shed_one(self) -> bool:
         """Memory pressure with nothing running: drop the lease of the idle session that expires
         first, so waiting requests can evict its prefix (the session stays open). -> whether one went."""

@@ -52,6 +52,13 @@ class EngineStopped(EngineError):
     code = "unavailable"
 
 
+class EngineFault(EngineError):
+    """An unexpected error inside the engine (a bug): the requests it touched end with this error and
+    the engine goes on serving. Report it with the log line carrying the request id."""
+
+    code = "internal"
+
+
 class FlushRefused(EngineError):
     """A flush in mode "refuse_if_busy" found requests in flight."""
 
