@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
+import os
 import threading
 import time
 from collections.abc import Callable, Iterator
@@ -163,10 +164,12 @@ def test_long_text_is_tokenized_off_the_event_loop(
     tok = daemon.state.tokenizer
     real = tok.encode
     threads: list[str] = []
+    niceness: list[int] = []
     release = threading.Event()
 
     def slow_encode(text: str, **kw: Any) -> list[int]:
         threads.append(threading.current_thread().name)
+        niceness.append(os.getpriority(os.PRIO_PROCESS, threading.get_native_id()))
         if len(text) > bounds.INLINE_TOKENIZE_CHARS:
             release.wait(10)  # a tokenizer that takes long: the loop must keep answering meanwhile
         return real(text, **kw)
@@ -189,6 +192,7 @@ def test_long_text_is_tokenized_off_the_event_loop(
         while not threads and time.monotonic() < deadline:
             time.sleep(0.01)
         assert threads and threads[0].startswith("radixd-tokenize")
+        assert niceness[0] == 19  # it only takes CPU that the engine and the loop leave idle
         # While the long text is being tokenized, other RPCs are answered at once.
         info = stubs.gen.GetModelInfo(generation_pb2.GetModelInfoRequest(), timeout=2)
         assert info.context_length == daemon.state.limits.context_length
