@@ -10,7 +10,7 @@ ADMIN_PORT   ?= 50052
 METRICS_PORT ?= 9464
 
 .PHONY: venv serve test lint typecheck unit proto bench bench-memory bench-radix bench-kernels bench-offline \
-        bench-workloads bench-serve gpu-check clean
+        bench-workloads bench-serve bench-big-prompt gpu-check clean
 
 venv: $(STAMP)
 
@@ -41,7 +41,7 @@ proto: $(STAMP)
 	$(PY) -m radixd_client.protogen
 
 # Benchmarks print their tables; docs/benchmarks.md says which file keeps each one and how it was run.
-bench: bench-memory bench-radix bench-kernels bench-offline bench-workloads bench-serve
+bench: bench-memory bench-radix bench-kernels bench-offline bench-workloads bench-serve bench-big-prompt
 
 bench-memory: $(STAMP)
 	$(PY) bench/fragmentation.py
@@ -62,6 +62,9 @@ bench-workloads: $(STAMP)
 
 bench-serve: $(STAMP)
 	$(PY) bench/serve_bench.py
+
+bench-big-prompt: $(STAMP)
+	$(PY) bench/big_prompt_latency.py --rounds 3 --seconds 15
 
 # On a CUDA machine (not part of make test): correctness sweep, bandwidth sweep, report in $$OUT or docs/.
 gpu-check:
