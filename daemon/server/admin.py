@@ -31,7 +31,11 @@ DEFAULT_FLUSH_WAIT_S = 30.0
 
 
 def cache_stats(core: EngineCore) -> dict[str, Any]:
-    """GetCacheStats fields as a dict (engine thread); also feeds the Prometheus collector."""
+    """GetCacheStats fields as a dict (engine thread); also feeds the Prometheus collector.
+
+    Hits and misses are counted per admitted request, not per tree lookup: hit_tokens + miss_tokens =
+    prompt tokens, and hit_tokens sums the requests' `cached_tokens`.
+    """
     stats = core.stats()
     cache = stats["cache"]
     return {
@@ -42,8 +46,8 @@ def cache_stats(core: EngineCore) -> dict[str, Any]:
         "in_use_blocks": cache.in_use_blocks,
         "pinned_blocks": cache.pinned_blocks,
         "nodes": cache.nodes,
-        "hit_tokens": cache.hit_tokens,
-        "miss_tokens": cache.miss_tokens,
+        "hit_tokens": stats["hit_tokens"],
+        "miss_tokens": stats["miss_tokens"],
         "evictions": dict(cache.evicted_blocks),
         "preemptions": stats.get("preemptions", 0),
         "running": stats.get("running", 0),
