@@ -52,6 +52,7 @@ def cache_stats(core: EngineCore) -> dict[str, Any]:
         "preemptions": stats.get("preemptions", 0),
         "running": stats.get("running", 0),
         "waiting": stats.get("waiting", 0),
+        "swapped": stats.get("swapped", 0),
     }
 
 
@@ -133,8 +134,8 @@ class CacheAdminServicer(cache_admin_pb2_grpc.CacheAdminServiceServicer):
     ) -> cache_admin_pb2.GetCacheStatsResponse:
         self.state.check_admin(context)
         stats = await on_engine(self.state, cache_stats)
-        stats.pop("running")
-        stats.pop("waiting")
+        for gauge in ("running", "waiting", "swapped"):  # GetLoad reports these
+            stats.pop(gauge)
         return cache_admin_pb2.GetCacheStatsResponse(**stats)
 
     @rpc("LookupPrefix")
@@ -161,6 +162,7 @@ class CacheAdminServicer(cache_admin_pb2_grpc.CacheAdminServiceServicer):
         return cache_admin_pb2.GetLoadResponse(
             running_requests=load_now["running"],
             waiting_requests=load_now["waiting"],
+            swapped_requests=load_now["swapped"],
             max_queue=max_queue,
             free_blocks=load_now["free_blocks"],
             total_blocks=load_now["total_blocks"],

@@ -146,7 +146,7 @@ class GetLoadRequest(_message.Message):
     def __init__(self) -> None: ...
 
 class GetLoadResponse(_message.Message):
-    __slots__ = ("running_requests", "waiting_requests", "max_queue", "free_blocks", "total_blocks", "sessions", "draining")
+    __slots__ = ("running_requests", "waiting_requests", "max_queue", "free_blocks", "total_blocks", "sessions", "draining", "swapped_requests")
     RUNNING_REQUESTS_FIELD_NUMBER: _ClassVar[int]
     WAITING_REQUESTS_FIELD_NUMBER: _ClassVar[int]
     MAX_QUEUE_FIELD_NUMBER: _ClassVar[int]
@@ -154,6 +154,7 @@ class GetLoadResponse(_message.Message):
     TOTAL_BLOCKS_FIELD_NUMBER: _ClassVar[int]
     SESSIONS_FIELD_NUMBER: _ClassVar[int]
     DRAINING_FIELD_NUMBER: _ClassVar[int]
+    SWAPPED_REQUESTS_FIELD_NUMBER: _ClassVar[int]
     running_requests: int
     waiting_requests: int
     max_queue: int
@@ -161,7 +162,8 @@ class GetLoadResponse(_message.Message):
     total_blocks: int
     sessions: int
     draining: bool
-    def __init__(self, running_requests: _Optional[int] = ..., waiting_requests: _Optional[int] = ..., max_queue: _Optional[int] = ..., free_blocks: _Optional[int] = ..., total_blocks: _Optional[int] = ..., sessions: _Optional[int] = ..., draining: _Optional[bool] = ...) -> None: ...
+    swapped_requests: int
+    def __init__(self, running_requests: _Optional[int] = ..., waiting_requests: _Optional[int] = ..., max_queue: _Optional[int] = ..., free_blocks: _Optional[int] = ..., total_blocks: _Optional[int] = ..., sessions: _Optional[int] = ..., draining: _Optional[bool] = ..., swapped_requests: _Optional[int] = ...) -> None: ...
 
 class SubscribeCacheEventsRequest(_message.Message):
     __slots__ = ("after_sequence",)
