@@ -3,19 +3,26 @@
 Drain (SIGTERM or SIGINT): health turns NOT_SERVING, new work is refused with UNAVAILABLE, in-flight
 streams get `--grace-period` seconds to finish, whatever is left is cancelled (its KV released by the
 handlers' `finally`), the engine stops, and the process exits 0.
+
+Engine death (its thread ended on an error its guards could not contain): the engine has failed every
+request in flight with INTERNAL; the daemon turns health NOT_SERVING, refuses new work with UNAVAILABLE,
+drains the same way and exits 1, so a supervisor restarts it instead of keeping a server whose engine
+runs nothing.
 """
 
 from __future__ import annotations
 
 import argparse
 import asyncio
+import concurrent.futures
 import contextlib
 import json
 import os
 import secrets
 import signal
 import sys
-from dataclasses import dataclass
+from collections.abc import Callable
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -59,7 +66,11 @@ LOOPBACK = ("127.0.0.1", "::1", "localhost")
 
 @dataclass
 class Daemon:
-    """A running daemon (servers started); `drain()` stops it."""
+    """A running daemon (servers started); `drain()` stops it.
+
+    `stopping` is set when the daemon should stop (a signal, or the engine died) and `exit_code` is
+    what the process then exits with.
+    """
 
     state: ServerState
     public: grpc.aio.Server
@@ -70,6 +81,32 @@ class Daemon:
     metrics_port: int
     metrics_server: Any
     grace_s: float
+    stopping: asyncio.Event = field(default_factory=asyncio.Event)
+    exit_code: int = 0
+    _death: concurrent.futures.Future[None] | None = field(default=None, repr=False)
+
+    async def engine_died(self, error: BaseException) -> None:
+        """The engine thread is gone: stop taking work and stop with exit code 1 (the engine already
+        failed the requests in flight)."""
+        self.exit_code = 1
+        self.state.draining = True  # new RPCs: UNAVAILABLE
+        await self.health.enter_graceful_shutdown()
+        log.critical(
+            "server.engine_dead",
+            error=f"{type(error).__name__}: {error}",
+            action="health NOT_SERVING, refusing new work, exiting with code 1; restart the daemon",
+        )
+        self.stopping.set()
+
+    def on_engine_death(self, loop: asyncio.AbstractEventLoop) -> Callable[[BaseException], None]:
+        """The `Engine.on_fatal` hook: runs `engine_died` on `loop` (it is called on the engine thread)."""
+
+        def hook(error: BaseException) -> None:
+            # A closed loop means the daemon is already gone: nothing is left to stop.
+            with contextlib.suppress(RuntimeError):
+                self._death = asyncio.run_coroutine_threadsafe(self.engine_died(error), loop)
+
+        return hook
 
     async def drain(self) -> None:
         """Refuse new work, let streams finish within the grace period, stop servers and engine."""
@@ -257,15 +294,7 @@ async def start(args: argparse.Namespace, built: BuiltEngine) -> Daemon:
     port = _bind(public, args.host, args.port, creds)
     admin_port = _bind(admin, args.admin_host, args.admin_port, creds, "--admin-port")
     metrics_server, metrics_port = _start_metrics(state, args)
-    # NOTE: set before the engine thread starts, which from then on alone touches the tree.
-    built.core.tree.listener = TreeEventBridge(state.events, asyncio.get_running_loop())
-    state.engine.start()
-    await public.start()
-    await admin.start()
-    for name in ("", *PUBLIC_SERVICES, ADMIN_SERVICE):
-        await health_servicer.set(name, health_pb2.HealthCheckResponse.SERVING)
-    _announce(args, state, creds is not None, port, admin_port, metrics_port)
-    return Daemon(
+    daemon = Daemon(
         state,
         public,
         admin,
@@ -276,6 +305,18 @@ async def start(args: argparse.Namespace, built: BuiltEngine) -> Daemon:
         metrics_server,
         args.grace_period,
     )
+    loop = asyncio.get_running_loop()
+    # NOTE: both set before the engine thread starts, which from then on alone touches the tree; the
+    # hook is in place before the engine can die.
+    built.core.tree.listener = TreeEventBridge(state.events, loop)
+    state.engine.on_fatal = daemon.on_engine_death(loop)
+    state.engine.start()
+    await public.start()
+    await admin.start()
+    for name in ("", *PUBLIC_SERVICES, ADMIN_SERVICE):
+        await health_servicer.set(name, health_pb2.HealthCheckResponse.SERVING)
+    _announce(args, state, creds is not None, port, admin_port, metrics_port)
+    return daemon
 
 
 def engine_config(args: argparse.Namespace) -> EngineConfig:
@@ -312,18 +353,19 @@ async def _serve(args: argparse.Namespace, built: BuiltEngine) -> int:
         log.error("server.start_failed", error=str(exc))
         print(f"radixd serve: {exc}", file=sys.stderr)
         return 2
-    stop = asyncio.Event()
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGTERM, signal.SIGINT):
-        loop.add_signal_handler(sig, stop.set)
-    await stop.wait()
-    log.info("server.signal", action="drain")
+        loop.add_signal_handler(sig, daemon.stopping.set)
+    await daemon.stopping.wait()
+    if daemon.exit_code == 0:
+        log.info("server.signal", action="drain")
     await daemon.drain()
-    return 0
+    return daemon.exit_code
 
 
 def serve_forever(args: argparse.Namespace) -> int:
-    """Blocking: load, serve until SIGTERM / SIGINT, drain; returns the exit code (0 after a drain)."""
+    """Blocking: load, serve until SIGTERM / SIGINT, drain; returns the exit code (0 after a drain, 1
+    when the engine died, 2 when the daemon could not start)."""
     log.info("server.loading", model=args.model or "embedded", device=args.device)
     try:
         built = load(args)
