@@ -17,6 +17,10 @@ Semantics callers rely on:
 - Session turns: with `session_id`, `prompt_token_ids` are the new turn's tokens; the prompt is the
   session's tokens + them; a turn that ends with "stop"/"length" advances the session (an abort or
   error leaves it unchanged).
+- Unexpected errors inside the engine (`EngineFault`, code "internal") fail only the requests they
+  touched, as a finished output with finish_reason "error"; the engine goes on. Should its thread
+  die anyway, every request in flight fails the same way and `Engine.on_fatal(error)` is called:
+  the owner must stop serving (the daemon exits 1).
 - Admin / sessions run on the engine thread: `engine.call(lambda core: core.evict(64))`,
   `core.evict_prefix`, `core.flush(mode)`, `engine.flush("wait_idle", timeout_s)`, `core.pin` /
   `unpin`, `core.lookup_prefix`, `core.stats()`, `core.load()`, `core.list_sessions()`,
@@ -26,6 +30,7 @@ Semantics callers rely on:
 from radixd.daemon.engine.config import EngineConfig
 from radixd.daemon.engine.types import (
     EngineError,
+    EngineFault,
     EngineStopped,
     EngineTimeout,
     FlushRefused,
@@ -41,6 +46,7 @@ from radixd.daemon.engine.types import (
 __all__ = [
     "EngineConfig",
     "EngineError",
+    "EngineFault",
     "EngineStopped",
     "EngineTimeout",
     "FlushRefused",
