@@ -13,7 +13,8 @@ import grpc
 from radixd_client._pb import cache_admin_pb2, cache_admin_pb2_grpc, common_pb2
 
 from radixd.daemon.server.auth import admin_namespace
-from radixd.daemon.server.convert import prompt_ids
+from radixd.daemon.server.bounds import MAX_FLUSH_TIMEOUT_S, check_id, check_range, check_seconds
+from radixd.daemon.server.convert import prompt_tokens
 from radixd.daemon.server.errors import RpcFailure, bad_request
 from radixd.daemon.server.handler import rpc
 from radixd.daemon.server.sessions import on_engine
@@ -60,10 +61,10 @@ class CacheAdminServicer(cache_admin_pb2_grpc.CacheAdminServiceServicer):
     def __init__(self, state: ServerState) -> None:
         self.state = state
 
-    def _tokens(self, prompt: common_pb2.Prompt, what: str) -> list[int]:
+    async def _tokens(self, prompt: common_pb2.Prompt, what: str) -> list[int]:
         if prompt.WhichOneof("kind") is None:
             raise bad_request(f"{what} is empty: set text, token_ids or chat")
-        return prompt_ids(prompt, self.state.tokenizer)
+        return await prompt_tokens(self.state, prompt, what)
 
     @rpc("Evict")
     async def Evict(
@@ -71,16 +72,17 @@ class CacheAdminServicer(cache_admin_pb2_grpc.CacheAdminServiceServicer):
     ) -> cache_admin_pb2.EvictResponse:
         state = self.state
         state.check_admin(context)
-        ns = admin_namespace(request.namespace)
+        ns = admin_namespace(check_id("namespace", request.namespace))
         target = request.WhichOneof("target")
         if target == "num_blocks":
-            n = request.num_blocks
+            total = state.limits.total_blocks
+            n = check_range("num_blocks", request.num_blocks, 0, total, "; Flush empties the whole cache")
             freed = await on_engine(state, lambda c: c.evict(n))
         elif target == "prefix":
-            tokens = self._tokens(request.prefix, "prefix")
+            tokens = await self._tokens(request.prefix, "prefix")
             freed = await on_engine(state, lambda c: c.evict_prefix(tokens, ns))
         elif target == "session_id":
-            sid = request.session_id
+            sid = check_id("session_id", request.session_id)
 
             freed = await on_engine(state, lambda c: c.sessions.evict_cached(sid))
         else:
@@ -98,17 +100,18 @@ class CacheAdminServicer(cache_admin_pb2_grpc.CacheAdminServiceServicer):
             raise bad_request(
                 "flush mode is unspecified: choose EVICT_UNLOCKED, REFUSE_IF_BUSY or WAIT_FOR_IDLE"
             )
-        if request.timeout_s < 0:
-            raise bad_request(f"timeout_s must be >= 0, got {request.timeout_s}")
-        timeout = request.timeout_s or DEFAULT_FLUSH_WAIT_S
+        timeout = (
+            check_seconds("timeout_s", request.timeout_s, MAX_FLUSH_TIMEOUT_S, f"{DEFAULT_FLUSH_WAIT_S:g} s")
+            or DEFAULT_FLUSH_WAIT_S
+        )
         freed = await asyncio.wrap_future(state.engine.flush(mode, timeout))  # type: ignore[arg-type]
         return cache_admin_pb2.FlushResponse(evicted_blocks=freed)
 
     @rpc("Pin")
     async def Pin(self, request: cache_admin_pb2.PinRequest, context: Any) -> cache_admin_pb2.PinResponse:
         self.state.check_admin(context)
-        ns = admin_namespace(request.namespace)
-        tokens = self._tokens(request.prefix, "prefix")
+        ns = admin_namespace(check_id("namespace", request.namespace))
+        tokens = await self._tokens(request.prefix, "prefix")
 
         pinned = await on_engine(self.state, lambda c: c.pin(tokens, ns))
         if pinned == 0:
@@ -123,8 +126,8 @@ class CacheAdminServicer(cache_admin_pb2_grpc.CacheAdminServiceServicer):
         self, request: cache_admin_pb2.UnpinRequest, context: Any
     ) -> cache_admin_pb2.UnpinResponse:
         self.state.check_admin(context)
-        ns = admin_namespace(request.namespace)
-        tokens = self._tokens(request.prefix, "prefix")
+        ns = admin_namespace(check_id("namespace", request.namespace))
+        tokens = await self._tokens(request.prefix, "prefix")
         await on_engine(self.state, lambda c: c.unpin(tokens, ns))
         return cache_admin_pb2.UnpinResponse()
 
@@ -143,8 +146,8 @@ class CacheAdminServicer(cache_admin_pb2_grpc.CacheAdminServiceServicer):
         self, request: cache_admin_pb2.LookupPrefixRequest, context: Any
     ) -> cache_admin_pb2.LookupPrefixResponse:
         self.state.check_admin(context)
-        ns = admin_namespace(request.namespace)
-        tokens = self._tokens(request.prompt, "prompt")
+        ns = admin_namespace(check_id("namespace", request.namespace))
+        tokens = await self._tokens(request.prompt, "prompt")
         cached = await on_engine(self.state, lambda c: c.lookup_prefix(tokens, ns))
         return cache_admin_pb2.LookupPrefixResponse(prompt_tokens=len(tokens), cached_tokens=cached)
 

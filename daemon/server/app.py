@@ -45,6 +45,7 @@ from radixd.daemon.loaders import ModelLoadError
 from radixd.daemon.log import get_logger
 from radixd.daemon.server.admin import CacheAdminServicer, cache_stats
 from radixd.daemon.server.auth import Authenticator, load_api_keys
+from radixd.daemon.server.bounds import prompt_char_bound
 from radixd.daemon.server.events import CacheEventHub, TreeEventBridge
 from radixd.daemon.server.generation import GenerationServicer
 from radixd.daemon.server.health import PortHealth
@@ -178,6 +179,9 @@ def build_state(args: argparse.Namespace, built: BuiltEngine) -> ServerState:
             context_length=core.max_model_len,
             default_max_tokens=args.default_max_tokens,
             stream_buffer=args.stream_buffer,
+            max_prompt_chars=prompt_char_bound(built.tokenizer.longest_token_chars, core.max_model_len),
+            vocab_size=built.tokenizer.vocab_size,
+            total_blocks=core.usable_blocks(),
         ),
         events=CacheEventHub(core.block_size),
         model_name=str(args.model or "SmolLM2-135M-Instruct (embedded)"),

@@ -29,6 +29,7 @@ if _version_not_supported:
 class CacheAdminServiceStub:
     """Cache administration. Needs `authorization: Bearer <admin token>` metadata and by default listens
     on its own loopback-only port. Namespaces name tenants ("" = the default tenant).
+    Namespaces and session ids are at most 256 characters; prompts follow radixd.v1.Prompt's bounds.
     """
 
     def __init__(self, channel):
@@ -82,6 +83,7 @@ class CacheAdminServiceStub:
 class CacheAdminServiceServicer:
     """Cache administration. Needs `authorization: Bearer <admin token>` metadata and by default listens
     on its own loopback-only port. Namespaces name tenants ("" = the default tenant).
+    Namespaces and session ids are at most 256 characters; prompts follow radixd.v1.Prompt's bounds.
     """
 
     def Evict(self, request, context):
@@ -188,6 +190,7 @@ def add_CacheAdminServiceServicer_to_server(servicer, server):
 class CacheAdminService:
     """Cache administration. Needs `authorization: Bearer <admin token>` metadata and by default listens
     on its own loopback-only port. Namespaces name tenants ("" = the default tenant).
+    Namespaces and session ids are at most 256 characters; prompts follow radixd.v1.Prompt's bounds.
     """
 
     @staticmethod
