@@ -49,11 +49,13 @@ from radixd.daemon.server.bounds import prompt_char_bound
 from radixd.daemon.server.events import CacheEventHub, TreeEventBridge
 from radixd.daemon.server.generation import GenerationServicer
 from radixd.daemon.server.health import PortHealth
+from radixd.daemon.server.kv_events import KvLogBridge, TeeListener
 from radixd.daemon.server.metrics import Metrics
 from radixd.daemon.server.reflection import DescriptorFiles, add_reflection
 from radixd.daemon.server.sessions import SessionServicer
 from radixd.daemon.server.state import Limits, ServerState
 from radixd.daemon.server.streaming import RequestRegistry
+from radixd.daemon.server.vllm.wiring import add_vllm_service
 
 log = get_logger("radixd.server")
 
@@ -295,6 +297,9 @@ async def start(args: argparse.Namespace, built: BuiltEngine) -> Daemon:
         log.warning("server.admin_not_loopback", admin_host=args.admin_host, tls=bool(args.tls_cert))
     creds = _credentials(args)
     public, admin, health_servicer = _servers(state, args)
+    loop = asyncio.get_running_loop()
+    # The vLLM worker protocol (for gateways such as smg) beside radixd.v1 on the public port.
+    kv_logs = add_vllm_service(public, state, built, args, loop)
     port = _bind(public, args.host, args.port, creds)
     admin_port = _bind(admin, args.admin_host, args.admin_port, creds, "--admin-port")
     metrics_server, metrics_port = _start_metrics(state, args)
@@ -309,10 +314,9 @@ async def start(args: argparse.Namespace, built: BuiltEngine) -> Daemon:
         metrics_server,
         args.grace_period,
     )
-    loop = asyncio.get_running_loop()
     # NOTE: both set before the engine thread starts, which from then on alone touches the tree; the
     # hook is in place before the engine can die.
-    built.core.tree.listener = TreeEventBridge(state.events, loop)
+    built.core.tree.listener = TeeListener(TreeEventBridge(state.events, loop), KvLogBridge(kv_logs, loop))
     state.engine.on_fatal = daemon.on_engine_death(loop)
     state.engine.start()
     await public.start()
@@ -347,6 +351,7 @@ def load(args: argparse.Namespace) -> BuiltEngine:
         kv_cache_gb=args.kv_cache_gb,
         block_size=args.block_size,
         device=args.device,
+        dtype=args.dtype,
     )
 
 
@@ -377,4 +382,12 @@ def serve_forever(args: argparse.Namespace) -> int:
         log.error("server.load_failed", error=str(exc))
         print(f"radixd serve: {exc}", file=sys.stderr)
         return 2
+    runner = built.core.runner
+    log.info(
+        "server.loaded",
+        dtype=built.loaded.model.precision.name,
+        kv_dtype=str(runner.dtype).removeprefix("torch."),
+        kv_blocks=runner.num_blocks,
+        kv_bytes_per_block=runner.kv_bytes_per_block,
+    )
     return uvloop.run(_serve(args, built))

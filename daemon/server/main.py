@@ -18,6 +18,7 @@ import argparse
 import os
 
 from radixd.daemon import log
+from radixd.daemon.model.precision import DTYPE_CHOICES, DTYPE_HELP
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -57,6 +58,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     model = parser.add_argument_group("model and cache")
     model.add_argument("--model", default=None, help="GGUF file or HF directory (default: embedded SmolLM2)")
     model.add_argument("--device", default="cpu", help="cpu or cuda")
+    model.add_argument("--dtype", choices=DTYPE_CHOICES, default="auto", help=DTYPE_HELP)
+    model.add_argument(
+        "--served-model-name",
+        default=None,
+        help="model name gateways list and route by (vLLM protocol; default: the model file's name)",
+    )
     model.add_argument("--block-size", type=int, default=16, help="tokens per KV block (default 16)")
     model.add_argument("--kv-cache-gb", type=float, default=None, help="KV pool size in GiB (default 1)")
     model.add_argument("--num-blocks", type=int, default=None, help="KV pool size in blocks (overrides GiB)")
