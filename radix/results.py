@@ -16,32 +16,42 @@ if TYPE_CHECKING:
 class Lease:
     """Locks a matched path against eviction until :meth:`release` (idempotent).
 
-    Releasing a lease whose nodes were dropped by ``flush("force")`` is a harmless no-op. A lease that
-    locks nothing (empty match) is valid and releasing it does nothing.
+    Releasing a lease whose nodes were dropped by ``flush("force")`` is a harmless no-op. The lease of
+    an empty match locks nothing yet, but it is live: ``insert(lease=...)`` locks the inserted path
+    with it, exactly as it moves a lease that locked a matched path.
     """
 
-    __slots__ = ("_epoch", "_node", "_tree")
+    __slots__ = ("_epoch", "_node", "_open", "_tree")
 
     def __init__(self, tree: TreeCore, node: Node | None, epoch: int) -> None:
         self._tree = tree
         self._node = node
         self._epoch = epoch
+        self._open = True
 
     @property
     def released(self) -> bool:
-        """True once released (or when it never locked anything)."""
-        return self._node is None
+        """True once released."""
+        return not self._open
+
+    @property
+    def locks_path(self) -> bool:
+        """Whether the lease holds a path of cached nodes now (False for an empty match's lease until
+        an insert gives it one, and after release)."""
+        return self._node is not None
 
     def release(self) -> None:
-        if self._node is not None:
-            self._tree._release(self)
+        if self._open:
+            self._open = False
+            if self._node is not None:
+                self._tree._release(self)
 
     def clone(self) -> Lease:
         """Another lease on the same path (e.g. one per forked sequence); released independently."""
         return self._tree._clone_lease(self)
 
     def __repr__(self) -> str:
-        return f"Lease(released={self.released})"
+        return f"Lease(released={self.released}, locks_path={self.locks_path})"
 
 
 @dataclass(slots=True)

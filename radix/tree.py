@@ -66,7 +66,8 @@ class RadixTree(TreeAdopt):
         self._hit_tokens += num_tokens + ptok
         self._miss_tokens += len(t) // TOKEN_BYTES - num_tokens - ptok
         if node is None:
-            return PrefixMatch(blocks, num_tokens, pblock, ptok, self._no_lease)
+            # NOTE: a fresh lease, not a shared one: a caller that inserts with it gets its path locked.
+            return PrefixMatch(blocks, num_tokens, pblock, ptok, Lease(self, None, self._epoch))
         self._lock_path(node)
         self._leases += 1
         return PrefixMatch(blocks, num_tokens, pblock, ptok, Lease(self, node, self._epoch))
@@ -248,10 +249,13 @@ class RadixTree(TreeAdopt):
             else:
                 final = self._add_leaf(node, rest, rest_blocks, donate)
                 new_tokens = len(rest) // TOKEN_BYTES
-        if lease is not None and lease._node is not None and lease._epoch == self._epoch:
+        if lease is not None and lease._open and lease._epoch == self._epoch:
             old = lease._node
             self._lock_path(final)
-            self._unlock_path(old)
+            if old is None:  # an empty match's lease starts locking here
+                self._leases += 1
+            else:
+                self._unlock_path(old)
             lease._node = final
         if donate and dups:
             self.pool.decref_all(dups)

@@ -37,7 +37,6 @@ class TreeCore:
         self._lru = LruIndex()
         # NOTE: a lease that locks nothing never changes (nothing ever moves it), so every empty match
         # and every clone of one can share this one.
-        self._no_lease = Lease(self, None, 0)
         self._clock = 0
         self._epoch = 0
         self._nodes = 0
@@ -257,7 +256,8 @@ class TreeCore:
             raise UnknownLease("clone() of a lease issued by another RadixTree")
         node = lease._node
         if node is None or lease._epoch != self._epoch:
-            return self._no_lease
+            # Nothing to lock (yet): a live empty lease, which a later insert can lock with.
+            return Lease(self, None, self._epoch)
         self._lock_path(node)
         self._leases += 1
         return Lease(self, node, self._epoch)

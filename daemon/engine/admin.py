@@ -38,7 +38,7 @@ class AdminMixin:
         if n_blocks < 0:
             raise InvalidRequest(f"n_blocks must be >= 0, got {n_blocks}")
         c = self._core()
-        freed = len(c.tree.evict(n_blocks))
+        freed = c.tree.evict_count(n_blocks)
         c.kv.evicted_blocks += freed
         log.info("engine.admin.evict", asked=n_blocks, freed=freed)
         return freed

@@ -66,8 +66,14 @@ class KVManager:
         return need
 
     def match(self, tokens: list[int], namespace: str) -> PrefixHit:
-        """Longest cached prefix of `tokens`, locked until the hit is released (or moved to a seq)."""
-        if not self.caching or not tokens:
+        """Longest cached prefix of `tokens`, locked until the hit is released (or moved to a seq).
+
+        NOTE: with caching on, the hit always carries a live lease, also for an empty match: the
+        sequence's inserts move it onto the path they create, so a running sequence's cached nodes are
+        never evictable (evicting them would free nothing, the sequence holds the blocks, and only strip
+        the prefix from the cache).
+        """
+        if not self.caching:
             return PrefixHit(0, [], None, 0, None)
         m = self.tree.match(tokens, namespace=namespace)
         partial_tokens = m.partial_tokens if m.partial_block is not None else 0
@@ -83,11 +89,18 @@ class KVManager:
 
     # ---- pressure --------------------------------------------------------------------------------
     def ensure_free(self, n_blocks: int) -> bool:
-        """Make `n_blocks` free, evicting unlocked cache (LRU) if needed; False if it cannot."""
+        """Make `n_blocks` free, evicting unlocked cache (LRU) if needed; False if it cannot.
+
+        NOTE: nothing is evicted unless eviction alone can make the room: a partial eviction would
+        throw away cached prefixes and still fail, and the caller's next move (preempting a sequence)
+        changes what is evictable anyway.
+        """
         short = n_blocks - self.pool.num_free
-        if short > 0 and self.caching:
-            freed = self.tree.evict(short)
-            self.evicted_blocks += len(freed)
+        if short <= 0:
+            return True
+        if not self.caching or self.tree.evictable_blocks() < short:
+            return False
+        self.evicted_blocks += self.tree.evict_count(short)
         return self.pool.num_free >= n_blocks
 
     # ---- sequence operations ---------------------------------------------------------------------
@@ -144,6 +157,12 @@ class KVManager:
             namespace=seq.request.req.namespace,
             lease=seq.lease,
         )
+
+    def lease_new_path(self, seq: Sequence) -> None:
+        """Give a sequence that resumes with blocks of its own (swap-in) a live lease, so its inserts
+        lock what they cache, as an admitted sequence's do."""
+        if self.caching and seq.lease is None:
+            seq.lease = self.tree.match((), seq.request.req.namespace).lease
 
     def release(self, seq: Sequence) -> int:
         """Drop `seq`'s table and lease; -> blocks that became free."""

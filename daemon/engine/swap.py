@@ -75,6 +75,7 @@ class HostSwap:
         n = seq.num_computed
         seq.num_computed = 0
         kv.append(seq, n)
+        kv.lease_new_path(seq)
         seq.num_computed = n
         dev = seq.table.blocks[: kv.blocks_for(n)] if seq.table is not None else []
         self._copy((self.k, self.v), (self.runner.k_caches, self.runner.v_caches), seq.host_blocks, dev, n)

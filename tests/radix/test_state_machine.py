@@ -40,6 +40,10 @@ class Seq:
     tokens: list[int]
     namespace: str
     lease: Lease
+    # The test's own record, independent of the tree: the lease was not released (nor invalidated by
+    # flush("force")), and the first `locked` tokens were inserted with it, so they must stay cached.
+    lease_live: bool = True
+    locked: int = 0
 
 
 def _path_tokens(node: Node) -> tuple[int, ...]:
@@ -219,6 +223,8 @@ class RadixMachine(RuleBasedStateMachine):
         assert set(res.duplicate_blocks) <= set(seq.table.blocks)
         assert res.num_cached_tokens + res.num_new_tokens == n
         assert self.tree.peek(tuple(seq.tokens[:n]), seq.namespace) == n
+        if move_lease and seq.lease_live:
+            seq.locked = n
 
     @precondition(lambda self: self.seqs)
     @rule(i=PICK, lease_first=st.booleans(), twice=st.booleans())
@@ -236,14 +242,16 @@ class RadixMachine(RuleBasedStateMachine):
     @precondition(lambda self: self.seqs)
     @rule(i=PICK)
     def release_lease_early(self, i: int) -> None:
-        self.seqs[i % len(self.seqs)].lease.release()
+        seq = self.seqs[i % len(self.seqs)]
+        seq.lease.release()
+        seq.lease_live, seq.locked = False, 0
 
     @precondition(lambda self: self.seqs)
     @rule(i=PICK, k=st.integers(1, 3))
     def fork(self, i: int, k: int) -> None:
         seq = self.seqs[i % len(self.seqs)]
         for child in seq.table.fork(k):
-            self.seqs.append(Seq(child, list(seq.tokens), seq.namespace, seq.lease.clone()))
+            self.seqs.append(Seq(child, list(seq.tokens), seq.namespace, seq.lease.clone(), True, seq.locked))
 
     @precondition(lambda self: self.seqs)
     @rule(i=PICK, n=st.integers(1, 3))
@@ -251,7 +259,7 @@ class RadixMachine(RuleBasedStateMachine):
         """Parallel sampling: fork, then parent and child write different tokens (copy-on-write)."""
         seq = self.seqs[i % len(self.seqs)]
         (child_table,) = seq.table.fork(1)
-        child = Seq(child_table, list(seq.tokens), seq.namespace, seq.lease.clone())
+        child = Seq(child_table, list(seq.tokens), seq.namespace, seq.lease.clone(), True, seq.locked)
         self.seqs.append(child)
         self._append(seq, [0] * n)
         self._append(child, [1] * n)
@@ -267,6 +275,20 @@ class RadixMachine(RuleBasedStateMachine):
         freed = self.tree.evict(n)
         assert len(freed) >= min(n, evictable), (len(freed), n, evictable)
         assert all(self.pool.refcount(b) == 0 for b in freed) and self.pool.num_free == free + len(freed)
+
+    @rule(toks=st.lists(st.integers(0, 1), min_size=1, max_size=14), ns=NAMESPACES, n=st.integers(1, 40))
+    def engine_cycle(self, toks: list[int], ns: str, n: int) -> None:
+        """The engine's own order of calls: match (often empty), compute, insert with that match's
+        lease, then memory pressure evicts, then the same prefix is matched again."""
+        self.serve(toks, [], ns, finish=False)
+        seq = self.seqs[-1]
+        free = self.pool.num_free
+        evictable = self.tree.evictable_blocks()
+        got = self.tree.evict_count(n)
+        assert got >= min(n, evictable) and self.pool.num_free == free + got
+        m = self.tree.match(tuple(seq.tokens[: seq.locked]), ns)
+        assert m.cached_tokens == seq.locked, "pressure evicted a running sequence's leased path"
+        m.lease.release()
 
     @rule(toks=TOKENS, ns=NAMESPACES)
     def evict_prefix(self, toks: list[int], ns: str) -> None:
@@ -293,6 +315,8 @@ class RadixMachine(RuleBasedStateMachine):
             self.pins.clear()
         if mode == "force":
             assert self.tree.num_nodes == 0
+            for q in self.seqs:  # their leases were invalidated with the nodes
+                q.lease_live, q.locked = False, 0
 
     @rule(toks=TOKENS, ns=NAMESPACES)
     def pin(self, toks: list[int], ns: str) -> None:
@@ -332,6 +356,16 @@ class RadixMachine(RuleBasedStateMachine):
             if b not in table_blocks
         )
         assert s.evictable_blocks == truth
+
+    @invariant()
+    def leased_paths_stay_cached(self) -> None:
+        """What a live lease was moved onto by an insert (also an empty match's lease) stays cached."""
+        if not hasattr(self, "tree"):
+            return
+        for q in self.seqs:
+            if q.locked:
+                got = self.tree.peek(tuple(q.tokens[: q.locked]), q.namespace)
+                assert got >= q.locked, f"a leased path lost its cache: {got} of {q.locked} tokens"
 
     @invariant()
     def events_mirror_the_tree(self) -> None:

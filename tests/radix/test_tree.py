@@ -204,7 +204,26 @@ def test_match_locks_and_release_is_idempotent(tree: RadixTree) -> None:
     with pytest.raises(UnknownLease, match="another RadixTree"):
         other.release(m.lease)
     empty = tree.match([42])
-    assert empty.blocks == [] and empty.lease.released
+    assert empty.blocks == [] and not empty.lease.released and not empty.lease.locks_path
+    empty.lease.release()
+    assert empty.lease.released and tree.num_leases == 0
+
+
+def test_an_empty_match_lease_locks_the_path_its_insert_creates(tree: RadixTree) -> None:
+    """The engine's sequence: nothing cached -> compute -> insert with the match's lease -> pressure."""
+    pool = tree.pool
+    m = tree.match(list(range(8)))
+    assert m.blocks == [] and not m.lease.locks_path
+    blocks = pool.allocate(2)
+    tree.insert(list(range(8)), blocks, lease=m.lease)
+    assert m.lease.locks_path and tree.num_leases == 1
+    twin = m.lease.clone()  # a forked sequence's lease locks the same path
+    assert tree.evict_count(2) == 0 and tree.peek(list(range(8))) == 8
+    m.lease.release()
+    assert tree.evict_count(2) == 0, "the clone still locks the path"
+    twin.release()
+    pool.decref_all(blocks)  # the sequence ends; only the tree holds the blocks now
+    assert tree.evictable_blocks() == 2 and tree.evict_count(2) == 2
 
 
 def test_insert_moves_the_lease_to_the_inserted_path(tree: RadixTree) -> None:
