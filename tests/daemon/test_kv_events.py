@@ -1,0 +1,201 @@
+"""KV-event translation: a real radix tree's node events -> full chained blocks, as a router sees them.
+
+A `RouterModel` applies the batches the way smg's cache-aware index does (stored blocks keyed by id
+with their parent, removals by id, `cleared` wipes everything), and after every tree operation it
+must hold exactly the full blocks of every cached path, with the ids `block_hash` chains.
+"""
+
+from __future__ import annotations
+
+import random
+
+import pytest
+from smg_grpc_proto.generated import common_pb2
+
+from radixd.daemon.server.kv_events import KvEventLogs, block_hash, chain
+from radixd.radix import BlockPool, RadixTree
+from radixd.radix.verify import iter_nodes
+
+BS = 4
+
+
+class RouterModel:
+    """What a subscriber knows: block id -> (parent id, tokens); checks parents come first."""
+
+    def __init__(self) -> None:
+        self.blocks: dict[int, tuple[int | None, tuple[int, ...]]] = {}
+        self.last = 0
+
+    def apply(self, batch: common_pb2.KvEventBatch) -> None:
+        assert batch.sequence_number > self.last or batch.HasField("snapshot")
+        self.last = batch.sequence_number
+        for event in batch.events:
+            kind = event.WhichOneof("data")
+            if kind == "cleared":
+                self.blocks.clear()
+            elif kind == "removed":
+                for block_id in event.removed.block_hashes:
+                    assert block_id in self.blocks, "removal of a block never announced"
+                    del self.blocks[block_id]
+            else:
+                stored = event.stored
+                parent = stored.parent_block_hash if stored.HasField("parent_block_hash") else None
+                for block in stored.blocks:
+                    assert len(block.token_ids) == BS == block.block_size
+                    assert parent is None or parent in self.blocks, "child announced before its parent"
+                    self.blocks[block.block_hash] = (parent, tuple(block.token_ids))
+                    parent = block.block_hash
+
+
+def expected_blocks(tree: RadixTree, namespace: str = "") -> dict[int, tuple[int | None, tuple[int, ...]]]:
+    """The full blocks of every cached path of `namespace`, computed from the tree itself."""
+    out: dict[int, tuple[int | None, tuple[int, ...]]] = {}
+    for node in iter_nodes(tree):
+        ns, path = tree._path(node)
+        if ns != namespace:
+            continue
+        ids = chain(ns, path, BS, len(path) // BS)
+        for b, block_id in enumerate(ids):
+            out[block_id] = (ids[b - 1] if b else None, tuple(path[b * BS : (b + 1) * BS]))
+    return out
+
+
+@pytest.fixture
+def wired() -> tuple[RadixTree, KvEventLogs, RouterModel]:
+    tree = RadixTree(BlockPool(48, BS))
+    logs = KvEventLogs(BS)  # publishes at once: one batch per tree event
+    tree.listener = logs
+    model = RouterModel()
+    logs.log("").subscribe(object(), lambda b: model.apply(b) is None)
+    return tree, logs, model
+
+
+def cache(tree: RadixTree, tokens: list[int], ns: str = "") -> None:
+    pool = tree.pool
+    blocks = pool.allocate(-(-len(tokens) // pool.block_size))
+    tree.insert(tokens, blocks, ns)
+    pool.decref_all(blocks)
+
+
+def test_random_inserts_evictions_and_flushes_keep_the_router_exact(
+    wired: tuple[RadixTree, KvEventLogs, RouterModel],
+) -> None:
+    tree, logs, model = wired
+    rng = random.Random(7)
+    stems = [[rng.randrange(50) for _ in range(rng.randrange(1, 14))] for _ in range(4)]
+    for step in range(400):
+        op = rng.random()
+        if op < 0.7:
+            stem = rng.choice(stems)
+            tail = [rng.randrange(50) for _ in range(rng.randrange(0, 9))]
+            tokens = (stem + tail)[: rng.randrange(1, 24)]
+            if tree.pool.num_free < 8:
+                tree.evict(8)
+            cache(tree, tokens)
+        elif op < 0.9:
+            tree.evict(rng.randrange(1, 6))
+        elif op < 0.97:
+            tree.flush("unlocked")
+        else:
+            tree.flush("force")
+        assert model.blocks == expected_blocks(tree), f"step {step}"
+    assert logs.log("").sequence > 100
+
+
+def test_block_ids_are_a_stable_chain_and_partial_blocks_are_never_published(
+    wired: tuple[RadixTree, KvEventLogs, RouterModel],
+) -> None:
+    tree, _, model = wired
+    tokens = list(range(11))  # two full blocks and a partial one
+    cache(tree, tokens)
+    first = block_hash("", None, tokens[:4])
+    second = block_hash("", first, tokens[4:8])
+    assert model.blocks == {first: (None, (0, 1, 2, 3)), second: (first, (4, 5, 6, 7))}
+    # the same prefix in another process (a restart, another replica) gets the same ids
+    other = KvEventLogs(BS)
+    other.stored("", tokens, 0, 3)
+    stored = other.log("").history[-1].events[0].stored
+    assert [b.block_hash for b in stored.blocks] == [first, second]
+    # namespaces get different ids for the same tokens
+    assert block_hash("t:alice", None, tokens[:4]) != first
+    assert -(2**63) <= first < 2**63
+
+
+def test_a_force_flush_publishes_cleared_and_an_eviction_removes_leaf_blocks(
+    wired: tuple[RadixTree, KvEventLogs, RouterModel],
+) -> None:
+    tree, logs, model = wired
+    cache(tree, list(range(12)))
+    cache(tree, [*range(8), 40, 41, 42, 43])
+    assert len(model.blocks) == 4
+    tree.evict(1)
+    last = logs.log("").history[-1].events[0]
+    assert last.WhichOneof("data") == "removed" and len(last.removed.block_hashes) == 1
+    assert len(model.blocks) == 3
+    tree.flush("force")
+    assert logs.log("").history[-1].events[0].WhichOneof("data") == "cleared"
+    assert model.blocks == {}
+
+
+def test_tenant_blocks_stay_in_their_namespace_log() -> None:
+    tree = RadixTree(BlockPool(32, BS))
+    logs = KvEventLogs(BS)
+    tree.listener = logs
+    cache(tree, list(range(8)), "t:alice")
+    cache(tree, list(range(100, 108)), "")
+    alice, default = logs.log("t:alice"), logs.log("")
+    seen_alice = {b.block_hash for batch in alice.history for e in batch.events for b in e.stored.blocks}
+    seen_default = {b.block_hash for batch in default.history for e in batch.events for b in e.stored.blocks}
+    assert len(seen_alice) == 2 and len(seen_default) == 2
+    assert not seen_alice & seen_default
+    assert all(
+        100 <= t < 108
+        for batch in default.history
+        for e in batch.events
+        for b in e.stored.blocks
+        for t in b.token_ids
+    )
+
+
+def test_snapshot_rebuilds_the_live_set_and_resume_replays_from_the_cursor(
+    wired: tuple[RadixTree, KvEventLogs, RouterModel],
+) -> None:
+    tree, logs, model = wired
+    for i in range(6):
+        cache(tree, [i, *range(20, 31)])
+    tree.evict(2)
+    log = logs.log("")
+    fresh = RouterModel()
+    snapshot = log.snapshot()
+    assert snapshot[-1].sequence_number == log.sequence
+    assert snapshot[0].events[0].WhichOneof("data") == "cleared"
+    for batch in snapshot:
+        fresh.apply(batch)
+    assert fresh.blocks == model.blocks == expected_blocks(tree)
+    replay = log.replay(3)
+    assert replay is not None and [b.sequence_number for b in replay] == list(range(3, log.sequence + 1))
+    assert log.replay(log.sequence + 1) == []
+    assert log.replay(log.sequence + 2) is None  # beyond the newest: the daemon restarted
+    assert log.replay(0) is None
+
+
+def test_history_is_bounded_and_a_cursor_older_than_it_needs_a_snapshot() -> None:
+    logs = KvEventLogs(BS, retain=8)
+    log = logs.log("")
+    for i in range(20):
+        log.stored([i, i, i, i], 0)
+    assert len(log.history) == 8
+    assert log.replay(5) is None
+    assert log.replay(13) is not None
+    assert len(log.snapshot()) == 1 and log.snapshot()[0].snapshot.blocks == 20
+
+
+def test_events_of_one_loop_tick_form_one_batch() -> None:
+    scheduled: list[object] = []
+    logs = KvEventLogs(BS, schedule=scheduled.append)
+    log = logs.log("")
+    log.stored(list(range(8)), 0)
+    log.stored(list(range(12)), 8)
+    assert log.sequence == 0 and len(scheduled) == 1
+    log.publish()
+    assert log.sequence == 1 and len(log.history[0].events) == 2
