@@ -1,0 +1,185 @@
+"""Scheduler overhead: the time a decode step spends outside the forward pass, per phase.
+
+    .venv/bin/python bench/sched_overhead.py                     # 256 sequences of ~1k tokens
+    .venv/bin/python bench/sched_overhead.py --seqs 64 --steps 100
+
+The engine runs as the daemon runs it (`EngineCore.step`: scheduling, KV bookkeeping, copy-on-write
+copies, the runner building the step's tensors, sampling, accepting tokens and streaming text), over a
+null model: its forward pass returns zeros and its logits are fixed, so what is left is everything a
+GPU decode step of a small model would have to hide (about 2 ms). The workload: `--groups` shared
+prefixes of `--prefix` tokens, `--seqs` requests spread over them, each with `--suffix` tokens of its
+own, greedy, decoding `--steps` tokens after all are admitted and prefilled. The embedded model's real
+tokenizer and vocabulary are used (detokenizing and argmax over 49,152 logits are part of the cost).
+
+Reports the median per step of each phase and of the whole step outside the forward pass.
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import time
+from collections import defaultdict
+from collections.abc import Callable
+from dataclasses import replace
+from typing import Any
+
+import torch
+
+import radixd.daemon.runner as runner_mod
+from radixd.daemon.engine.config import EngineConfig
+from radixd.daemon.engine.core import EngineCore
+from radixd.daemon.engine.types import GenerateRequest, RequestOutput
+from radixd.daemon.loaders import load_model
+from radixd.daemon.log import configure
+from radixd.daemon.model import AttentionMetadata, ModelConfig
+from radixd.daemon.runner import ModelRunner
+from radixd.daemon.sampling import SamplingParams
+
+
+class NullModel:
+    """Duck-types `LlamaModel` for the runner: no compute, fixed logits (greedy picks `token`)."""
+
+    def __init__(self, config: ModelConfig, token: int, max_rows: int) -> None:
+        self.config = config
+        self.dtype = torch.float32
+        # Materialized once: a real model writes its logits anyway, and that is forward-pass time.
+        self._logits = torch.zeros(max_rows, config.vocab_size)
+        self._logits[:, token] = 1.0
+        self._hidden = torch.zeros(1, config.hidden_size)
+
+    def forward(
+        self,
+        input_ids: torch.Tensor,
+        positions: torch.Tensor,
+        meta: AttentionMetadata,
+        k_caches: list[torch.Tensor],
+        v_caches: list[torch.Tensor],
+    ) -> torch.Tensor:
+        return self._hidden.expand(input_ids.shape[0], -1)
+
+    def logits(self, hidden: torch.Tensor) -> torch.Tensor:
+        return self._logits[: hidden.shape[0]]
+
+
+class PhaseClock:
+    """Accumulates wall time per phase within one step."""
+
+    def __init__(self) -> None:
+        self.now: dict[str, float] = defaultdict(float)
+
+    def wrap(self, name: str, fn: Callable[..., Any]) -> Callable[..., Any]:
+        def timed(*args: Any, **kwargs: Any) -> Any:
+            t0 = time.perf_counter()
+            try:
+                return fn(*args, **kwargs)
+            finally:
+                self.now[name] += time.perf_counter() - t0
+
+        return timed
+
+
+def build(args: argparse.Namespace) -> tuple[EngineCore, PhaseClock]:
+    lm = load_model()
+    tok = lm.tokenizer
+    # One layer with one tiny KV head keeps the pool small; the null forward never reads it.
+    cfg = replace(lm.config, num_layers=1, num_heads=1, num_kv_heads=1, head_dim=8)
+    word = tok.encode(" the", add_special_tokens=False)[0]
+    # Prefill runs 4,096 tokens a step, so early sequences decode a few dozen tokens before the last
+    # is admitted: room for 128 tokens each beyond the measured steps.
+    per_seq = (args.suffix + args.steps + 128) // 16 + 3
+    blocks = args.groups * (args.prefix // 16 + 1) + args.seqs * per_seq + 64
+    runner = ModelRunner(NullModel(cfg, word, args.seqs), blocks, 16)  # type: ignore[arg-type]
+    config = EngineConfig(
+        max_num_seqs=args.seqs,
+        max_num_batched_tokens=max(4096, args.seqs),
+        schedule_policy="lpm",
+        max_waiting=args.seqs * 2,
+    )
+    core = EngineCore(runner, tok, config, eos_token_ids=tuple(lm.config.eos_token_ids))
+    clock = PhaseClock()
+    # The phases: the scheduler's plan (admission, KV bookkeeping, preemption), the runner building
+    # the step's tensors, the (null) forward and logits, sampling, and accepting the sampled tokens.
+    core.scheduler.schedule = clock.wrap("schedule", core.scheduler.schedule)  # type: ignore[method-assign]
+    model = runner.model
+    model.forward = clock.wrap("forward (null)", model.forward)  # type: ignore[method-assign]
+    model.logits = clock.wrap("forward (null)", model.logits)  # type: ignore[method-assign]
+    runner_mod.sample = clock.wrap("sample", runner_mod.sample)
+    runner._forward = clock.wrap("runner: batch tensors", runner._forward)  # type: ignore[method-assign]
+    core._track_peaks = clock.wrap("peak tracking", core._track_peaks)  # type: ignore[method-assign]
+    core._after_step = clock.wrap("accept + outputs", core._after_step)  # type: ignore[method-assign]
+    return core, clock
+
+
+def requests(args: argparse.Namespace, vocab: int) -> list[GenerateRequest]:
+    g = torch.Generator().manual_seed(0)
+    prefixes = [torch.randint(100, vocab, (args.prefix,), generator=g).tolist() for _ in range(args.groups)]
+    out = []
+    for i in range(args.seqs):
+        own = torch.randint(100, vocab, (args.suffix,), generator=g).tolist()
+        params = SamplingParams(max_tokens=args.steps + 128, temperature=0.0, ignore_eos=True)
+        out.append(GenerateRequest(f"r{i}", prefixes[i % args.groups] + own, params))
+    return out
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--seqs", type=int, default=256)
+    ap.add_argument("--groups", type=int, default=16, help="distinct shared prefixes")
+    ap.add_argument("--prefix", type=int, default=768, help="tokens of each shared prefix")
+    ap.add_argument("--suffix", type=int, default=256, help="tokens of each request's own")
+    ap.add_argument("--steps", type=int, default=60, help="decode steps measured")
+    ap.add_argument("--threads", type=int, default=2)
+    args = ap.parse_args()
+    torch.set_num_threads(args.threads)
+    configure("warning")
+    core, clock = build(args)
+    outputs: list[int] = [0]
+
+    def sink(out: RequestOutput) -> None:
+        outputs[0] += len(out.new_token_ids)
+
+    for req in requests(args, core.vocab_size):
+        core.add_request(req, sink)
+    # Admit and prefill everything; measure only steps where all sequences decode.
+    for _ in range(10_000):
+        running = core.scheduler.running
+        if (
+            len(running) == args.seqs
+            and all(s.remaining == 1 for s in running)
+            and not core.scheduler.waiting
+        ):
+            break
+        core.step()
+    else:
+        raise SystemExit("the sequences never all reached decode")
+    totals: list[float] = []
+    phases: dict[str, list[float]] = defaultdict(list)
+    for _ in range(args.steps):
+        clock.now.clear()
+        t0 = time.perf_counter()
+        assert core.step()
+        total = time.perf_counter() - t0
+        forward = clock.now["forward (null)"]
+        totals.append(total - forward)
+        # The runner's _forward wraps the null forward: count only its own work.
+        clock.now["runner: batch tensors"] -= clock.now["forward (null)"]
+        inner = sum(v for k, v in clock.now.items() if k != "forward (null)")
+        for name, v in clock.now.items():
+            phases[name].append(v)
+        phases["rest: step plan to runner input, logits rows"].append(total - inner - forward)
+    med = statistics.median(totals) * 1000
+    print(f"{args.seqs} decoding sequences of ~{args.prefix + args.suffix} tokens ({args.groups} shared")
+    print(f"prefixes), {args.steps} steps, {args.threads} threads; ms per step, median")
+    print("| phase | ms |\n| --- | ---: |")
+    for name, vs in phases.items():
+        print(f"| {name} | {statistics.median(vs) * 1000:.2f} |")
+    print(f"| **outside the forward pass** | **{med:.2f}** |")
+    q = sorted(totals)
+    print(
+        f"p10 {q[len(q) // 10] * 1000:.2f} ms, p90 {q[len(q) * 9 // 10] * 1000:.2f} ms; tokens {outputs[0]}"
+    )
+
+
+if __name__ == "__main__":
+    main()
