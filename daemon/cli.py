@@ -11,13 +11,14 @@ def build_parser() -> argparse.ArgumentParser:
     """Build the top-level parser; each subcommand's module contributes its own flags."""
     # NOTE: imported here, not at module level, so `radixd --help` stays fast and a broken
     # subcommand cannot take the other one down with it.
+    from radixd.daemon import cluster as cluster_main
     from radixd.daemon.engine import offline
     from radixd.daemon.server import main as server_main
 
     parser = argparse.ArgumentParser(
         prog="radixd", description="A prefix-caching LLM serving daemon (paged KV blocks in a radix tree)."
     )
-    sub = parser.add_subparsers(dest="command", required=True, metavar="{serve,generate}")
+    sub = parser.add_subparsers(dest="command", required=True, metavar="{serve,generate,cluster}")
     serve = sub.add_parser("serve", help="serve a model over gRPC", description="Serve a model over gRPC.")
     server_main.add_arguments(serve)
     serve.set_defaults(run=server_main.run)
@@ -28,6 +29,14 @@ def build_parser() -> argparse.ArgumentParser:
     )
     offline.add_arguments(generate)
     generate.set_defaults(run=offline.run)
+    cluster = sub.add_parser(
+        "cluster",
+        help="N replicas behind the smg gateway (OpenAI API)",
+        description="Start N `radixd serve` replicas on free loopback ports and Shepherd Model Gateway in"
+        " front of them; flags after `--` go to every replica.",
+    )
+    cluster_main.add_arguments(cluster)
+    cluster.set_defaults(run=cluster_main.run)
     return parser
 
 
