@@ -11,7 +11,8 @@ PreemptionMode = Literal["recompute", "swap"]
 
 @dataclass(frozen=True)
 class EngineConfig:
-    """Knobs of the scheduler and engine loop.
+    """Knobs of the scheduler and engine loop. These defaults are the daemon's: `radixd serve` and
+    `radixd generate` read them from here, and the engine tests run with them.
 
     max_num_seqs: running sequences per step (decodes + prefills).
     max_num_batched_tokens: per-step token budget shared by decodes (1 each) and prefill chunks.
@@ -32,11 +33,11 @@ class EngineConfig:
     max_num_seqs: int = 64
     max_num_batched_tokens: int = 512
     prefix_caching: bool = True
-    schedule_policy: SchedulePolicy = "fcfs"
+    schedule_policy: SchedulePolicy = "lpm"
     preemption_mode: PreemptionMode = "recompute"
     num_host_blocks: int = 0
     max_preemptions: int = 8
-    max_waiting: int = 4096
+    max_waiting: int = 256
     watchdog_s: float = 30.0
     session_ttl_s: float = 600.0
     max_model_len: int | None = None
