@@ -58,9 +58,10 @@ all of it. Public API (everything below is re-exported here)::
         blocks_for_budget(bytes), tokens_for_budget(bytes); presets LLAMA3_8B, LLAMA3_70B, LLAMA2_70B
 
 Debugging: ``radixd.radix.verify.check_consistency(tree, tables)`` checks every invariant (O(n)).
-Layout: errors, blockids, extents, pool, node, lru, results, tree_core (structure, leases, stats),
-tree_evict (LRU eviction), tree_admin (evict_prefix, flush, pins), tree_adopt (new leaves take over their
-blocks), tree (match, insert), table, memory, verify.
+Layout: errors, blockids, extents, pool (blocks, refcounts, and the only code that changes a block's
+owner), node, lru, results, tree (the one RadixTree class) with its helper modules tree_nodes (add, split,
+remove nodes; lock paths), tree_insert (lookup and insert walks), tree_admin (evict_prefix, flush, pins);
+table, memory, verify.
 
 Engine protocol for one request (B = block size)::
 

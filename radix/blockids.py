@@ -150,3 +150,16 @@ def packed_runs(blocks: bytes, id_bytes: bytes, max_runs: int = 8) -> list[tuple
         runs.append((a, k))
         i = e + 1
     return runs
+
+
+def disjoint_within(runs: list[tuple[int, int]], nblocks: int) -> bool:
+    """Runs lie in [1, nblocks) and do not overlap (no block is given twice)."""
+    if len(runs) == 1:
+        a, k = runs[0]
+        return a >= 1 and a + k <= nblocks
+    end = 1
+    for a, k in sorted(runs):
+        if a < end:
+            return False
+        end = a + k
+    return end <= nblocks

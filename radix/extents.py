@@ -106,3 +106,21 @@ class FreeExtents:
     def contains(self, b: int) -> bool:
         """Whether block ``b`` is free (O(runs); for checks and tests)."""
         return any(a <= b < a + k for a, k in self._by_start.items())
+
+    def problem(self, num_blocks: int) -> str | None:
+        """The first broken invariant among ids ``[1, num_blocks)``, or None (O(runs); for checks)."""
+        runs = sorted(self._by_start.items())
+        end = 1
+        for a, k in runs:
+            if k < 1 or a < end:
+                return f"free run ({a}, {k}) is empty or overlaps the previous run or the null block"
+            if a == end and end > 1:
+                return f"free run ({a}, {k}) touches the previous one: runs were not merged"
+            if self._by_end.get(a + k) != a:
+                return f"free run ({a}, {k}) is missing from the end index"
+            end = a + k
+        if end > num_blocks or len(self._by_end) != len(runs):
+            return "free runs go past the pool or the end index has stale entries"
+        if sum(k for _a, k in runs) != self.count:
+            return f"free extents count {self.count} blocks but hold {sum(k for _a, k in runs)}"
+        return None

@@ -3,14 +3,15 @@
 from __future__ import annotations
 
 import gc
+import sys
 from collections.abc import Iterable
 from typing import Protocol
 
 import numpy as np
 import numpy.typing as npt
 
-from radixd.radix.blockids import ID_BYTES, BlockIds
-from radixd.radix.errors import DoubleFree, InvalidRequest, OutOfBlocks
+from radixd.radix.blockids import ID_BYTES, BlockIds, disjoint_within, packed_runs, spells_runs, unpack_id
+from radixd.radix.errors import DoubleFree, InvalidRequest, OutOfBlocks, RadixError
 from radixd.radix.extents import FreeExtents
 
 NULL_BLOCK = 0
@@ -199,28 +200,6 @@ class BlockPool:
             del hints[next(iter(hints))]
         return runs
 
-    def _free_runs(self, runs: list[tuple[int, int]]) -> None:
-        """Free whole runs ``(first, length)`` of blocks nobody holds any more (for the tree, which held
-        them alone): their state words become 0 and the runs go back to the free extents.
-
-        A run that continues the one before it in ``runs`` is merged with it first: blocks allocated
-        one after another (a batch of requests) tend to be evicted together, in the same order, and each
-        merged run costs one store and one extent merge instead of one per run. The order is kept, not
-        sorted: it is the order in which the free extents hand runs out again (newest first), and
-        sorting it made W2 split a fifth more of its allocations.
-        """
-        sb = self._state_bytes
-        zeros = self._zeros_view
-        put = self._free.put
-        s = e = 0  # the group being merged: blocks [s, e)
-        for a, k in [*runs, (NULL_BLOCK, 0)]:  # the null block (never freed) ends the last group
-            if a != e:
-                if e:
-                    sb[s * 8 : e * 8] = zeros[: (e - s) * 8]
-                    put(s, e - s)
-                s = a
-            e = a + k
-
     def incref(self, block: int) -> None:
         """Add one holder to an allocated block."""
         if not 0 < block < self.num_blocks:
@@ -300,8 +279,15 @@ class BlockPool:
         return freed
 
     # ------------------------------------------------------- cache ownership
-    # Used by RadixTree only: it marks the blocks it stores so refcount changes made by tables keep
-    # the evictable count exact without the tree scanning anything.
+    # For the radix tree only: it marks the blocks it stores with their owner (a node), so refcount
+    # changes made by tables keep the evictable count exact without the tree scanning anything. Every
+    # change of a block's owner or of an owner's hold goes through these methods.
+    def attach_cache(self) -> None:
+        """Claim the pool for one cache (a RadixTree); a second claim raises RadixError."""
+        if self._tree_attached:
+            raise RadixError("this BlockPool already serves a RadixTree; use one tree per pool")
+        self._tree_attached = True
+
     def _register(self, owner: BlockOwner) -> int:
         """Give ``owner`` an id (stored in the high bits of each of its blocks' state words).
 
@@ -328,6 +314,205 @@ class BlockPool:
         self._check_id(block)
         oid = int(self._state[block]) >> OWNER_SHIFT
         return self._owners[oid] if oid else None
+
+    def owner_held(self, owner: BlockOwner) -> None:
+        """``owner.hold`` went from 0 to 1: its solo blocks stop being evictable."""
+        self._evictable -= owner.n_solo
+
+    def owner_unheld(self, owner: BlockOwner) -> None:
+        """``owner.hold`` went back to 0: its solo blocks are evictable again."""
+        self._evictable += owner.n_solo
+
+    def runs_of(self, blocks: bytes) -> list[tuple[int, int]] | None:
+        """``blocks`` (packed) as a few runs of consecutive ids, or None (scattered, or invalid ids).
+
+        One run is proven by one memcmp; a split allocation of this pool by the runs it remembers for it
+        (runs of one allocation are disjoint); anything else by one vectorised pass.
+        """
+        if not bytes.__len__(blocks):
+            return []
+        a: int = unpack_id(blocks)[0]
+        idb = self._id_bytes
+        if a >= 1 and idb.startswith(blocks, a * ID_BYTES):  # one run (the common case)
+            return [(a, bytes.__len__(blocks) // ID_BYTES)]
+        hint = self._split_hints.pop(a, None)
+        if hint is not None and spells_runs(blocks, idb, hint):
+            return hint
+        runs = packed_runs(blocks, idb)
+        return runs if runs is not None and disjoint_within(runs, self.num_blocks) else None
+
+    def adopt(
+        self, owner: BlockOwner, blocks: BlockIds, runs: list[tuple[int, int]] | None, donate: bool
+    ) -> bool:
+        """Make ``owner`` (new, holding nothing yet) the owner of ``blocks``; sets ``owner.n_solo``.
+
+        The owner takes one reference per block: the caller's own with ``donate`` (the count stays),
+        else a new one. Returns True when ``runs`` (from :meth:`runs_of`) were all freshly allocated
+        (refcount 1, no owner): the words were then written one memcpy per run. Otherwise the blocks
+        are adopted one by one, validated as they go; on a bad block everything is undone and
+        InvalidRequest (or DoubleFree) is raised. The new solo blocks count as evictable (hold 0).
+        """
+        ones = self._ones_bytes
+        sb = self._state_bytes
+        fresh = runs is not None and all(ones.startswith(sb[a * 8 : (a + k) * 8]) for a, k in runs)
+        oid = self._register(owner)
+        if runs is not None and fresh:
+            # Donated blocks keep the caller's reference; otherwise the caller keeps its own too: counts
+            # are 2 and nobody is solo yet.
+            word = ((oid << OWNER_SHIFT) | (1 if donate else 2)).to_bytes(8, sys.byteorder)
+            for a, k in runs:
+                sb[a * 8 : (a + k) * 8] = word * k
+            solo = bytes.__len__(blocks) // ID_BYTES if donate else 0
+        else:
+            solo = self._adopt_each(owner, blocks.tolist(), donate)
+        owner.n_solo = solo
+        self._evictable += solo
+        return runs is not None and fresh
+
+    def _adopt_each(self, owner: BlockOwner, ids: list[int], donate: bool) -> int:
+        """Adopt ``ids`` one by one (blocks shared with tables, or scattered ids); -> solo count."""
+        st = self._state
+        nblocks = self.num_blocks
+        step = 0 if donate else 1  # donated blocks keep the caller's reference; others gain one
+        high = owner.oid << OWNER_SHIFT
+        solo = 0
+        for i, b in enumerate(ids):
+            w = int(st[b]) if 0 < b < nblocks else 0
+            if w & RC_MASK == 0 or w >> OWNER_SHIFT:
+                for a in ids[:i]:
+                    st[a] = (int(st[a]) & RC_MASK) - step
+                self._unregister(owner)
+                if w & RC_MASK:
+                    raise InvalidRequest(
+                        f"block {b} is already cached by the tree (or given twice); "
+                        "every position needs its own block"
+                    )
+                self._bad_incref(b)
+            # Without donate the caller keeps its reference, so the count goes to >= 2 and n_solo
+            # starts at 0; the refcount hooks keep it exact when the caller drops its reference later.
+            c = (w & RC_MASK) + step
+            st[b] = high | c
+            if c == 1:
+                solo += 1
+        return solo
+
+    def split_owner(
+        self, upper: BlockOwner, upper_blocks: BlockIds, runs: list[tuple[int, int]] | None, lower: BlockOwner
+    ) -> None:
+        """``upper`` (new) takes over ``upper_blocks`` from ``lower`` (a node split in two); moves the
+        matching part of ``lower.n_solo`` to it. ``runs``: those blocks' runs when known."""
+        st = self._state
+        high = self._register(upper) << OWNER_SHIFT
+        if runs is not None:
+            solo = 0
+            for a, n in runs:
+                rcs = st[a : a + n] & RC_MASK
+                st[a : a + n] = rcs | high
+                solo += int(np.count_nonzero(rcs == 1))
+        else:
+            idx = upper_blocks.array()
+            rcs = st[idx] & RC_MASK
+            st[idx] = rcs | high
+            solo = int(np.count_nonzero(rcs == 1))
+        upper.n_solo = solo
+        lower.n_solo -= solo
+
+    def disown(
+        self,
+        owner: BlockOwner,
+        blocks: BlockIds,
+        runs: list[tuple[int, int]] | None,
+        freed: list[int] | None,
+        pending: list[tuple[int, int]] | None,
+    ) -> int:
+        """Drop ``owner`` and its reference on each of ``blocks``; -> how many blocks became free.
+
+        With ``freed``, the blocks that became free are appended to it. With ``pending``, whole runs that
+        became free are appended to it instead of being freed, for the caller to free together with the
+        runs of other owners (:meth:`release_runs`).
+        """
+        n = bytes.__len__(blocks) // ID_BYTES
+        if owner.hold == 0:
+            self._evictable -= owner.n_solo
+        if owner.n_solo == n and runs is None:
+            runs = packed_runs(blocks, self._id_bytes)
+        if owner.n_solo == n and runs is not None:
+            # Fast path (the common case): nobody else holds any of them, so every run becomes free
+            # (refcount 0, no owner) with one slice store and one merge into the free extents.
+            if pending is None:
+                self.release_runs(runs)
+            else:
+                pending += runs  # NOTE: their state words stay stale until the caller frees them
+            if freed is not None:
+                freed += blocks.tolist()
+            n_freed = n
+        else:
+            n_freed = 0
+            st = self._state
+            free = self._free
+            # Inlined decref that also clears the owner, so the ownership hooks have nothing to do.
+            for b in blocks.tolist():
+                c = (int(st[b]) & RC_MASK) - 1
+                st[b] = c
+                if c == 0:
+                    free.put(b, 1)
+                    n_freed += 1
+                    if freed is not None:
+                        freed.append(b)
+        owner.n_solo = 0
+        self._unregister(owner)
+        return n_freed
+
+    def release_runs(self, runs: list[tuple[int, int]]) -> None:
+        """Free whole runs ``(first, length)`` of blocks nobody holds any more (for the tree, which held
+        them alone): their state words become 0 and the runs go back to the free extents.
+
+        A run that continues the one before it in ``runs`` is merged with it first: blocks allocated
+        one after another (a batch of requests) tend to be evicted together, in the same order, and each
+        merged run costs one store and one extent merge instead of one per run. The order is kept, not
+        sorted: it is the order in which the free extents hand runs out again (newest first), and
+        sorting it made W2 split a fifth more of its allocations.
+        """
+        sb = self._state_bytes
+        zeros = self._zeros_view
+        put = self._free.put
+        s = e = 0  # the group being merged: blocks [s, e)
+        for a, k in [*runs, (NULL_BLOCK, 0)]:  # the null block (never freed) ends the last group
+            if a != e:
+                if e:
+                    sb[s * 8 : e * 8] = zeros[: (e - s) * 8]
+                    put(s, e - s)
+                s = a
+            e = a + k
+
+    # ---------------------------------------------------------- introspection
+    def refcounts(self) -> list[int]:
+        """Every block's reference count, by id (O(num_blocks); for checks and tests)."""
+        return (self._state & RC_MASK).tolist()  # type: ignore[no-any-return]
+
+    def owner_ids(self) -> list[int]:
+        """Every block's owner id (0: none), by id (O(num_blocks); for checks and tests)."""
+        return (self._state >> OWNER_SHIFT).tolist()  # type: ignore[no-any-return]
+
+    def owner_by_id(self, oid: int) -> BlockOwner | None:
+        return self._owners.get(oid)
+
+    @property
+    def num_owners(self) -> int:
+        """Registered owners (live tree nodes that hold blocks)."""
+        return len(self._owners)
+
+    def free_extents(self) -> list[tuple[int, int]]:
+        """The free runs ``[(first, length)]``, newest last (for checks and tests)."""
+        return self._free.runs()
+
+    def free_extents_problem(self) -> str | None:
+        """The first broken invariant of the free extents, or None (for the consistency checker)."""
+        return self._free.problem(self.num_blocks)
+
+    def split_hint(self, first: int) -> list[tuple[int, int]] | None:
+        """The runs of the recent split allocation that began at ``first`` (for tests)."""
+        return self._split_hints.get(first)
 
     # ------------------------------------------------------------ validation
     def _check_id(self, block: int) -> None:

@@ -10,7 +10,7 @@ from radixd.radix.blockids import BlockIds
 
 if TYPE_CHECKING:
     from radixd.radix.node import Node
-    from radixd.radix.tree_core import TreeCore
+    from radixd.radix.tree import RadixTree
 
 
 class Lease:
@@ -23,7 +23,7 @@ class Lease:
 
     __slots__ = ("_epoch", "_node", "_open", "_tree")
 
-    def __init__(self, tree: TreeCore, node: Node | None, epoch: int) -> None:
+    def __init__(self, tree: RadixTree, node: Node | None, epoch: int) -> None:
         self._tree = tree
         self._node = node
         self._epoch = epoch

@@ -1,38 +1,33 @@
-"""RadixTree: token-exact prefix cache over paged KV blocks (match, insert, leases, pins, eviction)."""
+"""RadixTree: token-exact prefix cache over paged KV blocks (match, insert, leases, pins, eviction).
+
+One class. Its longer steps live in helper modules of functions, by concern: ``tree_nodes`` (adding,
+splitting, removing nodes; locking paths), ``tree_insert`` (the lookup and insert walks), ``tree_admin``
+(prefix eviction, flush, pins). Blocks change owner only through :class:`BlockPool` methods.
+"""
 
 from __future__ import annotations
 
-from array import array
 from collections.abc import Sequence
+from typing import Literal
 
-from radixd.radix.blockids import EMPTY, ID_BYTES, BlockIds, pack_blocks
-from radixd.radix.errors import InvalidRequest, UnknownLease
-from radixd.radix.node import TOKEN_BYTES, Node, TokenKey, Tokens, as_tokens, common_prefix_len
-from radixd.radix.results import InsertResult, Lease, PrefixMatch
-from radixd.radix.tree_admin import FlushMode
-from radixd.radix.tree_adopt import TreeAdopt
-from radixd.radix.tree_core import EVICT_REASONS
+from radixd.radix import tree_admin, tree_insert
+from radixd.radix.blockids import ID_BYTES, BlockIds, pack_blocks
+from radixd.radix.errors import FlushRefused, InvalidRequest, UnknownLease
+from radixd.radix.events import CacheListener
+from radixd.radix.lru import LruIndex
+from radixd.radix.node import TOKEN_BYTES, Node, TokenKey, Tokens, as_tokens
+from radixd.radix.pool import BlockPool
+from radixd.radix.results import CacheStats, InsertResult, Lease, PrefixMatch
+from radixd.radix.tree_nodes import lock_path, path_of, unlock_path
 
 __all__ = ["EVICT_REASONS", "FlushMode", "RadixTree"]
 
-
-def _joined(parts: list[bytes]) -> BlockIds:
-    """The packed blocks of a matched path (usually one node's own BlockIds, shared as is)."""
-    if len(parts) == 1 and type(parts[0]) is BlockIds:
-        return parts[0]
-    return BlockIds(b"".join(parts)) if parts else EMPTY
+EVICT_REASONS = ("lru", "prefix", "flush", "superseded")
+FlushMode = Literal["unlocked", "refuse", "force"]
+Key = Sequence[int] | bytes | TokenKey
 
 
-def _differing(mine: bytes, start: int, node_blocks: bytes, lo: int, hi: int) -> list[int]:
-    """The caller's ids (packed ``mine``, from id ``start`` on) that differ from ``node_blocks[lo:hi]``."""
-    theirs = bytes.__getitem__(node_blocks, slice(lo * ID_BYTES, hi * ID_BYTES))
-    if mine.startswith(theirs, start * ID_BYTES):  # the tree's own blocks (the usual case): one memcmp
-        return []
-    a = array("i", bytes.__getitem__(mine, slice(start * ID_BYTES, (start + hi - lo) * ID_BYTES)))
-    return [x for x, y in zip(a, array("i", theirs), strict=True) if x != y]
-
-
-class RadixTree(TreeAdopt):
+class RadixTree:
     """Prefix cache of KV blocks keyed by (namespace, token ids).
 
     * ``match`` returns the longest cached prefix as full blocks plus the partially matching next
@@ -45,7 +40,7 @@ class RadixTree(TreeAdopt):
     Not thread-safe: one owner (the engine thread) drives it.
     """
 
-    # NOTE: ownership invariants (tests/radix check them after every step):
+    # NOTE: ownership invariants (radixd.radix.verify checks them; tests/radix after every step):
     #  * the tree holds exactly one pool reference per block it stores (per occurrence in a node);
     #  * a block is exactly one of: free / cached-evictable (refcount 1, held by the tree in a node
     #    with hold == 0) / in use; free + evictable + in_use == pool.num_usable;
@@ -53,95 +48,57 @@ class RadixTree(TreeAdopt):
     #    flush("force"), which also invalidates every outstanding lease (epoch bump);
     #  * different namespaces have different roots and never share a node or a block.
 
+    def __init__(self, pool: BlockPool, pin_budget_fraction: float = 0.25) -> None:
+        if not 0.0 <= pin_budget_fraction <= 1.0:
+            raise InvalidRequest(f"pin_budget_fraction must be within [0, 1], got {pin_budget_fraction}")
+        pool.attach_cache()
+        self.pool = pool
+        self.block_size = pool.block_size
+        self._bb = pool.block_size * TOKEN_BYTES  # a block's tokens, in packed bytes
+        self.pin_budget_blocks = int(pin_budget_fraction * pool.num_usable)
+        self._roots: dict[str, Node] = {}
+        self._lru = LruIndex()
+        self._clock = 0  # logical time of the last use; every node's tick is unique
+        self._epoch = 0  # bumped by flush("force"): leases of older epochs are inert
+        self._nodes = 0
+        self._cached_blocks = 0
+        self._pinned_blocks = 0
+        self._pins: dict[tuple[str, Tokens], Node] = {}
+        self._leases = 0
+        self._hit_tokens = 0
+        self._miss_tokens = 0
+        self._evicted = dict.fromkeys(EVICT_REASONS, 0)
+        # Observer of content changes (see radix/events.py); None costs one test per leaf added/removed.
+        self.listener: CacheListener | None = None
+
     # ================================================================== lookup
-    def match(self, tokens: Sequence[int] | bytes | TokenKey, namespace: str = "") -> PrefixMatch:
+    def match(self, tokens: Key, namespace: str = "") -> PrefixMatch:
         """Longest cached prefix of ``tokens``; locks it until ``result.lease.release()``.
 
         ``tokens``: token ids, or packed ones (``encode_tokens``) to skip the conversion. To keep at
-        least one token to compute (for logits), match ``tokens[:-1]``.
+        least one token to compute (for logits), match ``tokens[:-1]``. The lease of an empty match
+        locks nothing yet, but an insert with it locks the inserted path.
         """
         t = tokens.packed if type(tokens) is TokenKey else as_tokens(tokens)
-        node, blocks, pblock, ptok = self._walk(t, namespace, touch=True)
+        node, blocks, pblock, ptok = tree_insert.walk(self, t, namespace, True)
         num_tokens = bytes.__len__(blocks) // ID_BYTES * self.block_size
         self._hit_tokens += num_tokens + ptok
         self._miss_tokens += len(t) // TOKEN_BYTES - num_tokens - ptok
-        if node is None:
-            # NOTE: a fresh lease, not a shared one: a caller that inserts with it gets its path locked.
-            return PrefixMatch(blocks, num_tokens, pblock, ptok, Lease(self, None, self._epoch))
-        self._lock_path(node)
-        self._leases += 1
+        if node is not None:
+            lock_path(self, node)
+            self._leases += 1
         return PrefixMatch(blocks, num_tokens, pblock, ptok, Lease(self, node, self._epoch))
 
-    def peek(self, tokens: Sequence[int] | bytes | TokenKey, namespace: str = "") -> int:
+    def peek(self, tokens: Key, namespace: str = "") -> int:
         """Cached prefix length of ``tokens`` (full + partial block tokens); no lock, LRU or stats change."""
-        _node, blocks, _pb, ptok = self._walk(as_tokens(tokens), namespace, touch=False)
+        t = tokens.packed if type(tokens) is TokenKey else as_tokens(tokens)
+        _node, blocks, _pb, ptok = tree_insert.walk(self, t, namespace, False)
         return len(blocks) * self.block_size + ptok
-
-    def _walk(self, t: Tokens, namespace: str, touch: bool) -> tuple[Node | None, BlockIds, int | None, int]:
-        """(deepest node used or None, full blocks, partial block, partial tokens)."""
-        parts: list[bytes] = []
-        node = self._roots.get(namespace)
-        if node is None:
-            return None, EMPTY, None, 0
-        B = self._bb  # offsets below are in packed bytes
-        n = len(t)
-        pos = 0
-        clock = self._clock
-        while pos + B <= n:
-            child = node.children.get(t[pos : pos + B])
-            if child is None:
-                break
-            if touch:
-                # Every touched node ends up on the leased path, so it leaves the LRU index anyway.
-                if child.in_lru:
-                    self._lru.discard(child)
-                clock += 1
-                child.tick = clock
-            ct = child.tokens
-            L = len(ct)
-            if not L % B and t.startswith(ct, pos):  # compares in place, no slice copy
-                parts.append(child.blocks)
-                pos += L
-                node = child
-                continue
-            # The query leaves this node inside it (or covers its partial last block).
-            m = common_prefix_len(t, pos, ct)
-            k = m // B
-            if k:
-                parts.append(bytes.__getitem__(child.blocks, slice(0, k * ID_BYTES)))
-            self._clock = clock
-            r = (m - k * B) // TOKEN_BYTES
-            return child, _joined(parts), (child.blocks[k] if r else None), r
-        self._clock = clock
-        by_first = node.by_first
-        if by_first and t[pos : pos + TOKEN_BYTES] in by_first:  # a child may share part of a block
-            best, best_len = self._best_partial(node, t, pos)
-            if best is not None:
-                if touch:
-                    self._lru.discard(best)
-                    self._clock += 1
-                    best.tick = self._clock
-                return best, _joined(parts), best.blocks[0], best_len
-        return (node if node.parent is not None else None), (_joined(parts) if parts else EMPTY), None, 0
-
-    def _best_partial(self, node: Node, t: Tokens, pos: int) -> tuple[Node | None, int]:
-        """The child whose first block shares the longest (partial) prefix with t[pos:pos+B]."""
-        by_first = node.by_first
-        cands = by_first.get(t[pos : pos + TOKEN_BYTES]) if by_first is not None else None
-        best: Node | None = None
-        best_len = 0
-        if cands:
-            q = t[pos : pos + self._bb]
-            for c in cands:
-                m = common_prefix_len(q, 0, c.key)
-                if m > best_len:
-                    best, best_len = c, m
-        return best, best_len // TOKEN_BYTES
 
     # ================================================================== insert
     def insert(
         self,
-        tokens: Sequence[int] | bytes | TokenKey,
+        tokens: Key,
         blocks: Sequence[int] | bytes,
         namespace: str = "",
         lease: Lease | None = None,
@@ -154,11 +111,10 @@ class RadixTree(TreeAdopt):
         ``blocks``: block ids, or packed ones (``BlockIds``, e.g. from ``allocate_ids`` and
         ``PrefixMatch.block_ids``; any ``bytes`` is read as packed ids), which skips the conversion.
 
-        ``cached=k``: the first ``k`` full blocks of ``tokens`` are the tree's own (typically
-        ``len(match.block_ids)`` of the match whose lease the caller still holds), and ``blocks`` holds
-        only the blocks after them, so the caller need not join its new blocks to the matched ones. The
-        tree checks that those ``k`` blocks of tokens are still cached; if not it raises InvalidRequest,
-        having cached and split nothing.
+        ``cached=k``: the first ``k`` full blocks of ``tokens`` are the tree's own (typically the blocks
+        of the match whose lease the caller still holds), and ``blocks`` holds only the blocks after
+        them. The tree checks that those ``k`` blocks of tokens are still cached; if not it raises
+        InvalidRequest, having cached and split nothing.
 
         The tree takes one reference on each block it adopts; the caller keeps its own. Blocks at
         positions the tree already caches in other blocks are returned as duplicates. If ``lease`` (a
@@ -172,134 +128,162 @@ class RadixTree(TreeAdopt):
         """
         t = tokens.packed if type(tokens) is TokenKey else as_tokens(tokens)
         bl = blocks if type(blocks) is BlockIds or type(blocks) is bytes else pack_blocks(blocks)
-        B = self._bb  # offsets below are in packed bytes
         n = len(t)
-        nb = -(-n // B)
-        c = cached  # positions from c on hold the caller's blocks (bl[i] is the block of position c + i)
-        if bytes.__len__(bl) != (nb - c) * ID_BYTES or not 0 <= c <= n // B:
-            raise self._bad_insert(n, bytes.__len__(bl) // ID_BYTES, c)
+        if bytes.__len__(bl) != (-(-n // self._bb) - cached) * ID_BYTES or not 0 <= cached <= n // self._bb:
+            raise tree_insert.bad_insert(self.block_size, n, bytes.__len__(bl) // ID_BYTES, cached)
         if lease is not None and lease._tree is not self:
             raise UnknownLease("insert(lease=...) got a lease issued by another RadixTree")
         if n == 0:
             return InsertResult([], 0, 0)
-        root = self._roots.get(namespace)
-        if root is None:
-            root = self._roots[namespace] = Node(b"", EMPTY, None, b"", 0)
-        node = root
-        dups: list[int] = []
-        j = 0
-        nf = n // B
-        clock = self._clock
-        while j < nf:
-            pos = j * B
-            child = node.children.get(t[pos : pos + B])
-            if child is None:
-                break
-            clock += 1
-            if child.in_lru:
-                self._touch(child, clock)
-            else:
-                child.tick = clock
-            ct = child.tokens
-            cb = child.blocks
-            L = len(ct)
-            if not L % B and t.startswith(ct, pos):  # compares in place, no slice copy
-                k = bytes.__len__(cb) // ID_BYTES
-                # Where the caller gave blocks, are they the tree's own? Others are duplicates.
-                if j >= c:
-                    if not bl.startswith(cb, (j - c) * ID_BYTES):
-                        dups += _differing(bl, j - c, cb, 0, k)
-                elif j + k > c:
-                    dups += _differing(bl, 0, cb, c - j, k)
-                j += k
-                node = child
-                continue
-            k = common_prefix_len(t, pos, ct) // B  # >= 1: the first block matched as a key
-            if j + k < c:  # the cached prefix would end inside this node: reported below, nothing split
-                j += k
-                break
-            if j + k > c:
-                lo = max(c - j, 0)
-                dups += _differing(bl, j + lo - c, cb, lo, k)
-            node = self._split(child, k)
-            j += k
-            break
-        self._clock = clock
-        if j < c:
-            if not root.children:
-                self._drop_root(root)  # created for this insert only
-            raise InvalidRequest(
-                f"insert(cached={c}): only {j} leading blocks of these tokens are cached; hold the match's "
-                "lease until the insert, or pass the blocks of every position"
-            )
-        new_tokens = 0
-        final = node
-        if j < nb:
-            rest = t[j * B :]
-            # A BlockIds is immutable: when it is all new, the node can share the caller's object.
-            rest_blocks = (
-                bl if j == c and type(bl) is BlockIds else BlockIds(memoryview(bl)[(j - c) * ID_BYTES :])
-            )
-            by_first = node.by_first
-            covered = None
-            if by_first is not None and rest[:TOKEN_BYTES] in by_first:  # else no sibling can overlap
-                covered = self._settle_partial(node, rest, rest_blocks, dups)
-            if covered is not None:
-                final = covered
-            else:
-                final = self._add_leaf(node, rest, rest_blocks, donate)
-                new_tokens = len(rest) // TOKEN_BYTES
+        final, dups, new_tokens = tree_insert.insert(self, t, bl, namespace, cached, donate)
         if lease is not None and lease._open and lease._epoch == self._epoch:
             old = lease._node
-            self._lock_path(final)
+            lock_path(self, final)
             if old is None:  # an empty match's lease starts locking here
                 self._leases += 1
             else:
-                self._unlock_path(old)
+                unlock_path(self, old)
             lease._node = final
         if donate and dups:
             self.pool.decref_all(dups)
         return InsertResult(dups, n // TOKEN_BYTES - new_tokens, new_tokens)
 
-    def _bad_insert(self, n: int, got: int, cached: int) -> InvalidRequest:
-        """The error for an insert whose block count (or ``cached``) does not fit its tokens."""
-        nt, bs = n // TOKEN_BYTES, self.block_size
-        if not 0 <= cached <= nt // bs:
-            return InvalidRequest(
-                f"insert(cached={cached}) must be within [0, {nt // bs}]: the full blocks of {nt} tokens"
-            )
-        need = (
-            f"ceil({nt}/{bs}) - {cached} = {-(-nt // bs) - cached} blocks"
-            if cached
-            else f"ceil({nt}/{bs}) = {-(-nt // bs)} blocks"
-        )
-        return InvalidRequest(f"insert of {nt} tokens needs {need}, got {got}")
+    # ================================================================= leases
+    def release(self, lease: Lease) -> None:
+        """Release ``lease`` (idempotent). Raises UnknownLease for a lease of another tree."""
+        if lease._tree is not self:
+            raise UnknownLease("release() of a lease issued by another RadixTree")
+        lease.release()
 
-    def _settle_partial(
-        self, node: Node, rest: Tokens, rest_blocks: BlockIds, dups: list[int]
-    ) -> Node | None:
-        """Resolve partial-block overlaps between ``rest`` and ``node``'s children.
+    def _release(self, lease: Lease) -> None:
+        """Unlock ``lease``'s path (called by :meth:`Lease.release`, once)."""
+        node = lease._node
+        lease._node = None
+        if node is None or lease._epoch != self._epoch:
+            return  # already released, or its nodes went away in flush("force")
+        self._leases -= 1
+        unlock_path(self, node)
 
-        Returns the child that already covers ``rest`` (``rest`` is a single partial block whose tokens
-        begin a cached block) after recording the duplicate; otherwise drops unleased single-block
-        partial leaves that ``rest`` supersedes and returns None (the caller adds ``rest`` as a leaf).
+    def _clone_lease(self, lease: Lease) -> Lease:
+        if lease._tree is not self:
+            raise UnknownLease("clone() of a lease issued by another RadixTree")
+        node = lease._node
+        if node is None or lease._epoch != self._epoch:
+            # Nothing to lock (yet): a live empty lease, which a later insert can lock with.
+            return Lease(self, None, self._epoch)
+        lock_path(self, node)
+        self._leases += 1
+        return Lease(self, node, self._epoch)
+
+    def _path(self, node: Node) -> tuple[str, list[int]]:
+        """The namespace and token path from the root to the end of ``node`` (what listeners get)."""
+        return path_of(self, node)
+
+    # =============================================================== eviction
+    def evictable_blocks(self) -> int:
+        """Blocks that evicting every unlocked, unpinned entry would free (exact, O(1))."""
+        return self.pool.num_evictable
+
+    def evict(self, n_blocks: int) -> list[int]:
+        """Free at least ``n_blocks`` blocks if possible, least recently used leaves first.
+
+        Returns the blocks that became free (fewer when not enough is evictable). O(log n) per node.
         """
-        by_first = node.by_first
-        cands = by_first.get(rest[:TOKEN_BYTES]) if by_first is not None else None
-        if not cands:
-            return None
-        first = rest[: self._bb]
-        lf = len(first)
-        for c in list(cands):
-            key = c.key
-            if len(key) >= lf:
-                if lf < self._bb and key[:lf] == first:
-                    if rest_blocks[0] != c.blocks[0]:
-                        dups.append(rest_blocks[0])
-                    self._clock += 1
-                    self._touch(c, self._clock)
-                    return c
-            elif first[: len(key)] == key and c.hold == 0:
-                # c is a one-block partial leaf whose tokens are a prefix of ours: ours supersedes it.
-                self._remove_leaf(c, "superseded", None, keep_root=True)
-        return None
+        freed: list[int] = []
+        tree_admin.evict_lru(self, n_blocks, freed)
+        return freed
+
+    def evict_count(self, n_blocks: int) -> int:
+        """Like :meth:`evict` but returns only how many blocks became free.
+
+        For callers that size the free pool and never look at the ids (a scheduler making room): it
+        skips building the list, which at block size 1 is a thousand ids per evicted request.
+        """
+        return tree_admin.evict_lru(self, n_blocks, None)
+
+    def evict_prefix(self, tokens: Key, namespace: str = "") -> int:
+        """Drop every unlocked, unpinned cached sequence that starts with ``tokens``.
+
+        An empty ``tokens`` means the whole namespace. Returns the number of blocks dropped.
+        """
+        root = self._roots.get(namespace)
+        if root is None:
+            return 0
+        before = self._evicted["prefix"]
+        for top in tree_admin.subtrees_with_prefix(self, root, as_tokens(tokens)):
+            tree_admin.evict_subtree(self, top, "prefix")
+        return self._evicted["prefix"] - before
+
+    def flush(self, mode: FlushMode = "unlocked", include_pinned: bool = False) -> int:
+        """Drop cached entries; returns the number of blocks the tree released.
+
+        * ``"unlocked"``: evict everything not leased (and not pinned unless ``include_pinned``).
+        * ``"refuse"``: like ``"unlocked"`` but raise FlushRefused (changing nothing) while any lease is
+          held. (Waiting for idle is the engine's job: it retries once its requests have drained.)
+        * ``"force"``: drop everything, leased and pinned included; outstanding leases become inert
+          (releasing them later is a no-op). Blocks still held by tables stay allocated to them.
+        """
+        if mode not in ("unlocked", "refuse", "force"):
+            raise InvalidRequest(f"flush mode must be 'unlocked', 'refuse' or 'force', got {mode!r}")
+        if mode == "refuse" and self._leases:
+            raise FlushRefused(
+                f"flush refused: {self._leases} lease(s) still held; release them or flush('unlocked')"
+            )
+        before = self._cached_blocks
+        if mode == "force":
+            tree_admin.force_clear(self)
+            return before
+        if include_pinned:
+            for ns, toks in list(self._pins):
+                self.unpin(toks, ns)
+        tree_admin.evict_lru(self, self._cached_blocks + 1, None, "flush")
+        return before - self._cached_blocks
+
+    # ================================================================== pins
+    def pin(self, tokens: Key, namespace: str = "") -> int:
+        """Exempt the cached prefix of ``tokens`` from eviction; returns the number of tokens pinned.
+
+        Pins whole cached blocks (a partial trailing block only when it ends a cached leaf). Pinning
+        the same tokens again is a no-op. Raises PinBudgetExceeded, changing nothing, when the newly
+        pinned blocks would exceed the budget (``pin_budget_fraction`` of the pool).
+        """
+        return tree_admin.pin(self, as_tokens(tokens), namespace)
+
+    def unpin(self, tokens: Key, namespace: str = "") -> int:
+        """Undo :meth:`pin` of exactly these tokens; returns the tokens unpinned. Raises NotPinned."""
+        return tree_admin.unpin(self, as_tokens(tokens), namespace)
+
+    # ================================================================= stats
+    @property
+    def num_nodes(self) -> int:
+        return self._nodes
+
+    @property
+    def num_cached_blocks(self) -> int:
+        return self._cached_blocks
+
+    @property
+    def num_pinned_blocks(self) -> int:
+        return self._pinned_blocks
+
+    @property
+    def num_leases(self) -> int:
+        return self._leases
+
+    def stats(self) -> CacheStats:
+        pool = self.pool
+        return CacheStats(
+            block_size=self.block_size,
+            usable_blocks=pool.num_usable,
+            free_blocks=pool.num_free,
+            evictable_blocks=pool.num_evictable,
+            in_use_blocks=pool.num_in_use,
+            cached_blocks=self._cached_blocks,
+            pinned_blocks=self._pinned_blocks,
+            pin_budget_blocks=self.pin_budget_blocks,
+            nodes=self._nodes,
+            leases=self._leases,
+            hit_tokens=self._hit_tokens,
+            miss_tokens=self._miss_tokens,
+            evicted_blocks=dict(self._evicted),
+        )

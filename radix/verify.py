@@ -8,7 +8,7 @@ from typing import NoReturn
 
 from radixd.radix.errors import RadixError
 from radixd.radix.node import TOKEN_BYTES, Node
-from radixd.radix.pool import NULL_BLOCK, OWNER_SHIFT, RC_MASK
+from radixd.radix.pool import NULL_BLOCK
 from radixd.radix.table import BlockTable
 from radixd.radix.tree import RadixTree
 
@@ -38,31 +38,19 @@ def check_consistency(tree: RadixTree, tables: Iterable[BlockTable] = ()) -> Non
     """
     pool = tree.pool
     B = tree._bb  # node offsets are in packed bytes
-    rc: list[int] = (pool._state & RC_MASK).tolist()
-    owner_ids: list[int] = (pool._state >> OWNER_SHIFT).tolist()
-    ext = pool._free
-    runs = sorted(ext.runs())
-    end = 1
-    for a, k in runs:
-        if k < 1 or a < end:
-            _fail(f"free run ({a}, {k}) is empty or overlaps the previous run or the null block")
-        if a == end and end > 1:
-            _fail(f"free run ({a}, {k}) touches the previous one: runs were not merged")
-        if ext._by_end.get(a + k) != a:
-            _fail(f"free run ({a}, {k}) is missing from the end index")
-        end = a + k
-    if end > pool.num_blocks or len(ext._by_end) != len(runs):
-        _fail("free runs go past the pool or the end index has stale entries")
+    rc = pool.refcounts()
+    owner_ids = pool.owner_ids()
+    problem = pool.free_extents_problem()
+    if problem is not None:
+        _fail(problem)
     if rc[NULL_BLOCK] != 0:
         _fail("the null block was handed out or freed")
     n_free = 0
-    for a, k in runs:
+    for a, k in pool.free_extents():
         n_free += k
         for b in range(a, a + k):
             if rc[b] != 0:
                 _fail(f"free block {b} has refcount {rc[b]}")
-    if n_free != ext.count:
-        _fail(f"free extents count {ext.count} blocks but hold {n_free}")
     allocated = sum(1 for b in range(1, pool.num_blocks) if rc[b] > 0)
     if allocated + n_free != pool.num_usable:
         _fail(f"{allocated} allocated + {n_free} free != {pool.num_usable} usable blocks")
@@ -97,7 +85,7 @@ def check_consistency(tree: RadixTree, tables: Iterable[BlockTable] = ()) -> Non
         solo = 0
         for b in x.blocks:
             tree_refs[b] += 1
-            if owner_ids[b] == 0 or pool._owners.get(owner_ids[b]) is not x:
+            if owner_ids[b] == 0 or pool.owner_by_id(owner_ids[b]) is not x:
                 _fail(f"block {b} of {x} is not owned by it")
             if rc[b] == 1:
                 solo += 1
@@ -132,10 +120,10 @@ def check_consistency(tree: RadixTree, tables: Iterable[BlockTable] = ()) -> Non
     if not lru.in_order():
         _fail("the LRU index's ordered ticks differ from its nodes")
 
-    if evictable != pool._evictable:
-        _fail(f"pool counts {pool._evictable} evictable blocks, the tree holds {evictable}")
-    if len(pool._owners) != nodes:
-        _fail(f"{len(pool._owners)} registered block owners for {nodes} nodes")
+    if evictable != pool.num_evictable:
+        _fail(f"pool counts {pool.num_evictable} evictable blocks, the tree holds {evictable}")
+    if pool.num_owners != nodes:
+        _fail(f"{pool.num_owners} registered block owners for {nodes} nodes")
     if nodes != tree._nodes or sum(tree_refs.values()) != tree._cached_blocks:
         _fail("node or cached-block counter is off")
     if pinned != tree._pinned_blocks:

@@ -69,10 +69,10 @@ def test_a_split_allocation_is_adopted_by_its_runs() -> None:
     pool.decref_all(held[:10])  # free runs 1..10 and 21..30 (newest)
     pool.decref_all(held[20:30])
     new = pool.allocate_ids(15)
-    assert pool._split_hints[21] == [(21, 10), (1, 5)]
+    assert pool.split_hint(21) == [(21, 10), (1, 5)]
     tree.insert(list(range(15)), new, donate=True)
     (leaf,) = tree._roots[""].children.values()
-    assert leaf.runs == [(21, 10), (1, 5)] and not pool._split_hints
+    assert leaf.runs == [(21, 10), (1, 5)] and pool.split_hint(21) is None
     check_consistency(tree)
 
 
@@ -98,10 +98,10 @@ def test_allocation_takes_a_run_that_fits_before_splitting() -> None:
     pool.decref_all(held[60:70])
     got = pool.allocate_ids(20)
     assert got.tolist() == list(range(1, 21))  # the newest run is too short: the older one fits
-    assert pool._free.runs() == [(61, 10), (21, 10)]  # the remainder is on top
+    assert pool.free_extents() == [(61, 10), (21, 10)]  # the remainder is on top
     split = pool.allocate_ids(15)  # no single run holds 15: newest runs first, and remembered
     assert split.tolist() == [*range(21, 31), *range(61, 66)]
-    assert pool._split_hints[21] == [(21, 10), (61, 5)]
+    assert pool.split_hint(21) == [(21, 10), (61, 5)]
 
 
 def test_take_fit_takes_the_shortest_run_that_fits() -> None:
@@ -127,11 +127,11 @@ def test_take_fit_looks_at_a_bounded_number_of_runs() -> None:
 def test_free_runs_merges_runs_that_continue_each_other_and_keeps_their_order() -> None:
     pool = BlockPool(101, 1)
     held = pool.allocate_ids(100)  # refcount 1 each, as the tree holds its blocks alone
-    pool._free_runs([(41, 10), (51, 5), (11, 5), (80, 1), (81, 4)])
-    assert pool._free.runs() == [(41, 15), (11, 5), (80, 5)]  # merged in eviction order, not sorted
+    pool.release_runs([(41, 10), (51, 5), (11, 5), (80, 1), (81, 4)])
+    assert pool.free_extents() == [(41, 15), (11, 5), (80, 5)]  # merged in eviction order, not sorted
     assert pool.num_free == 25 and pool.refcount(45) == 0 and pool.refcount(56) == 1
-    pool._free_runs([(16, 25)])  # fills the gap: the free extents merge it with both neighbours
-    assert pool._free.runs() == [(80, 5), (11, 45)] and pool.num_free == 50
+    pool.release_runs([(16, 25)])  # fills the gap: the free extents merge it with both neighbours
+    assert pool.free_extents() == [(80, 5), (11, 45)] and pool.num_free == 50
     assert pool.allocate_ids(45).tolist() == list(range(11, 56))  # the best fit, handed out whole
     assert pool.num_free == 5 and len(held) == 100
 

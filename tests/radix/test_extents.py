@@ -37,7 +37,7 @@ def test_random_frees_always_coalesce_back_to_one_run() -> None:
     rng.shuffle(held)
     for b in held:
         pool.decref(b)
-    assert pool._free.runs() == [(1, 512)]
+    assert pool.free_extents() == [(1, 512)]
     assert sorted(pool.allocate(512)) == list(range(1, 513))
 
 
@@ -50,7 +50,7 @@ def test_allocations_under_churn_stay_few_runs() -> None:
             live.append(pool.allocate(rng.randint(100, 600)))
         else:
             pool.decref_all(live.pop(rng.randrange(len(live))))
-        runs = pool._free.runs()
+        runs = pool.free_extents()
         # Maximal runs: no two free runs touch.
         ends = {a + k for a, k in runs}
         assert not any(a in ends for a, _ in runs)
