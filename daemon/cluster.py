@@ -90,7 +90,9 @@ def _spawn(cmd: list[str], log_path: Path) -> subprocess.Popen[bytes]:
     with log_path.open("wb") as log:
         # NOTE: a session of its own, so a terminal's Ctrl-C reaches only this command, which then
         # stops the children in order (gateway first) instead of all at once.
-        return subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
+        # Unbuffered, so a replica's log file shows each line as it happens.
+        env = {**os.environ, "PYTHONUNBUFFERED": "1"}
+        return subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, start_new_session=True, env=env)
 
 
 def _wait_ready_file(
