@@ -47,6 +47,7 @@ from radixd.daemon.server.admin import CacheAdminServicer, cache_stats
 from radixd.daemon.server.auth import Authenticator, load_api_keys
 from radixd.daemon.server.bounds import prompt_char_bound
 from radixd.daemon.server.events import CacheEventHub, TreeEventBridge
+from radixd.daemon.server.gateway_metrics import InferenceExtensionCollector
 from radixd.daemon.server.generation import GenerationServicer
 from radixd.daemon.server.health import PortHealth
 from radixd.daemon.server.kv_events import KvLogBridge, TeeListener
@@ -233,6 +234,7 @@ def _start_metrics(state: ServerState, args: argparse.Namespace) -> tuple[Any, i
             return None
 
     state.metrics.add_engine_collector(read_stats)
+    state.metrics.registry.register(InferenceExtensionCollector(read_stats))
     try:
         server = state.metrics.serve(args.metrics_port, args.metrics_host)
     except OSError as exc:

@@ -9,6 +9,7 @@ import hashlib
 import io
 import json
 import threading
+import urllib.request
 import zipfile
 from collections.abc import Iterator
 from pathlib import Path
@@ -307,3 +308,26 @@ def test_vllm_tenants_authenticate_and_see_only_their_own_blocks(
                 thread.join(5)
     finally:
         stop_daemon(d)
+
+
+def test_inference_extension_metric_names_are_served(
+    daemon: RunningDaemon, loaded_model: LoadedModel
+) -> None:
+    ids = loaded_model.tokenizer.encode(PROMPT)
+    call = daemon.client().generate(ids, max_tokens=200, ignore_eos=True)
+    stream = iter(call)
+    next(stream)  # running now: it holds blocks
+    url = f"http://127.0.0.1:{daemon.daemon.metrics_port}/metrics"
+    with urllib.request.urlopen(url, timeout=10) as resp:
+        text = resp.read().decode()
+    call.cancel()
+    values = {
+        line.split(" ")[0]: float(line.rsplit(" ", 1)[1])
+        for line in text.splitlines()
+        if line.startswith("vllm:")
+    }
+    assert values["vllm:num_requests_running"] == 1
+    assert values["vllm:num_requests_waiting"] == 0
+    assert 0 < values["vllm:kv_cache_usage_perc"] == values["vllm:gpu_cache_usage_perc"] < 1
+    total = daemon.client().cache_stats().total_blocks
+    assert f'vllm:cache_config_info{{block_size="16",num_gpu_blocks="{total}"}} 1.0' in text

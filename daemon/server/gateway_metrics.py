@@ -1,0 +1,50 @@
+"""Gauges under the names Kubernetes inference gateways scrape from vLLM model servers.
+
+The Gateway API Inference Extension's endpoint picker reads, by default, the vLLM metric names of its
+model-server protocol: queue length `vllm:num_requests_waiting`, running requests
+`vllm:num_requests_running`, KV usage `vllm:kv_cache_usage_perc` (and the older
+`vllm:gpu_cache_usage_perc`), and the cache shape in `vllm:cache_config_info`'s labels. radixd serves
+them beside its own `radixd_*` series so that a picker needs no per-engine configuration.
+
+NOTE: KV usage here is the blocks requests and sessions hold (`in_use`), as a fraction in [0, 1]:
+the prefix cache keeps free memory full of reusable blocks on purpose, and counting them would make
+every warm replica look saturated to the picker.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator
+from typing import Any
+
+from prometheus_client.core import GaugeMetricFamily
+from prometheus_client.registry import Collector
+
+
+class InferenceExtensionCollector(Collector):
+    """Reads the engine's stats (the same reader as the `radixd_*` collector) at every scrape."""
+
+    def __init__(self, read_stats: Callable[[], dict[str, Any] | None]) -> None:
+        self._read = read_stats
+
+    def collect(self) -> Iterator[Any]:
+        stats = self._read()
+        if stats is None:
+            return
+        waiting = float(stats.get("waiting", 0) + stats.get("swapped", 0))
+        total = float(stats.get("total_blocks", 0))
+        usage = float(stats.get("in_use_blocks", 0)) / total if total else 0.0
+        yield GaugeMetricFamily(
+            "vllm:num_requests_waiting", "Requests waiting to be scheduled", value=waiting
+        )
+        yield GaugeMetricFamily(
+            "vllm:num_requests_running", "Requests running", value=float(stats.get("running", 0))
+        )
+        for name in ("vllm:kv_cache_usage_perc", "vllm:gpu_cache_usage_perc"):
+            yield GaugeMetricFamily(
+                name, "KV blocks held by requests and sessions, fraction of the pool", usage
+            )
+        info = GaugeMetricFamily(
+            "vllm:cache_config_info", "KV cache shape", labels=["block_size", "num_gpu_blocks"]
+        )
+        info.add_metric([str(stats.get("block_size", 0)), str(int(total))], 1.0)
+        yield info
