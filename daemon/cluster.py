@@ -111,7 +111,8 @@ def _wait_ready_file(
 def _wait_gateway(
     proc: subprocess.Popen[bytes], url: str, replicas: int, log_path: Path, deadline: float
 ) -> None:
-    """Until smg lists a model, i.e. it has detected the replicas and loaded their tokenizer."""
+    """Until smg lists a model and answers a one-token completion (replicas detected, tokenizer
+    loaded)."""
     while time.monotonic() < deadline:
         if proc.poll() is not None:
             raise RuntimeError(f"smg exited with {proc.returncode} while starting; see {log_path}")
@@ -122,7 +123,15 @@ def _wait_gateway(
                 models = json.loads(resp.read())
             listed = workers.get("workers", workers) if isinstance(workers, dict) else workers
             if models.get("data") and len(listed) >= replicas:
-                return
+                # smg registers the tokenizer after listing the model: one token proves it routes
+                model = models["data"][0]["id"]
+                probe = {"model": model, "prompt": "ready", "max_tokens": 1}
+                req = urllib.request.Request(
+                    f"{url}/v1/completions", json.dumps(probe).encode(), {"content-type": "application/json"}
+                )
+                with urllib.request.urlopen(req, timeout=30) as resp:
+                    if resp.status == 200:
+                        return
         except (OSError, ValueError):
             pass
         time.sleep(0.25)
