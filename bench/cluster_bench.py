@@ -1,6 +1,6 @@
 """Cache-aware routing across radixd replicas behind smg, against round-robin, on one multi-turn trace.
 
-    python bench/cluster_bench.py --tenants 3 --conversations 2 --turns 4 --num-blocks 48
+    python bench/cluster_bench.py --tenants 3 --conversations 2 --turns 4 --words 10 --num-blocks 64
 
 K tenants x M conversations, each with its own long system prompt, take turns (interleaved, C clients
 at once) against `radixd cluster --replicas 2`, whose KV pools are too small to hold every prefix at
@@ -193,10 +193,10 @@ def main() -> int:
     p.add_argument("--tenants", type=int, default=3)
     p.add_argument("--conversations", type=int, default=2, help="per tenant")
     p.add_argument("--turns", type=int, default=4)
-    p.add_argument("--words", type=int, default=24, help="facts per system prompt (~14 tokens each)")
+    p.add_argument("--words", type=int, default=10, help="facts per system prompt (~22 tokens each)")
     p.add_argument("--max-tokens", type=int, default=12)
     p.add_argument("--clients", type=int, default=2, help="requests in flight")
-    p.add_argument("--num-blocks", type=int, default=48, help="KV blocks per replica")
+    p.add_argument("--num-blocks", type=int, default=64, help="KV blocks per replica")
     p.add_argument("--overhead-requests", type=int, default=24)
     p.add_argument("--policies", default="cache_aware,round_robin")
     p.add_argument("--plot", default="docs/bench-cluster.png")
