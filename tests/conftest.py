@@ -15,6 +15,10 @@ import pytest
 
 from radixd.daemon.loaders import LoadedModel, load_model
 
+# NOTE: daemons the tests start (in-process or as subprocesses, which inherit this) run in the fp32
+# reference mode unless a test asks for another `--dtype`: `radixd serve`'s default is `auto`.
+os.environ.setdefault("RADIXD_DTYPE", "float32")
+
 
 @pytest.fixture(scope="session")
 def model_cache_dir(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Path]:

@@ -31,7 +31,8 @@ def build_core(
     device: str = "cpu",
 ) -> EngineCore:
     """An `EngineCore` over an already loaded model. Pool size: `num_blocks` if given, else what
-    `kv_cache_gb` holds (default 1 GiB on CPU)."""
+    `kv_cache_gb` holds (default 1 GiB on CPU) in blocks of the model's KV dtype (bf16 blocks take
+    half of fp32's bytes, so the same budget holds twice as many)."""
     if num_blocks is None:
         budget = int((kv_cache_gb if kv_cache_gb is not None else 1.0) * (1 << 30))
         num_blocks = num_blocks_for_budget(loaded.config, block_size, budget, loaded.model.dtype)
@@ -47,8 +48,10 @@ def build_engine(
     kv_cache_gb: float | None = None,
     block_size: int = 16,
     device: str = "cpu",
+    dtype: str | None = None,
 ) -> BuiltEngine:
-    """Load the model (default: the embedded SmolLM2) and build a not-yet-started `Engine`."""
-    loaded = load_model(model_path, device=device)
+    """Load the model (default: the embedded SmolLM2) and build a not-yet-started `Engine`.
+    `dtype`: a `--dtype` name (None: fp32 on CPU, see `load_model`)."""
+    loaded = load_model(model_path, device=device, dtype=dtype)
     core = build_core(loaded, config, num_blocks, kv_cache_gb, block_size, device)
     return BuiltEngine(Engine(core), core, loaded.tokenizer, loaded)

@@ -20,6 +20,7 @@ from typing import Any
 
 from radixd.daemon.engine.config import EngineConfig
 from radixd.daemon.engine.types import EngineError, GenerateRequest, RequestOutput
+from radixd.daemon.model.precision import DTYPE_CHOICES, DTYPE_HELP, default_dtype_name
 from radixd.daemon.sampling import SamplingParams
 from radixd.daemon.tokenizer import TextTokenizer
 
@@ -44,6 +45,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--kv-cache-gb", type=float, default=None, help="KV pool size in GiB (default 1)")
     parser.add_argument("--no-prefix-cache", action="store_true", help="disable prefix caching")
     parser.add_argument("--device", default="cpu")
+    parser.add_argument("--dtype", choices=DTYPE_CHOICES, default=default_dtype_name(), help=DTYPE_HELP)
     parser.add_argument("--log-level", default="warning", help="engine log level (logs go to stderr)")
 
 
@@ -164,7 +166,7 @@ def run(args: argparse.Namespace) -> int:
     try:
         specs = _specs(args)
         params = [_params(spec) for spec in specs]  # bad values fail before the model loads
-        loaded = load_model(args.model, device=args.device)
+        loaded = load_model(args.model, device=args.device, dtype=args.dtype)
     except (ValueError, OSError, ModelLoadError) as exc:
         print(f"radixd generate: {exc}", file=sys.stderr)
         return 2

@@ -7,6 +7,7 @@ from dataclasses import dataclass
 import torch
 
 from radixd.daemon.model import LlamaModel, LlamaWeights, ModelConfig
+from radixd.daemon.model.precision import Precision, precision_of_dtype, resolve_precision
 from radixd.daemon.tokenizer import TextTokenizer
 
 
@@ -40,13 +41,25 @@ def default_dtype(device: str) -> torch.dtype:
     return torch.float32
 
 
-def build_model(conv: ConvertedModel, path: str, device: str, dtype: torch.dtype | None) -> LoadedModel:
-    dt = dtype or default_dtype(device)
+def model_precision(device: str, dtype: torch.dtype | str | None) -> Precision:
+    """What `dtype` asks for on `device`: a `--dtype` name (`auto` resolved for this machine), a torch
+    dtype (its plain mode), or None for `default_dtype(device)`."""
+    if isinstance(dtype, str):
+        try:
+            return resolve_precision(dtype, device)
+        except ValueError as e:
+            raise ModelLoadError(str(e)) from e
+    return precision_of_dtype(dtype or default_dtype(device))
+
+
+def build_model(conv: ConvertedModel, path: str, device: str, dtype: torch.dtype | str | None) -> LoadedModel:
+    """Build the model on `device` in the precision `dtype` names (see `model_precision`)."""
+    prec = model_precision(device, dtype)
     weights = LlamaWeights.from_tensors(conv.tensors, conv.config.num_layers)
     if weights.embed.shape != (conv.config.vocab_size, conv.config.hidden_size):
         raise ModelLoadError(
             f"{path}: embedding is {tuple(weights.embed.shape)}, config says "
             f"({conv.config.vocab_size}, {conv.config.hidden_size})"
         )
-    weights = weights.to(device, dt)
-    return LoadedModel(LlamaModel(conv.config, weights, device), conv.tokenizer, conv.config, path)
+    model = LlamaModel(conv.config, weights, device, prec)
+    return LoadedModel(model, conv.tokenizer, conv.config, path)

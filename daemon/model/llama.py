@@ -15,6 +15,8 @@ import torch.nn.functional as F
 
 from radixd import kernels
 from radixd.daemon.model.config import ModelConfig
+from radixd.daemon.model.linear import InOutLinear, Int8Linear, Linear, OutInLinear
+from radixd.daemon.model.precision import Precision, precision_of_dtype
 from radixd.daemon.model.rope import Rotary, apply_rotary
 
 
@@ -110,56 +112,105 @@ class AttentionMetadata:
     max_position: int = -1  # largest position in the step if known on the host (saves a device sync)
 
 
-def _mm(x: torch.Tensor, w_in_out: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
-    return torch.mm(x, w_in_out) if bias is None else torch.addmm(bias, x, w_in_out)
-
-
 def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
     """LlamaRMSNorm as one fused op (bitwise equal to HF's fp32 formula on CPU)."""
     return F.rms_norm(x, (x.shape[-1],), weight, eps)
 
 
 @dataclass
-class _InOut:
-    """One layer's matrices stored [in, out] (contiguous) for `x @ W` matmuls."""
+class _LayerOps:
+    """One layer's projections in the precision's layout and kernels."""
 
-    qkv: torch.Tensor
-    o_proj: torch.Tensor
-    gate_up: torch.Tensor
-    down: torch.Tensor
+    qkv: Linear
+    o_proj: Linear
+    gate_up: Linear
+    down: Linear
 
 
-def _in_out(w: torch.Tensor) -> torch.Tensor:
-    return w.t().contiguous()
+def _make_linear(w: torch.Tensor, bias: torch.Tensor | None, prec: Precision, device: torch.device) -> Linear:
+    b = None if bias is None else bias.to(device=device, dtype=prec.dtype)
+    if prec.int8_weights:
+        return Int8Linear(w.to(device), b, prec.dtype)
+    wc = w.to(device=device, dtype=prec.dtype).contiguous()
+    return InOutLinear(wc, b) if prec.dtype == torch.float32 else OutInLinear(wc, b)
 
 
 class LlamaModel:
     """The decoder. `forward` returns final-norm hidden states; `logits` projects chosen rows.
 
-    NOTE: the model re-lays the matrices of `weights` out as [in, out] and points `weights` at
-    transposed views of them (same values, no second copy): CPU GEMMs with a few rows (decode batches)
-    run up to 2x faster in this layout than `F.linear`'s [out, in]. A tied lm_head gets its own [H, V]
-    copy since the embedding lookup needs the [V, H] rows.
+    `precision` (default: the plain mode of the weights' dtype) decides the compute dtype and how each
+    projection is held and run (`linear.py`); the weights are converted to it here.
+
+    NOTE: afterwards `weights` holds the model's own tensors in the precision's dtype: its matrices are
+    [out, in] views of (or, in int8 mode, the dequantized copies behind) what the projections run, so
+    nothing is held twice. A tied lm_head in fp32 gets its own [H, V] copy since the embedding lookup
+    needs the [V, H] rows; in int8 mode a tied embedding is the dequantized lm_head.
     """
 
-    def __init__(self, config: ModelConfig, weights: LlamaWeights, device: str = "cpu") -> None:
+    def __init__(
+        self,
+        config: ModelConfig,
+        weights: LlamaWeights,
+        device: str = "cpu",
+        precision: Precision | None = None,
+    ) -> None:
         self.config = config
         self.device = torch.device(device)
-        self.weights = weights
-        self.dtype = weights.embed.dtype
+        prec = precision or precision_of_dtype(weights.embed.dtype)
+        self.precision = prec
+        self.dtype = prec.dtype
         self.rotary = Rotary(config.head_dim, config.rope_theta, config.rope_scaling, self.device)
         self.scale = config.head_dim**-0.5
         self.q_size = config.num_heads * config.head_dim
         self.kv_size = config.num_kv_heads * config.head_dim
-        self._mats: list[_InOut] = []
+
+        def cv(x: torch.Tensor) -> torch.Tensor:
+            return x.to(device=self.device, dtype=prec.dtype).contiguous()
+
+        self._ops: list[_LayerOps] = []
         for lw in weights.layers:
-            m = _InOut(_in_out(lw.qkv), _in_out(lw.o_proj), _in_out(lw.gate_up), _in_out(lw.down))
-            lw.qkv, lw.o_proj, lw.gate_up, lw.down = m.qkv.t(), m.o_proj.t(), m.gate_up.t(), m.down.t()
-            self._mats.append(m)
+            ops = _LayerOps(
+                _make_linear(lw.qkv, lw.qkv_bias, prec, self.device),
+                _make_linear(lw.o_proj, lw.o_bias, prec, self.device),
+                _make_linear(lw.gate_up, None, prec, self.device),
+                _make_linear(lw.down, None, prec, self.device),
+            )
+            lw.qkv, lw.o_proj = ops.qkv.weight, ops.o_proj.weight
+            lw.gate_up, lw.down = ops.gate_up.weight, ops.down.weight
+            lw.qkv_bias, lw.o_bias = ops.qkv.bias, ops.o_proj.bias
+            lw.attn_norm, lw.mlp_norm = cv(lw.attn_norm), cv(lw.mlp_norm)
+            self._ops.append(ops)
         tied = weights.lm_head is weights.embed
-        self._lm_head = _in_out(weights.lm_head)
-        if not tied:
-            weights.lm_head = self._lm_head.t()
+        if prec.int8_weights:
+            self._lm_head = _make_linear(weights.lm_head, None, prec, self.device)
+            weights.embed = self._lm_head.weight if tied else cv(weights.embed)
+            weights.lm_head = self._lm_head.weight
+        else:
+            weights.embed = cv(weights.embed)
+            head = weights.embed if tied else weights.lm_head
+            self._lm_head = _make_linear(head, None, prec, self.device)
+            weights.lm_head = weights.embed if tied else self._lm_head.weight
+        weights.norm = cv(weights.norm)
+        self.weights = weights
+        if prec.int8_weights:
+            self._compile_matvecs()
+
+    def projections(self) -> list[Linear]:
+        """Every weight matrix's projection, layers in order, then the lm_head (benchmarks: one pass
+        over them at batch 1 is the weight-streaming floor of a decode step)."""
+        return [o for ops in self._ops for o in (ops.qkv, ops.o_proj, ops.gate_up, ops.down)] + [
+            self._lm_head
+        ]
+
+    def _compile_matvecs(self) -> None:
+        """Compile the int8 matrix-vector kernel for every weight shape now, not in the first steps."""
+        seen: set[tuple[int, ...]] = set()
+        with torch.inference_mode():
+            for op in self.projections():
+                shape = tuple(op.weight.shape)
+                if shape not in seen:
+                    seen.add(shape)
+                    op(torch.zeros(1, shape[1], dtype=self.dtype, device=self.device))
 
     def forward(
         self,
@@ -182,9 +233,9 @@ class LlamaModel:
         plan = None
         if np_ < t:
             plan = kernels.decode_step_plan(meta.decode_block_tables, meta.decode_seq_lens, k_caches[0])
-        for li, (lw, m) in enumerate(zip(w.layers, self._mats, strict=True)):
+        for li, (lw, m) in enumerate(zip(w.layers, self._ops, strict=True)):
             x = rms_norm(h, lw.attn_norm, cfg.rms_norm_eps)
-            qkv = _mm(x, m.qkv, lw.qkv_bias)
+            qkv = m.qkv(x)
             # Rotate q and k together: one set of elementwise ops per layer instead of two.
             qk = apply_rotary(qkv[:, :qk_size].view(t, hq + hkv, d), cos, sin)
             q, k = qk[:, :hq], qk[:, hq:]
@@ -219,14 +270,14 @@ class LlamaModel:
                     q[np_:], kc, vc, meta.decode_block_tables, meta.decode_seq_lens, self.scale, plan=plan
                 )
                 attn = torch.cat((pre, dec), dim=0)
-            h += _mm(attn.reshape(t, hq * d), m.o_proj, lw.o_bias)
+            h += m.o_proj(attn.reshape(t, hq * d))
             x = rms_norm(h, lw.mlp_norm, cfg.rms_norm_eps)
-            gu = torch.mm(x, m.gate_up)
+            gu = m.gate_up(x)
             inter = gu.shape[1] // 2
             gate = F.silu(gu[:, :inter], inplace=True)
-            h += torch.mm(gate.mul_(gu[:, inter:]), m.down)
+            h += m.down(gate.mul_(gu[:, inter:]))
         return rms_norm(h, w.norm, cfg.rms_norm_eps)
 
     def logits(self, hidden: torch.Tensor) -> torch.Tensor:
         """[N, H] -> fp32 logits [N, V]."""
-        return torch.mm(hidden, self._lm_head).float()
+        return self._lm_head(hidden).float()

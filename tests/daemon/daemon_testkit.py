@@ -7,6 +7,7 @@ from dataclasses import dataclass, field
 import torch
 
 from radixd.daemon.model import LayerWeights, LlamaModel, LlamaWeights, ModelConfig
+from radixd.daemon.model.precision import Precision
 from radixd.daemon.runner import ModelRunner, StepSeq
 from radixd.daemon.sampling import SamplingParams, SamplingState
 
@@ -88,8 +89,11 @@ def run(runner: ModelRunner, alloc: BlockAlloc, reqs: list[Req]) -> list[list[in
     return [r.out for r in reqs]
 
 
-def tiny_model(seed: int = 0, vocab: int = 64, layers: int = 2) -> LlamaModel:
-    """A random in-memory Llama (GQA 4:2, head_dim 16) for runner tests that need no real weights."""
+def tiny_model(
+    seed: int = 0, vocab: int = 64, layers: int = 2, precision: Precision | None = None
+) -> LlamaModel:
+    """A random in-memory Llama (GQA 4:2, head_dim 16) for runner tests that need no real weights
+    (fp32 unless `precision` says otherwise)."""
     cfg = ModelConfig(
         vocab_size=vocab,
         hidden_size=64,
@@ -120,4 +124,5 @@ def tiny_model(seed: int = 0, vocab: int = 64, layers: int = 2) -> LlamaModel:
         for _ in range(layers)
     ]
     embed = r(vocab, 64)
-    return LlamaModel(cfg, LlamaWeights(embed=embed, layers=lw, norm=1 + r(64), lm_head=embed))
+    weights = LlamaWeights(embed=embed, layers=lw, norm=1 + r(64), lm_head=embed)
+    return LlamaModel(cfg, weights, precision=precision)

@@ -1,0 +1,90 @@
+"""Execution precisions (`--dtype`): how weights are held and executed, and the activation/KV dtype.
+
+- ``float32``: the reference mode; fp32 weights, activations and KV cache.
+- ``bfloat16``: bf16 weights, activations and KV cache (oneDNN's bf16 GEMMs on CPUs with AVX512-BF16).
+- ``int8``: ``bfloat16`` plus int8 weights with one fp32 scale per output row; single-row matmuls
+  (batch-1 decode) stream the int8 weights through a compiled matrix-vector kernel, larger ones run
+  the bf16 GEMM on the dequantized weights.
+- ``auto``: the fastest of these that meets the quality contract (docs/bench-offline.md) on the
+  machine: ``bfloat16`` on CPUs with native bf16 (AVX512-BF16, AMX) and on CUDA GPUs with bf16
+  support, else ``float32``. ``int8`` is faster only at batch 1, needs a C compiler and seconds of
+  kernel compilation at load, and its generated kernel degrades badly when other processes load the
+  cores (docs/bench-offline.md), so `auto` does not pick it.
+
+The flag's default is `auto`, or $RADIXD_DTYPE when set (the test suite pins the reference mode so).
+"""
+
+from __future__ import annotations
+
+import functools
+import os
+from dataclasses import dataclass
+
+import torch
+
+
+@dataclass(frozen=True)
+class Precision:
+    """One execution mode: `dtype` is the activations', the float weights' and the KV cache's."""
+
+    name: str
+    dtype: torch.dtype
+    int8_weights: bool = False
+
+
+PRECISIONS: dict[str, Precision] = {
+    "float32": Precision("float32", torch.float32),
+    "bfloat16": Precision("bfloat16", torch.bfloat16),
+    "int8": Precision("int8", torch.bfloat16, int8_weights=True),
+}
+DTYPE_CHOICES = ("auto", *PRECISIONS)
+
+
+def precision_of_dtype(dtype: torch.dtype) -> Precision:
+    """The plain (not quantized) mode executing in `dtype`."""
+    for p in PRECISIONS.values():
+        if p.dtype == dtype and not p.int8_weights:
+            return p
+    return Precision(str(dtype).removeprefix("torch."), dtype)
+
+
+@functools.cache
+def cpu_has_native_bf16() -> bool:
+    """Whether this CPU executes bf16 dot products natively (AVX512-BF16 or AMX-BF16; Linux flags)."""
+    try:
+        with open("/proc/cpuinfo") as f:
+            for line in f:
+                if line.startswith("flags"):
+                    flags = set(line.split(":", 1)[1].split())
+                    return bool(flags & {"avx512_bf16", "amx_bf16"})
+    except OSError:
+        return False
+    return False
+
+
+def resolve_precision(name: str, device: str) -> Precision:
+    """The `Precision` for a `--dtype` value on `device` (`auto` resolved for this machine)."""
+    if name != "auto":
+        if name not in PRECISIONS:
+            raise ValueError(f"unknown dtype {name!r} (choose from {', '.join(DTYPE_CHOICES)})")
+        p = PRECISIONS[name]
+        if p.int8_weights and not device.startswith("cpu"):
+            raise ValueError("dtype int8 runs on CPU only; use bfloat16 on GPUs")
+        return p
+    if device.startswith("cuda"):
+        bf16 = torch.cuda.is_available() and torch.cuda.is_bf16_supported()
+        return PRECISIONS["bfloat16" if bf16 else "float32"]
+    # NOTE: without native bf16, oneDNN emulates it and fp32 is the faster mode.
+    return PRECISIONS["bfloat16" if cpu_has_native_bf16() else "float32"]
+
+
+def default_dtype_name() -> str:
+    """The `--dtype` default: $RADIXD_DTYPE if set, else "auto"."""
+    return os.environ.get("RADIXD_DTYPE") or "auto"
+
+
+DTYPE_HELP = (
+    "weights' execution mode, which also sets the KV cache dtype: float32 (reference; fp32 KV), "
+    "bfloat16 (bf16 weights, activations and KV), int8 (int8 weights, bf16 activations and KV; CPU), "
+    "auto (the fastest that meets the quality contract here); default: $RADIXD_DTYPE or auto"
+)
