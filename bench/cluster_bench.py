@@ -101,7 +101,7 @@ def run_policy(args: argparse.Namespace, policy: str, tmp: Path) -> dict[str, An
                 records.extend(pool.map(one, wave))
         wall = time.perf_counter() - t0
     finally:
-        c.stop()
+        c.ensure_stopped()
     prompt = sum(r["usage"].get("prompt_tokens", 0) for r in records)
     cached = sum((r["usage"].get("prompt_tokens_details") or {}).get("cached_tokens", 0) for r in records)
     completion = sum(r["usage"].get("completion_tokens", 0) for r in records)
@@ -159,7 +159,7 @@ def overhead(args: argparse.Namespace, tmp: Path) -> dict[str, float]:
             out[name] = len(prompts) / (time.perf_counter() - t0)
         return out
     finally:
-        c.stop()
+        c.ensure_stopped()
 
 
 def plot(results: list[dict[str, Any]], path: Path) -> None:

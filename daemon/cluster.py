@@ -197,13 +197,16 @@ def run(args: argparse.Namespace) -> int:
         print(f"radixd cluster: {exc}", file=sys.stderr, flush=True)
         _stop([c for c in (gateway, *replicas) if c is not None])
         return 1
-    where = {
+    where: dict[str, Any] = {
         "openai_base_url": f"{url}/v1",
         "gateway_url": url,
         "gateway_metrics": f"http://{args.host}:{metrics_port}/metrics",
         "admin_token": token,
         "logs": str(logs),
-        "replicas": [{k: c.info[k] for k in ("address", "admin_address", "metrics_url")} for c in replicas],
+        "gateway_pid": gateway.proc.pid,
+        "replicas": [
+            {k: c.info[k] for k in ("address", "admin_address", "metrics_url", "pid")} for c in replicas
+        ],
     }
     if args.ready_file:
         tmp = Path(args.ready_file + ".tmp")

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import http.client
 import json
 import os
@@ -43,6 +44,19 @@ class Cluster:
         if self.proc.poll() is None:
             self.proc.send_signal(sig)
         return self.proc.wait(timeout)
+
+    def ensure_stopped(self) -> None:
+        """Teardown: a clean stop, else kill the command and every child it started (they run in
+        sessions of their own, so killing the command alone would leave them running)."""
+        try:
+            self.stop(signal.SIGINT, 90.0)
+        except subprocess.TimeoutExpired:
+            self.proc.kill()
+            self.proc.wait(10)
+        pids = [self.info["gateway_pid"], *(r["pid"] for r in self.info["replicas"])]
+        for pid in pids:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGKILL)
 
 
 def start_cluster(tmp: Path, replicas: int = 2, *serve: str, policy: str = "cache_aware") -> Cluster:

@@ -46,9 +46,7 @@ def cluster(loaded_model: LoadedModel, tmp_path_factory: pytest.TempPathFactory)
     try:
         yield c
     finally:
-        if c.proc.poll() is None:
-            c.proc.kill()
-            c.proc.wait(30)
+        c.ensure_stopped()
 
 
 def test_cluster_lists_the_served_model(cluster: Cluster) -> None:
@@ -193,6 +191,7 @@ def test_cluster_keeps_serving_when_a_replica_is_killed_mid_stream(
             reply = post(c.base, "/chat/completions", body)
             assert reply["choices"][0]["message"]["content"] is not None
         assert replicas[survivor].cache_stats().cached_blocks > 0
-    finally:
         code = c.stop(signal.SIGINT)
+    finally:
+        c.ensure_stopped()
     assert code == 1, "a replica was lost during the run, so the cluster reports it"
