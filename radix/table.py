@@ -27,15 +27,18 @@ class BlockTable:
     filled shared last block first moves it to a fresh block (copy-on-write) and reports the copy.
     """
 
-    # NOTE: invariants: each entry of `blocks` is one reference this table holds in the pool;
-    # len(blocks) == ceil(num_tokens / B); release() drops them all exactly once.
+    # NOTE: invariants: each entry of `blocks[leased:]` is one reference this table holds in the pool;
+    # `blocks[:leased]` are full blocks the radix tree owns, kept alive by the lease of the table's owner
+    # (the table holds no reference on them); len(blocks) == ceil(num_tokens / B); release() drops the
+    # table's references exactly once.
 
-    __slots__ = ("blocks", "num_tokens", "pool")
+    __slots__ = ("blocks", "leased", "num_tokens", "pool")
 
     def __init__(self, pool: BlockPool) -> None:
         self.pool = pool
         self.blocks: list[int] = []
         self.num_tokens = 0
+        self.leased = 0
 
     @property
     def block_size(self) -> int:
@@ -75,6 +78,26 @@ class BlockTable:
         self.blocks = list(blocks)
         self.num_tokens = num_tokens
 
+    def lease_prefix(self, blocks: Sequence[int]) -> None:
+        """Start this (empty) table from full cached blocks that a lease keeps alive, taking no
+        reference on them (typically ``lease_prefix(m.block_ids)`` while ``m.lease`` is held).
+
+        O(1) Python steps whatever the prefix length: the lease, not a reference per block, protects
+        them. The caller must hold the lease until :meth:`release`.
+        """
+        if self.blocks:
+            raise InvalidRequest("lease_prefix needs an empty table (it already holds blocks)")
+        self.blocks = list(blocks)
+        self.leased = len(self.blocks)
+        self.num_tokens = self.leased * self.pool.block_size
+
+    def leased_up_to(self, n_blocks: int) -> None:
+        """The first ``n_blocks`` blocks are now the tree's, kept alive by the owner's lease: the table's
+        references on those past :attr:`leased` were handed to the tree (``insert(..., donate=True)``)."""
+        if not self.leased <= n_blocks <= len(self.blocks):
+            raise InvalidRequest(f"leased_up_to({n_blocks}) outside [{self.leased}, {len(self.blocks)}]")
+        self.leased = n_blocks
+
     def copy_partial(self, src_block: int, n_tokens: int) -> CopyOp:
         """Append a fresh block that will receive the first ``n_tokens`` of ``src_block`` (a partial match).
 
@@ -96,21 +119,21 @@ class BlockTable:
         self.num_tokens += n_tokens
         return (src_block, dst, n_tokens)
 
-    def append_slots(self, n_tokens: int) -> AppendResult:
-        """Reserve slots for ``n_tokens`` new tokens, allocating blocks as needed.
+    def append(self, n_tokens: int) -> list[CopyOp]:
+        """Reserve slots for ``n_tokens`` new tokens, allocating blocks as needed; -> copies to run first.
 
         If the last block is partially filled and shared (refcount > 1) it is first replaced by a fresh
         copy (one CopyOp). All-or-nothing: raises OutOfBlocks and changes nothing when the pool is short.
+        Token ``p`` then lives in slot :meth:`slot` ``(p)``.
         """
         if n_tokens < 0:
             raise InvalidRequest(f"cannot append a negative number of tokens ({n_tokens})")
         pool = self.pool
         B = pool.block_size
         blocks = self.blocks
-        start = self.num_tokens
-        filled = start % B
+        filled = self.num_tokens % B
         cow = bool(filled) and pool.refcount(blocks[-1]) > 1
-        end = start + n_tokens
+        end = self.num_tokens + n_tokens
         need = -(-end // B) - len(blocks) + (1 if cow else 0)
         if need > pool.num_free:
             raise OutOfBlocks(need, pool.num_free, pool.num_evictable)
@@ -123,22 +146,31 @@ class BlockTable:
             blocks[-1] = dst
             pool.decref(src)
         blocks.extend(new)
-        slots = [blocks[p // B] * B + p % B for p in range(start, end)]
         self.num_tokens = end
-        return AppendResult(slots, copies)
+        return copies
+
+    def append_slots(self, n_tokens: int) -> AppendResult:
+        """:meth:`append`, also listing the new tokens' slots (a Python step per token: callers that
+        build device tensors from the block table use :meth:`append`)."""
+        start = self.num_tokens
+        copies = self.append(n_tokens)
+        B = self.pool.block_size
+        blocks = self.blocks
+        return AppendResult([blocks[p // B] * B + p % B for p in range(start, start + n_tokens)], copies)
 
     def fork(self, k: int) -> list[BlockTable]:
-        """``k`` new tables sharing every block (metadata only: k references more per block)."""
+        """``k`` new tables sharing every block (metadata only: k references more per block the table
+        holds; leased blocks stay leased)."""
         if k < 0:
             raise InvalidRequest(f"fork needs k >= 0, got {k}")
         pool = self.pool
         out: list[BlockTable] = []
         for _ in range(k):
-            for b in self.blocks:
-                pool.incref(b)
+            pool.incref_all(self.blocks[self.leased :])
             t = BlockTable(pool)
             t.blocks = list(self.blocks)
             t.num_tokens = self.num_tokens
+            t.leased = self.leased  # NOTE: each fork's owner needs a lease on the same path (Lease.clone)
             out.append(t)
         return out
 
@@ -148,9 +180,10 @@ class BlockTable:
         Returns how many blocks became free.
         """
         blocks = self.blocks
+        leased = self.leased
         self.blocks = []
-        self.num_tokens = 0
-        return self.pool.decref_all(blocks)
+        self.num_tokens = self.leased = 0
+        return self.pool.decref_all(blocks[leased:] if leased else blocks)
 
     def __repr__(self) -> str:
-        return f"BlockTable(num_tokens={self.num_tokens}, blocks={self.blocks})"
+        return f"BlockTable(num_tokens={self.num_tokens}, blocks={self.blocks}, leased={self.leased})"

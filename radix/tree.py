@@ -11,13 +11,14 @@ from collections.abc import Sequence
 from typing import Literal
 
 from radixd.radix import tree_admin, tree_insert
-from radixd.radix.blockids import ID_BYTES, BlockIds, pack_blocks
+from radixd.radix.blockids import ID_BYTES, BlockIds
 from radixd.radix.errors import FlushRefused, InvalidRequest, UnknownLease
 from radixd.radix.events import CacheListener
 from radixd.radix.lru import LruIndex
 from radixd.radix.node import TOKEN_BYTES, Node, TokenKey, Tokens, as_tokens
 from radixd.radix.pool import BlockPool
 from radixd.radix.results import CacheStats, InsertResult, Lease, PrefixMatch
+from radixd.radix.table import BlockTable
 from radixd.radix.tree_nodes import lock_path, path_of, unlock_path
 
 __all__ = ["EVICT_REASONS", "FlushMode", "RadixTree"]
@@ -95,6 +96,13 @@ class RadixTree:
         _node, blocks, _pb, ptok = tree_insert.walk(self, t, namespace, False)
         return len(blocks) * self.block_size + ptok
 
+    def lookup(self, tokens: Key, namespace: str = "") -> tuple[BlockIds, int | None]:
+        """The cached full blocks of ``tokens``' prefix and the partially matching next block (or None);
+        no lock, LRU or stats change. For a caller that holds a lease on that path already."""
+        t = tokens.packed if type(tokens) is TokenKey else as_tokens(tokens)
+        _node, blocks, pblock, _ptok = tree_insert.walk(self, t, namespace, False)
+        return blocks, pblock
+
     # ================================================================== insert
     def insert(
         self,
@@ -127,7 +135,7 @@ class RadixTree:
         the caller must not release any of them afterwards. It saves a pass over the blocks.
         """
         t = tokens.packed if type(tokens) is TokenKey else as_tokens(tokens)
-        bl = blocks if type(blocks) is BlockIds or type(blocks) is bytes else pack_blocks(blocks)
+        bl = blocks if type(blocks) is BlockIds or type(blocks) is bytes else self.pool.pack(blocks)
         n = len(t)
         if bytes.__len__(bl) != (-(-n // self._bb) - cached) * ID_BYTES or not 0 <= cached <= n // self._bb:
             raise tree_insert.bad_insert(self.block_size, n, bytes.__len__(bl) // ID_BYTES, cached)
@@ -147,6 +155,33 @@ class RadixTree:
         if donate and dups:
             self.pool.decref_all(dups)
         return InsertResult(dups, n // TOKEN_BYTES - new_tokens, new_tokens)
+
+    def insert_table(
+        self, tokens: Key, table: BlockTable, n_blocks: int, namespace: str, lease: Lease
+    ) -> InsertResult:
+        """Cache ``tokens`` (``n_blocks`` blocks of ``table``) for the table's owner, who holds ``lease``.
+
+        The protocol a scheduler runs (the engine's ``KVManager`` and ``bench/radix_adapter.py`` both
+        call it): the table's first ``table.leased`` blocks are the tree's, kept by ``lease``; only the
+        blocks after them are passed, with the table's references donated. ``lease`` moves to the
+        inserted path and ``table.leased`` becomes ``n_blocks``: the table then holds no reference on
+        those blocks, and where the tree already cached a position in another block the table reads the
+        tree's block from then on. The table's later blocks (a partial tail) stay its own.
+        """
+        done = table.leased
+        if not done <= n_blocks <= len(table.blocks):
+            raise InvalidRequest(f"insert_table of {n_blocks} blocks outside [{done}, {len(table.blocks)}]")
+        if done and not lease.locks_path:
+            raise InvalidRequest(f"insert_table: the table leases {done} blocks but its lease locks nothing")
+        t = tokens.packed if type(tokens) is TokenKey else as_tokens(tokens)
+        res = self.insert(t, table.blocks[done:n_blocks], namespace, lease, cached=done, donate=True)
+        n_tokens = len(t) // TOKEN_BYTES
+        # Positions cached before this insert (a leaf added now starts on a block boundary).
+        known = n_blocks if res.num_new_tokens == 0 else (n_tokens - res.num_new_tokens) // self.block_size
+        if known > done:
+            tree_insert.settle_known(self, t, table, done, known, namespace, res.duplicate_blocks)
+        table.leased_up_to(n_blocks)
+        return res
 
     # ================================================================= leases
     def release(self, lease: Lease) -> None:

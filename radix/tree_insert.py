@@ -15,6 +15,7 @@ from radixd.radix.node import TOKEN_BYTES, Node, Tokens, common_prefix_len
 from radixd.radix.tree_nodes import add_leaf, drop_root, remove_leaf, split, touch
 
 if TYPE_CHECKING:
+    from radixd.radix.table import BlockTable
     from radixd.radix.tree import RadixTree
 
 
@@ -218,3 +219,22 @@ def bad_insert(block_size: int, n: int, got: int, cached: int) -> InvalidRequest
         else f"ceil({nt}/{bs}) = {-(-nt // bs)} blocks"
     )
     return InvalidRequest(f"insert of {nt} tokens needs {need}, got {got}")
+
+
+def settle_known(
+    tree: RadixTree, t: Tokens, table: BlockTable, done: int, known: int, namespace: str, dups: list[int]
+) -> None:
+    """After ``insert_table``: blocks ``done..known`` of ``table`` sat at positions the tree had cached.
+
+    Where the tree holds this very block (a fork inserted it first) the donation left the table's
+    reference with the table: drop it. Where it holds another block, the tree released ours (a
+    duplicate), and the table reads the tree's block instead.
+    """
+    dup = set(dups)
+    for i in range(done, known):
+        if table.blocks[i] not in dup:
+            tree.pool.decref(table.blocks[i])
+    if dup:
+        full, partial = tree.lookup(bytes.__getitem__(t, slice(0, known * tree._bb)), namespace)
+        theirs = full.tolist() + ([partial] if partial is not None else [])
+        table.blocks[done:known] = theirs[done:known]
