@@ -1,9 +1,18 @@
-"""KV bookkeeping for the scheduler: the only module that calls the radix pool, tree and tables.
+"""KV bookkeeping for the scheduler: the only engine module that calls the radix pool, tree and tables.
 
-It turns scheduler decisions into radix operations: match a prompt on admission (sharing full blocks,
-copying a partially matched block), append slots (with copy-on-write), insert computed tokens into the
-tree, release a sequence's table and lease, and free blocks under pressure by evicting unlocked cache.
-Copy ops are queued and handed to the runner once per step, before the forward pass.
+It turns scheduler decisions into radix operations: match a prompt on admission (the table starts from
+the matched blocks, which the match's lease keeps alive; a partially matched block is copied), append
+slots (with copy-on-write), insert computed tokens into the tree, release a sequence's table and lease,
+and free blocks under pressure by evicting unlocked cache. Copy ops are queued and handed to the runner
+once per step, before the forward pass.
+
+The protocol is the one ``bench/radix_adapter.py`` measures against SGLang: keys are the sequences'
+packed tokens (``Sequence.key``), a table holds no reference on the blocks its lease covers, and an
+insert hands the table's references on the inserted blocks to the tree (``donate``), passing only the
+blocks after the ones the lease already covers (``cached``): no Python step per cached block.
+
+NOTE: a table's leased blocks are kept alive by its sequence's lease alone, so the engine never calls
+``flush("force")`` (which drops leased nodes); admin flushes use ``"unlocked"``.
 """
 
 from __future__ import annotations
@@ -13,18 +22,18 @@ from dataclasses import dataclass
 import structlog
 
 from radixd.daemon.engine.sequence import Sequence
-from radixd.radix import BlockPool, BlockTable, Lease, RadixTree
+from radixd.radix import BlockIds, BlockPool, BlockTable, Lease, RadixTree, TokenKey
 
 log = structlog.get_logger("radixd.engine.kv")
 
 
 @dataclass
 class PrefixHit:
-    """What admission may reuse for a prompt: `num_tokens` cached tokens = `full_blocks` shared whole
-    plus `partial_tokens` tokens of `partial_src` copied into a fresh block."""
+    """What admission may reuse for a prompt: `num_tokens` cached tokens = `full_blocks` (the tree's,
+    kept by `lease`) plus `partial_tokens` tokens of `partial_src` copied into a fresh block."""
 
     num_tokens: int
-    full_blocks: list[int]
+    full_blocks: BlockIds
     partial_src: int | None
     partial_tokens: int
     lease: Lease | None
@@ -65,7 +74,7 @@ class KVManager:
             need += 1
         return need
 
-    def match(self, tokens: list[int], namespace: str) -> PrefixHit:
+    def match(self, tokens: TokenKey | list[int], namespace: str) -> PrefixHit:
         """Longest cached prefix of `tokens`, locked until the hit is released (or moved to a seq).
 
         NOTE: with caching on, the hit always carries a live lease, also for an empty match: the
@@ -74,18 +83,16 @@ class KVManager:
         the prefix from the cache).
         """
         if not self.caching:
-            return PrefixHit(0, [], None, 0, None)
-        m = self.tree.match(tokens, namespace=namespace)
+            return PrefixHit(0, BlockIds(), None, 0, None)
+        m = self.tree.match(tokens, namespace)
         partial_tokens = m.partial_tokens if m.partial_block is not None else 0
-        return PrefixHit(
-            m.num_tokens + partial_tokens, list(m.blocks), m.partial_block, partial_tokens, m.lease
-        )
+        return PrefixHit(m.num_tokens + partial_tokens, m.block_ids, m.partial_block, partial_tokens, m.lease)
 
-    def cached_len(self, tokens: list[int], namespace: str) -> int:
+    def cached_len(self, tokens: TokenKey | list[int], namespace: str) -> int:
         """How many leading tokens are cached (no lock, no LRU or hit-statistics change)."""
         if not self.caching or not tokens:
             return 0
-        return self.tree.peek(tokens, namespace=namespace)
+        return self.tree.peek(tokens, namespace)
 
     # ---- pressure --------------------------------------------------------------------------------
     def ensure_free(self, n_blocks: int) -> bool:
@@ -105,22 +112,23 @@ class KVManager:
 
     # ---- sequence operations ---------------------------------------------------------------------
     def attach(self, seq: Sequence, hit: PrefixHit) -> None:
-        """Give `seq` a table holding the hit's blocks (shared full blocks, a copied partial one)."""
+        """Give `seq` a table starting from the hit's blocks (leased full blocks, a copied partial one)."""
         table = BlockTable(self.pool)
         if hit.full_blocks:
-            table.share_prefix(hit.full_blocks, len(hit.full_blocks) * self.block_size)
+            table.lease_prefix(hit.full_blocks)
         if hit.partial_src is not None and hit.partial_tokens > 0:
             self._copies.append(table.copy_partial(hit.partial_src, hit.partial_tokens))
         seq.table = table
         seq.lease = hit.lease
         hit.lease = None
         seq.num_computed = hit.num_tokens
+        seq.inserted_blocks = table.leased
 
     def append(self, seq: Sequence, n: int) -> None:
         """Allocate slots for the next `n` tokens of `seq` (callers ensured the blocks are free)."""
         if seq.table is None:
             seq.table = BlockTable(self.pool)
-        self._copies.extend(seq.table.append_slots(n).copies)
+        self._copies.extend(seq.table.append(n))
 
     def take_copies(self) -> list[tuple[int, int, int]]:
         ops, self._copies = self._copies, []
@@ -132,31 +140,24 @@ class KVManager:
         NOTE: only full blocks are inserted while a sequence runs: a partial block in the tree would
         be shared, and the sequence's next append into it would need a copy-on-write.
         """
-        if not self.caching or seq.table is None:
-            return
-        n_full = seq.num_computed // self.block_size
-        if n_full <= seq.inserted_blocks:
-            return
-        # The lease follows to the inserted path, so these nodes are not evicted while still in use.
-        self.tree.insert(
-            seq.tokens[: n_full * self.block_size],
-            seq.table.blocks[:n_full],
-            namespace=seq.request.req.namespace,
-            lease=seq.lease,
-        )
-        seq.inserted_blocks = n_full
+        if self.caching and seq.table is not None:
+            n_full = seq.num_computed // self.block_size
+            self._insert(seq, n_full, n_full * self.block_size)
 
     def insert_all(self, seq: Sequence) -> None:
-        """Insert every computed token of `seq` (partial last block included) into the tree."""
-        if not self.caching or seq.table is None or seq.num_computed == 0:
+        """Insert every computed token of `seq` (partial last block included) into the tree; the
+        sequence is about to release its table."""
+        if self.caching and seq.table is not None and seq.num_computed:
+            self._insert(seq, self.blocks_for(seq.num_computed), seq.num_computed)
+
+    def _insert(self, seq: Sequence, n_blocks: int, n_tokens: int) -> None:
+        """Insert `seq.tokens[:n_tokens]` (in `n_blocks` blocks) by the tree's table protocol: the
+        table's new blocks go to the tree and the moved lease keeps them all alive."""
+        table, lease = seq.table, seq.lease
+        if table is None or lease is None or n_blocks <= table.leased:
             return
-        n = seq.num_computed
-        self.tree.insert(
-            seq.tokens[:n],
-            seq.table.blocks[: self.blocks_for(n)],
-            namespace=seq.request.req.namespace,
-            lease=seq.lease,
-        )
+        self.tree.insert_table(seq.key(n_tokens), table, n_blocks, seq.request.req.namespace, lease)
+        seq.inserted_blocks = n_tokens // self.block_size
 
     def lease_new_path(self, seq: Sequence) -> None:
         """Give a sequence that resumes with blocks of its own (swap-in) a live lease, so its inserts

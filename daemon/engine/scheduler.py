@@ -190,13 +190,13 @@ class Scheduler:
         order = waiting_order(
             self.waiting[:256],
             cfg.schedule_policy,
-            lambda s: self.kv.cached_len(s.tokens[:-1], s.request.req.namespace),
+            lambda s: self.kv.cached_len(s.key(len(s.tokens) - 1), s.request.req.namespace),
         )
         order += self.waiting[256:]
         for seq in order:
             if budget <= 0 or len(self.running) >= cfg.max_num_seqs:
                 return
-            hit = self.kv.match(seq.tokens[:-1], seq.request.req.namespace)
+            hit = self.kv.match(seq.key(len(seq.tokens) - 1), seq.request.req.namespace)
             if self.kv.caching:
                 producers = [s for s in self.running if s.num_computed < s.request.prompt_len]
                 if shares_pending_prefix(seq, hit.num_tokens, producers, bs) is not None:

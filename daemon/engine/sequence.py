@@ -18,11 +18,13 @@ and never dropped: preemption only drops KV, never tokens.
 from __future__ import annotations
 
 import enum
+from array import array
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
 from radixd.daemon.engine.types import FinishReason, GenerateRequest, RequestOutput, TokenLogprob
+from radixd.radix import TOKEN_BYTES, TokenKey
 
 if TYPE_CHECKING:
     from radixd.daemon.engine.beam import BeamState
@@ -61,6 +63,22 @@ class Sequence:
     # Tokens/logprobs produced since the last output to the sink.
     pending_tokens: list[int] = field(default_factory=list)
     pending_logprobs: list[TokenLogprob] = field(default_factory=list)
+    # `tokens` packed as the radix tree's key (native int32), each token encoded once: see `key`.
+    packed: bytearray = field(default_factory=bytearray, repr=False)
+
+    def key(self, n: int | None = None) -> TokenKey:
+        """The first `n` tokens (all by default) as a radix key, without re-encoding earlier tokens.
+
+        NOTE: `tokens` only grow (see the module docstring), so the packed copy is caught up by encoding
+        the tokens appended since the last call.
+        """
+        packed = self.packed
+        have = len(packed) // TOKEN_BYTES
+        if have < len(self.tokens):
+            packed += array("i", self.tokens[have:]).tobytes()
+        end = len(self.tokens) if n is None else n
+        with memoryview(packed) as mv:
+            return TokenKey(mv[: end * TOKEN_BYTES].tobytes())
 
     @property
     def is_root(self) -> bool:
