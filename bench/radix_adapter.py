@@ -4,11 +4,14 @@ Usage (from the repository root; SGLang's sources are downloaded by the bench wh
 
     .venv/bin/python ../shared/bench/radix_peer_bench.py --adapter bench/radix_adapter.py:Adapter
 
-The pool owns ``capacity_tokens / page_size`` blocks (+ the null block). A request matches its prompt
-(locking the prefix with a lease), allocates blocks for the tokens it computes, inserts the page-aligned
-part of prompt + output with those new blocks after the ``cached`` matched ones, handing its references
-to the tree (``donate=True``: the tree keeps what it adopts and frees duplicates; the unaligned tail goes
-back to the pool) and finally releases the lease.
+It runs the engine's own protocol (``daemon/engine/kv.py``), call for call: a request keeps its
+tokens packed once (``TokenKey``, as ``Sequence.key`` does), matches them (a lease locks the prefix),
+starts a ``BlockTable`` from the matched blocks (``lease_prefix``: no reference per cached block),
+appends slots for the rest (``BlockTable.append``), caches the page-aligned part with
+``RadixTree.insert_table`` (the table's new blocks are donated to the tree and the lease moves onto the
+inserted path), releases the table (its unaligned tail block goes back to the pool) and finally the
+lease. Memory pressure is met with ``RadixTree.evict_count``, as ``KVManager.ensure_free`` does. The pool
+owns ``capacity_tokens / page_size`` blocks (+ the null block).
 """
 
 from __future__ import annotations
@@ -17,8 +20,7 @@ from typing import Any
 
 import numpy as np
 
-from radixd.radix import TOKEN_BYTES, BlockPool, PrefixMatch, RadixTree, TokenKey
-from radixd.radix.blockids import ID_BYTES
+from radixd.radix import BlockPool, BlockTable, Lease, RadixTree, TokenKey
 from radixd.radix.verify import check_consistency
 
 
@@ -32,12 +34,14 @@ class Adapter:
         self.tree = RadixTree(self.pool)
 
     def prepare(self, tokens: np.ndarray[Any, Any]) -> TokenKey:
-        # The tree's packed key form (native int32), as a scheduler would keep it per request.
+        # The tree's packed key form (native int32), kept per request as Sequence.key keeps it.
         return TokenKey(np.ascontiguousarray(tokens, dtype=np.int32).tobytes())  # len() counts tokens
 
-    def match(self, tokens: TokenKey) -> tuple[int, PrefixMatch]:
-        m = self.tree.match(tokens)  # m.block_ids: the request's block table for the cached prefix
-        return m.num_tokens, m
+    def match(self, tokens: TokenKey) -> tuple[int, tuple[BlockTable, Lease]]:
+        m = self.tree.match(tokens)
+        table = BlockTable(self.pool)  # KVManager.attach: the table starts from the leased blocks
+        table.lease_prefix(m.block_ids)
+        return m.num_tokens, (table, m.lease)
 
     def free_tokens(self) -> int:
         return self.pool.num_free * self.page_size
@@ -45,25 +49,16 @@ class Adapter:
     def evict(self, n_tokens: int) -> int:
         return self.tree.evict_count(-(-n_tokens // self.page_size)) * self.page_size
 
-    def insert(self, tokens: TokenKey, handle: PrefixMatch) -> None:
-        B = self.page_size
-        packed = tokens.packed
-        total = len(packed) // TOKEN_BYTES
-        n_matched = handle.num_tokens
-        cached = n_matched // B  # the matched blocks: the tree's own, kept by the lease we still hold
-        new = self.pool.allocate_ids(-(-(total - n_matched) // B))
-        aligned = total // B
-        blocks: bytes = new  # the blocks after the cached ones, packed
-        key: TokenKey | bytes = tokens
-        if aligned * B < total:  # the unaligned tail is not cached (as in the peer's protocol)
-            self.pool.decref(new[-1])
-            blocks = bytes.__getitem__(new, slice(0, (aligned - cached) * ID_BYTES))  # bytes, not ids
-            key = packed[: aligned * B * TOKEN_BYTES]
-        # donate: the tree keeps our reference on what it adopts and releases duplicates.
-        self.tree.insert(key, blocks, cached=cached, donate=True)
+    def insert(self, tokens: TokenKey, handle: tuple[BlockTable, Lease]) -> None:
+        table, lease = handle
+        table.append(len(tokens) - table.num_tokens)  # KVManager.append
+        aligned = len(tokens) // self.page_size  # the unaligned tail is not cached (the peer's protocol)
+        if aligned > table.leased:
+            self.tree.insert_table(tokens[: aligned * self.page_size], table, aligned, "", lease)
+        table.release()  # KVManager.release: the table's own blocks (the tail) go back to the pool
 
-    def release(self, handle: PrefixMatch) -> None:
-        handle.lease.release()
+    def release(self, handle: tuple[BlockTable, Lease]) -> None:
+        handle[1].release()
 
     def check(self) -> None:
         check_consistency(self.tree)
