@@ -18,7 +18,8 @@ import argparse
 import os
 
 from radixd.daemon import log
-from radixd.daemon.model.precision import DTYPE_CHOICES, DTYPE_HELP
+from radixd.daemon.engine.config import EngineConfig
+from radixd.daemon.model.precision import DTYPE_CHOICES, DTYPE_HELP, default_dtype_name
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -58,7 +59,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     model = parser.add_argument_group("model and cache")
     model.add_argument("--model", default=None, help="GGUF file or HF directory (default: embedded SmolLM2)")
     model.add_argument("--device", default="cpu", help="cpu or cuda")
-    model.add_argument("--dtype", choices=DTYPE_CHOICES, default="auto", help=DTYPE_HELP)
+    model.add_argument("--dtype", choices=DTYPE_CHOICES, default=default_dtype_name(), help=DTYPE_HELP)
     model.add_argument(
         "--served-model-name",
         default=None,
@@ -68,22 +69,40 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     model.add_argument("--kv-cache-gb", type=float, default=None, help="KV pool size in GiB (default 1)")
     model.add_argument("--num-blocks", type=int, default=None, help="KV pool size in blocks (overrides GiB)")
     model.add_argument("--no-prefix-cache", action="store_true", help="disable prefix caching")
+    # NOTE: the engine's defaults are defined once, in EngineConfig; these flags only expose them.
+    engine = EngineConfig()
     sched = parser.add_argument_group("scheduling and limits")
     sched.add_argument(
-        "--max-queue", type=int, default=256, help="requests in flight before RESOURCE_EXHAUSTED"
+        "--max-queue",
+        type=int,
+        default=engine.max_waiting,
+        help=f"requests in flight before RESOURCE_EXHAUSTED (default {engine.max_waiting})",
     )
-    sched.add_argument("--max-num-seqs", type=int, default=64, help="sequences per step")
-    sched.add_argument("--max-batched-tokens", type=int, default=512, help="tokens per step")
-    sched.add_argument("--max-model-len", type=int, default=None, help="context limit (default: the model's)")
-    sched.add_argument("--schedule-policy", choices=("fcfs", "lpm"), default="lpm", help="admission order")
+    sched.add_argument("--max-num-seqs", type=int, default=engine.max_num_seqs, help="sequences per step")
     sched.add_argument(
-        "--preemption-mode", choices=("recompute", "swap"), default="recompute", help="under memory pressure"
+        "--max-batched-tokens", type=int, default=engine.max_num_batched_tokens, help="tokens per step"
+    )
+    sched.add_argument("--max-model-len", type=int, default=None, help="context limit (default: the model's)")
+    sched.add_argument(
+        "--schedule-policy",
+        choices=("fcfs", "lpm"),
+        default=engine.schedule_policy,
+        help=f"admission order (default {engine.schedule_policy}: longest cached prefix first)",
+    )
+    sched.add_argument(
+        "--preemption-mode",
+        choices=("recompute", "swap"),
+        default=engine.preemption_mode,
+        help="under memory pressure",
     )
     sched.add_argument(
         "--swap-blocks", type=int, default=0, help="host pool blocks for --preemption-mode swap"
     )
     sched.add_argument(
-        "--session-ttl", type=float, default=600.0, help="session lease seconds after last use"
+        "--session-ttl",
+        type=float,
+        default=engine.session_ttl_s,
+        help="session lease seconds after last use",
     )
     sched.add_argument(
         "--default-max-tokens", type=int, default=256, help="max_tokens when a request omits it"
