@@ -1,30 +1,45 @@
-"""Offline (in-process) throughput: radixd's ModelRunner vs transformers' generate, same prompts, same run.
+"""Offline (in-process) throughput of radixd's ModelRunner per `--dtype` mode, beside llama.cpp's
+`llama-batched-bench` on the same GGUF, batches, prompt length and thread count, in one run.
 
-Measures, with the same torch thread count for both:
-- decode tokens/s at batch 1, 8, 32, 64 (decode steps only: prefill is excluded on both sides; for
-  transformers it is the time of generate(N+1 tokens) minus generate(1 token), divided by N);
-- the time of one 512-token prefill;
-- this CPU's fp32 matmul FLOP/s, and the compute ceiling FLOP/s / (2 x parameters per token).
+Measures, for every mode (`--dtypes`):
+- decode tokens/s at each batch size (decode steps only: prompts are prefilled untimed first; the
+  same definition as llama-batched-bench's S_TG), and the CPU busy share of the batch-8 decode;
+- prefill tokens/s of `--prefill-batch` prompts of `--prompt-len` tokens, in steps of at most 512
+  tokens (the engine's default step budget; llama-batched-bench's S_PP at the same batch);
+- the batch-1 weight-streaming floor: one pass of every projection at one row, nothing else;
+- the quality contract against fp32 (mean KL, top-1 agreement, perplexity on the fixed text).
 
-    .venv/bin/python bench/offline.py --out docs/bench-offline.md
+Every repeat runs every radixd mode and then llama-batched-bench, so background load drifts hit all
+sides alike; medians over the repeats are reported. `--plot PNG` draws decode tok/s against batch.
+
+    .venv/bin/python bench/offline.py --threads 2 \\
+        --llama-batched-bench /work/llama.cpp/build/bin/llama-batched-bench --plot docs/bench-offline.png
 """
 
 from __future__ import annotations
 
 import argparse
+import datetime
 import os
 import platform
+import re
 import statistics
+import subprocess
 import sys
 import time
 from collections.abc import Callable
-from typing import Any
+from dataclasses import dataclass, field
+from pathlib import Path
 
 import torch
 
 from radixd.daemon.loaders import LoadedModel, default_model_path, load_model
+from radixd.daemon.quality import QualityReport, teacher_forced_quality
 from radixd.daemon.runner import ModelRunner, StepSeq
 from radixd.daemon.sampling import SamplingParams, SamplingState
+
+QUALITY_TEXT = Path(__file__).resolve().parent.parent / "tests" / "daemon" / "data" / "quality_text.md"
+STEP_TOKENS = 512
 
 
 def median_time(fn: Callable[[], object], repeats: int) -> float:
@@ -36,25 +51,15 @@ def median_time(fn: Callable[[], object], repeats: int) -> float:
     return statistics.median(times)
 
 
-def matmul_flops(repeats: int) -> float:
-    """fp32 FLOP/s of a 1024^3 matmul (median of max(repeats, 5) runs)."""
-    n = 1024
-    a, b = torch.randn(n, n), torch.randn(n, n)
-    for _ in range(2):
-        a @ b
-    return 2 * n**3 / median_time(lambda: a @ b, max(repeats, 5))
-
-
 def weight_stream_time(lm: LoadedModel, repeats: int) -> float:
-    """Seconds for one pass of every weight matrix at batch 1 (the matvecs alone, no attention): the
-    memory-bandwidth floor of a batch-1 decode step for any fp32 implementation on this CPU."""
-    w = lm.model.weights
-    mats = [m for lw in w.layers for m in (lw.qkv, lw.o_proj, lw.gate_up, lw.down)] + [w.lm_head]
-    xs = {n: torch.randn(1, n) for n in {m.shape[1] for m in mats}}
+    """Seconds for one pass of every projection at one row in the mode's own kernels (no attention,
+    no norms): the weight-streaming floor of a batch-1 decode step in that mode on this CPU."""
+    ops = lm.model.projections()
+    xs = {op.weight.shape[1]: torch.randn(1, op.weight.shape[1], dtype=lm.model.dtype) for op in ops}
 
     def run() -> None:
-        for m in mats:
-            torch.nn.functional.linear(xs[m.shape[1]], m)
+        for op in ops:
+            op(xs[op.weight.shape[1]])
 
     run()
     return median_time(run, max(repeats, 5))
@@ -62,180 +67,269 @@ def weight_stream_time(lm: LoadedModel, repeats: int) -> float:
 
 def prompts(batch: int, length: int, vocab: int) -> list[list[int]]:
     g = torch.Generator().manual_seed(batch)
-    # Avoid the first ids (control tokens) so prompts look like text to both models.
+    # Avoid the first ids (control tokens) so prompts look like text to the model.
     return [torch.randint(100, vocab, (length,), generator=g).tolist() for _ in range(batch)]
 
 
 class RadixdSide:
+    """One mode's model and KV pool, driven through `ModelRunner.step` as the engine drives it."""
+
     def __init__(self, lm: LoadedModel, max_batch: int, max_len: int, block_size: int = 16) -> None:
-        per_seq = -(-max_len // block_size)
-        self.bs = block_size
-        self.per_seq = per_seq
-        self.runner = ModelRunner(lm.model, num_blocks=max_batch * per_seq + 1, block_size=block_size)
+        self.lm = lm
+        self.per_seq = -(-max_len // block_size)
+        self.runner = ModelRunner(lm.model, num_blocks=max_batch * self.per_seq + 1, block_size=block_size)
 
     def _tables(self, batch: int) -> list[list[int]]:
         return [list(range(1 + i * self.per_seq, 1 + (i + 1) * self.per_seq)) for i in range(batch)]
 
-    def decode(self, ps: list[list[int]], n: int) -> float:
-        """Prefill (untimed), then time n greedy decode steps; returns seconds for the n steps."""
+    def prefill(self, ps: list[list[int]]) -> tuple[float, list[int], list[SamplingState]]:
+        """Prefill `ps` in steps of at most STEP_TOKENS tokens; -> (seconds, first tokens, states)."""
         tables = self._tables(len(ps))
-        states = [SamplingState(SamplingParams(temperature=0.0, max_tokens=n + 1)) for _ in ps]
-        res = self.runner.step([StepSeq(i, p, 0, tables[i], states[i]) for i, p in enumerate(ps)])
-        last = [r.token_id for r in res if r is not None]
+        states = [SamplingState(SamplingParams(temperature=0.0)) for _ in ps]
+        first: list[int] = [0] * len(ps)
         t0 = time.perf_counter()
+        done = [0] * len(ps)
+        while any(d < len(p) for d, p in zip(done, ps, strict=True)):
+            budget = STEP_TOKENS
+            step: list[tuple[int, StepSeq]] = []
+            for i, p in enumerate(ps):
+                if done[i] == len(p) or budget == 0:
+                    continue
+                n = min(len(p) - done[i], budget)
+                last = done[i] + n == len(p)
+                step.append(
+                    (i, StepSeq(i, p[done[i] : done[i] + n], done[i], tables[i], states[i] if last else None))
+                )
+                done[i] += n
+                budget -= n
+            for (i, _), r in zip(step, self.runner.step([s for _, s in step]), strict=True):
+                if r is not None:
+                    first[i] = r.token_id
+        return time.perf_counter() - t0, first, states
+
+    def decode(self, ps: list[list[int]], n: int) -> tuple[float, float]:
+        """Prefill (untimed), then n greedy decode steps; -> (seconds, CPU seconds of this process)."""
+        _, last, states = self.prefill(ps)
+        tables = self._tables(len(ps))
+        c0, t0 = time.process_time(), time.perf_counter()
         for k in range(n):
             pos = len(ps[0]) + k
             res = self.runner.step([StepSeq(i, [last[i]], pos, tables[i], states[i]) for i in range(len(ps))])
             last = [r.token_id for r in res if r is not None]
-        return time.perf_counter() - t0
-
-    def prefill(self, p: list[int]) -> float:
-        st = SamplingState(SamplingParams(temperature=0.0))
-        t0 = time.perf_counter()
-        self.runner.step([StepSeq(0, p, 0, self._tables(1)[0], st)])
-        return time.perf_counter() - t0
+        return time.perf_counter() - t0, time.process_time() - c0
 
 
-class HFSide:
-    def __init__(self, path: str) -> None:
-        from transformers import AutoConfig, LlamaForCausalLM
-        from transformers.modeling_gguf_pytorch_utils import load_gguf_checkpoint
+@dataclass
+class LlamaRow:
+    s_pp: list[float] = field(default_factory=list)
+    s_tg: list[float] = field(default_factory=list)
 
-        cfg = AutoConfig.from_pretrained(os.path.dirname(path), gguf_file=os.path.basename(path))
-        build: Any = LlamaForCausalLM
-        self.model: Any = build(cfg)
-        self.model.eval()
-        read_gguf: Any = load_gguf_checkpoint
-        parsed = read_gguf(path, return_tensors=True, model_to_load=self.model)
-        self.model.load_state_dict(parsed["tensors"], strict=False)
-        self.model.tie_weights()
-        self.model.generation_config.eos_token_id = None
 
-    def generate(self, ps: list[list[int]], new: int) -> float:
-        ids = torch.tensor(ps)
-        t0 = time.perf_counter()
-        with torch.inference_mode():
-            self.model.generate(
-                ids, attention_mask=torch.ones_like(ids), max_new_tokens=new, do_sample=False, pad_token_id=0
-            )
-        return time.perf_counter() - t0
+def run_llama(binary: str, model: str, args: argparse.Namespace, batches: list[int]) -> dict[int, LlamaRow]:
+    """One llama-batched-bench run; -> batch -> (S_PP, S_TG) in tokens/s."""
+    npl = sorted(set(batches) | {args.prefill_batch})
+    cmd = [binary, "-m", model, "-npp", str(args.prompt_len), "-ntg", str(args.decode_tokens)]
+    cmd += ["-npl", ",".join(map(str, npl)), "-t", str(args.threads or torch.get_num_threads())]
+    cmd += ["-c", str(max(npl) * (args.prompt_len + args.decode_tokens) + 64)]
+    out = subprocess.run(cmd, capture_output=True, text=True, check=True, timeout=1800).stdout
+    rows: dict[int, LlamaRow] = {}
+    for line in out.splitlines():
+        cells = [c.strip() for c in line.strip().strip("|").split("|")]
+        if len(cells) == 10 and re.fullmatch(r"\d+", cells[2]):
+            rows[int(cells[2])] = LlamaRow([float(cells[5])], [float(cells[7])])
+    if not set(npl) <= set(rows):
+        raise RuntimeError(f"llama-batched-bench printed no rows for batches {sorted(set(npl) - set(rows))}")
+    return rows
 
-    def decode(self, ps: list[list[int]], n: int) -> float:
-        return max(self.generate(ps, n + 1) - self.generate(ps, 1), 1e-9)
+
+@dataclass
+class ModeResult:
+    decode: dict[int, list[float]] = field(default_factory=dict)  # batch -> tok/s per repeat
+    busy: list[float] = field(default_factory=list)  # batch-8 CPU busy share per repeat
+    prefill: list[float] = field(default_factory=list)  # tok/s per repeat
+    floor_s: float = 0.0
+    load_s: float = 0.0
+    quality: QualityReport | None = None
 
 
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--model", default=None, help="GGUF file or HF directory (default: embedded SmolLM2)")
+    ap.add_argument("--model", default=None, help="GGUF file (default: the embedded SmolLM2)")
+    ap.add_argument("--dtypes", default="float32,bfloat16", help="radixd modes to run (--dtype names)")
     ap.add_argument("--batches", default="1,8,32,64")
-    ap.add_argument("--prompt-len", type=int, default=64, help="prompt tokens before the timed decode")
-    ap.add_argument("--decode-tokens", type=int, default=16, help="timed decode steps per measurement")
-    ap.add_argument("--prefill-len", type=int, default=512)
+    ap.add_argument("--prompt-len", type=int, default=128, help="prompt tokens per sequence")
+    ap.add_argument("--decode-tokens", type=int, default=32, help="timed decode steps per measurement")
+    ap.add_argument("--prefill-batch", type=int, default=8, help="prompts in the prefill measurement")
     ap.add_argument("--repeats", type=int, default=3, help="medians over this many runs")
-    ap.add_argument("--threads", type=int, default=None, help="torch threads (default: torch's choice)")
-    ap.add_argument("--no-hf", action="store_true", help="skip the transformers side")
+    ap.add_argument("--threads", type=int, default=None, help="threads on every side (default: torch's)")
+    ap.add_argument("--llama-batched-bench", metavar="PATH", help="llama.cpp's llama-batched-bench binary")
+    ap.add_argument("--no-quality", action="store_true", help="skip the quality-contract measurement")
     ap.add_argument("--out", default=None, help="write the markdown report here")
+    ap.add_argument("--plot", default=None, help="draw decode tok/s against batch into this PNG")
     args = ap.parse_args(argv)
     if args.threads:
         torch.set_num_threads(args.threads)
         os.environ["RADIXD_NUM_THREADS"] = str(args.threads)
+    started = datetime.datetime.now(datetime.UTC)
     batches = [int(b) for b in args.batches.split(",")]
+    modes = args.dtypes.split(",")
     path = args.model or default_model_path()
-    lm = load_model(path)
-    cfg = lm.config
-    flops_runs = [matmul_flops(args.repeats)]
-    ours = RadixdSide(lm, max(batches), max(args.prompt_len + args.decode_tokens + 1, args.prefill_len + 1))
-    hf = None if args.no_hf else HFSide(path)
-    rows = []
+    max_len = args.prompt_len + args.decode_tokens + 1
+    sides: dict[str, RadixdSide] = {}
+    results: dict[str, ModeResult] = {}
+    for mode in modes:
+        t0 = time.perf_counter()
+        lm = load_model(path, dtype=mode)
+        results[mode] = ModeResult(load_s=time.perf_counter() - t0)
+        sides[mode] = RadixdSide(lm, max(max(batches), args.prefill_batch), max_len)
+    llama: dict[int, LlamaRow] = {}
+    threads = torch.get_num_threads()
     with torch.inference_mode():
-        for b in batches:
-            ps = prompts(b, args.prompt_len, cfg.vocab_size)
-            n = args.decode_tokens
-            ours.decode(ps, 2)  # warm-up
-            if hf is not None:
-                hf.decode(ps, 2)
-            # NOTE: the two sides alternate within each repeat so background load hits both alike.
-            t_ours, t_hf = [], []
-            for _ in range(args.repeats):
-                # The CPU's matmul rate is sampled between measurements too: background load drifts.
-                flops_runs.append(matmul_flops(1))
-                t_ours.append(ours.decode(ps, n))
-                if hf is not None:
-                    t_hf.append(hf.decode(ps, n))
-            r_ours = b * n / statistics.median(t_ours)
-            r_hf = b * n / statistics.median(t_hf) if t_hf else None
-            rows.append((b, r_ours, r_hf))
-            print(f"batch {b}: radixd {r_ours:.1f} tok/s, transformers {r_hf or 0:.1f} tok/s", flush=True)
-        pp = prompts(1, args.prefill_len, cfg.vocab_size)[0]
-        ours.prefill(pp)
-        if hf is not None:
-            hf.generate([pp], 1)
-        p_ours, p_hf = [], []
-        for _ in range(args.repeats):
-            p_ours.append(ours.prefill(pp))
-            if hf is not None:
-                p_hf.append(hf.generate([pp], 1))
-        pre_ours = statistics.median(p_ours)
-        pre_hf = statistics.median(p_hf) if p_hf else None
-        floor = weight_stream_time(lm, args.repeats)
-    flops = statistics.median(flops_runs)
-    ceiling = flops / (2 * cfg.num_params)
-    report = render(args, argv, path, cfg.num_params, flops_runs, ceiling, rows, pre_ours, pre_hf, floor)
+        for side in sides.values():  # warm-up: first calls allocate and pick kernels
+            side.decode(prompts(2, args.prompt_len, side.lm.config.vocab_size), 2)
+        for rep in range(args.repeats):
+            for b in batches:
+                ps = prompts(b, args.prompt_len, sides[modes[0]].lm.config.vocab_size)
+                for mode, side in sides.items():
+                    wall, cpu = side.decode(ps, args.decode_tokens)
+                    results[mode].decode.setdefault(b, []).append(b * args.decode_tokens / wall)
+                    if b == 8:
+                        results[mode].busy.append(cpu / (wall * threads))
+            pp = prompts(args.prefill_batch, args.prompt_len, sides[modes[0]].lm.config.vocab_size)
+            for mode, side in sides.items():
+                results[mode].prefill.append(args.prefill_batch * args.prompt_len / side.prefill(pp)[0])
+            if args.llama_batched_bench:
+                for b, row in run_llama(args.llama_batched_bench, path, args, batches).items():
+                    agg = llama.setdefault(b, LlamaRow())
+                    agg.s_pp += row.s_pp
+                    agg.s_tg += row.s_tg
+            print(f"repeat {rep + 1}/{args.repeats} done", flush=True)
+        for mode, side in sides.items():
+            results[mode].floor_s = weight_stream_time(side.lm, args.repeats)
+        if not args.no_quality and "float32" in sides:
+            ids = sides["float32"].lm.tokenizer.encode(QUALITY_TEXT.read_text())
+            for mode, side in sides.items():
+                if mode != "float32":
+                    ref = ModelRunner(sides["float32"].lm.model, len(ids) // 16 + 2, 16)
+                    own = ModelRunner(side.lm.model, len(ids) // 16 + 2, 16)
+                    results[mode].quality = teacher_forced_quality(ref, own, ids)
+    report = render(args, argv, path, started, results, llama, batches)
     print(report)
     if args.out:
-        with open(args.out, "w") as f:
-            f.write(report)
+        Path(args.out).write_text(report)
+    if args.plot:
+        plot(args.plot, results, llama, batches, args)
     return 0
+
+
+def _med(xs: list[float]) -> float:
+    return statistics.median(xs)
 
 
 def render(
     args: argparse.Namespace,
     argv: list[str] | None,
     path: str,
-    params: int,
-    flops_runs: list[float],
-    ceiling: float,
-    rows: list[tuple[int, float, float | None]],
-    pre_ours: float,
-    pre_hf: float | None,
-    floor: float,
+    started: datetime.datetime,
+    results: dict[str, ModeResult],
+    llama: dict[int, LlamaRow],
+    batches: list[int],
 ) -> str:
     cmd = " ".join([".venv/bin/python bench/offline.py", *(argv if argv is not None else sys.argv[1:])])
     load = os.getloadavg()
-    flops = statistics.median(flops_runs)
+    head = " | ".join(f"radixd {m}" for m in results)
     lines = [
-        "# Offline throughput: radixd ModelRunner vs transformers generate",
-        "",
         f"Command: `{cmd}`",
         "",
-        f"- model: `{os.path.basename(path)}` ({params / 1e6:.1f} M parameters per token, fp32 on CPU)",
-        f"- CPU: {platform.processor() or platform.machine()}, torch threads {torch.get_num_threads()}, "
-        f"load average at the end {load[0]:.2f} / {load[1]:.2f} / {load[2]:.2f}",
-        f"- fp32 matmul (1024^3, median of {len(flops_runs)} samples spread over the run): "
-        f"{flops / 1e9:.1f} GFLOP/s -> compute ceiling "
-        f"{ceiling:.0f} tok/s (FLOP/s / (2 x params))",
-        f"- batch-1 weight-streaming floor in this run: {floor * 1e3:.1f} ms per token (every weight "
-        f"matvec once, nothing else) -> at most {1 / floor:.1f} tok/s at batch 1 for any fp32 implementation",
-        f"- decode: prompts of {args.prompt_len} random tokens, {args.decode_tokens} timed greedy steps, "
-        f"median of {args.repeats}; prefill excluded on both sides",
+        f"- run: {started:%Y-%m-%d %H:%M} UTC, {args.repeats} repeats (medians), load average at the end "
+        f"{load[0]:.2f} / {load[1]:.2f} / {load[2]:.2f}",
+        f"- model: `{os.path.basename(path)}`; CPU: {platform.processor() or platform.machine()}, "
+        f"threads {torch.get_num_threads()} on every side",
+        f"- decode: {args.prompt_len}-token prompts, {args.decode_tokens} timed greedy steps; prefill: "
+        f"{args.prefill_batch} x {args.prompt_len} tokens in steps of <= {STEP_TOKENS}",
         "",
-        "| batch | radixd decode tok/s | transformers decode tok/s | ratio | % of compute ceiling |",
-        "| ---: | ---: | ---: | ---: | ---: |",
     ]
-    for b, ours, theirs in rows:
-        ratio = f"{ours / theirs:.2f}x" if theirs else "-"
-        hf_s = f"{theirs:.1f}" if theirs else "-"
-        lines.append(f"| {b} | {ours:.1f} | {hf_s} | {ratio} | {100 * ours / ceiling:.0f}% |")
+    ratio_head = " | ".join(f"{m} / llama.cpp" for m in results) if llama else ""
+    lines.append(f"| decode tok/s | {head} |" + (f" llama.cpp | {ratio_head} |" if llama else ""))
+    n_cols = len(results) + (1 + len(results) if llama else 0)
+    lines.append("| --- |" + " ---: |" * n_cols)
+    for b in batches:
+        ours = [_med(r.decode[b]) for r in results.values()]
+        row = f"| batch {b} | " + " | ".join(f"{x:.1f}" for x in ours) + " |"
+        if llama:
+            theirs = _med(llama[b].s_tg)
+            row += f" {theirs:.1f} | " + " | ".join(f"{x / theirs:.2f}x" for x in ours) + " |"
+        lines.append(row)
+    ours_pp = [_med(r.prefill) for r in results.values()]
+    row = f"| prefill tok/s ({args.prefill_batch} x {args.prompt_len}) | " + " | ".join(
+        f"{x:.0f}" for x in ours_pp
+    )
+    if llama:
+        theirs = _med(llama[args.prefill_batch].s_pp)
+        row += f" | {theirs:.0f} | " + " | ".join(f"{x / theirs:.2f}x" for x in ours_pp)
+    lines += [row + " |", ""]
     lines += [
-        "",
-        f"| {args.prefill_len}-token prefill | radixd | transformers | ratio |",
-        "| --- | ---: | ---: | ---: |",
-        f"| time (s) | {pre_ours:.3f} | {pre_hf:.3f} | {pre_hf / pre_ours:.2f}x |"
-        if pre_hf
-        else f"| time (s) | {pre_ours:.3f} | - | - |",
+        "| mode | batch-1 floor (ms) | batch-1 step (ms) | busy at batch 8 | load (s) | KL | top-1 | ppl |"
+    ]
+    lines += ["| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: |"]
+    for mode, r in results.items():
+        q = r.quality
+        qs = (
+            f"{q.mean_kl:.4f} | {100 * q.top1_agreement:.1f}% | {100 * q.ppl_change:+.2f}%"
+            if q
+            else "0 (reference) | 100% | -"
+        )
+        step = 1e3 / _med(r.decode[1]) if 1 in r.decode else float("nan")
+        busy = f"{100 * _med(r.busy):.0f}%" if r.busy else "-"
+        lines.append(f"| {mode} | {r.floor_s * 1e3:.1f} | {step:.1f} | {busy} | {r.load_s:.1f} | {qs} |")
+    if llama:
+        lines += [
+            "",
+            "llama.cpp per repeat (S_TG tok/s): "
+            + "; ".join(f"batch {b}: " + ", ".join(f"{x:.0f}" for x in llama[b].s_tg) for b in batches),
+        ]
+    lines += [
+        "radixd per repeat (decode tok/s): "
+        + "; ".join(
+            f"{m} batch {b}: " + ", ".join(f"{x:.0f}" for x in r.decode[b])
+            for m, r in results.items()
+            for b in batches
+        ),
         "",
     ]
     return "\n".join(lines)
+
+
+def plot(
+    out: str,
+    results: dict[str, ModeResult],
+    llama: dict[int, LlamaRow],
+    batches: list[int],
+    args: argparse.Namespace,
+) -> None:
+    """Decode tok/s against batch size: one line per radixd mode, one for llama.cpp."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(6.4, 4.2), dpi=110)
+    for mode, r in results.items():
+        ax.plot(batches, [_med(r.decode[b]) for b in batches], marker="o", label=f"radixd {mode}")
+    if llama:
+        ax.plot(
+            batches, [_med(llama[b].s_tg) for b in batches], marker="s", ls="--", color="k", label="llama.cpp"
+        )
+    ax.set_xscale("log", base=2)
+    ax.set_xticks(batches, [str(b) for b in batches])
+    ax.set_xlabel("batch size (sequences decoding together)")
+    ax.set_ylabel("decode tokens/s")
+    model = os.path.basename(args.model or default_model_path())
+    ax.set_title(f"{model}, {torch.get_num_threads()} threads, {args.prompt_len}-token prompts", fontsize=9)
+    ax.grid(True, alpha=0.3)
+    ax.legend()
+    fig.tight_layout()
+    fig.savefig(out)
 
 
 if __name__ == "__main__":
