@@ -135,7 +135,10 @@ def check_consistency(tree: RadixTree, tables: Iterable[BlockTable] = ()) -> Non
     if tables:
         holders = Counter(tree_refs)
         for t in tables:
-            holders.update(t.blocks)
+            # NOTE: a table holds no reference on its leased blocks: its owner's lease keeps them cached.
+            holders.update(t.blocks[t.leased :])
+            if not 0 <= t.leased <= len(t.blocks) or any(rc[b] < 1 for b in t.blocks[: t.leased]):
+                _fail(f"{t}: a leased block is not held by the tree")
             if len(t.blocks) != -(-t.num_tokens // tree.block_size):
                 _fail(f"{t}: {len(t.blocks)} blocks for {t.num_tokens} tokens")
         for b in range(1, pool.num_blocks):

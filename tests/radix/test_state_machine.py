@@ -216,6 +216,9 @@ class RadixMachine(RuleBasedStateMachine):
     @rule(i=PICK, move_lease=st.booleans())
     def insert(self, i: int, move_lease: bool) -> None:
         seq = self.seqs[i % len(self.seqs)]
+        if seq.table.leased:  # a table started from leased blocks inserts as the engine does
+            self._insert_table(seq, seq.table.num_tokens // self.B)
+            return
         n = seq.table.num_tokens
         res = self.tree.insert(
             tuple(seq.tokens[:n]), seq.table.blocks, seq.namespace, lease=seq.lease if move_lease else None
@@ -243,6 +246,8 @@ class RadixMachine(RuleBasedStateMachine):
     @rule(i=PICK)
     def release_lease_early(self, i: int) -> None:
         seq = self.seqs[i % len(self.seqs)]
+        if seq.table.leased:  # NOTE: the lease is what keeps a leased table's blocks alive
+            return
         seq.lease.release()
         seq.lease_live, seq.locked = False, 0
 
@@ -290,6 +295,62 @@ class RadixMachine(RuleBasedStateMachine):
         assert m.cached_tokens == seq.locked, "pressure evicted a running sequence's leased path"
         m.lease.release()
 
+    def _insert_table(self, seq: Seq, n_blocks: int) -> None:
+        """KVManager's insert: the table's blocks past the leased ones go to the tree, the lease moves."""
+        table = seq.table
+        if n_blocks <= table.leased:
+            return
+        n_tokens = min(n_blocks * self.B, table.num_tokens)
+        key = encode_tokens(seq.tokens[:n_tokens])
+        res = self.tree.insert_table(key, table, n_blocks, seq.namespace, seq.lease)
+        assert res.num_cached_tokens + res.num_new_tokens == n_tokens
+        assert table.leased == n_blocks
+        assert self.tree.peek(key, seq.namespace) == n_tokens
+        if seq.lease_live:
+            seq.locked = max(seq.locked, n_tokens)
+
+    @rule(
+        toks=TOKENS,
+        gen=st.lists(st.integers(0, 1), max_size=5),
+        ns=NAMESPACES,
+        n=st.integers(0, 40),
+        finish=st.booleans(),
+    )
+    def engine_table_cycle(self, toks: list[int], gen: list[int], ns: str, n: int, finish: bool) -> None:
+        """The engine's table protocol (KVManager), call for call: match (often empty), a table started
+        from the leased blocks (a partial match copied), prefill and generate, insert the full blocks
+        with the match's lease, memory pressure, the same prefix matched again, and on finish every
+        computed token inserted (partial block included) before the table and lease are released."""
+        t = tuple(toks)
+        m = self.tree.match(encode_tokens(t), ns)
+        table = BlockTable(self.pool)
+        table.lease_prefix(m.block_ids)
+        assert table.num_tokens == m.num_tokens and table.leased == len(m.blocks)
+        seq = Seq(table, list(t[: m.num_tokens]), ns, m.lease)
+        self.seqs.append(seq)
+        if m.partial_block is not None:
+            try:
+                src, dst, k = table.copy_partial(m.partial_block, m.partial_tokens)
+            except OutOfBlocks:
+                return
+            self.content[dst] = list(self.content[src][:k]) + [None] * (self.B - k)
+            seq.tokens.extend(t[m.num_tokens : m.num_tokens + k])
+        if not self._append(seq, list(t[len(seq.tokens) :])):
+            return
+        self._append(seq, gen)
+        self._insert_table(seq, table.num_tokens // self.B)
+        free, evictable = self.pool.num_free, self.tree.evictable_blocks()
+        got = self.tree.evict_count(n)
+        assert got >= min(n, evictable) and self.pool.num_free == free + got
+        again = self.tree.match(encode_tokens(seq.tokens[: seq.locked]), ns)
+        assert again.cached_tokens == seq.locked, "pressure evicted a running sequence's leased path"
+        again.lease.release()
+        if finish:
+            self._insert_table(seq, -(-table.num_tokens // self.B))
+            self.seqs.remove(seq)
+            table.release()
+            seq.lease.release()
+
     @rule(toks=TOKENS, ns=NAMESPACES)
     def evict_prefix(self, toks: list[int], ns: str) -> None:
         self.tree.evict_prefix(tuple(toks), ns)
@@ -304,6 +365,8 @@ class RadixMachine(RuleBasedStateMachine):
 
     @rule(mode=st.sampled_from(["unlocked", "refuse", "force"]), include_pinned=st.booleans())
     def flush(self, mode: str, include_pinned: bool) -> None:
+        if mode == "force" and any(q.table.leased for q in self.seqs):
+            return  # NOTE: the engine never force-flushes: leased tables read the leased nodes' blocks
         leases = self.tree.num_leases
         try:
             self.tree.flush(mode, include_pinned=include_pinned)  # type: ignore[arg-type]

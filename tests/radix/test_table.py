@@ -96,3 +96,30 @@ def test_release_is_idempotent(pool: BlockPool) -> None:
     assert child.release() == 3 and pool.num_free == pool.num_usable
     with pytest.raises(InvalidRequest, match="k >= 0"):
         child.fork(-1)
+
+
+def test_lease_prefix_takes_no_reference_and_release_leaves_the_leased_blocks(pool: BlockPool) -> None:
+    owner = BlockTable(pool)
+    owner.append(8)  # stands for the tree's two cached blocks
+    t = BlockTable(pool)
+    t.lease_prefix(owner.blocks)
+    assert t.leased == 2 and t.num_tokens == 8 and [pool.refcount(b) for b in t.blocks] == [1, 1]
+    t.append(1)  # a fresh third block, the table's own
+    (child,) = t.fork(1)
+    assert child.leased == 2 and pool.refcount(t.blocks[2]) == 2
+    assert [pool.refcount(b) for b in owner.blocks] == [1, 1]  # forks add nothing to leased blocks
+    child.release()
+    assert t.release() == 1 and t.leased == 0
+    assert [pool.refcount(b) for b in owner.blocks] == [1, 1]
+    with pytest.raises(InvalidRequest, match="empty table"):
+        owner.lease_prefix(owner.blocks)
+
+
+def test_leased_up_to_stays_within_the_table(pool: BlockPool) -> None:
+    t = BlockTable(pool)
+    t.append(8)
+    t.leased_up_to(1)
+    with pytest.raises(InvalidRequest, match="outside"):
+        t.leased_up_to(0)
+    with pytest.raises(InvalidRequest, match="outside"):
+        t.leased_up_to(3)

@@ -6,6 +6,7 @@ import pytest
 
 from radixd.radix import (
     BlockPool,
+    BlockTable,
     InvalidRequest,
     RadixTree,
     UnknownLease,
@@ -257,3 +258,51 @@ def test_one_tree_per_pool_and_bad_fraction() -> None:
         RadixTree(pool)
     with pytest.raises(InvalidRequest, match="pin_budget_fraction"):
         RadixTree(BlockPool(8, 4), pin_budget_fraction=1.5)
+
+
+def test_insert_table_hands_new_blocks_to_the_tree_and_reads_the_trees_duplicates(tree: RadixTree) -> None:
+    """Two requests compute the same prompt at once (both matched nothing): the second insert finds
+    the first's blocks cached, frees its own copies, and its table reads the tree's blocks after."""
+    pool = tree.pool
+    prompt = list(range(10))
+    a, b = tree.match(prompt), tree.match(prompt)
+    ta, tb = BlockTable(pool), BlockTable(pool)
+    for t in (ta, tb):
+        t.lease_prefix(tree.match([]).block_ids)  # empty: nothing leased yet
+        t.append(len(prompt))
+    own_b = list(tb.blocks)
+    tree.insert_table(prompt[:8], ta, 2, "", a.lease)
+    assert ta.leased == 2 and [pool.refcount(x) for x in ta.blocks] == [1, 1, 1]
+    res = tree.insert_table(prompt[:8], tb, 2, "", b.lease)
+    assert res.num_new_tokens == 0 and sorted(res.duplicate_blocks) == sorted(own_b[:2])
+    assert tb.blocks[:2] == ta.blocks[:2] and tb.blocks[2] == own_b[2]
+    assert all(pool.refcount(x) == 0 for x in own_b[:2])
+    check_consistency(tree, [ta, tb])
+    assert tree.evictable_blocks() == 0  # both leases lock the path
+    for t, m in ((ta, a), (tb, b)):
+        assert t.release() == 1
+        m.lease.release()
+    assert tree.evictable_blocks() == 2
+    check_consistency(tree)
+
+
+def test_insert_table_refuses_a_range_outside_the_table_or_an_empty_lease(tree: RadixTree) -> None:
+    pool = tree.pool
+    cache(tree, list(range(8)))
+    m = tree.match(list(range(8)))
+    t = BlockTable(pool)
+    t.lease_prefix(m.block_ids)
+    t.append(4)
+    with pytest.raises(InvalidRequest, match="outside"):
+        tree.insert_table(list(range(12)), t, 1, "", m.lease)
+    with pytest.raises(InvalidRequest, match="outside"):
+        tree.insert_table(list(range(16)), t, 4, "", m.lease)
+    empty = tree.match([9, 9, 9, 9, 9])
+    with pytest.raises(InvalidRequest, match="locks nothing"):
+        tree.insert_table(list(range(12)), t, 3, "", empty.lease)
+    empty.lease.release()
+    tree.insert_table(list(range(12)), t, 3, "", m.lease)
+    assert tree.peek(list(range(12))) == 12 and t.leased == 3
+    check_consistency(tree, [t])
+    t.release()
+    m.lease.release()
