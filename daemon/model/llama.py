@@ -15,6 +15,7 @@ import torch.nn.functional as F
 
 from radixd import kernels
 from radixd.daemon.model.config import ModelConfig
+from radixd.daemon.model.int4 import Int4Linear
 from radixd.daemon.model.linear import InOutLinear, Int8Linear, Linear, OutInLinear
 from radixd.daemon.model.precision import Precision, precision_of_dtype
 from radixd.daemon.model.rope import Rotary, apply_rotary
@@ -129,8 +130,10 @@ class _LayerOps:
 
 def _make_linear(w: torch.Tensor, bias: torch.Tensor | None, prec: Precision, device: torch.device) -> Linear:
     b = None if bias is None else bias.to(device=device, dtype=prec.dtype)
-    if prec.int8_weights:
+    if prec.weights == "int8":
         return Int8Linear(w.to(device), b, prec.dtype)
+    if prec.weights == "int4":
+        return Int4Linear(w.to(device), b, prec.dtype)
     wc = w.to(device=device, dtype=prec.dtype).contiguous()
     return InOutLinear(wc, b) if prec.dtype == torch.float32 else OutInLinear(wc, b)
 
@@ -181,18 +184,21 @@ class LlamaModel:
             lw.attn_norm, lw.mlp_norm = cv(lw.attn_norm), cv(lw.mlp_norm)
             self._ops.append(ops)
         tied = weights.lm_head is weights.embed
-        if prec.int8_weights:
+        if prec.weights == "int8":
             self._lm_head = _make_linear(weights.lm_head, None, prec, self.device)
             weights.embed = self._lm_head.weight if tied else cv(weights.embed)
             weights.lm_head = self._lm_head.weight
         else:
             weights.embed = cv(weights.embed)
             head = weights.embed if tied else weights.lm_head
-            self._lm_head = _make_linear(head, None, prec, self.device)
+            # NOTE: int4 covers the layers only: GGUFs keep the embedding / lm_head at 8 bits or more
+            # (Q8_0 in the embedded model), and 4 bits there would lose what the file kept.
+            head_prec = precision_of_dtype(prec.dtype) if prec.weights == "int4" else prec
+            self._lm_head = _make_linear(head, None, head_prec, self.device)
             weights.lm_head = weights.embed if tied else self._lm_head.weight
         weights.norm = cv(weights.norm)
         self.weights = weights
-        if prec.int8_weights:
+        if prec.weights == "int8":
             self._compile_matvecs()
 
     def projections(self) -> list[Linear]:

@@ -5,6 +5,10 @@
 - ``int8``: ``bfloat16`` plus int8 weights with one fp32 scale per output row; single-row matmuls
   (batch-1 decode) stream the int8 weights through a compiled matrix-vector kernel, larger ones run
   the bf16 GEMM on the dequantized weights.
+- ``int4``: ``bfloat16`` plus 4-bit weights in GGUF's Q4_1 layout (group 32, scale and minimum),
+  executed by torch's packed int4 CPU kernel for decode-sized steps (up to 12 rows) and by the bf16
+  GEMM over the same weights, dequantized, for larger ones (`int4.py`). On a Q4_1 GGUF (the embedded
+  model) these are the file's own 4-bit codes. The tied embedding / lm_head stays bf16.
 - ``auto``: the fastest of these that meets the quality contract (docs/bench-offline.md) on the
   machine: ``bfloat16`` on CPUs with native bf16 (AVX512-BF16, AMX) and on CUDA GPUs with bf16
   support, else ``float32``. ``int8`` is faster only at batch 1, needs a C compiler and seconds of
@@ -19,23 +23,28 @@ from __future__ import annotations
 import functools
 import os
 from dataclasses import dataclass
+from typing import Literal
 
 import torch
+
+WeightFormat = Literal["float", "int8", "int4"]
 
 
 @dataclass(frozen=True)
 class Precision:
-    """One execution mode: `dtype` is the activations', the float weights' and the KV cache's."""
+    """One execution mode: `dtype` is the activations', the float weights' and the KV cache's;
+    `weights` how the layers' projection matrices are held ("float": in `dtype`)."""
 
     name: str
     dtype: torch.dtype
-    int8_weights: bool = False
+    weights: WeightFormat = "float"
 
 
 PRECISIONS: dict[str, Precision] = {
     "float32": Precision("float32", torch.float32),
     "bfloat16": Precision("bfloat16", torch.bfloat16),
-    "int8": Precision("int8", torch.bfloat16, int8_weights=True),
+    "int8": Precision("int8", torch.bfloat16, weights="int8"),
+    "int4": Precision("int4", torch.bfloat16, weights="int4"),
 }
 DTYPE_CHOICES = ("auto", *PRECISIONS)
 
@@ -43,7 +52,7 @@ DTYPE_CHOICES = ("auto", *PRECISIONS)
 def precision_of_dtype(dtype: torch.dtype) -> Precision:
     """The plain (not quantized) mode executing in `dtype`."""
     for p in PRECISIONS.values():
-        if p.dtype == dtype and not p.int8_weights:
+        if p.dtype == dtype and p.weights == "float":
             return p
     return Precision(str(dtype).removeprefix("torch."), dtype)
 
@@ -68,8 +77,8 @@ def resolve_precision(name: str, device: str) -> Precision:
         if name not in PRECISIONS:
             raise ValueError(f"unknown dtype {name!r} (choose from {', '.join(DTYPE_CHOICES)})")
         p = PRECISIONS[name]
-        if p.int8_weights and not device.startswith("cpu"):
-            raise ValueError("dtype int8 runs on CPU only; use bfloat16 on GPUs")
+        if p.weights != "float" and not device.startswith("cpu"):
+            raise ValueError(f"dtype {name} runs on CPU only; use bfloat16 on GPUs")
         return p
     if device.startswith("cuda"):
         bf16 = torch.cuda.is_available() and torch.cuda.is_bf16_supported()
@@ -86,5 +95,6 @@ def default_dtype_name() -> str:
 DTYPE_HELP = (
     "weights' execution mode, which also sets the KV cache dtype: float32 (reference; fp32 KV), "
     "bfloat16 (bf16 weights, activations and KV), int8 (int8 weights, bf16 activations and KV; CPU), "
+    "int4 (GGUF Q4_1-style 4-bit weights, bf16 activations and KV; CPU), "
     "auto (the fastest that meets the quality contract here); default: $RADIXD_DTYPE or auto"
 )

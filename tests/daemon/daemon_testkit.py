@@ -7,6 +7,7 @@ from dataclasses import dataclass, field
 import torch
 
 from radixd.daemon.model import LayerWeights, LlamaModel, LlamaWeights, ModelConfig
+from radixd.daemon.model.int4 import dequantize_int4, quantize_int4, scales_and_zeros
 from radixd.daemon.model.precision import Precision
 from radixd.daemon.runner import ModelRunner, StepSeq
 from radixd.daemon.sampling import SamplingParams, SamplingState
@@ -90,10 +91,15 @@ def run(runner: ModelRunner, alloc: BlockAlloc, reqs: list[Req]) -> list[list[in
 
 
 def tiny_model(
-    seed: int = 0, vocab: int = 64, layers: int = 2, precision: Precision | None = None
+    seed: int = 0,
+    vocab: int = 64,
+    layers: int = 2,
+    precision: Precision | None = None,
+    q4_1: bool = False,
 ) -> LlamaModel:
     """A random in-memory Llama (GQA 4:2, head_dim 16) for runner tests that need no real weights
-    (fp32 unless `precision` says otherwise)."""
+    (fp32 unless `precision` says otherwise). `q4_1`: the layers' matrices lie on a Q4_1 grid (4-bit
+    codes per 32 inputs), as a Q4_1 GGUF ships them, so the int4 mode holds them exactly."""
     cfg = ModelConfig(
         vocab_size=vocab,
         hidden_size=64,
@@ -109,17 +115,24 @@ def tiny_model(
     def r(*shape: int) -> torch.Tensor:
         return 0.2 * torch.randn(*shape, generator=g)
 
+    def m(*shape: int) -> torch.Tensor:
+        w = r(*shape)
+        if not q4_1:
+            return w
+        q, d, lo = quantize_int4(w)
+        return dequantize_int4(q, scales_and_zeros(d, lo, torch.float32))
+
     qkv_rows = (cfg.num_heads + 2 * cfg.num_kv_heads) * cfg.head_dim
     lw = [
         LayerWeights(
             attn_norm=1 + r(64),
-            qkv=r(qkv_rows, 64),
+            qkv=m(qkv_rows, 64),
             qkv_bias=None,
-            o_proj=r(64, 64),
+            o_proj=m(64, 64),
             o_bias=None,
             mlp_norm=1 + r(64),
-            gate_up=r(192, 64),
-            down=r(64, 96),
+            gate_up=m(192, 64),
+            down=m(64, 96),
         )
         for _ in range(layers)
     ]

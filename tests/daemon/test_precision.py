@@ -84,10 +84,11 @@ def test_layouts_per_precision() -> None:
     torch.testing.assert_close(bf(x.bfloat16()).float(), x @ w.t(), rtol=2e-2, atol=5e-2)
 
 
-@pytest.mark.parametrize("mode", ["bfloat16", "int8"])
+@pytest.mark.parametrize("mode", ["bfloat16", "int8", "int4"])
 def test_kv_pool_follows_the_dtype(mode: str) -> None:
-    fp32 = tiny_model()
-    low = tiny_model(precision=PRECISIONS[mode])
+    # Weights on the Q4_1 grid (what the embedded GGUF ships) so that every mode holds them closely.
+    fp32 = tiny_model(q4_1=True)
+    low = tiny_model(precision=PRECISIONS[mode], q4_1=True)
     assert low.precision.name == mode and low.dtype == torch.bfloat16
     budget = 1 << 20
     n32 = num_blocks_for_budget(fp32.config, 4, budget, fp32.dtype)

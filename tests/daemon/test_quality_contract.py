@@ -8,6 +8,7 @@ from pathlib import Path
 import pytest
 
 from radixd.daemon.loaders import LoadedModel, load_model
+from radixd.daemon.model.int4 import INT4_MAX_ROWS
 from radixd.daemon.model.precision import PRECISIONS
 from radixd.daemon.quality import MAX_MEAN_KL, MAX_PPL_CHANGE, MIN_TOP1_AGREEMENT, teacher_forced_quality
 from radixd.daemon.runner import ModelRunner
@@ -48,3 +49,13 @@ def test_fp32_against_itself_is_exact(smollm: LoadedModel, text_ids: list[int]) 
     assert report.mean_kl == pytest.approx(0.0, abs=1e-9)
     assert report.top1_agreement == 1.0
     assert report.ppl == report.ppl_ref
+
+
+def test_int4_decode_kernel_meets_quality_contract(smollm: LoadedModel, text_ids: list[int]) -> None:
+    """Decode-sized steps run int4's packed kernel, not the GEMM the 512-token chunks above take: the
+    same contract, fed 8 tokens a step (the kernel's rows) over the text's first 1,000 tokens."""
+    ids = text_ids[:1000]
+    lm = load_model(dtype="int4")
+    assert INT4_MAX_ROWS >= 8
+    report = teacher_forced_quality(pool_for(smollm, len(ids)), pool_for(lm, len(ids)), ids, chunk=8)
+    assert report.meets_contract(), report

@@ -1,0 +1,78 @@
+"""4-bit weights in the GGUF Q4_1 layout, executed by torch's packed int4 CPU kernel.
+
+Each group of 32 consecutive inputs of a row is stored as 4-bit codes `q` in [0, 15] with a scale
+and a minimum, `w = q * d + m`: exactly the Q4_1 blocks the embedded SmolLM2 GGUF ships. Quantizing
+weights that came from Q4_1 blocks therefore recovers the GGUF's own codes (the group's minimum has
+code 0 and its maximum code 15), so this mode runs the file's 4-bit weights without expanding them.
+
+Rows of a step:
+- up to `INT4_MAX_ROWS` rows (decode batches) go through `torch._weight_int4pack_mm_for_cpu`, which
+  streams half a byte per weight: the step is bound by weight bytes there, a quarter of bf16's;
+- more rows (prefill chunks, large decode batches) run oneDNN's bf16 GEMM over the same weights
+  dequantized to bf16 once at load, which is compute-bound and faster there (AMX / AVX512-BF16).
+
+NOTE: both paths compute with the same weight values (the dequantized int4 codes, rounded to bf16),
+so the quality contract measured on either describes both (tests/daemon/test_quality_contract.py).
+The kernel takes `(q - 8) * scale + zero`, hence `zero = m + 8 * d`; scales and zeros are bf16, the
+activations' dtype, as the kernel requires for its fast path (fp32 activations take a reference
+loop ~30x slower).
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+
+GROUP = 32
+# Crossover measured on the 2-core AVX512-BF16/AMX machine (SmolLM2-135M layer shapes, 2 threads):
+# the int4 kernel wins up to ~12 rows (8 rows: 12.5 ms vs 20.1 ms per step's projections), the
+# bf16 GEMM from ~16 rows on (23.8 vs 19.9 ms).
+INT4_MAX_ROWS = 12
+
+
+def quantize_int4(w: torch.Tensor, group: int = GROUP) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Asymmetric 4-bit codes per `group` inputs of a row, min/max as GGUF's Q4_1:
+    -> (q int32 [out, in] in [0, 15], d fp32 [out, in / group], m fp32 [out, in / group])."""
+    out_f, in_f = w.shape
+    if in_f % group:
+        raise ValueError(f"int4 weights need in_features divisible by {group}, got {in_f}")
+    g = w.float().reshape(out_f, in_f // group, group)
+    lo, hi = g.amin(dim=2), g.amax(dim=2)
+    d = (hi - lo) / 15.0
+    safe = torch.where(d > 0, d, torch.ones_like(d))
+    q = torch.round((g - lo[:, :, None]) / safe[:, :, None]).clamp_(0, 15).to(torch.int32)
+    return q.reshape(out_f, in_f), d, lo
+
+
+def scales_and_zeros(d: torch.Tensor, m: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+    """The kernel's [in / group, out, 2] table of (scale, zero) for `w = (q - 8) * scale + zero`."""
+    return torch.stack((d, m + 8.0 * d), dim=-1).transpose(0, 1).contiguous().to(dtype)
+
+
+def dequantize_int4(q: torch.Tensor, sz: torch.Tensor) -> torch.Tensor:
+    """fp32 [out, in] from codes and a `scales_and_zeros` table, as the kernel computes them."""
+    out_f, in_f = q.shape
+    s = sz[:, :, 0].float().t()[:, :, None]
+    z = sz[:, :, 1].float().t()[:, :, None]
+    w = (q.reshape(out_f, in_f // GROUP, GROUP).float() - 8.0) * s + z
+    return w.reshape(out_f, in_f)
+
+
+class Int4Linear:
+    """Q4_1-style 4-bit weights [out, in]; `weight` is their bf16 dequantization (the GEMM path's)."""
+
+    def __init__(self, w_out_in: torch.Tensor, bias: torch.Tensor | None, dtype: torch.dtype) -> None:
+        if dtype != torch.bfloat16:
+            raise ValueError(f"int4 weights run with bf16 activations, got {dtype}")
+        q, d, m = quantize_int4(w_out_in)
+        self.sz = scales_and_zeros(d, m, dtype)
+        self.weight = dequantize_int4(q, self.sz).to(dtype)
+        self.packed = torch._convert_weight_to_int4pack_for_cpu(q, 1)
+        self.bias = bias
+
+    def __call__(self, x: torch.Tensor) -> torch.Tensor:
+        if x.shape[0] > INT4_MAX_ROWS:
+            return F.linear(x, self.weight, self.bias)
+        # The kernel needs contiguous rows; the MLP's gate is a column slice of gate_up's output.
+        y = torch._weight_int4pack_mm_for_cpu(x.contiguous(), self.packed, GROUP, self.sz)
+        return y if self.bias is None else y + self.bias
