@@ -7,6 +7,7 @@ from dataclasses import dataclass
 import torch
 
 from radixd.daemon.model import LlamaModel, LlamaWeights, ModelConfig
+from radixd.daemon.model.int4 import on_int4_grid
 from radixd.daemon.model.precision import Precision, precision_of_dtype, resolve_precision
 from radixd.daemon.tokenizer import TextTokenizer
 
@@ -41,12 +42,23 @@ def default_dtype(device: str) -> torch.dtype:
     return torch.float32
 
 
-def model_precision(device: str, dtype: torch.dtype | str | None) -> Precision:
-    """What `dtype` asks for on `device`: a `--dtype` name (`auto` resolved for this machine), a torch
-    dtype (its plain mode), or None for `default_dtype(device)`."""
+def model_precision(
+    device: str, dtype: torch.dtype | str | None, weights: LlamaWeights | None = None
+) -> Precision:
+    """What `dtype` asks for on `device`: a `--dtype` name (`auto` resolved for this machine and, when
+    given, these `weights`), a torch dtype (its plain mode), or None for `default_dtype(device)`."""
     if isinstance(dtype, str):
+
+        def layers_on_int4_grid() -> bool:
+            mats = (
+                [m for lw in weights.layers for m in (lw.qkv, lw.o_proj, lw.gate_up, lw.down)]
+                if weights
+                else []
+            )
+            return bool(mats) and all(on_int4_grid(m) for m in mats)
+
         try:
-            return resolve_precision(dtype, device)
+            return resolve_precision(dtype, device, layers_on_int4_grid)
         except ValueError as e:
             raise ModelLoadError(str(e)) from e
     return precision_of_dtype(dtype or default_dtype(device))
@@ -54,8 +66,8 @@ def model_precision(device: str, dtype: torch.dtype | str | None) -> Precision:
 
 def build_model(conv: ConvertedModel, path: str, device: str, dtype: torch.dtype | str | None) -> LoadedModel:
     """Build the model on `device` in the precision `dtype` names (see `model_precision`)."""
-    prec = model_precision(device, dtype)
     weights = LlamaWeights.from_tensors(conv.tensors, conv.config.num_layers)
+    prec = model_precision(device, dtype, weights)
     if weights.embed.shape != (conv.config.vocab_size, conv.config.hidden_size):
         raise ModelLoadError(
             f"{path}: embedding is {tuple(weights.embed.shape)}, config says "

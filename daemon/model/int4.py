@@ -37,11 +37,11 @@ def quantize_int4(w: torch.Tensor, group: int = GROUP) -> tuple[torch.Tensor, to
     if in_f % group:
         raise ValueError(f"int4 weights need in_features divisible by {group}, got {in_f}")
     g = w.float().reshape(out_f, in_f // group, group)
-    lo, hi = g.amin(dim=2), g.amax(dim=2)
+    lo, hi = torch.aminmax(g, dim=2, keepdim=True)
     d = (hi - lo) / 15.0
-    safe = torch.where(d > 0, d, torch.ones_like(d))
-    q = torch.round((g - lo[:, :, None]) / safe[:, :, None]).clamp_(0, 15).to(torch.int32)
-    return q.reshape(out_f, in_f), d, lo
+    inv = torch.where(d > 0, 1.0 / d, torch.zeros_like(d))
+    q = (g - lo).mul_(inv).round_().clamp_(0, 15).to(torch.int32)
+    return q.reshape(out_f, in_f), d.squeeze(2), lo.squeeze(2)
 
 
 def scales_and_zeros(d: torch.Tensor, m: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
@@ -54,8 +54,22 @@ def dequantize_int4(q: torch.Tensor, sz: torch.Tensor) -> torch.Tensor:
     out_f, in_f = q.shape
     s = sz[:, :, 0].float().t()[:, :, None]
     z = sz[:, :, 1].float().t()[:, :, None]
-    w = (q.reshape(out_f, in_f // GROUP, GROUP).float() - 8.0) * s + z
+    w = torch.addcmul(z, q.reshape(out_f, in_f // GROUP, GROUP).float().sub_(8.0), s)
     return w.reshape(out_f, in_f)
+
+
+def on_int4_grid(w: torch.Tensor, rows: int = 64) -> bool:
+    """Whether `quantize_int4` holds `w` exactly (to fp32 rounding), i.e. its groups are 4-bit already.
+
+    Checks `rows` rows spread over the matrix: a tensor stored 4-bit has every group on the grid, one
+    stored otherwise (5-8 bits, 16-bit floats) almost none, so a sample decides at a fraction of the
+    cost of quantizing it all (`auto` asks this of every layer matrix at load)."""
+    if w.dim() != 2 or w.shape[1] % GROUP:
+        return False
+    sample = w[:: max(1, w.shape[0] // rows)].float()
+    q, d, m = quantize_int4(sample)
+    back = dequantize_int4(q, scales_and_zeros(d, m, torch.float32))
+    return bool(((back - sample).abs() <= 1e-5 * sample.abs().amax().clamp_min(1e-30)).all())
 
 
 class Int4Linear:

@@ -2,18 +2,19 @@
 
 - ``float32``: the reference mode; fp32 weights, activations and KV cache.
 - ``bfloat16``: bf16 weights, activations and KV cache (oneDNN's bf16 GEMMs on CPUs with AVX512-BF16).
-- ``int8``: ``bfloat16`` plus int8 weights with one fp32 scale per output row; single-row matmuls
-  (batch-1 decode) stream the int8 weights through a compiled matrix-vector kernel, larger ones run
-  the bf16 GEMM on the dequantized weights.
+- ``int8``: ``bfloat16`` plus int8 weights with an fp32 scale per 32 inputs of a row; single-row
+  matmuls (batch-1 decode) stream the int8 weights through a compiled matrix-vector kernel, larger
+  ones run the bf16 GEMM on the dequantized weights.
 - ``int4``: ``bfloat16`` plus 4-bit weights in GGUF's Q4_1 layout (group 32, scale and minimum),
   executed by torch's packed int4 CPU kernel for decode-sized steps (up to 12 rows) and by the bf16
   GEMM over the same weights, dequantized, for larger ones (`int4.py`). On a Q4_1 GGUF (the embedded
   model) these are the file's own 4-bit codes. The tied embedding / lm_head stays bf16.
 - ``auto``: the fastest of these that meets the quality contract (docs/bench-offline.md) on the
-  machine: ``bfloat16`` on CPUs with native bf16 (AVX512-BF16, AMX) and on CUDA GPUs with bf16
-  support, else ``float32``. ``int8`` is faster only at batch 1, needs a C compiler and seconds of
-  kernel compilation at load, and its generated kernel degrades badly when other processes load the
-  cores (docs/bench-offline.md), so `auto` does not pick it.
+  machine. On CPUs with native bf16 (AVX512-BF16, AMX): ``int4`` when the layers' weights lie on its
+  grid already (a Q4_0 / Q4_1 / Q4_K GGUF, whose own codes it then runs), else ``bfloat16``; on
+  other CPUs ``float32``; on CUDA GPUs ``bfloat16`` where supported. ``int8`` is faster only at
+  batch 1, needs a C compiler and seconds of kernel compilation at load, and its generated kernel
+  degrades badly when other processes load the cores (docs/bench-offline.md), so `auto` skips it.
 
 The flag's default is `auto`, or $RADIXD_DTYPE when set (the test suite pins the reference mode so).
 """
@@ -22,6 +23,7 @@ from __future__ import annotations
 
 import functools
 import os
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Literal
 
@@ -71,8 +73,9 @@ def cpu_has_native_bf16() -> bool:
     return False
 
 
-def resolve_precision(name: str, device: str) -> Precision:
-    """The `Precision` for a `--dtype` value on `device` (`auto` resolved for this machine)."""
+def resolve_precision(name: str, device: str, on_int4_grid: Callable[[], bool] = lambda: False) -> Precision:
+    """The `Precision` for a `--dtype` value on `device` (`auto` resolved for this machine and, through
+    `on_int4_grid`, asked only then, for whether the model's weights are exactly 4-bit already)."""
     if name != "auto":
         if name not in PRECISIONS:
             raise ValueError(f"unknown dtype {name!r} (choose from {', '.join(DTYPE_CHOICES)})")
@@ -84,7 +87,10 @@ def resolve_precision(name: str, device: str) -> Precision:
         bf16 = torch.cuda.is_available() and torch.cuda.is_bf16_supported()
         return PRECISIONS["bfloat16" if bf16 else "float32"]
     # NOTE: without native bf16, oneDNN emulates it and fp32 is the faster mode.
-    return PRECISIONS["bfloat16" if cpu_has_native_bf16() else "float32"]
+    if not cpu_has_native_bf16():
+        return PRECISIONS["float32"]
+    # NOTE: int4 only where it loses nothing: re-quantizing other weights to 4 bits is a model change.
+    return PRECISIONS["int4" if on_int4_grid() else "bfloat16"]
 
 
 def default_dtype_name() -> str:

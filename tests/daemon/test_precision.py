@@ -6,7 +6,9 @@ import pytest
 import torch
 from daemon_testkit import tiny_model
 
+from radixd.daemon.loaders.common import model_precision
 from radixd.daemon.model import precision
+from radixd.daemon.model.int4 import on_int4_grid
 from radixd.daemon.model.linear import (
     InOutLinear,
     Int8Linear,
@@ -18,11 +20,23 @@ from radixd.daemon.model.precision import PRECISIONS, resolve_precision
 from radixd.daemon.runner import ModelRunner, StepSeq, num_blocks_for_budget
 
 
-def test_auto_follows_the_cpu(monkeypatch: pytest.MonkeyPatch) -> None:
+def test_auto_follows_the_cpu_and_the_weights(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(precision, "cpu_has_native_bf16", lambda: False)
-    assert resolve_precision("auto", "cpu").name == "float32"
+    assert resolve_precision("auto", "cpu", lambda: True).name == "float32"
     monkeypatch.setattr(precision, "cpu_has_native_bf16", lambda: True)
     assert resolve_precision("auto", "cpu").name == "bfloat16"
+    assert resolve_precision("auto", "cpu", lambda: True).name == "int4"
+    assert resolve_precision("bfloat16", "cpu", lambda: True).name == "bfloat16"
+
+
+def test_auto_picks_int4_only_for_weights_already_on_its_grid(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A model whose layers are 4-bit already (a Q4_1 GGUF's) gets int4 under auto; others do not."""
+    monkeypatch.setattr(precision, "cpu_has_native_bf16", lambda: True)
+    for q4_1, want in ((True, "int4"), (False, "bfloat16")):
+        m = tiny_model(q4_1=q4_1)
+        assert model_precision("cpu", "auto", m.weights).name == want
+    w = tiny_model(q4_1=True).weights.layers[0].gate_up
+    assert on_int4_grid(w) and not on_int4_grid(w + 1e-3 * torch.randn_like(w))
 
 
 def test_flag_default_comes_from_the_environment(monkeypatch: pytest.MonkeyPatch) -> None:
