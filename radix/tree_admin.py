@@ -10,7 +10,7 @@ from typing import TYPE_CHECKING
 
 from radixd.radix.errors import NotPinned, PinBudgetExceeded
 from radixd.radix.lru import LruIndex
-from radixd.radix.node import TOKEN_BYTES, Node, Tokens, common_prefix_len
+from radixd.radix.node import TOKEN_BYTES, Node, Tokens, common_prefix_bytes
 from radixd.radix.tree_nodes import depth_tokens, remove_leaf, split
 
 if TYPE_CHECKING:
@@ -161,7 +161,7 @@ def _pin_target(tree: RadixTree, root: Node, t: Tokens) -> Node | None:
             if L % B:
                 break
             continue
-        k = common_prefix_len(t, pos, child.tokens) // B
+        k = common_prefix_bytes(t, pos, child.tokens) // B
         if k >= 1:
             node = split(tree, child, k)
         break

@@ -32,6 +32,7 @@ from radixd.daemon.engine.types import (
     GenerateRequest,
     InvalidRequest,
     RequestOutput,
+    Sink,
 )
 from radixd.daemon.engine.validation import ValidationMixin
 from radixd.daemon.runner import ModelRunner, StepSeq
@@ -40,7 +41,6 @@ from radixd.daemon.tokenizer import TextTokenizer
 from radixd.radix import BlockPool, RadixTree
 
 FlushMode = Literal["all", "refuse_if_busy", "wait_idle"]
-Sink = Callable[[RequestOutput], None]
 
 log = structlog.get_logger("radixd.engine")
 

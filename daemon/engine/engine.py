@@ -27,10 +27,9 @@ from typing import Any, TypeVar
 import structlog
 
 from radixd.daemon.engine.core import EngineCore, FlushMode
-from radixd.daemon.engine.types import EngineStopped, GenerateRequest, QueueFull, RequestOutput
+from radixd.daemon.engine.types import EngineStopped, GenerateRequest, QueueFull, Sink
 
 T = TypeVar("T")
-Sink = Callable[[RequestOutput], None]
 
 log = structlog.get_logger("radixd.engine")
 

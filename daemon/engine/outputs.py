@@ -18,6 +18,7 @@ from radixd.daemon.engine.types import (
     FinishReason,
     GenerateRequest,
     RequestOutput,
+    Sink,
     TokenLogprob,
 )
 from radixd.daemon.sampling import SampleResult
@@ -28,7 +29,6 @@ if TYPE_CHECKING:
     from radixd.daemon.engine.sessions import SessionManager
     from radixd.daemon.engine.swap import HostSwap
 
-Sink = Callable[[RequestOutput], None]
 
 log = structlog.get_logger("radixd.engine")
 
