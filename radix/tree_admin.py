@@ -78,7 +78,7 @@ def evict_lru(tree: RadixTree, n_blocks: int, freed: list[int] | None, reason: s
     return got
 
 
-def force_clear(tree: RadixTree) -> None:
+def drop_all(tree: RadixTree) -> None:
     """Drop every node, held or not; outstanding leases become inert (the epoch moves on)."""
     pool = tree.pool
     dropped = 0

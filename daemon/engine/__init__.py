@@ -22,7 +22,7 @@ Semantics callers rely on:
   die anyway, every request in flight fails the same way and `Engine.on_fatal(error)` is called:
   the owner must stop serving (the daemon exits 1).
 - Admin / sessions run on the engine thread: `engine.call(lambda core: core.evict(64))`,
-  `core.evict_prefix`, `core.flush(mode)`, `engine.flush("wait_idle", timeout_s)`, `core.pin` /
+  `core.evict_prefix`, `core.flush(mode)`, `engine.flush("wait_for_idle", timeout_s)`, `core.pin` /
   `unpin`, `core.lookup_prefix`, `core.stats()`, `core.load()`, `core.list_sessions()`,
   `core.sessions.create/get/fork/close/release_lease`.
 """

@@ -5,7 +5,7 @@ Examples (from any thread)::
     engine.call(lambda c: c.evict(64)).result()
     engine.call(lambda c: c.stats()).result()
     engine.call(lambda c: c.sessions.fork("s1", 4)).result()
-    engine.flush("wait_idle", timeout_s=10).result()
+    engine.flush("wait_for_idle", timeout_s=10).result()
 """
 
 from __future__ import annotations
@@ -17,14 +17,12 @@ from typing import TYPE_CHECKING, Any
 import structlog
 
 from radixd.daemon.engine.sessions import SessionInfo
-from radixd.daemon.engine.types import EngineTimeout, FlushRefused, InvalidRequest
+from radixd.daemon.engine.types import FLUSH_MODES, EngineTimeout, FlushMode, FlushRefused, InvalidRequest
 
 if TYPE_CHECKING:
     from radixd.daemon.engine.core import EngineCore
 
 log = structlog.get_logger("radixd.engine.admin")
-
-FLUSH_MODES = ("all", "refuse_if_busy", "wait_idle")
 
 
 class AdminMixin:
@@ -51,29 +49,30 @@ class AdminMixin:
         log.info("engine.admin.evict_prefix", tokens=len(tokens), freed=freed)
         return freed
 
-    def flush(self, mode: str = "all") -> int:
+    def flush(self, mode: FlushMode = "evict_unlocked") -> int:
         """Evict every unlocked cached block now. "refuse_if_busy" raises FlushRefused while requests
-        are in flight. ("wait_idle" needs the engine loop: use `request_flush` / `Engine.flush`.)"""
+        are in flight. ("wait_for_idle" needs the engine loop: use `request_flush` / `Engine.flush`.)"""
         c = self._core()
         if mode not in FLUSH_MODES:
             raise InvalidRequest(f"flush mode must be one of {FLUSH_MODES}, got {mode!r}")
         if mode == "refuse_if_busy" and c.requests:
             raise FlushRefused(
-                f"{len(c.requests)} requests are in flight; retry, or flush with mode 'wait_idle' or 'all'"
+                f"{len(c.requests)} requests are in flight; retry, or flush with mode 'wait_for_idle'"
+                " or 'evict_unlocked'"
             )
-        freed = c.tree.flush("unlocked")
+        freed = c.tree.flush("evict_unlocked")
         c.kv.evicted_blocks += freed
         log.info("engine.admin.flush", mode=mode, freed=freed)
         return freed
 
-    def request_flush(self, mode: str, timeout_s: float, fut: concurrent.futures.Future[int]) -> None:
-        """Resolve `fut` with a flush: now, or for "wait_idle" once no request is in flight."""
+    def request_flush(self, mode: FlushMode, timeout_s: float, fut: concurrent.futures.Future[int]) -> None:
+        """Resolve `fut` with a flush: now, or for "wait_for_idle" once no request is in flight."""
         c = self._core()
         if not fut.set_running_or_notify_cancel():
             return
         try:
-            if mode != "wait_idle" or not c.requests:
-                fut.set_result(self.flush("all" if mode == "wait_idle" else mode))
+            if mode != "wait_for_idle" or not c.requests:
+                fut.set_result(self.flush("evict_unlocked" if mode == "wait_for_idle" else mode))
                 return
         except Exception as exc:
             fut.set_exception(exc)
@@ -86,10 +85,10 @@ class AdminMixin:
         for deadline, fut in waiters:
             try:
                 if not c.requests:
-                    fut.set_result(self.flush("all"))
+                    fut.set_result(self.flush("evict_unlocked"))
                 elif now >= deadline:
                     busy = f"{len(c.requests)} requests in flight"
-                    fut.set_exception(EngineTimeout(f"flush 'wait_idle' timed out with {busy}"))
+                    fut.set_exception(EngineTimeout(f"flush 'wait_for_idle' timed out with {busy}"))
                 else:
                     c._flush_waiters.append((deadline, fut))
             except Exception as exc:  # the caller waiting on this flush gets the error, not the engine

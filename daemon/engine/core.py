@@ -13,7 +13,6 @@ import concurrent.futures
 import time
 from collections import deque
 from collections.abc import Callable
-from typing import Literal
 
 import structlog
 
@@ -39,8 +38,6 @@ from radixd.daemon.runner import ModelRunner, StepSeq
 from radixd.daemon.sampling import SampleResult, SamplingState
 from radixd.daemon.tokenizer import TextTokenizer
 from radixd.radix import BlockPool, RadixTree
-
-FlushMode = Literal["all", "refuse_if_busy", "wait_idle"]
 
 log = structlog.get_logger("radixd.engine")
 

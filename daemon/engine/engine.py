@@ -26,8 +26,8 @@ from typing import Any, TypeVar
 
 import structlog
 
-from radixd.daemon.engine.core import EngineCore, FlushMode
-from radixd.daemon.engine.types import EngineStopped, GenerateRequest, QueueFull, Sink
+from radixd.daemon.engine.core import EngineCore
+from radixd.daemon.engine.types import EngineStopped, FlushMode, GenerateRequest, QueueFull, Sink
 
 T = TypeVar("T")
 
@@ -147,9 +147,12 @@ class Engine:
         self._enqueue(_Call(fn, fut), fut)  # type: ignore[arg-type]
         return fut
 
-    def flush(self, mode: FlushMode = "all", timeout_s: float = 30.0) -> concurrent.futures.Future[int]:
-        """Evict every unlocked cached block. mode "all": now; "refuse_if_busy": fails with
-        `FlushRefused` while requests are in flight; "wait_idle": waits (without blocking the engine)
+    def flush(
+        self, mode: FlushMode = "evict_unlocked", timeout_s: float = 30.0
+    ) -> concurrent.futures.Future[int]:
+        """Evict every unlocked cached block (leased and pinned blocks stay). mode "evict_unlocked": now;
+        "refuse_if_busy": fails with `FlushRefused` while requests are in flight; "wait_for_idle": waits
+        (without blocking the engine)
         until no request is in flight, failing with `EngineTimeout` after `timeout_s`. Result: blocks
         freed."""
         fut: concurrent.futures.Future[int] = concurrent.futures.Future()

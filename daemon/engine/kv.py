@@ -12,7 +12,7 @@ insert hands the table's references on the inserted blocks to the tree (``donate
 blocks after the ones the lease already covers (``cached``): no Python step per cached block.
 
 NOTE: a table's leased blocks are kept alive by its sequence's lease alone, so the engine never calls
-``flush("force")`` (which drops leased nodes); admin flushes use ``"unlocked"``.
+``flush("drop_all")`` (which drops leased nodes); admin flushes use ``"unlocked"``.
 """
 
 from __future__ import annotations

@@ -12,6 +12,7 @@ from typing import TYPE_CHECKING, Any
 import grpc
 from radixd_client._pb import cache_admin_pb2, cache_admin_pb2_grpc, common_pb2
 
+from radixd.daemon.engine.types import FlushMode
 from radixd.daemon.server.auth import admin_namespace
 from radixd.daemon.server.bounds import MAX_FLUSH_TIMEOUT_S, check_id, check_range, check_seconds
 from radixd.daemon.server.convert import prompt_tokens
@@ -23,10 +24,11 @@ from radixd.daemon.server.state import ServerState
 if TYPE_CHECKING:
     from radixd.daemon.engine.core import EngineCore
 
-_FLUSH = {
-    cache_admin_pb2.FLUSH_MODE_EVICT_UNLOCKED: "all",
+# The wire's FlushMode -> the engine's mode of the same name (tests/clients checks the client agrees).
+_FLUSH: dict[int, FlushMode] = {
+    cache_admin_pb2.FLUSH_MODE_EVICT_UNLOCKED: "evict_unlocked",
     cache_admin_pb2.FLUSH_MODE_REFUSE_IF_BUSY: "refuse_if_busy",
-    cache_admin_pb2.FLUSH_MODE_WAIT_FOR_IDLE: "wait_idle",
+    cache_admin_pb2.FLUSH_MODE_WAIT_FOR_IDLE: "wait_for_idle",
 }
 DEFAULT_FLUSH_WAIT_S = 30.0
 
@@ -104,7 +106,7 @@ class CacheAdminServicer(cache_admin_pb2_grpc.CacheAdminServiceServicer):
             check_seconds("timeout_s", request.timeout_s, MAX_FLUSH_TIMEOUT_S, f"{DEFAULT_FLUSH_WAIT_S:g} s")
             or DEFAULT_FLUSH_WAIT_S
         )
-        freed = await asyncio.wrap_future(state.engine.flush(mode, timeout))  # type: ignore[arg-type]
+        freed = await asyncio.wrap_future(state.engine.flush(mode, timeout))
         return cache_admin_pb2.FlushResponse(evicted_blocks=freed)
 
     @rpc("Pin")

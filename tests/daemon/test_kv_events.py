@@ -95,9 +95,9 @@ def test_random_inserts_evictions_and_flushes_keep_the_router_exact(
         elif op < 0.9:
             tree.evict(rng.randrange(1, 6))
         elif op < 0.97:
-            tree.flush("unlocked")
+            tree.flush("evict_unlocked")
         else:
-            tree.flush("force")
+            tree.flush("drop_all")
         assert model.blocks == expected_blocks(tree), f"step {step}"
     assert logs.log("").sequence > 100
 
@@ -132,7 +132,7 @@ def test_a_force_flush_publishes_cleared_and_an_eviction_removes_leaf_blocks(
     last = logs.log("").history[-1].events[0]
     assert last.WhichOneof("data") == "removed" and len(last.removed.block_hashes) == 1
     assert len(model.blocks) == 3
-    tree.flush("force")
+    tree.flush("drop_all")
     assert logs.log("").history[-1].events[0].WhichOneof("data") == "cleared"
     assert model.blocks == {}
 

@@ -22,6 +22,7 @@ from radixd_client._pb import common_pb2 as radixd_common
 from smg_grpc_proto.generated import common_pb2, vllm_engine_pb2, vllm_engine_pb2_grpc
 from smg_grpc_proto.generated import vllm_engine_pb2 as pb
 
+from radixd.daemon.engine.types import FlushMode
 from radixd.daemon.server.bounds import MAX_FLUSH_TIMEOUT_S, check_id, check_seconds
 from radixd.daemon.server.convert import check_token_ids, prompt_tokens
 from radixd.daemon.server.errors import RpcFailure, bad_request
@@ -165,8 +166,8 @@ class VllmEngineServicer(vllm_engine_pb2_grpc.VllmEngineServicer):  # type: igno
         state = self.state
         state.check_admin(context)
         timeout = check_seconds("timeout_s", request.timeout_s, MAX_FLUSH_TIMEOUT_S, "flush now")
-        mode = "wait_idle" if timeout > 0 else "refuse_if_busy"
-        freed = await asyncio.wrap_future(state.engine.flush(mode, timeout))  # type: ignore[arg-type]
+        mode: FlushMode = "wait_for_idle" if timeout > 0 else "refuse_if_busy"
+        freed = await asyncio.wrap_future(state.engine.flush(mode, timeout))
         return common_pb2.FlushCacheResponse(success=True, message=f"flushed {freed} blocks")
 
     @rpc("vllm.Abort")

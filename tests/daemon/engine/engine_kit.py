@@ -84,7 +84,7 @@ def run(core: EngineCore, reqs: Iterable[GenerateRequest], col: Collector | None
 def assert_all_free(core: EngineCore) -> None:
     """After every request ended: nothing in flight, and a flush frees every block."""
     assert not core.requests and not core.has_work()
-    core.flush("all")
+    core.flush("evict_unlocked")
     assert core.pool.num_free == core.usable_blocks(), (
         f"{core.usable_blocks() - core.pool.num_free} blocks leaked: {core.stats()}"
     )

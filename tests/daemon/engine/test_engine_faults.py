@@ -127,16 +127,16 @@ def test_flush_errors_reach_the_caller_and_the_engine_goes_on(
 ) -> None:
     fail_once(monkeypatch, core, "request_flush")
     with pytest.raises(Injected):
-        engine.flush("all").result(10)
-    # A "wait_idle" flush is served by the engine's timers once the request below ends.
+        engine.flush("evict_unlocked").result(10)
+    # A "wait_for_idle" flush is served by the engine's timers once the request below ends.
     w = Waiter()
     engine.submit(GenerateRequest("w", _prompt(smollm), greedy(8)), w)
     fail_once(monkeypatch, core, "flush")
-    waiting = engine.flush("wait_idle", timeout_s=60)
+    waiting = engine.flush("wait_for_idle", timeout_s=60)
     assert w.end().finish_reason == "length"
     with pytest.raises(Injected):
         waiting.result(30)
-    assert engine.running and engine.flush("wait_idle", timeout_s=60).result(30) >= 0
+    assert engine.running and engine.flush("wait_for_idle", timeout_s=60).result(30) >= 0
     after = Waiter()
     engine.submit(GenerateRequest("after", [5, 6, 7], greedy(2)), after)
     assert after.end().finish_reason == "length"

@@ -79,7 +79,7 @@ def test_session_forks_share_the_context(smollm: LoadedModel) -> None:
     assert core.sessions.get("agent").resident_tokens == 1000
     children = core.sessions.fork("agent", 8)
     assert [c.num_tokens for c in children] == [base_tokens] * 8
-    core.flush("all")  # nothing but the leased context stays
+    core.flush("evict_unlocked")  # nothing but the leased context stays
     used_before = core.usable_blocks() - core.pool.num_free
     assert used_before == core.kv.blocks_for(1000)
     core.peak_used_blocks = 0

@@ -53,7 +53,7 @@ def test_session_turns_report_cached_tokens(smollm: LoadedModel) -> None:
     assert final.prompt_tokens == len(turn1) + len(out1) + len(turn2)
     assert final.cached_tokens == len(turn1) + len(out1) - 1
     # The session's lease keeps its prefix resident through a flush; closing releases it.
-    core.flush("all")
+    core.flush("evict_unlocked")
     tokens = list(core.sessions.get("chat").tokens)
     assert core.lookup_prefix(tokens) == len(tokens) - 1
     # Closing with drop evicts the session's last cached node (its newest tokens), not shared ancestors.

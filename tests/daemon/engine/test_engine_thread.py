@@ -61,7 +61,7 @@ def test_submit_abort_and_admin_from_other_threads(engine: Engine, smollm: Loade
     assert a.threads == {"radixd-engine"}
     with pytest.raises(FlushRefused):
         engine.flush("refuse_if_busy").result(10)
-    idle = engine.flush("wait_idle", timeout_s=60)
+    idle = engine.flush("wait_for_idle", timeout_s=60)
     engine.abort("b")
     engine.abort("b")  # idempotent
     assert b.done.wait(30) and b.outs[-1].finish_reason == "abort"
@@ -101,7 +101,7 @@ def test_wait_idle_flush_times_out_and_shutdown_drains(smollm: LoadedModel) -> N
     w = Waiter()
     eng.submit(GenerateRequest("long", smollm.tokenizer.encode(SYSTEM), greedy(400)), w)
     with pytest.raises(EngineTimeout):
-        eng.flush("wait_idle", timeout_s=0.2).result(30)
+        eng.flush("wait_for_idle", timeout_s=0.2).result(30)
     eng.shutdown(drain_timeout_s=0.2)  # too short for 400 tokens: the rest is aborted
     assert w.done.is_set() and w.outs[-1].finish_reason == "abort"
     with pytest.raises(EngineStopped):
