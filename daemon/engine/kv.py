@@ -21,8 +21,18 @@ from dataclasses import dataclass
 
 import structlog
 
+from radixd.daemon.engine.config import EngineConfig
 from radixd.daemon.engine.sequence import Sequence
-from radixd.radix import BlockIds, BlockPool, BlockTable, Lease, RadixTree, TokenKey
+from radixd.radix import (
+    BlockIds,
+    BlockPool,
+    BlockTable,
+    CacheListener,
+    CacheStats,
+    Lease,
+    RadixTree,
+    TokenKey,
+)
 
 log = structlog.get_logger("radixd.engine.kv")
 
@@ -47,6 +57,13 @@ class PrefixHit:
 class KVManager:
     """Radix-facing half of the scheduler (engine thread only)."""
 
+    @classmethod
+    def create(cls, num_blocks: int, block_size: int, config: EngineConfig) -> KVManager:
+        """A pool of `num_blocks` blocks (block 0 null) and its tree, as `config` asks."""
+        pool = BlockPool(num_blocks, block_size)
+        tree = RadixTree(pool, pin_budget_fraction=config.pin_budget_fraction)
+        return cls(pool, tree, config.prefix_caching)
+
     def __init__(self, pool: BlockPool, tree: RadixTree, caching: bool) -> None:
         self.pool = pool
         self.tree = tree
@@ -58,6 +75,27 @@ class KVManager:
     # ---- queries ---------------------------------------------------------------------------------
     def blocks_for(self, n_tokens: int) -> int:
         return -(-n_tokens // self.block_size)
+
+    @property
+    def num_blocks(self) -> int:
+        """The pool's size, null block 0 included."""
+        return self.pool.num_blocks
+
+    def usable_blocks(self) -> int:
+        """Blocks a request may use: the pool less its null block 0."""
+        return self.pool.num_blocks - 1
+
+    @property
+    def num_free(self) -> int:
+        return self.pool.num_free
+
+    def evictable_blocks(self) -> int:
+        """Blocks that evicting every unlocked, unpinned cache entry would free."""
+        return self.tree.evictable_blocks()
+
+    def cache_stats(self) -> CacheStats:
+        """The radix tree's own statistics (blocks by state, nodes, match hits, evictions)."""
+        return self.tree.stats()
 
     def new_blocks_for_append(self, seq: Sequence, n: int) -> int:
         """Fresh blocks `append(seq, n)` will take (growth + a copy-on-write of a shared last block)."""
@@ -109,6 +147,38 @@ class KVManager:
             return False
         self.evicted_blocks += self.tree.evict_count(short)
         return self.pool.num_free >= n_blocks
+
+    def set_listener(self, listener: CacheListener | None) -> None:
+        """Install (None: remove) the tree's content-change listener (see radix/events.py)."""
+        self.tree.listener = listener
+
+    # ---- administration --------------------------------------------------------------------------
+    def evict(self, n_blocks: int) -> int:
+        """Evict up to `n_blocks` unlocked cached blocks (LRU); -> blocks freed."""
+        freed = self.tree.evict_count(n_blocks)
+        self.evicted_blocks += freed
+        return freed
+
+    def evict_prefix(self, tokens: list[int], namespace: str, *, count_evicted: bool = True) -> int:
+        """Evict the unlocked cached blocks under `tokens`; -> blocks freed. `count_evicted=False`
+        leaves `evicted_blocks` alone (a session dropping its own context is not an admin eviction)."""
+        freed = int(self.tree.evict_prefix(tokens, namespace=namespace))
+        if count_evicted:
+            self.evicted_blocks += freed
+        return freed
+
+    def evict_unlocked(self) -> int:
+        """Evict every unlocked, unpinned cached block; -> blocks freed."""
+        freed = self.tree.flush("evict_unlocked")
+        self.evicted_blocks += freed
+        return freed
+
+    def pin(self, tokens: list[int], namespace: str) -> int:
+        """Exempt the cached prefix `tokens` from eviction; -> tokens pinned (0: nothing cached)."""
+        return self.tree.pin(tokens, namespace=namespace)
+
+    def unpin(self, tokens: list[int], namespace: str) -> None:
+        self.tree.unpin(tokens, namespace=namespace)
 
     # ---- sequence operations ---------------------------------------------------------------------
     def attach(self, seq: Sequence, hit: PrefixHit) -> None:

@@ -176,7 +176,7 @@ def run(args: argparse.Namespace) -> int:
     for spec, p in zip(specs, params, strict=True):
         try:
             req = GenerateRequest(str(spec["id"]), _prompt_ids(loaded.tokenizer, spec), p)
-            core.validate(req)
+            core.validator.validate(req)
         except (ValueError, EngineError) as exc:
             print(f"radixd generate: request {spec.get('id')}: {exc}", file=sys.stderr)
             return 2

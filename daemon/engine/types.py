@@ -51,6 +51,12 @@ class UnknownSession(EngineError):
     code = "not_found"
 
 
+class TooManySessions(EngineError):
+    """Opening more sessions would exceed the daemon's limit; close some or retry later."""
+
+    code = "resource_exhausted"
+
+
 class QueueFull(EngineError):
     """Too many requests are waiting; retry later."""
 

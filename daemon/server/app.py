@@ -39,6 +39,7 @@ from radixd_client._pb import (
     session_pb2_grpc,
 )
 
+from radixd.daemon.engine.commands import GetStats
 from radixd.daemon.engine.config import EngineConfig
 from radixd.daemon.engine.factory import BuiltEngine, build_engine
 from radixd.daemon.loaders import ModelLoadError
@@ -184,7 +185,7 @@ def build_state(args: argparse.Namespace, built: BuiltEngine) -> ServerState:
             stream_buffer=args.stream_buffer,
             max_prompt_chars=prompt_char_bound(built.tokenizer.longest_token_chars, core.max_model_len),
             vocab_size=built.tokenizer.vocab_size,
-            total_blocks=core.usable_blocks(),
+            total_blocks=core.kv.usable_blocks(),
         ),
         events=CacheEventHub(core.block_size),
         model_name=str(args.model or "SmolLM2-135M-Instruct (embedded)"),
@@ -229,7 +230,7 @@ def _start_metrics(state: ServerState, args: argparse.Namespace) -> tuple[Any, i
 
     def read_stats() -> dict[str, Any] | None:
         try:
-            return engine.call(cache_stats).result(timeout=2.0)
+            return cache_stats(engine.execute(GetStats()).result(timeout=2.0))
         except Exception:  # a scrape must never fail the exporter (engine busy, stopping, ...)
             return None
 
@@ -318,7 +319,7 @@ async def start(args: argparse.Namespace, built: BuiltEngine) -> Daemon:
     )
     # NOTE: both set before the engine thread starts, which from then on alone touches the tree; the
     # hook is in place before the engine can die.
-    built.core.tree.listener = TeeListener(TreeEventBridge(state.events, loop), KvLogBridge(kv_logs, loop))
+    built.core.kv.set_listener(TeeListener(TreeEventBridge(state.events, loop), KvLogBridge(kv_logs, loop)))
     state.engine.on_fatal = daemon.on_engine_death(loop)
     state.engine.start()
     await public.start()
