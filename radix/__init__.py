@@ -41,6 +41,8 @@ all of it. Public API (everything below is re-exported here)::
         flush(mode="evict_unlocked" | "refuse_if_leased" | "drop_all", include_pinned=False) -> int
         pin(tokens, namespace="") -> int; unpin(tokens, namespace="") -> int
         evictable_blocks() -> int (exact, O(1)); stats() -> CacheStats
+        listener: CacheListener | None (content changes; FanOut(*listeners) feeds several)
+        replay(listener) -> int         every node reported as `stored`, parents first
         num_nodes; num_cached_blocks; num_pinned_blocks; num_leases; block_size; pin_budget_blocks
 
     BlockTable(pool)                               blocks: list[int]; num_tokens: int
@@ -84,7 +86,7 @@ from radixd.radix.errors import (
     RadixError,
     UnknownLease,
 )
-from radixd.radix.events import CacheListener
+from radixd.radix.events import CacheListener, FanOut
 from radixd.radix.memory import LLAMA2_70B, LLAMA3_8B, LLAMA3_70B, KVSpec
 from radixd.radix.node import TOKEN_BYTES, TokenKey, encode_tokens, token_ids
 from radixd.radix.pool import NULL_BLOCK, BlockPool
@@ -108,6 +110,7 @@ __all__ = [
     "CacheStats",
     "CopyOp",
     "DoubleFree",
+    "FanOut",
     "FlushRefused",
     "InsertResult",
     "InvalidRequest",

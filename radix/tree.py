@@ -293,6 +293,12 @@ class RadixTree:
         return tree_admin.unpin(self, as_tokens(tokens), namespace)
 
     # ================================================================= stats
+    def replay(self, listener: CacheListener) -> int:
+        """Report every cached node to ``listener`` as ``stored``, parents before children, as if it
+        had just been inserted (so an observer attached late starts from the tree's content); the
+        tree's own listener is not called. -> nodes reported."""
+        return tree_admin.replay(self, listener)
+
     @property
     def num_nodes(self) -> int:
         return self._nodes

@@ -18,6 +18,7 @@ from typing import Any, Generic, TypeVar
 
 from radixd.daemon.engine.sessions import SessionInfo
 from radixd.daemon.engine.types import FlushMode
+from radixd.radix import CacheListener
 
 T = TypeVar("T")
 
@@ -115,6 +116,22 @@ class GetStats(Command[dict[str, Any]]):
 @dataclass(frozen=True)
 class GetLoad(Command[EngineLoad]):
     """The engine's load (`EngineLoad`)."""
+
+
+@dataclass(frozen=True, eq=False)
+class AddCacheListener(Command[None]):
+    """Tell `listener` of every cache change from now on, on the engine thread (it must only hand
+    each event on; see radix/events.py). `replay`: first report the cached content as `stored`."""
+
+    listener: CacheListener
+    replay: bool = False
+
+
+@dataclass(frozen=True, eq=False)
+class RemoveCacheListener(Command[None]):
+    """Stop telling `listener`; once none is left, tree changes are no longer translated at all."""
+
+    listener: CacheListener
 
 
 # ---- sessions ------------------------------------------------------------------------------------

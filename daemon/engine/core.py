@@ -133,7 +133,7 @@ class EngineCore:
         self.admin = Admin(
             cfg, self.requests, self.counters, self.scheduler, self.kv, self.sessions, self.swap
         )
-        self.commands = CommandRunner(self.admin, self.sessions, self.validator)
+        self.commands = CommandRunner(self.admin, self.sessions, self.validator, self.kv)
 
     @property
     def on_request_done(self) -> Callable[[str], None]:

@@ -7,6 +7,7 @@ from typing import Any
 
 from radixd.daemon.engine.admin import Admin
 from radixd.daemon.engine.commands import (
+    AddCacheListener,
     CloseSession,
     Command,
     CreateSession,
@@ -21,8 +22,10 @@ from radixd.daemon.engine.commands import (
     ListSessions,
     LookupPrefix,
     Pin,
+    RemoveCacheListener,
     Unpin,
 )
+from radixd.daemon.engine.kv import KVManager
 from radixd.daemon.engine.sessions import SessionInfo, SessionManager
 from radixd.daemon.engine.types import GenerateRequest, InvalidRequest
 from radixd.daemon.engine.validation import Validator
@@ -30,9 +33,9 @@ from radixd.daemon.sampling import SamplingParams
 
 
 class CommandRunner:
-    """Runs each command kind through the public methods of the admin and session components."""
+    """Runs each command kind through the public methods of the admin, session and KV components."""
 
-    def __init__(self, admin: Admin, sessions: SessionManager, validator: Validator) -> None:
+    def __init__(self, admin: Admin, sessions: SessionManager, validator: Validator, kv: KVManager) -> None:
         self.admin = admin
         self.sessions = sessions
         self.validator = validator
@@ -52,6 +55,8 @@ class CommandRunner:
             ListSessions: lambda c: s.all(c.namespace),
             ForkSession: self._fork_session,
             CloseSession: self._close_session,
+            AddCacheListener: lambda c: kv.add_listener(c.listener, c.replay),
+            RemoveCacheListener: lambda c: kv.remove_listener(c.listener),
         }
 
     def kinds(self) -> tuple[type[Any], ...]:

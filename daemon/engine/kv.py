@@ -29,6 +29,7 @@ from radixd.radix import (
     BlockTable,
     CacheListener,
     CacheStats,
+    FanOut,
     Lease,
     RadixTree,
     TokenKey,
@@ -70,6 +71,7 @@ class KVManager:
         self.caching = caching
         self.block_size = pool.block_size
         self._copies: list[tuple[int, int, int]] = []
+        self._listeners: list[CacheListener] = []
         self.evicted_blocks = 0
 
     # ---- queries ---------------------------------------------------------------------------------
@@ -148,9 +150,33 @@ class KVManager:
         self.evicted_blocks += self.tree.evict_count(short)
         return self.pool.num_free >= n_blocks
 
-    def set_listener(self, listener: CacheListener | None) -> None:
-        """Install (None: remove) the tree's content-change listener (see radix/events.py)."""
-        self.tree.listener = listener
+    # ---- cache-event listeners -------------------------------------------------------------------
+    def add_listener(self, listener: CacheListener, replay: bool = False) -> None:
+        """Have `listener` told of every tree change from now on; `replay` first reports what the
+        tree holds as `stored` events (for an observer that keeps the whole cached set).
+
+        NOTE: with no listener the tree's `listener` is None, so a tree change costs one test; the
+        translation into events runs only while someone listens.
+        """
+        if replay:
+            self.tree.replay(listener)
+        self._listeners.append(listener)
+        self._install()
+
+    def remove_listener(self, listener: CacheListener) -> None:
+        """Stop telling `listener` (a listener not added is ignored)."""
+        if listener in self._listeners:
+            self._listeners.remove(listener)
+        self._install()
+
+    @property
+    def listening(self) -> bool:
+        """Whether the tree reports its changes to anyone."""
+        return self.tree.listener is not None
+
+    def _install(self) -> None:
+        ls = self._listeners
+        self.tree.listener = None if not ls else ls[0] if len(ls) == 1 else FanOut(*ls)
 
     # ---- administration --------------------------------------------------------------------------
     def evict(self, n_blocks: int) -> int:

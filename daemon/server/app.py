@@ -47,11 +47,11 @@ from radixd.daemon.log import get_logger
 from radixd.daemon.server.admin import CacheAdminServicer, cache_stats
 from radixd.daemon.server.auth import Authenticator, load_api_keys
 from radixd.daemon.server.bounds import prompt_char_bound
+from radixd.daemon.server.cache_feed import CacheFeed
 from radixd.daemon.server.events import CacheEventHub, TreeEventBridge
 from radixd.daemon.server.gateway_metrics import InferenceExtensionCollector
 from radixd.daemon.server.generation import GenerationServicer
 from radixd.daemon.server.health import PortHealth
-from radixd.daemon.server.kv_events import KvLogBridge, TeeListener
 from radixd.daemon.server.metrics import Metrics
 from radixd.daemon.server.reflection import DescriptorFiles, add_reflection
 from radixd.daemon.server.sessions import SessionServicer
@@ -302,7 +302,9 @@ async def start(args: argparse.Namespace, built: BuiltEngine) -> Daemon:
     public, admin, health_servicer = _servers(state, args)
     loop = asyncio.get_running_loop()
     # The vLLM worker protocol (for gateways such as smg) beside radixd.v1 on the public port.
-    kv_logs = add_vllm_service(public, state, built, args, loop)
+    add_vllm_service(public, state, built, args, loop)
+    hub = state.events
+    hub.feed = CacheFeed(state.engine, TreeEventBridge(hub, loop), on_detach=hub.unobserved)
     port = _bind(public, args.host, args.port, creds)
     admin_port = _bind(admin, args.admin_host, args.admin_port, creds, "--admin-port")
     metrics_server, metrics_port = _start_metrics(state, args)
@@ -317,9 +319,8 @@ async def start(args: argparse.Namespace, built: BuiltEngine) -> Daemon:
         metrics_server,
         args.grace_period,
     )
-    # NOTE: both set before the engine thread starts, which from then on alone touches the tree; the
-    # hook is in place before the engine can die.
-    built.core.kv.set_listener(TeeListener(TreeEventBridge(state.events, loop), KvLogBridge(kv_logs, loop)))
+    # NOTE: set before the engine thread starts, so the hook is in place before the engine can die.
+    # (Cache-event listeners are installed through engine commands, only while someone subscribes.)
     state.engine.on_fatal = daemon.on_engine_death(loop)
     state.engine.start()
     await public.start()

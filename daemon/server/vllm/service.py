@@ -24,6 +24,7 @@ from smg_grpc_proto.generated import vllm_engine_pb2 as pb
 
 from radixd.daemon.engine.types import FlushMode
 from radixd.daemon.server.bounds import MAX_FLUSH_TIMEOUT_S, check_id, check_seconds
+from radixd.daemon.server.cache_feed import CacheFeed
 from radixd.daemon.server.convert import check_token_ids, prompt_tokens
 from radixd.daemon.server.errors import RpcFailure, bad_request
 from radixd.daemon.server.handler import rpc
@@ -58,6 +59,7 @@ class VllmEngineServicer(vllm_engine_pb2_grpc.VllmEngineServicer):  # type: igno
         state: ServerState,
         registry: RequestRegistry,
         logs: KvEventLogs,
+        kv_feed: CacheFeed,
         *,
         config: ModelConfig,
         model_path: str,
@@ -70,6 +72,7 @@ class VllmEngineServicer(vllm_engine_pb2_grpc.VllmEngineServicer):  # type: igno
         self.state = state
         self.registry = registry
         self.logs = logs
+        self.kv_feed = kv_feed
         self.config = config
         self.model_path = model_path
         self.served_model_name = served_model_name
@@ -156,7 +159,7 @@ class VllmEngineServicer(vllm_engine_pb2_grpc.VllmEngineServicer):  # type: igno
     @rpc("vllm.SubscribeKvEvents")
     async def SubscribeKvEvents(self, request: common_pb2.SubscribeKvEventsRequest, context: Any) -> None:
         namespace = self.state.namespace(context)
-        async for batch in kv_event_stream(self.logs.log(namespace), self.loads, request):
+        async for batch in kv_event_stream(self.logs.log(namespace), self.kv_feed, self.loads, request):
             await context.write(batch)
 
     @rpc("vllm.FlushCache")

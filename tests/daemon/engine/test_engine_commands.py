@@ -8,22 +8,31 @@ from dataclasses import dataclass
 from typing import Any
 
 import pytest
-from engine_kit import make_core
+from engine_kit import greedy, make_core
 
 from radixd.daemon.engine.commands import (
+    AddCacheListener,
     CloseSession,
     Command,
     CreateSession,
     EngineLoad,
+    Evict,
     ForkSession,
     GetLoad,
     GetSession,
     ListSessions,
     LookupPrefix,
+    RemoveCacheListener,
 )
 from radixd.daemon.engine.core import EngineCore
 from radixd.daemon.engine.engine import Engine
-from radixd.daemon.engine.types import InvalidRequest, TooManySessions, UnknownSession
+from radixd.daemon.engine.types import (
+    GenerateRequest,
+    InvalidRequest,
+    RequestOutput,
+    TooManySessions,
+    UnknownSession,
+)
 from radixd.daemon.loaders import LoadedModel
 
 pytestmark = pytest.mark.slow
@@ -32,6 +41,17 @@ pytestmark = pytest.mark.slow
 @dataclass(frozen=True)
 class Bogus(Command[int]):
     """A command no engine component handles."""
+
+
+class Waiter:
+    """A thread-safe sink that signals when its request finished."""
+
+    def __init__(self) -> None:
+        self.done = threading.Event()
+
+    def __call__(self, out: RequestOutput) -> None:
+        if out.finished:
+            self.done.set()
 
 
 @pytest.fixture
@@ -95,3 +115,40 @@ def test_session_commands_keep_tenants_apart_and_respect_the_limit(core: EngineC
     with pytest.raises(TooManySessions):
         core.execute(CreateSession("bob", max_sessions=1))
     assert [s.session_id for s in core.execute(ListSessions())] == ["a"]
+
+
+class Recorder:
+    """A cache listener that records what it is told."""
+
+    def __init__(self) -> None:
+        self.events: list[tuple[str, int]] = []
+
+    def stored(self, namespace: str, tokens: list[int], start: int, num_blocks: int) -> None:
+        self.events.append(("stored", len(tokens)))
+
+    def removed(self, namespace: str, tokens: list[int], start: int, num_blocks: int, reason: str) -> None:
+        self.events.append(("removed", len(tokens)))
+
+    def cleared(self) -> None:
+        self.events.append(("cleared", 0))
+
+
+def test_cache_listeners_are_installed_by_command_and_only_while_added(
+    engine: Engine, core: EngineCore
+) -> None:
+    assert not core.kv.listening  # nobody listens: a tree change costs one test, nothing more
+    engine.execute(CreateSession(tokens=[3] * 40, session_id="warm")).result(10)
+    w = Waiter()
+    engine.submit(GenerateRequest("g", [3] * 40, greedy(2)), w)
+    assert w.done.wait(60) and not core.kv.listening
+    a, b = Recorder(), Recorder()
+    engine.execute(AddCacheListener(a, replay=True)).result(10)
+    assert a.events and {kind for kind, _ in a.events} == {"stored"}  # the cached content, replayed
+    engine.execute(AddCacheListener(b)).result(10)
+    assert b.events == []  # no replay asked: only changes from now on
+    engine.execute(Evict(1000)).result(10)
+    assert a.events[-1][0] == b.events[-1][0] == "removed"
+    engine.execute(RemoveCacheListener(a)).result(10)
+    assert core.kv.listening
+    engine.execute(RemoveCacheListener(b)).result(10)
+    assert not core.kv.listening and core.kv.tree.listener is None
