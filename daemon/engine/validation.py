@@ -6,6 +6,7 @@ NOTE: reads only values fixed at construction, so `Engine.submit` may call it on
 from __future__ import annotations
 
 from radixd.daemon.engine.kv import KVManager
+from radixd.daemon.engine.limits import check_context, check_token_ids
 from radixd.daemon.engine.types import GenerateRequest, InvalidRequest, RequestTooLarge
 
 
@@ -20,12 +21,8 @@ class Validator:
     def check_fits(self, prompt_len: int, req: GenerateRequest) -> None:
         """Raise RequestTooLarge when the request could never run, even alone in an empty pool."""
         p = req.sampling
+        check_context(prompt_len, p.max_tokens, self.max_model_len)
         total = prompt_len + p.max_tokens
-        if total > self.max_model_len:
-            raise RequestTooLarge(
-                f"prompt ({prompt_len} tokens) + max_tokens ({p.max_tokens}) = {total} exceeds the context"
-                f" limit of {self.max_model_len} tokens; shorten the prompt or lower max_tokens"
-            )
         kv = self.kv
         width = max(p.n, req.beam_width, 1)
         # The shared prompt once, then per output its generated tokens plus one copied partial block.
@@ -45,13 +42,7 @@ class Validator:
         ids = req.prompt_token_ids
         if not ids and req.session_id is None:
             raise InvalidRequest("the prompt is empty; send at least one token")
-        bad = [
-            t for t in ids if isinstance(t, bool) or not isinstance(t, int) or not 0 <= t < self.vocab_size
-        ]
-        if bad:
-            raise InvalidRequest(
-                f"prompt token ids must be integers in [0, {self.vocab_size}); got {bad[:5]}"
-            )
+        check_token_ids(ids, self.vocab_size)
         if req.beam_width < 0 or req.beam_width > 10:
             raise InvalidRequest(f"beam_width must be in [0, 10], got {req.beam_width}")
         if req.beam_width and req.sampling.n > req.beam_width:

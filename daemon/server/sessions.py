@@ -21,14 +21,14 @@ from radixd.daemon.engine.commands import (
     GetSession,
     ListSessions,
 )
+from radixd.daemon.engine.limits import check_context
 from radixd.daemon.engine.sessions import SessionInfo
-from radixd.daemon.sampling import SamplingParams
 from radixd.daemon.server.bounds import MAX_FORK, MAX_SESSION_TTL_S, check_id, check_range, check_seconds
 from radixd.daemon.server.convert import prompt_tokens, sampling_params
 from radixd.daemon.server.errors import bad_request
 from radixd.daemon.server.handler import rpc
 from radixd.daemon.server.state import ServerState
-from radixd.daemon.server.streaming import RequestRegistry, check_deadline, check_fits, run_stream
+from radixd.daemon.server.streaming import RequestRegistry, check_deadline, run_stream
 
 T = TypeVar("T")
 
@@ -77,7 +77,7 @@ class SessionServicer(session_pb2_grpc.SessionServiceServicer):
         )
         # NOTE: the context must leave room for the first reply token, in the context window and in the
         # pool, else every turn would be refused: the same checks (and messages) as Generate.
-        check_fits(state, len(tokens), SamplingParams(max_tokens=1))
+        check_context(len(tokens), 1, state.limits.context_length)
         limit = state.limits.max_sessions
         info = await on_engine(state, CreateSession(ns, tokens, ttl, max_sessions=limit))
         return session_pb2.CreateSessionResponse(session=session_message(info))
@@ -97,7 +97,7 @@ class SessionServicer(session_pb2_grpc.SessionServiceServicer):
         ids = await prompt_tokens(state, request.prompt, continuation=bool(info.tokens), context_tail=tail)
         if sampling.n != 1:
             raise bad_request(f"a session turn produces one reply; n must be 1, got {sampling.n}")
-        check_fits(state, info.num_tokens + len(ids), sampling)
+        check_context(info.num_tokens + len(ids), sampling.max_tokens, state.limits.context_length)
         with state.stream_slot():
             await run_stream(
                 state,

@@ -22,14 +22,15 @@ from radixd_client._pb import common_pb2 as radixd_common
 from smg_grpc_proto.generated import common_pb2, vllm_engine_pb2, vllm_engine_pb2_grpc
 from smg_grpc_proto.generated import vllm_engine_pb2 as pb
 
+from radixd.daemon.engine.limits import check_context, check_token_ids
 from radixd.daemon.engine.types import FlushMode
 from radixd.daemon.server.bounds import MAX_FLUSH_TIMEOUT_S, check_id, check_seconds
 from radixd.daemon.server.cache_feed import CacheFeed
-from radixd.daemon.server.convert import check_token_ids, prompt_tokens
+from radixd.daemon.server.convert import prompt_tokens
 from radixd.daemon.server.errors import RpcFailure, bad_request
 from radixd.daemon.server.handler import rpc
 from radixd.daemon.server.kv_events import KvEventLogs
-from radixd.daemon.server.streaming import RequestRegistry, check_deadline, check_fits
+from radixd.daemon.server.streaming import RequestRegistry, check_deadline
 from radixd.daemon.server.vllm.generate import run_generate
 from radixd.daemon.server.vllm.kv_stream import kv_event_stream
 from radixd.daemon.server.vllm.loads import LoadSampler
@@ -209,7 +210,7 @@ class VllmEngineServicer(vllm_engine_pb2_grpc.VllmEngineServicer):  # type: igno
         sampling = sampling_from_vllm(request.sampling_params, state.limits)
         ids = await self._prompt(request)
         ids = truncate_prompt(ids, request.sampling_params, state.limits)
-        check_fits(state, len(ids), sampling)
+        check_context(len(ids), sampling.max_tokens, state.limits.context_length)
         with state.stream_slot():
             await run_generate(
                 state,
