@@ -206,7 +206,7 @@ class Scheduler:
             if budget <= 0 or len(self.running) >= cfg.max_num_seqs:
                 return
             hit = self.kv.match(seq.key(len(seq.tokens) - 1), seq.request.req.namespace)
-            if self.kv.caching:
+            if self.kv.shares_prefixes:
                 producers = [s for s in self.running if s.num_computed < s.request.prompt_len]
                 if shares_pending_prefix(seq, hit.num_tokens, producers, bs) is not None:
                     hit.release()

@@ -177,7 +177,7 @@ class SessionManager:
         return self._drop_cached(s)
 
     def _drop_cached(self, s: Session) -> int:
-        if not self.kv.caching or not s.tokens:
+        if not s.tokens:
             return 0
         # NOTE: evict the cached node holding the session's last cached token (and anything below it):
         # what only this session's turns added; shared ancestors (a common system prompt) stay. The
