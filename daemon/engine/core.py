@@ -1,7 +1,7 @@
 """`EngineCore`: the engine's state and one step of work, driven by a single thread.
 
 It is composed of components, each owning one concern and reached only through its public methods:
-`kv` (KVManager: the radix pool and tree, the only engine module that calls `radixd.radix`),
+`kv` (KVManager: the only engine module that calls the radix tree and the device pool),
 `scheduler`, `sessions`, `forker` (a request's sequences and CoW forks), `beams` (beam search),
 `outputs` (token acceptance, streaming, endings), `admin` (eviction, flushes, pins, load, stats),
 `validator` (fixed limits) and `commands` (applies admin / session commands, commands.py).
