@@ -138,6 +138,8 @@ class KVManager:
         NOTE: with no listener the tree's `listener` is None, so a tree change costs one test; the
         translation into events runs only while someone listens.
         """
+        if listener in self._listeners:
+            return  # NOTE: added once: a second add would double its events (and its replay)
         if replay:
             self.tree.replay(listener)
         self._listeners.append(listener)

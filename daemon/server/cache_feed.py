@@ -54,6 +54,7 @@ class CacheFeed:
         self._on_detach = on_detach
         self._subscribers = 0
         self._lock = asyncio.Lock()
+        self._undoing: set[asyncio.Task[None]] = set()
 
     @property
     def subscribers(self) -> int:
@@ -62,12 +63,32 @@ class CacheFeed:
     async def acquire(self) -> None:
         """One more subscriber; the first installs the listener (raises when the engine refuses, e.g.
         `EngineStopped`, and then counts nobody)."""
+        step = asyncio.ensure_future(self._acquire())
+        try:
+            await asyncio.shield(step)
+        except asyncio.CancelledError:
+            # NOTE: the install may still complete after this caller gave up: undo it then, so no
+            # listener outlives its subscribers.
+            step.add_done_callback(self._release_if_acquired)
+            raise
+
+    async def _acquire(self) -> None:
         async with self._lock:
             if self._subscribers == 0:
                 cmd = AddCacheListener(self._listener, self._replay)
-                await asyncio.wrap_future(self._engine.execute(cmd))
+                try:
+                    await asyncio.wrap_future(self._engine.execute(cmd))
+                except BaseException:
+                    self._on_detach()  # whatever a failed install (a partial replay) fed the owner is void
+                    raise
                 self._on_attach()
             self._subscribers += 1
+
+    def _release_if_acquired(self, step: asyncio.Future[None]) -> None:
+        if not step.cancelled() and step.exception() is None:
+            task = asyncio.ensure_future(self.release())
+            self._undoing.add(task)
+            task.add_done_callback(self._undoing.discard)
 
     async def release(self) -> None:
         """One subscriber less; the last removes the listener."""

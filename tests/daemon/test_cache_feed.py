@@ -112,3 +112,49 @@ def test_the_admin_hub_listens_only_while_subscribed_and_refuses_a_resume_across
         assert not kv.listening
 
     asyncio.run(main())
+
+
+def test_a_subscriber_cancelled_while_the_listener_installs_leaves_none_behind() -> None:
+    async def main() -> None:
+        loop = asyncio.get_running_loop()
+        kv = kv_manager()
+        unanswered: list[concurrent.futures.Future[Any]] = []
+
+        class SlowEngine(KvEngine):
+            """Applies the install at once but answers it only when the test says so."""
+
+            def execute(self, cmd: Command[Any]) -> concurrent.futures.Future[Any]:
+                if isinstance(cmd, AddCacheListener) and not unanswered:
+                    self.kv.add_listener(cmd.listener, cmd.replay)
+                    unanswered.append(concurrent.futures.Future())
+                    return unanswered[0]
+                return super().execute(cmd)
+
+        hub = CacheEventHub(BS)
+        feed = CacheFeed(SlowEngine(kv), TreeEventBridge(hub, loop))  # type: ignore[arg-type]
+        subscriber = asyncio.ensure_future(feed.acquire())
+        while not unanswered:
+            await asyncio.sleep(0)
+        subscriber.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await subscriber
+        assert kv.listening  # installed, though its subscriber is gone ...
+        unanswered[0].set_result(None)
+        for _ in range(100):
+            if not kv.listening:
+                break
+            await asyncio.sleep(0)
+        assert not kv.listening and feed.subscribers == 0  # ... and removed once the install answered
+
+    asyncio.run(main())
+
+
+def test_a_listener_is_added_once() -> None:
+    kv = kv_manager()
+    cache(kv.tree, list(range(8)))
+    logs = KvEventLogs(BS)
+    kv.add_listener(logs, replay=True)
+    kv.add_listener(logs, replay=True)  # no second replay, no doubled events
+    assert kv.tree.listener is logs and len(logs.log("").blocks) == 2
+    kv.remove_listener(logs)
+    assert not kv.listening
