@@ -133,23 +133,23 @@ class Admin:
         return self.kv.cached_len(tokens, namespace)
 
     # ---- load and stats --------------------------------------------------------------------------
-    def track_peaks(self) -> None:
-        """Record the peak of used blocks and of blocks held by running sequences (once per step)."""
-        used = self.kv.usable_blocks() - self.kv.num_free
-        self.peak_used_blocks = max(self.peak_used_blocks, used)
+    def active_blocks(self) -> int:
+        """Distinct blocks in running sequences' tables (the KV they hold, shared blocks once)."""
         active: set[int] = set()
         for s in self.scheduler.running:
             if s.table is not None:
                 active.update(s.table.blocks)
-        self.peak_active_blocks = max(self.peak_active_blocks, len(active))
+        return len(active)
+
+    def track_peaks(self) -> None:
+        """Record the peak of used blocks and of blocks held by running sequences (once per step)."""
+        used = self.kv.usable_blocks() - self.kv.num_free
+        self.peak_used_blocks = max(self.peak_used_blocks, used)
+        self.peak_active_blocks = max(self.peak_active_blocks, self.active_blocks())
 
     def load(self) -> EngineLoad:
         """Queue lengths, blocks and the counters a router reads."""
         s = self.scheduler
-        active: set[int] = set()
-        for seq in s.running:
-            if seq.table is not None:
-                active.update(seq.table.blocks)
         return EngineLoad(
             waiting=len(s.waiting),
             running=len(s.running),
@@ -157,7 +157,7 @@ class Admin:
             requests=len(self.requests),
             free_blocks=self.kv.num_free,
             total_blocks=self.kv.usable_blocks(),
-            active_blocks=len(active),
+            active_blocks=self.active_blocks(),
             block_size=self.kv.block_size,
             sessions=len(self.sessions),
             max_waiting=self.config.max_waiting,

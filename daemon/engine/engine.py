@@ -262,7 +262,10 @@ class Engine:
         """A command raised unexpectedly: fail what it was about (its request or its caller's future)."""
         self.core.counters["errors"] += 1
         rid = cmd.req.request_id if isinstance(cmd, _Submit) else getattr(cmd, "request_id", None)
-        log.exception("engine.command_failed", command=type(cmd).__name__.strip("_").lower(), request_id=rid)
+        kind = (
+            type(cmd.command).__name__ if isinstance(cmd, _Execute) else type(cmd).__name__.strip("_").lower()
+        )
+        log.exception("engine.command_failed", command=kind, request_id=rid)
         if isinstance(cmd, _Submit):
             self.core.fail_submit(cmd.req, cmd.sink, exc)
         elif isinstance(cmd, _Abort):
