@@ -106,7 +106,7 @@ def build(args: argparse.Namespace) -> tuple[EngineCore, PhaseClock]:
     model.logits = clock.wrap("forward (null)", model.logits)  # type: ignore[method-assign]
     runner_mod.sample = clock.wrap("sample", runner_mod.sample)
     runner._forward = clock.wrap("runner: batch tensors", runner._forward)  # type: ignore[method-assign]
-    core._track_peaks = clock.wrap("peak tracking", core._track_peaks)  # type: ignore[method-assign]
+    core.admin.track_peaks = clock.wrap("peak tracking", core.admin.track_peaks)  # type: ignore[method-assign]
     core._after_step = clock.wrap("accept + outputs", core._after_step)  # type: ignore[method-assign]
     return core, clock
 

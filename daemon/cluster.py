@@ -35,6 +35,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from radixd.daemon.engine.config import DEFAULT_BLOCK_SIZE
+
 STARTUP_TIMEOUT_S = 300.0
 STOP_TIMEOUT_S = 60.0
 
@@ -56,7 +58,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         default="cache_aware",
         help="smg routing policy: cache_aware (default), round_robin, random, power_of_two, ...",
     )
-    parser.add_argument("--block-size", type=int, default=16, help="tokens per KV block (replicas and smg)")
+    parser.add_argument(
+        "--block-size",
+        type=int,
+        default=DEFAULT_BLOCK_SIZE,
+        help=f"tokens per KV block, replicas and smg (default {DEFAULT_BLOCK_SIZE})",
+    )
     parser.add_argument("--admin-token", default=os.environ.get("RADIXD_ADMIN_TOKEN"), help="shared")
     parser.add_argument("--smg", default=None, help="the smg binary (default: beside python, then PATH)")
     parser.add_argument(

@@ -18,6 +18,7 @@ from dataclasses import dataclass
 import torch
 
 from radixd import kernels
+from radixd.daemon.engine.limits import check_token_ids
 from radixd.daemon.model import AttentionMetadata, LlamaModel, ModelConfig
 from radixd.daemon.sampling import SampleResult, SamplingState, sample
 
@@ -122,9 +123,7 @@ class ModelRunner:
                 f"sequence {s.seq_id}: block table {s.block_table[:need]} has ids outside "
                 f"[1, {self.num_blocks})"
             )
-        vocab = self.config.vocab_size
-        if any(not 0 <= t < vocab for t in s.token_ids):
-            raise ValueError(f"sequence {s.seq_id}: token ids must be in [0, {vocab})")
+        check_token_ids(s.token_ids, self.config.vocab_size, what=f"sequence {s.seq_id}:")
 
     def _tables(self, group: Sequence[StepSeq]) -> torch.Tensor:
         bs = self.block_size

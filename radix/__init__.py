@@ -35,12 +35,14 @@ all of it. Public API (everything below is re-exported here)::
             every block that is not already its own, and releases the duplicates); with lease=,
             the lease moves to the inserted path; cached=k: the first k full blocks are the
             tree's own (a held match) and blocks holds only the ones after them
-        release(lease); Lease.release() (idempotent; no-op after flush("force")); Lease.clone()
+        release(lease); Lease.release() (idempotent; no-op after flush("drop_all")); Lease.clone()
         evict(n_blocks) -> list[int] (freed); evict_count(n_blocks) -> int (how many freed)
         evict_prefix(tokens, namespace="") -> int
-        flush(mode="unlocked" | "refuse" | "force", include_pinned=False) -> int
+        flush(mode="evict_unlocked" | "refuse_if_leased" | "drop_all", include_pinned=False) -> int
         pin(tokens, namespace="") -> int; unpin(tokens, namespace="") -> int
         evictable_blocks() -> int (exact, O(1)); stats() -> CacheStats
+        listener: CacheListener | None (content changes; FanOut(*listeners) feeds several)
+        replay(listener) -> int         every node reported as `stored`, parents first
         num_nodes; num_cached_blocks; num_pinned_blocks; num_leases; block_size; pin_budget_blocks
 
     BlockTable(pool)                               blocks: list[int]; num_tokens: int
@@ -84,13 +86,13 @@ from radixd.radix.errors import (
     RadixError,
     UnknownLease,
 )
-from radixd.radix.events import CacheListener
+from radixd.radix.events import CacheListener, FanOut
 from radixd.radix.memory import LLAMA2_70B, LLAMA3_8B, LLAMA3_70B, KVSpec
 from radixd.radix.node import TOKEN_BYTES, TokenKey, encode_tokens, token_ids
 from radixd.radix.pool import NULL_BLOCK, BlockPool
 from radixd.radix.results import CacheStats, InsertResult, Lease, PrefixMatch
 from radixd.radix.table import AppendResult, BlockTable, CopyOp
-from radixd.radix.tree import EVICT_REASONS, FlushMode, RadixTree
+from radixd.radix.tree import EVICT_REASONS, TREE_FLUSH_MODES, RadixTree, TreeFlushMode
 
 __all__ = [
     "EVICT_REASONS",
@@ -99,6 +101,7 @@ __all__ = [
     "LLAMA3_70B",
     "NULL_BLOCK",
     "TOKEN_BYTES",
+    "TREE_FLUSH_MODES",
     "AppendResult",
     "BlockIds",
     "BlockPool",
@@ -107,7 +110,7 @@ __all__ = [
     "CacheStats",
     "CopyOp",
     "DoubleFree",
-    "FlushMode",
+    "FanOut",
     "FlushRefused",
     "InsertResult",
     "InvalidRequest",
@@ -120,6 +123,7 @@ __all__ = [
     "RadixError",
     "RadixTree",
     "TokenKey",
+    "TreeFlushMode",
     "UnknownLease",
     "encode_tokens",
     "token_ids",

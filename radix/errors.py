@@ -43,4 +43,4 @@ class NotPinned(RadixError):
 
 
 class FlushRefused(RadixError):
-    """``flush("refuse")`` found leases still held; release them (or wait for idle) and retry."""
+    """``flush("refuse_if_leased")`` found leases still held; release them (or wait for idle) and retry."""

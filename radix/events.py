@@ -34,3 +34,22 @@ class CacheListener(Protocol):
 
     def cleared(self) -> None:
         """Everything was dropped at once (a forced flush)."""
+
+
+class FanOut:
+    """One listener that hands every change to several, in order (the tree takes one listener)."""
+
+    def __init__(self, *listeners: CacheListener) -> None:
+        self._listeners = listeners
+
+    def stored(self, namespace: str, tokens: list[int], start: int, num_blocks: int) -> None:
+        for listener in self._listeners:
+            listener.stored(namespace, tokens, start, num_blocks)
+
+    def removed(self, namespace: str, tokens: list[int], start: int, num_blocks: int, reason: str) -> None:
+        for listener in self._listeners:
+            listener.removed(namespace, tokens, start, num_blocks, reason)
+
+    def cleared(self) -> None:
+        for listener in self._listeners:
+            listener.cleared()

@@ -162,7 +162,7 @@ def split_runs(runs: list[tuple[int, int]], k: int) -> tuple[list[tuple[int, int
     raise ValueError("split point past the end of the runs")
 
 
-def common_prefix_len(a: Tokens, off: int, b: Tokens) -> int:
+def common_prefix_bytes(a: Tokens, off: int, b: Tokens) -> int:
     """Length in bytes of the longest common prefix of ``a[off:]`` and ``b`` (the real tokens).
 
     Compares slices (C speed) and bisects on the first mismatch, so the Python-level work is

@@ -16,7 +16,7 @@ if TYPE_CHECKING:
 class Lease:
     """Locks a matched path against eviction until :meth:`release` (idempotent).
 
-    Releasing a lease whose nodes were dropped by ``flush("force")`` is a harmless no-op. The lease of
+    Releasing a lease whose nodes were dropped by ``flush("drop_all")`` is a harmless no-op. The lease of
     an empty match locks nothing yet, but it is live: ``insert(lease=...)`` locks the inserted path
     with it, exactly as it moves a lease that locked a matched path.
     """

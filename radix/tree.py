@@ -8,7 +8,7 @@ splitting, removing nodes; locking paths), ``tree_insert`` (the lookup and inser
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import Literal
+from typing import Literal, get_args
 
 from radixd.radix import tree_admin, tree_insert
 from radixd.radix.blockids import ID_BYTES, BlockIds
@@ -21,10 +21,13 @@ from radixd.radix.results import CacheStats, InsertResult, Lease, PrefixMatch
 from radixd.radix.table import BlockTable
 from radixd.radix.tree_nodes import lock_path, path_of, unlock_path
 
-__all__ = ["EVICT_REASONS", "FlushMode", "RadixTree"]
+__all__ = ["EVICT_REASONS", "TREE_FLUSH_MODES", "RadixTree", "TreeFlushMode"]
 
 EVICT_REASONS = ("lru", "prefix", "flush", "superseded")
-FlushMode = Literal["unlocked", "refuse", "force"]
+# The tree's own flush operations, named for what they do (the engine's wire-level modes are
+# `radixd.daemon.engine.types.FlushMode`; each of them evicts with "evict_unlocked").
+TreeFlushMode = Literal["evict_unlocked", "refuse_if_leased", "drop_all"]
+TREE_FLUSH_MODES: tuple[TreeFlushMode, ...] = get_args(TreeFlushMode)
 Key = Sequence[int] | bytes | TokenKey
 
 
@@ -46,7 +49,7 @@ class RadixTree:
     #  * a block is exactly one of: free / cached-evictable (refcount 1, held by the tree in a node
     #    with hold == 0) / in use; free + evictable + in_use == pool.num_usable;
     #  * a node with hold > 0 (leased or pinned, or an ancestor of one) is never evicted, except by
-    #    flush("force"), which also invalidates every outstanding lease (epoch bump);
+    #    flush("drop_all"), which also invalidates every outstanding lease (epoch bump);
     #  * different namespaces have different roots and never share a node or a block.
 
     def __init__(self, pool: BlockPool, pin_budget_fraction: float = 0.25) -> None:
@@ -60,7 +63,7 @@ class RadixTree:
         self._roots: dict[str, Node] = {}
         self._lru = LruIndex()
         self._clock = 0  # logical time of the last use; every node's tick is unique
-        self._epoch = 0  # bumped by flush("force"): leases of older epochs are inert
+        self._epoch = 0  # bumped by flush("drop_all"): leases of older epochs are inert
         self._nodes = 0
         self._cached_blocks = 0
         self._pinned_blocks = 0
@@ -195,7 +198,7 @@ class RadixTree:
         node = lease._node
         lease._node = None
         if node is None or lease._epoch != self._epoch:
-            return  # already released, or its nodes went away in flush("force")
+            return  # already released, or its nodes went away in flush("drop_all")
         self._leases -= 1
         unlock_path(self, node)
 
@@ -249,24 +252,25 @@ class RadixTree:
             tree_admin.evict_subtree(self, top, "prefix")
         return self._evicted["prefix"] - before
 
-    def flush(self, mode: FlushMode = "unlocked", include_pinned: bool = False) -> int:
+    def flush(self, mode: TreeFlushMode = "evict_unlocked", include_pinned: bool = False) -> int:
         """Drop cached entries; returns the number of blocks the tree released.
 
-        * ``"unlocked"``: evict everything not leased (and not pinned unless ``include_pinned``).
-        * ``"refuse"``: like ``"unlocked"`` but raise FlushRefused (changing nothing) while any lease is
-          held. (Waiting for idle is the engine's job: it retries once its requests have drained.)
-        * ``"force"``: drop everything, leased and pinned included; outstanding leases become inert
+        * ``"evict_unlocked"``: evict everything not leased (and not pinned unless ``include_pinned``).
+        * ``"refuse_if_leased"``: like ``"evict_unlocked"`` but raise FlushRefused (changing nothing)
+          while any lease is held. (Waiting for idle is the engine's job: it retries once its requests
+          have drained.)
+        * ``"drop_all"``: drop everything, leased and pinned included; outstanding leases become inert
           (releasing them later is a no-op). Blocks still held by tables stay allocated to them.
         """
-        if mode not in ("unlocked", "refuse", "force"):
-            raise InvalidRequest(f"flush mode must be 'unlocked', 'refuse' or 'force', got {mode!r}")
-        if mode == "refuse" and self._leases:
+        if mode not in TREE_FLUSH_MODES:
+            raise InvalidRequest(f"flush mode must be one of {TREE_FLUSH_MODES}, got {mode!r}")
+        if mode == "refuse_if_leased" and self._leases:
             raise FlushRefused(
-                f"flush refused: {self._leases} lease(s) still held; release them or flush('unlocked')"
+                f"flush refused: {self._leases} lease(s) still held; release them or flush('evict_unlocked')"
             )
         before = self._cached_blocks
-        if mode == "force":
-            tree_admin.force_clear(self)
+        if mode == "drop_all":
+            tree_admin.drop_all(self)
             return before
         if include_pinned:
             for ns, toks in list(self._pins):
@@ -289,6 +293,12 @@ class RadixTree:
         return tree_admin.unpin(self, as_tokens(tokens), namespace)
 
     # ================================================================= stats
+    def replay(self, listener: CacheListener) -> int:
+        """Report every cached node to ``listener`` as ``stored``, parents before children, as if it
+        had just been inserted (so an observer attached late starts from the tree's content); the
+        tree's own listener is not called. -> nodes reported."""
+        return tree_admin.replay(self, listener)
+
     @property
     def num_nodes(self) -> int:
         return self._nodes

@@ -10,10 +10,11 @@ from typing import TYPE_CHECKING
 
 from radixd.radix.errors import NotPinned, PinBudgetExceeded
 from radixd.radix.lru import LruIndex
-from radixd.radix.node import TOKEN_BYTES, Node, Tokens, common_prefix_len
+from radixd.radix.node import TOKEN_BYTES, Node, Tokens, common_prefix_bytes, token_ids
 from radixd.radix.tree_nodes import depth_tokens, remove_leaf, split
 
 if TYPE_CHECKING:
+    from radixd.radix.events import CacheListener
     from radixd.radix.tree import RadixTree
 
 
@@ -78,7 +79,7 @@ def evict_lru(tree: RadixTree, n_blocks: int, freed: list[int] | None, reason: s
     return got
 
 
-def force_clear(tree: RadixTree) -> None:
+def drop_all(tree: RadixTree) -> None:
     """Drop every node, held or not; outstanding leases become inert (the epoch moves on)."""
     pool = tree.pool
     dropped = 0
@@ -161,7 +162,7 @@ def _pin_target(tree: RadixTree, root: Node, t: Tokens) -> Node | None:
             if L % B:
                 break
             continue
-        k = common_prefix_len(t, pos, child.tokens) // B
+        k = common_prefix_bytes(t, pos, child.tokens) // B
         if k >= 1:
             node = split(tree, child, k)
         break
@@ -189,3 +190,17 @@ def unpin(tree: RadixTree, t: Tokens, namespace: str) -> int:
                 tree._lru.add(x)
         x = x.parent
     return depth_tokens(node)
+
+
+def replay(tree: RadixTree, listener: CacheListener) -> int:
+    """See :meth:`RadixTree.replay`."""
+    count = 0
+    for ns, root in tree._roots.items():
+        stack: list[tuple[Node, bytes]] = [(c, bytes(root.tokens)) for c in reversed(root.children.values())]
+        while stack:
+            x, above = stack.pop()
+            path = above + bytes(x.tokens)
+            listener.stored(ns, token_ids(path), len(above) // TOKEN_BYTES, len(x.blocks))
+            count += 1
+            stack.extend((c, path) for c in reversed(x.children.values()))
+    return count

@@ -11,7 +11,7 @@ from typing import TYPE_CHECKING
 
 from radixd.radix.blockids import EMPTY, ID_BYTES, BlockIds
 from radixd.radix.errors import InvalidRequest
-from radixd.radix.node import TOKEN_BYTES, Node, Tokens, common_prefix_len
+from radixd.radix.node import TOKEN_BYTES, Node, Tokens, common_prefix_bytes
 from radixd.radix.tree_nodes import add_leaf, drop_root, remove_leaf, split, touch
 
 if TYPE_CHECKING:
@@ -66,7 +66,7 @@ def walk(
             node = child
             continue
         # The query leaves this node inside it (or covers its partial last block).
-        m = common_prefix_len(t, pos, ct)
+        m = common_prefix_bytes(t, pos, ct)
         k = m // B
         if k:
             parts.append(bytes.__getitem__(child.blocks, slice(0, k * ID_BYTES)))
@@ -95,7 +95,7 @@ def _best_partial(tree: RadixTree, node: Node, t: Tokens, pos: int) -> tuple[Nod
     if cands:
         q = t[pos : pos + tree._bb]
         for c in cands:
-            m = common_prefix_len(q, 0, c.key)
+            m = common_prefix_bytes(q, 0, c.key)
             if m > best_len:
                 best, best_len = c, m
     return best, best_len // TOKEN_BYTES
@@ -145,7 +145,7 @@ def insert(
             j += k
             node = child
             continue
-        k = common_prefix_len(t, pos, ct) // B  # >= 1: the first block matched as a key
+        k = common_prefix_bytes(t, pos, ct) // B  # >= 1: the first block matched as a key
         if j + k < c:  # the cached prefix would end inside this node: reported below, nothing split
             j += k
             break

@@ -1,8 +1,9 @@
 """The engine: requests, continuous-batching scheduler over the radix cache, sessions, admin.
 
 Public API (the server calls only this): `Engine` (engine.py) with `start`, `shutdown`, `submit`,
-`abort`, `call`, `flush`; request/response types and errors in `types.py`; `EngineConfig` in
-`config.py`; `build_engine` (factory.py) builds model, runner, tokenizer and core from a model path.
+`abort`, `execute` (a command from `commands.py`), `flush`; request/response types, `Sink`,
+`FlushMode` and errors in `types.py`; `EngineConfig` in `config.py`; `build_engine` (factory.py)
+builds model, runner, tokenizer and core from a model path.
 
 Semantics callers rely on:
 - `submit` raises `InvalidRequest` / `RequestTooLarge` (never fits: context limit or pool size),
@@ -21,40 +22,58 @@ Semantics callers rely on:
   touched, as a finished output with finish_reason "error"; the engine goes on. Should its thread
   die anyway, every request in flight fails the same way and `Engine.on_fatal(error)` is called:
   the owner must stop serving (the daemon exits 1).
-- Admin / sessions run on the engine thread: `engine.call(lambda core: core.evict(64))`,
-  `core.evict_prefix`, `core.flush(mode)`, `engine.flush("wait_idle", timeout_s)`, `core.pin` /
-  `unpin`, `core.lookup_prefix`, `core.stats()`, `core.load()`, `core.list_sessions()`,
-  `core.sessions.create/get/fork/close/release_lease`.
+- Admin / sessions are typed commands applied on the engine thread: `engine.execute(Evict(64))`
+  returns a `concurrent.futures.Future[int]`; likewise `EvictPrefix`, `EvictSession`,
+  `Flush(mode, timeout_s)` (also `engine.flush(mode, timeout_s)`), `Pin`, `Unpin`, `LookupPrefix`,
+  `GetStats`, `GetLoad`, `CreateSession`, `GetSession`, `ListSessions`, `ForkSession`,
+  `CloseSession`. Anything else is refused with `InvalidRequest`. The engine never runs caller code.
+- Flush modes are the wire's: "evict_unlocked" (now), "refuse_if_busy" (`FlushRefused` while requests
+  are in flight), "wait_for_idle" (`EngineTimeout` after `timeout_s`); each keeps leased and pinned
+  blocks.
+
+Inside, `EngineCore` (core.py) is composed of components with explicit dependencies: `KVManager`
+(kv.py, the only module that calls the radix tree and the device block pool), `Scheduler`,
+`SessionManager`, `Forker` (forks.py), `BeamSearch` (beam.py), `Outputs`, `Admin`, `Validator` and
+`CommandRunner` (dispatch.py). Tests and the offline CLI may drive a core on their own thread
+through them.
 """
 
 from radixd.daemon.engine.config import EngineConfig
 from radixd.daemon.engine.types import (
+    FLUSH_MODES,
     EngineError,
     EngineFault,
     EngineStopped,
     EngineTimeout,
+    FlushMode,
     FlushRefused,
     GenerateRequest,
     InvalidRequest,
     QueueFull,
     RequestOutput,
     RequestTooLarge,
+    Sink,
     TokenLogprob,
+    TooManySessions,
     UnknownSession,
 )
 
 __all__ = [
+    "FLUSH_MODES",
     "EngineConfig",
     "EngineError",
     "EngineFault",
     "EngineStopped",
     "EngineTimeout",
+    "FlushMode",
     "FlushRefused",
     "GenerateRequest",
     "InvalidRequest",
     "QueueFull",
     "RequestOutput",
     "RequestTooLarge",
+    "Sink",
     "TokenLogprob",
+    "TooManySessions",
     "UnknownSession",
 ]

@@ -1,129 +1,172 @@
-"""Admin and session operations of `EngineCore`, run on the engine thread via `Engine.call`.
+"""Cache administration, load and stats of the engine (engine thread only).
 
-Examples (from any thread)::
-
-    engine.call(lambda c: c.evict(64)).result()
-    engine.call(lambda c: c.stats()).result()
-    engine.call(lambda c: c.sessions.fork("s1", 4)).result()
-    engine.flush("wait_idle", timeout_s=10).result()
+Other threads reach these through commands (commands.py) that `Engine.execute` runs on the engine
+thread, e.g. ``engine.execute(Evict(64)).result()``; tests that drive an `EngineCore` on their own
+thread may call `core.admin` directly.
 """
 
 from __future__ import annotations
 
 import concurrent.futures
 import time
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import structlog
 
-from radixd.daemon.engine.sessions import SessionInfo
-from radixd.daemon.engine.types import EngineTimeout, FlushRefused, InvalidRequest
-
-if TYPE_CHECKING:
-    from radixd.daemon.engine.core import EngineCore
+from radixd.daemon.engine.commands import EngineLoad
+from radixd.daemon.engine.config import EngineConfig
+from radixd.daemon.engine.kv import KVManager
+from radixd.daemon.engine.scheduler import Scheduler
+from radixd.daemon.engine.sequence import RequestState
+from radixd.daemon.engine.sessions import SessionManager
+from radixd.daemon.engine.swap import HostSwap
+from radixd.daemon.engine.types import FLUSH_MODES, EngineTimeout, FlushMode, FlushRefused, InvalidRequest
 
 log = structlog.get_logger("radixd.engine.admin")
 
-FLUSH_MODES = ("all", "refuse_if_busy", "wait_idle")
 
+class Admin:
+    """Eviction, flushes (and their waiters), pins, prefix lookups, load, stats and peak tracking.
 
-class AdminMixin:
-    """Cache administration, stats and session listing (mixed into EngineCore)."""
+    `requests` and `counters` are the engine's (shared with the core), read here, never replaced.
+    """
 
-    def _core(self) -> EngineCore:
-        return self  # type: ignore[return-value]
+    def __init__(
+        self,
+        config: EngineConfig,
+        requests: dict[str, RequestState],
+        counters: dict[str, int],
+        scheduler: Scheduler,
+        kv: KVManager,
+        sessions: SessionManager,
+        swap: HostSwap | None,
+    ) -> None:
+        self.config = config
+        self.requests = requests
+        self.counters = counters
+        self.scheduler = scheduler
+        self.kv = kv
+        self.sessions = sessions
+        self.swap = swap
+        self._flush_waiters: list[tuple[float, concurrent.futures.Future[int]]] = []
+        self.peak_used_blocks = 0
+        self.peak_active_blocks = 0
 
+    # ---- eviction and flushes --------------------------------------------------------------------
     def evict(self, n_blocks: int) -> int:
         """Evict up to `n_blocks` unlocked cached blocks (LRU); -> blocks freed."""
         if n_blocks < 0:
             raise InvalidRequest(f"n_blocks must be >= 0, got {n_blocks}")
-        c = self._core()
-        freed = c.tree.evict_count(n_blocks)
-        c.kv.evicted_blocks += freed
+        freed = self.kv.evict(n_blocks)
         log.info("engine.admin.evict", asked=n_blocks, freed=freed)
         return freed
 
     def evict_prefix(self, tokens: list[int], namespace: str = "") -> int:
         """Evict the unlocked cached blocks under `tokens`; -> blocks freed."""
-        c = self._core()
-        freed = int(c.tree.evict_prefix(tokens, namespace=namespace))
-        c.kv.evicted_blocks += freed
+        freed = self.kv.evict_prefix(tokens, namespace)
         log.info("engine.admin.evict_prefix", tokens=len(tokens), freed=freed)
         return freed
 
-    def flush(self, mode: str = "all") -> int:
-        """Evict every unlocked cached block now. "refuse_if_busy" raises FlushRefused while requests
-        are in flight. ("wait_idle" needs the engine loop: use `request_flush` / `Engine.flush`.)"""
-        c = self._core()
+    def flush(self, mode: FlushMode = "evict_unlocked") -> int:
+        """Evict every unlocked cached block now (leased and pinned blocks stay). "refuse_if_busy"
+        raises FlushRefused while requests are in flight; "wait_for_idle" needs the engine loop when
+        requests are in flight (use `request_flush` / `Engine.flush`) and is refused here then."""
         if mode not in FLUSH_MODES:
             raise InvalidRequest(f"flush mode must be one of {FLUSH_MODES}, got {mode!r}")
-        if mode == "refuse_if_busy" and c.requests:
+        if mode != "evict_unlocked" and self.requests:
+            if mode == "wait_for_idle":
+                raise InvalidRequest("a 'wait_for_idle' flush of a busy engine runs on the engine thread")
             raise FlushRefused(
-                f"{len(c.requests)} requests are in flight; retry, or flush with mode 'wait_idle' or 'all'"
+                f"{len(self.requests)} requests are in flight; retry, or flush with mode 'wait_for_idle'"
+                " or 'evict_unlocked'"
             )
-        freed = c.tree.flush("unlocked")
-        c.kv.evicted_blocks += freed
+        freed = self.kv.evict_unlocked()
         log.info("engine.admin.flush", mode=mode, freed=freed)
         return freed
 
-    def request_flush(self, mode: str, timeout_s: float, fut: concurrent.futures.Future[int]) -> None:
-        """Resolve `fut` with a flush: now, or for "wait_idle" once no request is in flight."""
-        c = self._core()
+    def request_flush(self, mode: FlushMode, timeout_s: float, fut: concurrent.futures.Future[int]) -> None:
+        """Resolve `fut` with a flush: now, or for "wait_for_idle" once no request is in flight."""
         if not fut.set_running_or_notify_cancel():
             return
         try:
-            if mode != "wait_idle" or not c.requests:
-                fut.set_result(self.flush("all" if mode == "wait_idle" else mode))
+            if mode != "wait_for_idle" or not self.requests:
+                fut.set_result(self.flush("evict_unlocked" if mode == "wait_for_idle" else mode))
                 return
         except Exception as exc:
             fut.set_exception(exc)
             return
-        c._flush_waiters.append((time.monotonic() + timeout_s, fut))
+        self._flush_waiters.append((time.monotonic() + timeout_s, fut))
 
-    def _serve_flush_waiters(self, now: float) -> None:
-        c = self._core()
-        waiters, c._flush_waiters = c._flush_waiters, []
+    @property
+    def has_flush_waiters(self) -> bool:
+        return bool(self._flush_waiters)
+
+    def serve_flush_waiters(self, now: float) -> None:
+        """Timers: answer the "wait_for_idle" flushes whose engine went idle or whose time ran out."""
+        waiters, self._flush_waiters = self._flush_waiters, []
         for deadline, fut in waiters:
             try:
-                if not c.requests:
-                    fut.set_result(self.flush("all"))
+                if not self.requests:
+                    fut.set_result(self.flush("evict_unlocked"))
                 elif now >= deadline:
-                    busy = f"{len(c.requests)} requests in flight"
-                    fut.set_exception(EngineTimeout(f"flush 'wait_idle' timed out with {busy}"))
+                    busy = f"{len(self.requests)} requests in flight"
+                    fut.set_exception(EngineTimeout(f"flush 'wait_for_idle' timed out with {busy}"))
                 else:
-                    c._flush_waiters.append((deadline, fut))
+                    self._flush_waiters.append((deadline, fut))
             except Exception as exc:  # the caller waiting on this flush gets the error, not the engine
-                c.counters["errors"] += 1
+                self.counters["errors"] += 1
                 log.exception("engine.flush_failed")
                 if not fut.done():
                     fut.set_exception(exc)
 
+    # ---- pins and lookups ------------------------------------------------------------------------
     def pin(self, tokens: list[int], namespace: str = "") -> int:
         """Exempt the cached prefix `tokens` from eviction (within the pin budget); -> tokens pinned
         (0 when nothing of it is cached)."""
-        return self._core().tree.pin(tokens, namespace=namespace)
+        return self.kv.pin(tokens, namespace)
 
     def unpin(self, tokens: list[int], namespace: str = "") -> None:
-        self._core().tree.unpin(tokens, namespace=namespace)
+        self.kv.unpin(tokens, namespace)
 
     def lookup_prefix(self, tokens: list[int], namespace: str = "") -> int:
         """How many leading tokens of `tokens` are cached."""
-        return self._core().kv.cached_len(tokens, namespace)
+        return self.kv.cached_len(tokens, namespace)
 
-    def list_sessions(self, namespace: str | None = None) -> list[SessionInfo]:
-        return self._core().sessions.all(namespace)
+    # ---- load and stats --------------------------------------------------------------------------
+    def active_blocks(self) -> int:
+        """Distinct blocks in running sequences' tables (the KV they hold, shared blocks once)."""
+        active: set[int] = set()
+        for s in self.scheduler.running:
+            if s.table is not None:
+                active.update(s.table.blocks)
+        return len(active)
 
-    def load(self) -> dict[str, int]:
-        c = self._core()
-        s = c.scheduler
-        return {
-            "waiting": len(s.waiting),
-            "running": len(s.running),
-            "swapped": len(s.swapped),
-            "requests": len(c.requests),
-            "free_blocks": c.pool.num_free,
-            "total_blocks": c.usable_blocks(),
-        }
+    def track_peaks(self) -> None:
+        """Record the peak of used blocks and of blocks held by running sequences (once per step)."""
+        used = self.kv.usable_blocks() - self.kv.num_free
+        self.peak_used_blocks = max(self.peak_used_blocks, used)
+        self.peak_active_blocks = max(self.peak_active_blocks, self.active_blocks())
+
+    def load(self) -> EngineLoad:
+        """Queue lengths, blocks and the counters a router reads."""
+        s = self.scheduler
+        return EngineLoad(
+            waiting=len(s.waiting),
+            running=len(s.running),
+            swapped=len(s.swapped),
+            requests=len(self.requests),
+            free_blocks=self.kv.num_free,
+            total_blocks=self.kv.usable_blocks(),
+            active_blocks=self.active_blocks(),
+            block_size=self.kv.block_size,
+            sessions=len(self.sessions),
+            max_waiting=self.config.max_waiting,
+            max_running=self.config.max_num_seqs,
+            generated_tokens=self.counters.get("generated_tokens", 0),
+            hit_tokens=s.counters.hit_tokens,
+            miss_tokens=s.counters.miss_tokens,
+            taken_at=time.monotonic(),
+        )
 
     def stats(self) -> dict[str, Any]:
         """Counters and gauges: blocks by state, hits, evictions, preemptions, sessions.
@@ -133,13 +176,20 @@ class AdminMixin:
         the radix tree's own statistics, whose hit/miss counts cover every match (session relocks and
         retried admissions included).
         """
-        c = self._core()
-        sc = c.scheduler.counters
-        out: dict[str, Any] = dict(c.counters)
-        out.update(c.load())
+        s = self.scheduler
+        sc = s.counters
+        out: dict[str, Any] = dict(self.counters)
         out.update(
-            block_size=c.block_size,
-            evicted_blocks=c.kv.evicted_blocks,
+            waiting=len(s.waiting),
+            running=len(s.running),
+            swapped=len(s.swapped),
+            requests=len(self.requests),
+            free_blocks=self.kv.num_free,
+            total_blocks=self.kv.usable_blocks(),
+        )
+        out.update(
+            block_size=self.kv.block_size,
+            evicted_blocks=self.kv.evicted_blocks,
             preemptions=sc.preemptions_recompute + sc.preemptions_swap,
             preemptions_recompute=sc.preemptions_recompute,
             preemptions_swap=sc.preemptions_swap,
@@ -147,17 +197,17 @@ class AdminMixin:
             held_for_shared_prefix=sc.held_for_shared_prefix,
             hit_tokens=sc.hit_tokens,
             miss_tokens=sc.miss_tokens,
-            evictable_blocks=c.tree.evictable_blocks(),
-            peak_used_blocks=c.peak_used_blocks,
-            peak_active_blocks=c.peak_active_blocks,
-            sessions=len(c.sessions),
-            session_leases_shed=c.sessions.shed,
-            cache=c.tree.stats(),
+            evictable_blocks=self.kv.evictable_blocks(),
+            peak_used_blocks=self.peak_used_blocks,
+            peak_active_blocks=self.peak_active_blocks,
+            sessions=len(self.sessions),
+            session_leases_shed=self.sessions.shed,
+            cache=self.kv.cache_stats(),
         )
-        if c.swap is not None:
+        if self.swap is not None:
             out.update(
-                host_free_blocks=c.swap.pool.num_free,
-                swapped_out_blocks=c.swap.swapped_out_blocks,
-                swapped_in_blocks=c.swap.swapped_in_blocks,
+                host_free_blocks=self.swap.pool.num_free,
+                swapped_out_blocks=self.swap.swapped_out_blocks,
+                swapped_in_blocks=self.swap.swapped_in_blocks,
             )
         return out

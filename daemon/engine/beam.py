@@ -1,7 +1,7 @@
 """Beam search of width k on the copy-on-write fork mechanism.
 
-The root prefills the prompt (all but the last token) and hands over to one beam. Each step every live
-beam computes one token and reports its top-2k next-token logprobs; once all live beams have
+The root prefills the prompt (all but the last token) and `Forker` hands over to one beam. Each step
+every live beam computes one token and reports its top-2k next-token logprobs; once all live beams have
 reported, the best k extensions (by summed logprob) survive: a beam chosen m times is forked into m
 sequences (block tables forked, the shared last block copied on the next append), a beam not chosen
 ends and its KV goes into the tree. A chosen end token (eos / stop id) ends a hypothesis. Scores only
@@ -11,147 +11,132 @@ Outputs are sent once, at the end: the n best hypotheses, best first.
 
 from __future__ import annotations
 
-import dataclasses
 import time
-from dataclasses import dataclass, field
-from typing import TYPE_CHECKING
 
-from radixd.daemon.engine.sequence import RequestState, Sequence
-from radixd.daemon.engine.types import FinishReason, RequestOutput
-from radixd.daemon.sampling import SampleResult, SamplingState
-
-if TYPE_CHECKING:
-    from radixd.daemon.engine.core import EngineCore
+from radixd.daemon.engine.outputs import Outputs
+from radixd.daemon.engine.scheduler import Scheduler
+from radixd.daemon.engine.sequence import BeamState, Hypothesis, RequestState, SeqIds, Sequence
+from radixd.daemon.engine.types import RequestOutput
+from radixd.daemon.sampling import SampleResult
+from radixd.daemon.tokenizer import TextTokenizer
 
 
-@dataclass
-class Hypothesis:
-    score: float
-    tokens: list[int]
-    reason: FinishReason
+class BeamSearch:
+    """Steps beam-search requests (engine thread only); `Forker` starts them with their first beam."""
 
+    def __init__(
+        self,
+        scheduler: Scheduler,
+        outputs: Outputs,
+        tokenizer: TextTokenizer,
+        seq_ids: SeqIds,
+        eos_token_ids: tuple[int, ...],
+        max_model_len: int,
+    ) -> None:
+        self.scheduler = scheduler
+        self.outputs = outputs
+        self.tokenizer = tokenizer
+        self.seq_ids = seq_ids
+        self.eos_token_ids = eos_token_ids
+        self.max_model_len = max_model_len
 
-@dataclass
-class BeamState:
-    width: int
-    candidates: dict[int, list[tuple[int, float]]] = field(default_factory=dict)  # seq_id -> top-2k
-    finished: list[Hypothesis] = field(default_factory=list)
+    def step(self, seq: Sequence, res: SampleResult) -> None:
+        """Record one beam's candidates; select the next beams once every live beam has reported."""
+        r = seq.request
+        st = r.beam
+        if st is None:
+            return
+        if r.first_token_at is None:
+            r.first_token_at = time.monotonic()
+        st.candidates[seq.seq_id] = list(res.top_logprobs) or [(res.token_id, res.logprob or 0.0)]
+        live = r.live_seqs
+        if all(s.seq_id in st.candidates for s in live):
+            self._select(r, st, live)
 
-
-def start_beams(core: EngineCore, root: Sequence) -> list[Sequence]:
-    """The first beam: the root's table and tokens, a greedy sampler reporting top-2k logprobs."""
-    r = root.request
-    width = r.req.beam_width
-    params = dataclasses.replace(r.req.sampling, temperature=0.0, logprobs=min(2 * width, 20), n=1)
-    r.beam = BeamState(width)
-    beam = Sequence(
-        core._new_seq_id(), r, 0, list(root.tokens), SamplingState(params, r.prompt, core.eos_token_ids)
-    )
-    if root.table is not None:
-        beam.table = root.table.fork(1)[0]
-    beam.num_computed = root.num_computed
-    beam.inserted_blocks = root.inserted_blocks
-    return [beam]
-
-
-def beam_step(core: EngineCore, seq: Sequence, res: SampleResult) -> None:
-    """Record one beam's candidates; select the next beams once every live beam has reported."""
-    r = seq.request
-    st = r.beam
-    if st is None:
-        return
-    if r.first_token_at is None:
-        r.first_token_at = time.monotonic()
-    st.candidates[seq.seq_id] = list(res.top_logprobs) or [(res.token_id, res.logprob or 0.0)]
-    live = r.live_seqs
-    if all(s.seq_id in st.candidates for s in live):
-        _select(core, r, st, live)
-
-
-def _select(core: EngineCore, r: RequestState, st: BeamState, live: list[Sequence]) -> None:
-    p = r.req.sampling
-    k = st.width
-    ends = set(p.stop_token_ids) | (set() if p.ignore_eos else set(core.eos_token_ids))
-    cands = sorted(
-        ((b.score + lp, b.seq_id, tok, b) for b in live for tok, lp in st.candidates[b.seq_id][: 2 * k]),
-        key=lambda c: (-c[0], c[1], c[2]),
-    )
-    st.candidates.clear()
-    picks: list[tuple[Sequence, int, float]] = []
-    for score, _sid, tok, b in cands:
-        gen = b.num_generated + 1
-        if tok in ends and gen >= p.min_tokens:
-            st.finished.append(Hypothesis(score, [*b.tokens[r.prompt_len :], tok], "stop"))
-            continue
-        picks.append((b, tok, score))
-        if len(picks) == k:
-            break
-    best_done = max((h.score for h in st.finished), default=None)
-    n_out = max(p.n, 1)
-    stop = not picks or (
-        len(st.finished) >= n_out and best_done is not None and best_done >= max(s for _, _, s in picks)
-    )
-    by_parent: dict[int, list[tuple[int, float]]] = {}
-    for b, tok, score in picks:
-        by_parent.setdefault(b.seq_id, []).append((tok, score))
-    new_live: list[Sequence] = []
-    for b in live:
-        chosen = by_parent.get(b.seq_id, [])
-        if stop or not chosen:
-            core._finish_seq(b, "stop", emit=False)
-            continue
-        tables = b.table.fork(len(chosen) - 1) if b.table is not None and len(chosen) > 1 else []
-        base_tokens = list(b.tokens)
-        base_state = b.sampling
-        for j, (tok, score) in enumerate(chosen):
-            if j == 0:
-                child = b
-            else:
-                child = Sequence(core._new_seq_id(), r, 0, list(base_tokens), None)
-                child.table = tables[j - 1]
-                child.num_computed = b.num_computed
-                child.inserted_blocks = b.inserted_blocks
-                child.lease = b.lease.clone() if b.lease is not None else None
-                core.scheduler.add_running(child)
-                r.seqs.append(child)
-            if base_state is not None:
-                child.sampling = base_state.fork(None) if j else base_state
-                child.sampling.append(tok)
-            child.tokens.append(tok)
-            child.score = score
-            new_live.append(child)
-    r.seqs = [s for s in r.seqs if not s.finished]
-    if not stop:
-        full = [s for s in new_live if s.num_generated >= p.max_tokens or len(s.tokens) >= core.max_model_len]
-        if len(full) == len(new_live):
-            for s in new_live:
-                st.finished.append(Hypothesis(s.score, s.tokens[r.prompt_len :], "length"))
-            stop = True
-    if stop:
-        for s in list(r.seqs):
-            if not s.finished:
-                core._finish_seq(s, "length", emit=False)
-        _emit_final(core, r, st)
-
-
-def _emit_final(core: EngineCore, r: RequestState, st: BeamState) -> None:
-    hyps = sorted(st.finished, key=lambda h: -h.score)[: max(r.req.sampling.n, 1)]
-    for i, h in enumerate(hyps):
-        text = core.tokenizer.decode(h.tokens, skip_special_tokens=True)
-        core._emit(
-            r.sink,
-            RequestOutput(
-                request_id=r.request_id,
-                index=i,
-                new_token_ids=h.tokens,
-                text_delta=text,
-                logprobs=None,
-                prompt_tokens=r.prompt_len,
-                cached_tokens=r.cached_tokens or 0,
-                completion_tokens=len(h.tokens),
-                finished=True,
-                finish_reason=h.reason,
-                ttft_s=(r.first_token_at - r.arrival) if r.first_token_at is not None else None,
-            ),
+    def _select(self, r: RequestState, st: BeamState, live: list[Sequence]) -> None:
+        p = r.req.sampling
+        k = st.width
+        ends = set(p.stop_token_ids) | (set() if p.ignore_eos else set(self.eos_token_ids))
+        cands = sorted(
+            ((b.score + lp, b.seq_id, tok, b) for b in live for tok, lp in st.candidates[b.seq_id][: 2 * k]),
+            key=lambda c: (-c[0], c[1], c[2]),
         )
-    core._finish_request(r)
+        st.candidates.clear()
+        picks: list[tuple[Sequence, int, float]] = []
+        for score, _sid, tok, b in cands:
+            gen = b.num_generated + 1
+            if tok in ends and gen >= p.min_tokens:
+                st.finished.append(Hypothesis(score, [*b.tokens[r.prompt_len :], tok], "stop"))
+                continue
+            picks.append((b, tok, score))
+            if len(picks) == k:
+                break
+        best_done = max((h.score for h in st.finished), default=None)
+        n_out = max(p.n, 1)
+        stop = not picks or (
+            len(st.finished) >= n_out and best_done is not None and best_done >= max(s for _, _, s in picks)
+        )
+        by_parent: dict[int, list[tuple[int, float]]] = {}
+        for b, tok, score in picks:
+            by_parent.setdefault(b.seq_id, []).append((tok, score))
+        new_live: list[Sequence] = []
+        for b in live:
+            chosen = by_parent.get(b.seq_id, [])
+            if stop or not chosen:
+                self.outputs.finish_seq(b, "stop", emit=False)
+                continue
+            tables = b.table.fork(len(chosen) - 1) if b.table is not None and len(chosen) > 1 else []
+            base_tokens = list(b.tokens)
+            base_state = b.sampling
+            for j, (tok, score) in enumerate(chosen):
+                if j == 0:
+                    child = b
+                else:
+                    child = Sequence(self.seq_ids.next(), r, 0, list(base_tokens), None)
+                    child.table = tables[j - 1]
+                    child.num_computed = b.num_computed
+                    child.inserted_blocks = b.inserted_blocks
+                    child.lease = b.lease.clone() if b.lease is not None else None
+                    self.scheduler.add_running(child)
+                    r.seqs.append(child)
+                if base_state is not None:
+                    child.sampling = base_state.fork(None) if j else base_state
+                    child.sampling.append(tok)
+                child.tokens.append(tok)
+                child.score = score
+                new_live.append(child)
+        r.seqs = [s for s in r.seqs if not s.finished]
+        if not stop:
+            limit = self.max_model_len
+            full = [s for s in new_live if s.num_generated >= p.max_tokens or len(s.tokens) >= limit]
+            if len(full) == len(new_live):
+                for s in new_live:
+                    st.finished.append(Hypothesis(s.score, s.tokens[r.prompt_len :], "length"))
+                stop = True
+        if stop:
+            for s in list(r.seqs):
+                if not s.finished:
+                    self.outputs.finish_seq(s, "length", emit=False)
+            self._emit_final(r, st)
+
+    def _emit_final(self, r: RequestState, st: BeamState) -> None:
+        hyps = sorted(st.finished, key=lambda h: -h.score)[: max(r.req.sampling.n, 1)]
+        for i, h in enumerate(hyps):
+            text = self.tokenizer.decode(h.tokens, skip_special_tokens=True)
+            self.outputs.emit(
+                r.sink,
+                RequestOutput(
+                    request_id=r.request_id,
+                    index=i,
+                    new_token_ids=h.tokens,
+                    text_delta=text,
+                    logprobs=None,
+                    prompt_tokens=r.prompt_len,
+                    cached_tokens=r.cached_tokens or 0,
+                    completion_tokens=len(h.tokens),
+                    finished=True,
+                    finish_reason=h.reason,
+                    ttft_s=(r.first_token_at - r.arrival) if r.first_token_at is not None else None,
+                ),
+            )
+        self.outputs.finish_request(r)

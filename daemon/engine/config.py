@@ -8,6 +8,11 @@ from typing import Literal
 SchedulePolicy = Literal["fcfs", "lpm"]
 PreemptionMode = Literal["recompute", "swap"]
 
+# The KV pool's defaults (the pool is sized where the model is loaded, outside EngineConfig):
+# `build_core`, `radixd serve`, `radixd generate` and `radixd cluster` read them from here.
+DEFAULT_BLOCK_SIZE = 16  # tokens per KV block
+DEFAULT_KV_CACHE_GB = 1.0  # pool size in GiB when no block count is given
+
 
 @dataclass(frozen=True)
 class EngineConfig:

@@ -1,10 +1,15 @@
 """`EngineCore`: the engine's state and one step of work, driven by a single thread.
 
-It owns the radix pool and tree, the scheduler, the runner and the sessions. `step()` asks the
-scheduler for a plan, applies copy-on-write copies, runs the model, then accepts sampled tokens:
-text deltas go to each request's sink, finished sequences insert their tokens into the tree and free
-their blocks. `Engine` (engine.py) runs this on its own thread; tests and the offline CLI may drive it
-directly with `run_until_idle()`.
+It is composed of components, each owning one concern and reached only through its public methods:
+`kv` (KVManager: the only engine module that calls the radix tree and the device pool),
+`scheduler`, `sessions`, `forker` (a request's sequences and CoW forks), `beams` (beam search),
+`outputs` (token acceptance, streaming, endings), `admin` (eviction, flushes, pins, load, stats),
+`validator` (fixed limits) and `commands` (applies admin / session commands, commands.py).
+
+`step()` asks the scheduler for a plan, applies copy-on-write copies, runs the model, then accepts
+sampled tokens: text deltas go to each request's sink, finished sequences insert their tokens into the
+tree and free their blocks. `Engine` (engine.py) runs this on its own thread; tests and the offline
+CLI may drive it directly with `run_until_idle()` and the components' methods.
 """
 
 from __future__ import annotations
@@ -13,34 +18,36 @@ import concurrent.futures
 import time
 from collections import deque
 from collections.abc import Callable
-from typing import Literal
+from typing import TypeVar, cast
 
 import structlog
 
-from radixd.daemon.engine.admin import AdminMixin
+from radixd.daemon.engine.admin import Admin
+from radixd.daemon.engine.beam import BeamSearch
+from radixd.daemon.engine.commands import Command, Flush
 from radixd.daemon.engine.config import EngineConfig
+from radixd.daemon.engine.dispatch import CommandRunner
+from radixd.daemon.engine.forks import Forker
 from radixd.daemon.engine.kv import KVManager
-from radixd.daemon.engine.outputs import OutputMixin
+from radixd.daemon.engine.outputs import Outputs
 from radixd.daemon.engine.scheduler import Planned, Scheduler
-from radixd.daemon.engine.sequence import RequestState, SeqStatus, Sequence
+from radixd.daemon.engine.sequence import RequestState, SeqIds, SeqStatus
 from radixd.daemon.engine.sessions import SessionManager
 from radixd.daemon.engine.swap import HostSwap
-from radixd.daemon.engine.textstream import TextStream
 from radixd.daemon.engine.types import (
     EngineError,
     EngineFault,
     GenerateRequest,
     InvalidRequest,
     RequestOutput,
+    Sink,
 )
-from radixd.daemon.engine.validation import ValidationMixin
+from radixd.daemon.engine.validation import Validator
 from radixd.daemon.runner import ModelRunner, StepSeq
-from radixd.daemon.sampling import SampleResult, SamplingState
+from radixd.daemon.sampling import SampleResult
 from radixd.daemon.tokenizer import TextTokenizer
-from radixd.radix import BlockPool, RadixTree
 
-FlushMode = Literal["all", "refuse_if_busy", "wait_idle"]
-Sink = Callable[[RequestOutput], None]
+T = TypeVar("T")
 
 log = structlog.get_logger("radixd.engine")
 
@@ -70,8 +77,8 @@ def copy_waves(ops: list[tuple[int, int, int]]) -> list[list[tuple[int, int, int
     return waves
 
 
-class EngineCore(ValidationMixin, OutputMixin, AdminMixin):
-    """Engine state and the step function (single-threaded)."""
+class EngineCore:
+    """Engine state and the step function (single-threaded), composed of the components above."""
 
     def __init__(
         self,
@@ -88,19 +95,16 @@ class EngineCore(ValidationMixin, OutputMixin, AdminMixin):
         self.vocab_size = runner.config.vocab_size
         model_len = int(getattr(runner.config, "max_position_embeddings", 0) or 0) or 8192
         self.max_model_len = self.config.max_model_len or model_len
-        self.pool = BlockPool(runner.num_blocks, runner.block_size)
-        self.tree = RadixTree(self.pool, pin_budget_fraction=self.config.pin_budget_fraction)
-        self.kv = KVManager(self.pool, self.tree, self.config.prefix_caching)
-        self.swap = (
-            HostSwap(runner, self.config.num_host_blocks) if self.config.preemption_mode == "swap" else None
-        )
-        self.scheduler = Scheduler(self.config, self.kv, self.swap, self._fork_root)
-        self.sessions = SessionManager(self.kv, self.config.session_ttl_s)
+        cfg = self.config
+        self.kv = KVManager.create(runner.num_blocks, runner.block_size, cfg)
+        self.swap = HostSwap(runner, cfg.num_host_blocks) if cfg.preemption_mode == "swap" else None
+        seq_ids = SeqIds()
+        self.forker = Forker(self.kv, seq_ids, tokenizer, self.eos_token_ids)
+        self.scheduler = Scheduler(cfg, self.kv, self.swap, self.forker)
+        self.sessions = SessionManager(self.kv, cfg.session_ttl_s)
+        self.validator = Validator(self.kv, self.max_model_len, self.vocab_size)
         self.requests: dict[str, RequestState] = {}
-        self.on_request_done: Callable[[str], None] = lambda _rid: None
-        self._next_seq_id = 0
         self._early_aborts: deque[str] = deque(maxlen=4096)
-        self._flush_waiters: list[tuple[float, concurrent.futures.Future[int]]] = []
         self._last_progress = time.monotonic()
         self._watchdog_reported = 0.0
         self.counters: dict[str, int] = {
@@ -114,14 +118,43 @@ class EngineCore(ValidationMixin, OutputMixin, AdminMixin):
             "no_progress_reports": 0,
             "errors": 0,
         }
-        self.peak_used_blocks = 0
-        self.peak_active_blocks = 0
+        self.outputs = Outputs(
+            self.requests,
+            self.scheduler,
+            self.kv,
+            self.swap,
+            self.sessions,
+            self.counters,
+            self.max_model_len,
+        )
+        self.beams = BeamSearch(
+            self.scheduler, self.outputs, tokenizer, seq_ids, self.eos_token_ids, self.max_model_len
+        )
+        self.admin = Admin(
+            cfg, self.requests, self.counters, self.scheduler, self.kv, self.sessions, self.swap
+        )
+        self.commands = CommandRunner(self.admin, self.sessions, self.validator, self.kv)
+
+    @property
+    def on_request_done(self) -> Callable[[str], None]:
+        """Called with a request's id once it ended (every outcome, rejections included)."""
+        return self.outputs.on_request_done
+
+    @on_request_done.setter
+    def on_request_done(self, hook: Callable[[str], None]) -> None:
+        self.outputs.on_request_done = hook
+
+    # ---- commands --------------------------------------------------------------------------------
+    def execute(self, cmd: Command[T]) -> T:
+        """Apply an admin / session command now (engine thread); -> its result. A "wait_for_idle"
+        flush of a busy engine needs the engine loop: `request_flush` (what `Engine.execute` uses)."""
+        return cast(T, self.commands.run(cmd))
+
+    def request_flush(self, cmd: Flush, fut: concurrent.futures.Future[int]) -> None:
+        """Resolve `fut` with the flush `cmd`: now, or for "wait_for_idle" once no request is in flight."""
+        self.admin.request_flush(cmd.mode, cmd.timeout_s, fut)
 
     # ---- requests --------------------------------------------------------------------------------
-    def _new_seq_id(self) -> int:
-        self._next_seq_id += 1
-        return self._next_seq_id
-
     def add_request(self, req: GenerateRequest, sink: Sink) -> None:
         """Queue a validated request (engine thread)."""
         rid = req.request_id
@@ -129,29 +162,29 @@ class EngineCore(ValidationMixin, OutputMixin, AdminMixin):
             self._early_aborts.remove(rid)
             self.counters["requests_aborted"] += 1
             for i in range(max(req.sampling.n, 1)):
-                self._emit(
+                self.outputs.emit(
                     sink, RequestOutput(rid, i, [], "", None, len(req.prompt_token_ids), 0, 0, True, "abort")
                 )
             self.on_request_done(rid)
             return
         if rid in self.requests:
-            self.reject(
+            self.outputs.reject(
                 req, sink, InvalidRequest(f"request id {rid!r} is already in flight; use a unique id")
             )
             return
         try:
-            self.validate(req)
+            self.validator.validate(req)
             prompt = (
                 self.sessions.begin_turn(req) if req.session_id is not None else list(req.prompt_token_ids)
             )
             try:
-                self.check_fits(len(prompt), req)
+                self.validator.check_fits(len(prompt), req)
             except EngineError:
                 if req.session_id is not None:
                     self.sessions.end_turn(req.session_id, None)
                 raise
         except EngineError as exc:
-            self.reject(req, sink, exc)
+            self.outputs.reject(req, sink, exc)
             return
         if not self.has_work():
             self._last_progress = time.monotonic()  # the watchdog measures stalls of pending work only
@@ -168,58 +201,9 @@ class EngineCore(ValidationMixin, OutputMixin, AdminMixin):
             session_id=req.session_id,
             beam_width=req.beam_width,
         )
-        if r.n == 1 and not req.beam_width:
-            seq = Sequence(
-                self._new_seq_id(), r, 0, list(prompt), self._sampling_state(r, None), self._text(r)
-            )
-        else:
-            seq = Sequence(self._new_seq_id(), r, -1, list(prompt), None)
+        seq = self.forker.first(r)
         r.seqs.append(seq)
         self.scheduler.add(seq)
-
-    def _sampling_state(self, r: RequestState, seed: int | None) -> SamplingState:
-        return SamplingState(r.req.sampling, r.prompt, self.eos_token_ids, seed=seed)
-
-    def _text(self, r: RequestState) -> TextStream:
-        return TextStream(self.tokenizer, r.prompt, r.req.sampling.stop)
-
-    def _fork_root(self, root: Sequence) -> list[Sequence]:
-        """Turn a root that computed all prompt tokens but the last into its children (CoW)."""
-        r = root.request
-        if r.req.beam_width:
-            from radixd.daemon.engine.beam import start_beams
-
-            children = start_beams(self, root)
-        else:
-            seed = r.req.sampling.seed
-            base = self._sampling_state(r, seed)
-            tables = root.table.fork(r.n) if root.table is not None else [None] * r.n
-            children = []
-            for i in range(r.n):
-                child = Sequence(
-                    self._new_seq_id(),
-                    r,
-                    i,
-                    list(root.tokens),
-                    base.fork(None if seed is None else seed + i),
-                    self._text(r),
-                )
-                child.table = tables[i]
-                child.num_computed = root.num_computed
-                child.inserted_blocks = root.inserted_blocks
-                children.append(child)
-        if root.lease is not None:
-            for c in children[1:]:
-                c.lease = root.lease.clone()
-        children[0].lease, root.lease = root.lease, None
-        self.kv.release(root)
-        self.scheduler.remove(root)
-        root.status = SeqStatus.FINISHED
-        r.seqs = children
-        r.forked = True
-        for c in children:
-            self.scheduler.add_running(c)
-        return children
 
     def abort_request(self, request_id: str) -> bool:
         """Abort by id: idempotent; an id not seen yet is remembered so a late submit ends at once."""
@@ -232,8 +216,8 @@ class EngineCore(ValidationMixin, OutputMixin, AdminMixin):
         log.info("engine.abort", request_id=request_id)
         for seq in list(r.seqs):
             if not seq.finished:
-                self._finish_seq(seq, "abort", emit=True)
-        self._finish_request(r)
+                self.outputs.finish_seq(seq, "abort", emit=True)
+        self.outputs.finish_request(r)
         return True
 
     def abort_all(self, reason: str) -> None:
@@ -253,7 +237,7 @@ class EngineCore(ValidationMixin, OutputMixin, AdminMixin):
         # before a session lease lapses (the TTL, 600 s by default): free room until something fits.
         while not plan and self.scheduler.has_work() and self._unstall():
             plan = self.scheduler.schedule()
-        self._track_peaks()
+        self.admin.track_peaks()
         if not plan:
             return False
         for wave in copy_waves(self.kv.take_copies()):
@@ -288,7 +272,7 @@ class EngineCore(ValidationMixin, OutputMixin, AdminMixin):
                 "engine.session_lease_shed",
                 waiting=len(sched.waiting),
                 swapped=len(sched.swapped),
-                free_blocks=self.pool.num_free,
+                free_blocks=self.kv.num_free,
             )
             return True
         if sched.running or not sched.swapped:
@@ -299,7 +283,7 @@ class EngineCore(ValidationMixin, OutputMixin, AdminMixin):
             request_id=seq.request.request_id,
             seq_id=seq.seq_id,
             tokens=len(seq.tokens),
-            free_blocks=self.pool.num_free,
+            free_blocks=self.kv.num_free,
         )
         return True
 
@@ -330,10 +314,10 @@ class EngineCore(ValidationMixin, OutputMixin, AdminMixin):
         log.error("engine.request_failed", request_id=request_id, error=message)
         live = [seq for seq in r.seqs if not seq.finished]
         for seq in live:
-            self._finish_seq(seq, "error", emit=True, error=message)
+            self.outputs.finish_seq(seq, "error", emit=True, error=message)
         if not r.seqs:  # it failed before it got a sequence: nothing above reached its sink
-            self._emit_errors(r, message)
-        self._finish_request(r)
+            self.outputs.emit_errors(r, message)
+        self.outputs.finish_request(r)
 
     def fail_submit(self, req: GenerateRequest, sink: Sink, exc: BaseException) -> None:
         """`add_request(req, sink)` raised unexpectedly: fail `req` in whatever state it got to."""
@@ -345,7 +329,7 @@ class EngineCore(ValidationMixin, OutputMixin, AdminMixin):
             self.sessions.abandon_turn(req.session_id, req.request_id)
         message = fault_message(exc)
         log.error("engine.request_failed", request_id=req.request_id, error=message)
-        self.reject(req, sink, EngineFault(message))
+        self.outputs.reject(req, sink, EngineFault(message))
 
     def fail_all(self, exc: BaseException) -> None:
         """The engine thread is dying: fail every request in flight. A request whose state is too
@@ -356,32 +340,8 @@ class EngineCore(ValidationMixin, OutputMixin, AdminMixin):
             except Exception:
                 log.exception("engine.request_fail_failed", request_id=rid)
                 self.requests.pop(rid, None)
-                self._emit_errors(r, fault_message(exc))
+                self.outputs.emit_errors(r, fault_message(exc))
                 self.on_request_done(rid)
-
-    def _emit_errors(self, r: RequestState, message: str) -> None:
-        """A final error output for each index of `r` that has not finished yet."""
-        ended = {s.index for s in r.seqs if s.finished and s.index >= 0}
-        for i in range(r.n):
-            if i not in ended:
-                self._emit(
-                    r.sink,
-                    RequestOutput(
-                        request_id=r.request_id,
-                        index=i,
-                        new_token_ids=[],
-                        text_delta="",
-                        logprobs=None,
-                        prompt_tokens=r.prompt_len,
-                        cached_tokens=r.cached_tokens or 0,
-                        completion_tokens=0,
-                        finished=True,
-                        finish_reason="error",
-                        error=message,
-                        error_code=EngineFault.code,
-                        session_id=r.req.session_id,
-                    ),
-                )
 
     def run_until_idle(self, max_steps: int = 1_000_000) -> None:
         """Drive steps on the calling thread until nothing is left (tests, offline)."""
@@ -396,18 +356,9 @@ class EngineCore(ValidationMixin, OutputMixin, AdminMixin):
             idle_steps += 1
             if idle_steps > 2 and self.has_work():
                 raise RuntimeError(
-                    f"no progress: {len(self.scheduler.waiting)} waiting, {self.pool.num_free} free blocks"
+                    f"no progress: {len(self.scheduler.waiting)} waiting, {self.kv.num_free} free blocks"
                 )
         raise RuntimeError(f"still busy after {max_steps} steps")
-
-    def _track_peaks(self) -> None:
-        used = self.usable_blocks() - self.pool.num_free
-        self.peak_used_blocks = max(self.peak_used_blocks, used)
-        active: set[int] = set()
-        for s in self.scheduler.running:
-            if s.table is not None:
-                active.update(s.table.blocks)
-        self.peak_active_blocks = max(self.peak_active_blocks, len(active))
 
     def _after_step(self, p: Planned, res: SampleResult | None) -> None:
         seq = p.seq
@@ -417,29 +368,27 @@ class EngineCore(ValidationMixin, OutputMixin, AdminMixin):
         self.kv.insert_full_blocks(seq)
         if seq.is_root:
             if seq.remaining == 0:
-                self._fork_root(seq)
+                self.scheduler.fork_root(seq)
             return
         if res is None:
             return
         if seq.request.req.beam_width:
-            from radixd.daemon.engine.beam import beam_step
-
-            beam_step(self, seq, res)
+            self.beams.step(seq, res)
             return
-        self._accept(seq, res)
+        self.outputs.accept(seq, res)
 
     # ---- timers ----------------------------------------------------------------------------------
     def idle_wait_s(self) -> float:
         """How long the engine thread may block on its queue: short while work is pending (a stalled
         step retries soon) or a flush waits for idle, longer when there is nothing to do."""
-        return 0.01 if self.has_work() or self._flush_waiters else 0.25
+        return 0.01 if self.has_work() or self.admin.has_flush_waiters else 0.25
 
     def tick(self) -> None:
         """Timers: session TTLs, flush waiters, the no-progress watchdog."""
         now = time.monotonic()
         self.sessions.expire(now)
-        if self._flush_waiters:
-            self._serve_flush_waiters(now)
+        if self.admin.has_flush_waiters:
+            self.admin.serve_flush_waiters(now)
         stalled = self.has_work() and now - self._last_progress > self.config.watchdog_s
         if stalled and now - self._watchdog_reported > self.config.watchdog_s:
             self._watchdog_reported = now
@@ -450,6 +399,6 @@ class EngineCore(ValidationMixin, OutputMixin, AdminMixin):
                 waiting=len(self.scheduler.waiting),
                 running=len(self.scheduler.running),
                 swapped=len(self.scheduler.swapped),
-                free_blocks=self.pool.num_free,
-                evictable_blocks=self.tree.evictable_blocks(),
+                free_blocks=self.kv.num_free,
+                evictable_blocks=self.kv.evictable_blocks(),
             )

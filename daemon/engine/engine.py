@@ -1,8 +1,8 @@
 """`Engine`: runs an `EngineCore` step loop on one dedicated thread.
 
 Callers on any thread talk to it only through a thread-safe command queue: `submit`, `abort` and
-`call` (admin and session operations, run on the engine thread between steps). Outputs leave through
-each request's sink, called on the engine thread.
+`execute` (admin and session commands from commands.py, applied on the engine thread between steps).
+Outputs leave through each request's sink, called on the engine thread.
 
 NOTE: the engine thread is the only owner of radix state (pool, tree, tables, leases); nothing here or
 in `radixd.radix` takes locks, so no other thread may touch `EngineCore` directly once `start()` ran.
@@ -26,11 +26,18 @@ from typing import Any, TypeVar
 
 import structlog
 
-from radixd.daemon.engine.core import EngineCore, FlushMode
-from radixd.daemon.engine.types import EngineStopped, GenerateRequest, QueueFull, RequestOutput
+from radixd.daemon.engine.commands import Command, Flush
+from radixd.daemon.engine.core import EngineCore
+from radixd.daemon.engine.types import (
+    EngineStopped,
+    FlushMode,
+    GenerateRequest,
+    InvalidRequest,
+    QueueFull,
+    Sink,
+)
 
 T = TypeVar("T")
-Sink = Callable[[RequestOutput], None]
 
 log = structlog.get_logger("radixd.engine")
 
@@ -47,23 +54,16 @@ class _Abort:
 
 
 @dataclass
-class _Call:
-    fn: Callable[[EngineCore], object]
-    future: concurrent.futures.Future[object]
-
-
-@dataclass
-class _Flush:
-    mode: FlushMode
-    timeout_s: float
-    future: concurrent.futures.Future[int]
+class _Execute:
+    command: Command[Any]
+    future: concurrent.futures.Future[Any]
 
 
 class _Stop:
     pass
 
 
-_Command = _Submit | _Abort | _Call | _Flush | _Stop
+_Command = _Submit | _Abort | _Execute | _Stop
 
 
 class Engine:
@@ -96,7 +96,7 @@ class Engine:
         self._accepting = True
         self._thread = threading.Thread(target=self._run, name="radixd-engine", daemon=True)
         self._thread.start()
-        log.info("engine.started", num_blocks=self.core.pool.num_blocks, block_size=self.core.block_size)
+        log.info("engine.started", num_blocks=self.core.kv.num_blocks, block_size=self.core.block_size)
 
     def shutdown(self, drain_timeout_s: float) -> None:
         """Refuse new work, let in-flight requests finish for up to `drain_timeout_s`, abort the rest,
@@ -123,7 +123,7 @@ class Engine:
     # ---- thread-safe API -------------------------------------------------------------------------
     def submit(self, req: GenerateRequest, sink: Sink) -> None:
         """Queue a request; outputs go to `sink` on the engine thread. Thread-safe."""
-        self.core.validate(req)
+        self.core.validator.validate(req)
         with self._lock:
             if not self._accepting or self._stopped.is_set():
                 raise EngineStopped("the engine is draining or stopped; it accepts no new requests")
@@ -141,21 +141,29 @@ class Engine:
         """Abort a request by id: idempotent, also before it was admitted. Thread-safe."""
         self._queue.put(_Abort(request_id))
 
-    def call(self, fn: Callable[[EngineCore], T]) -> concurrent.futures.Future[T]:
-        """Run `fn(core)` on the engine thread between steps; its result or exception lands in the
-        returned future. Thread-safe."""
+    def execute(self, cmd: Command[T]) -> concurrent.futures.Future[T]:
+        """Apply an admin / session command (commands.py) on the engine thread between steps; its
+        result or error lands in the returned future. Anything but a `Command` is refused at once
+        with `InvalidRequest`. Thread-safe."""
         fut: concurrent.futures.Future[T] = concurrent.futures.Future()
-        self._enqueue(_Call(fn, fut), fut)  # type: ignore[arg-type]
+        # NOTE: checked at run time too: a caller without type checking may pass anything.
+        if not isinstance(cmd, Command):
+            fut.set_exception(  # type: ignore[unreachable]
+                InvalidRequest(f"engine.execute takes an engine command (commands.py), got {cmd!r}")
+            )
+            return fut
+        self._enqueue(_Execute(cmd, fut), fut)
         return fut
 
-    def flush(self, mode: FlushMode = "all", timeout_s: float = 30.0) -> concurrent.futures.Future[int]:
-        """Evict every unlocked cached block. mode "all": now; "refuse_if_busy": fails with
-        `FlushRefused` while requests are in flight; "wait_idle": waits (without blocking the engine)
+    def flush(
+        self, mode: FlushMode = "evict_unlocked", timeout_s: float = 30.0
+    ) -> concurrent.futures.Future[int]:
+        """Evict every unlocked cached block (leased and pinned blocks stay). mode "evict_unlocked": now;
+        "refuse_if_busy": fails with `FlushRefused` while requests are in flight; "wait_for_idle": waits
+        (without blocking the engine)
         until no request is in flight, failing with `EngineTimeout` after `timeout_s`. Result: blocks
         freed."""
-        fut: concurrent.futures.Future[int] = concurrent.futures.Future()
-        self._enqueue(_Flush(mode, timeout_s, fut), fut)
-        return fut
+        return self.execute(Flush(mode, timeout_s))
 
     def _enqueue(self, cmd: _Command, fut: concurrent.futures.Future[Any]) -> None:
         with self._lock:
@@ -237,13 +245,14 @@ class Engine:
                 self.core.add_request(cmd.req, cmd.sink)
             elif isinstance(cmd, _Abort):
                 self.core.abort_request(cmd.request_id)
-            elif isinstance(cmd, _Flush):
-                self.core.request_flush(cmd.mode, cmd.timeout_s, cmd.future)
-            elif isinstance(cmd, _Call):
+            elif isinstance(cmd, _Execute):
+                if isinstance(cmd.command, Flush):  # "wait_for_idle" answers from the engine's timers
+                    self.core.request_flush(cmd.command, cmd.future)
+                    return
                 if not cmd.future.set_running_or_notify_cancel():
                     return
                 try:
-                    cmd.future.set_result(cmd.fn(self.core))
+                    cmd.future.set_result(self.core.execute(cmd.command))
                 except BaseException as exc:
                     cmd.future.set_exception(exc)
         except Exception as exc:
@@ -253,12 +262,15 @@ class Engine:
         """A command raised unexpectedly: fail what it was about (its request or its caller's future)."""
         self.core.counters["errors"] += 1
         rid = cmd.req.request_id if isinstance(cmd, _Submit) else getattr(cmd, "request_id", None)
-        log.exception("engine.command_failed", command=type(cmd).__name__.strip("_").lower(), request_id=rid)
+        kind = (
+            type(cmd.command).__name__ if isinstance(cmd, _Execute) else type(cmd).__name__.strip("_").lower()
+        )
+        log.exception("engine.command_failed", command=kind, request_id=rid)
         if isinstance(cmd, _Submit):
             self.core.fail_submit(cmd.req, cmd.sink, exc)
         elif isinstance(cmd, _Abort):
             self.core.fail_request(cmd.request_id, exc)
-        elif isinstance(cmd, _Flush | _Call) and not cmd.future.done():
+        elif isinstance(cmd, _Execute) and not cmd.future.done():
             cmd.future.set_exception(exc)
 
     def _fail_pending(self) -> None:
@@ -271,8 +283,8 @@ class Engine:
             stopped = EngineStopped("the engine stopped before running this; retry on a live daemon")
             try:
                 if isinstance(cmd, _Submit):
-                    self.core.reject(cmd.req, cmd.sink, stopped)
-                elif isinstance(cmd, _Call | _Flush) and cmd.future.set_running_or_notify_cancel():
+                    self.core.outputs.reject(cmd.req, cmd.sink, stopped)
+                elif isinstance(cmd, _Execute) and cmd.future.set_running_or_notify_cancel():
                     cmd.future.set_exception(stopped)
             except Exception:
                 log.exception("engine.refuse_failed", command=type(cmd).__name__.strip("_").lower())

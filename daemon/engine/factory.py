@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from radixd.daemon.engine.config import EngineConfig
+from radixd.daemon.engine.config import DEFAULT_BLOCK_SIZE, DEFAULT_KV_CACHE_GB, EngineConfig
 from radixd.daemon.engine.core import EngineCore
 from radixd.daemon.engine.engine import Engine
 from radixd.daemon.loaders import LoadedModel, load_model
@@ -27,14 +27,14 @@ def build_core(
     config: EngineConfig | None = None,
     num_blocks: int | None = None,
     kv_cache_gb: float | None = None,
-    block_size: int = 16,
+    block_size: int = DEFAULT_BLOCK_SIZE,
     device: str = "cpu",
 ) -> EngineCore:
     """An `EngineCore` over an already loaded model. Pool size: `num_blocks` if given, else what
-    `kv_cache_gb` holds (default 1 GiB on CPU) in blocks of the model's KV dtype (bf16 blocks take
+    `kv_cache_gb` holds (default `DEFAULT_KV_CACHE_GB`) in blocks of the model's KV dtype (bf16 blocks take
     half of fp32's bytes, so the same budget holds twice as many)."""
     if num_blocks is None:
-        budget = int((kv_cache_gb if kv_cache_gb is not None else 1.0) * (1 << 30))
+        budget = int((kv_cache_gb if kv_cache_gb is not None else DEFAULT_KV_CACHE_GB) * (1 << 30))
         num_blocks = num_blocks_for_budget(loaded.config, block_size, budget, loaded.model.dtype)
     runner = ModelRunner(loaded.model, num_blocks=num_blocks, block_size=block_size, device=device)
     eos = tuple(loaded.tokenizer.eos_token_ids) or tuple(loaded.config.eos_token_ids)
@@ -46,7 +46,7 @@ def build_engine(
     config: EngineConfig | None = None,
     num_blocks: int | None = None,
     kv_cache_gb: float | None = None,
-    block_size: int = 16,
+    block_size: int = DEFAULT_BLOCK_SIZE,
     device: str = "cpu",
     dtype: str | None = None,
 ) -> BuiltEngine:

@@ -1,4 +1,5 @@
-"""KV bookkeeping for the scheduler: the only engine module that calls the radix pool, tree and tables.
+"""KV bookkeeping for the scheduler: the only engine module that calls the radix pool, tree and tables
+(with its prefix cache, prefix_cache.py: the tree, or `NullPrefixCache` when caching is off).
 
 It turns scheduler decisions into radix operations: match a prompt on admission (the table starts from
 the matched blocks, which the match's lease keeps alive; a partially matched block is copied), append
@@ -12,52 +13,72 @@ insert hands the table's references on the inserted blocks to the tree (``donate
 blocks after the ones the lease already covers (``cached``): no Python step per cached block.
 
 NOTE: a table's leased blocks are kept alive by its sequence's lease alone, so the engine never calls
-``flush("force")`` (which drops leased nodes); admin flushes use ``"unlocked"``.
+``flush("drop_all")`` (which drops leased nodes); admin flushes use ``"evict_unlocked"``.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-
 import structlog
 
+from radixd.daemon.engine.config import EngineConfig
+from radixd.daemon.engine.prefix_cache import NullPrefixCache, PrefixCache, PrefixHit, TreePrefixCache
 from radixd.daemon.engine.sequence import Sequence
-from radixd.radix import BlockIds, BlockPool, BlockTable, Lease, RadixTree, TokenKey
+from radixd.radix import (
+    BlockPool,
+    BlockTable,
+    CacheListener,
+    CacheStats,
+    FanOut,
+    RadixTree,
+    TokenKey,
+)
 
 log = structlog.get_logger("radixd.engine.kv")
-
-
-@dataclass
-class PrefixHit:
-    """What admission may reuse for a prompt: `num_tokens` cached tokens = `full_blocks` (the tree's,
-    kept by `lease`) plus `partial_tokens` tokens of `partial_src` copied into a fresh block."""
-
-    num_tokens: int
-    full_blocks: BlockIds
-    partial_src: int | None
-    partial_tokens: int
-    lease: Lease | None
-
-    def release(self) -> None:
-        if self.lease is not None:
-            self.lease.release()
-            self.lease = None
 
 
 class KVManager:
     """Radix-facing half of the scheduler (engine thread only)."""
 
-    def __init__(self, pool: BlockPool, tree: RadixTree, caching: bool) -> None:
+    @classmethod
+    def create(cls, num_blocks: int, block_size: int, config: EngineConfig) -> KVManager:
+        """A pool of `num_blocks` blocks (block 0 null) and its tree, as `config` asks."""
+        pool = BlockPool(num_blocks, block_size)
+        tree = RadixTree(pool, pin_budget_fraction=config.pin_budget_fraction)
+        return cls(pool, tree, TreePrefixCache(tree) if config.prefix_caching else NullPrefixCache())
+
+    def __init__(self, pool: BlockPool, tree: RadixTree, cache: PrefixCache) -> None:
         self.pool = pool
         self.tree = tree
-        self.caching = caching
+        self.cache = cache
         self.block_size = pool.block_size
         self._copies: list[tuple[int, int, int]] = []
+        self._listeners: list[CacheListener] = []
         self.evicted_blocks = 0
 
     # ---- queries ---------------------------------------------------------------------------------
     def blocks_for(self, n_tokens: int) -> int:
         return -(-n_tokens // self.block_size)
+
+    @property
+    def num_blocks(self) -> int:
+        """The pool's size, null block 0 included."""
+        return self.pool.num_blocks
+
+    def usable_blocks(self) -> int:
+        """Blocks a request may use: the pool less its null block 0."""
+        return self.pool.num_blocks - 1
+
+    @property
+    def num_free(self) -> int:
+        return self.pool.num_free
+
+    def evictable_blocks(self) -> int:
+        """Blocks that evicting every unlocked, unpinned cache entry would free."""
+        return self.tree.evictable_blocks()
+
+    def cache_stats(self) -> CacheStats:
+        """The radix tree's own statistics (blocks by state, nodes, match hits, evictions)."""
+        return self.tree.stats()
 
     def new_blocks_for_append(self, seq: Sequence, n: int) -> int:
         """Fresh blocks `append(seq, n)` will take (growth + a copy-on-write of a shared last block)."""
@@ -80,19 +101,18 @@ class KVManager:
         NOTE: with caching on, the hit always carries a live lease, also for an empty match: the
         sequence's inserts move it onto the path they create, so a running sequence's cached nodes are
         never evictable (evicting them would free nothing, the sequence holds the blocks, and only strip
-        the prefix from the cache).
+        the prefix from the cache). With caching off it carries none, so nothing is ever inserted.
         """
-        if not self.caching:
-            return PrefixHit(0, BlockIds(), None, 0, None)
-        m = self.tree.match(tokens, namespace)
-        partial_tokens = m.partial_tokens if m.partial_block is not None else 0
-        return PrefixHit(m.num_tokens + partial_tokens, m.block_ids, m.partial_block, partial_tokens, m.lease)
+        return self.cache.match(tokens, namespace)
+
+    @property
+    def shares_prefixes(self) -> bool:
+        """Whether sequences share cached blocks (prefix caching is on)."""
+        return self.cache.shares_prefixes
 
     def cached_len(self, tokens: TokenKey | list[int], namespace: str) -> int:
         """How many leading tokens are cached (no lock, no LRU or hit-statistics change)."""
-        if not self.caching or not tokens:
-            return 0
-        return self.tree.peek(tokens, namespace)
+        return self.cache.peek(tokens, namespace) if tokens else 0
 
     # ---- pressure --------------------------------------------------------------------------------
     def ensure_free(self, n_blocks: int) -> bool:
@@ -105,10 +125,68 @@ class KVManager:
         short = n_blocks - self.pool.num_free
         if short <= 0:
             return True
-        if not self.caching or self.tree.evictable_blocks() < short:
+        if self.cache.evictable_blocks() < short:
             return False
-        self.evicted_blocks += self.tree.evict_count(short)
+        self.evicted_blocks += self.cache.evict_count(short)
         return self.pool.num_free >= n_blocks
+
+    # ---- cache-event listeners -------------------------------------------------------------------
+    def add_listener(self, listener: CacheListener, replay: bool = False) -> None:
+        """Have `listener` told of every tree change from now on; `replay` first reports what the
+        tree holds as `stored` events (for an observer that keeps the whole cached set).
+
+        NOTE: with no listener the tree's `listener` is None, so a tree change costs one test; the
+        translation into events runs only while someone listens.
+        """
+        if listener in self._listeners:
+            return  # NOTE: added once: a second add would double its events (and its replay)
+        if replay:
+            self.tree.replay(listener)
+        self._listeners.append(listener)
+        self._install()
+
+    def remove_listener(self, listener: CacheListener) -> None:
+        """Stop telling `listener` (a listener not added is ignored)."""
+        if listener in self._listeners:
+            self._listeners.remove(listener)
+        self._install()
+
+    @property
+    def listening(self) -> bool:
+        """Whether the tree reports its changes to anyone."""
+        return self.tree.listener is not None
+
+    def _install(self) -> None:
+        ls = self._listeners
+        self.tree.listener = None if not ls else ls[0] if len(ls) == 1 else FanOut(*ls)
+
+    # ---- administration --------------------------------------------------------------------------
+    def evict(self, n_blocks: int) -> int:
+        """Evict up to `n_blocks` unlocked cached blocks (LRU); -> blocks freed."""
+        freed = self.tree.evict_count(n_blocks)
+        self.evicted_blocks += freed
+        return freed
+
+    def evict_prefix(self, tokens: list[int], namespace: str, *, count_evicted: bool = True) -> int:
+        """Evict the unlocked cached blocks under `tokens`; -> blocks freed. `count_evicted=False`
+        leaves `evicted_blocks` alone (a session dropping its own context is not an admin eviction)."""
+        freed = int(self.tree.evict_prefix(tokens, namespace=namespace))
+        if count_evicted:
+            self.evicted_blocks += freed
+        return freed
+
+    def evict_unlocked(self) -> int:
+        """Evict every unlocked, unpinned cached block; -> blocks freed."""
+        freed = self.tree.flush("evict_unlocked")
+        self.evicted_blocks += freed
+        return freed
+
+    def pin(self, tokens: list[int], namespace: str) -> int:
+        """Exempt the cached prefix `tokens` from eviction; -> tokens pinned (0: nothing cached)."""
+        return self.tree.pin(tokens, namespace=namespace)
+
+    def unpin(self, tokens: list[int], namespace: str) -> None:
+        self.tree.unpin(tokens, namespace=namespace)
 
     # ---- sequence operations ---------------------------------------------------------------------
     def attach(self, seq: Sequence, hit: PrefixHit) -> None:
@@ -140,30 +218,31 @@ class KVManager:
         NOTE: only full blocks are inserted while a sequence runs: a partial block in the tree would
         be shared, and the sequence's next append into it would need a copy-on-write.
         """
-        if self.caching and seq.table is not None:
+        if seq.table is not None:
             n_full = seq.num_computed // self.block_size
             self._insert(seq, n_full, n_full * self.block_size)
 
     def insert_all(self, seq: Sequence) -> None:
         """Insert every computed token of `seq` (partial last block included) into the tree; the
         sequence is about to release its table."""
-        if self.caching and seq.table is not None and seq.num_computed:
+        if seq.table is not None and seq.num_computed:
             self._insert(seq, self.blocks_for(seq.num_computed), seq.num_computed)
 
     def _insert(self, seq: Sequence, n_blocks: int, n_tokens: int) -> None:
         """Insert `seq.tokens[:n_tokens]` (in `n_blocks` blocks) by the tree's table protocol: the
-        table's new blocks go to the tree and the moved lease keeps them all alive."""
+        table's new blocks go to the tree and the moved lease keeps them all alive. A sequence without
+        a lease (caching off) inserts nothing."""
         table, lease = seq.table, seq.lease
         if table is None or lease is None or n_blocks <= table.leased:
             return
-        self.tree.insert_table(seq.key(n_tokens), table, n_blocks, seq.request.req.namespace, lease)
+        self.cache.insert_table(seq.key(n_tokens), table, n_blocks, seq.request.req.namespace, lease)
         seq.inserted_blocks = n_tokens // self.block_size
 
     def lease_new_path(self, seq: Sequence) -> None:
         """Give a sequence that resumes with blocks of its own (swap-in) a live lease, so its inserts
         lock what they cache, as an admitted sequence's do."""
-        if self.caching and seq.lease is None:
-            seq.lease = self.tree.match((), seq.request.req.namespace).lease
+        if seq.lease is None:
+            seq.lease = self.cache.new_lease(seq.request.req.namespace)
 
     def release(self, seq: Sequence) -> int:
         """Drop `seq`'s table and lease; -> blocks that became free."""

@@ -18,7 +18,7 @@ import sys
 from dataclasses import dataclass, field
 from typing import Any
 
-from radixd.daemon.engine.config import EngineConfig
+from radixd.daemon.engine.config import DEFAULT_BLOCK_SIZE, DEFAULT_KV_CACHE_GB, EngineConfig
 from radixd.daemon.engine.types import EngineError, GenerateRequest, RequestOutput
 from radixd.daemon.model.precision import DTYPE_CHOICES, DTYPE_HELP, default_dtype_name
 from radixd.daemon.sampling import SamplingParams
@@ -40,9 +40,19 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--seed", type=int, default=None)
     parser.add_argument("--n", type=int, default=1, help="parallel samples, forked copy-on-write")
     parser.add_argument("--json", action="store_true", help="print one JSON object per request")
-    parser.add_argument("--block-size", type=int, default=16)
+    parser.add_argument(
+        "--block-size",
+        type=int,
+        default=DEFAULT_BLOCK_SIZE,
+        help=f"tokens per KV block (default {DEFAULT_BLOCK_SIZE})",
+    )
     parser.add_argument("--num-blocks", type=int, default=None, help="KV pool size in blocks")
-    parser.add_argument("--kv-cache-gb", type=float, default=None, help="KV pool size in GiB (default 1)")
+    parser.add_argument(
+        "--kv-cache-gb",
+        type=float,
+        default=None,
+        help=f"KV pool size in GiB (default {DEFAULT_KV_CACHE_GB:g})",
+    )
     parser.add_argument("--no-prefix-cache", action="store_true", help="disable prefix caching")
     parser.add_argument("--device", default="cpu")
     parser.add_argument("--dtype", choices=DTYPE_CHOICES, default=default_dtype_name(), help=DTYPE_HELP)
@@ -176,7 +186,7 @@ def run(args: argparse.Namespace) -> int:
     for spec, p in zip(specs, params, strict=True):
         try:
             req = GenerateRequest(str(spec["id"]), _prompt_ids(loaded.tokenizer, spec), p)
-            core.validate(req)
+            core.validator.validate(req)
         except (ValueError, EngineError) as exc:
             print(f"radixd generate: request {spec.get('id')}: {exc}", file=sys.stderr)
             return 2

@@ -8,44 +8,56 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable
-from typing import TYPE_CHECKING
 
 import structlog
 
+from radixd.daemon.engine.kv import KVManager
+from radixd.daemon.engine.scheduler import Scheduler
 from radixd.daemon.engine.sequence import RequestState, SeqStatus, Sequence
+from radixd.daemon.engine.sessions import SessionManager
+from radixd.daemon.engine.swap import HostSwap
 from radixd.daemon.engine.types import (
     EngineError,
+    EngineFault,
     FinishReason,
     GenerateRequest,
     RequestOutput,
+    Sink,
     TokenLogprob,
 )
 from radixd.daemon.sampling import SampleResult
 
-if TYPE_CHECKING:
-    from radixd.daemon.engine.kv import KVManager
-    from radixd.daemon.engine.scheduler import Scheduler
-    from radixd.daemon.engine.sessions import SessionManager
-    from radixd.daemon.engine.swap import HostSwap
-
-Sink = Callable[[RequestOutput], None]
-
 log = structlog.get_logger("radixd.engine")
 
 
-class OutputMixin:
-    """Token acceptance and request endings of EngineCore."""
+class Outputs:
+    """Token acceptance and request endings (engine thread only).
 
-    requests: dict[str, RequestState]
-    scheduler: Scheduler
-    kv: KVManager
-    swap: HostSwap | None
-    sessions: SessionManager
-    counters: dict[str, int]
-    max_model_len: int
-    on_request_done: Callable[[str], None]
+    `requests` is the engine's table of requests in flight (shared with the core, which adds to it);
+    `counters` the engine's counters. `on_request_done(request_id)` runs once per request that ends.
+    """
 
-    def _emit(self, sink: Sink, out: RequestOutput) -> None:
+    def __init__(
+        self,
+        requests: dict[str, RequestState],
+        scheduler: Scheduler,
+        kv: KVManager,
+        swap: HostSwap | None,
+        sessions: SessionManager,
+        counters: dict[str, int],
+        max_model_len: int,
+    ) -> None:
+        self.requests = requests
+        self.scheduler = scheduler
+        self.kv = kv
+        self.swap = swap
+        self.sessions = sessions
+        self.counters = counters
+        self.max_model_len = max_model_len
+        self.on_request_done: Callable[[str], None] = lambda _rid: None
+
+    def emit(self, sink: Sink, out: RequestOutput) -> None:
+        """Hand `out` to `sink`; a sink that raises is logged and ignored."""
         # NOTE: the request id is bound while the sink runs, so whatever it logs carries it.
         with structlog.contextvars.bound_contextvars(request_id=out.request_id):
             try:
@@ -58,7 +70,7 @@ class OutputMixin:
         self.counters["requests_rejected"] += 1
         log.info("engine.reject", request_id=req.request_id, error=str(exc), code=exc.code)
         for i in range(max(req.sampling.n, 1)):
-            self._emit(
+            self.emit(
                 sink,
                 RequestOutput(
                     request_id=req.request_id,
@@ -78,7 +90,32 @@ class OutputMixin:
             )
         self.on_request_done(req.request_id)
 
-    def _accept(self, seq: Sequence, res: SampleResult) -> None:
+    def emit_errors(self, r: RequestState, message: str) -> None:
+        """A final error output for each index of `r` that has not finished yet."""
+        ended = {s.index for s in r.seqs if s.finished and s.index >= 0}
+        for i in range(r.n):
+            if i not in ended:
+                self.emit(
+                    r.sink,
+                    RequestOutput(
+                        request_id=r.request_id,
+                        index=i,
+                        new_token_ids=[],
+                        text_delta="",
+                        logprobs=None,
+                        prompt_tokens=r.prompt_len,
+                        cached_tokens=r.cached_tokens or 0,
+                        completion_tokens=0,
+                        finished=True,
+                        finish_reason="error",
+                        error=message,
+                        error_code=EngineFault.code,
+                        session_id=r.req.session_id,
+                    ),
+                )
+
+    def accept(self, seq: Sequence, res: SampleResult) -> None:
+        """Append the sampled token to `seq`, stream it, and finish the sequence when it ends."""
         r = seq.request
         tok = res.token_id
         seq.tokens.append(tok)
@@ -97,18 +134,19 @@ class OutputMixin:
         elif reason is None and len(seq.tokens) >= self.max_model_len:
             reason = "length"
         if reason is None:
-            self._send(seq, delta)
+            self.send(seq, delta)
             return
         if seq.text is not None:
             delta += seq.text.finish()
-        self._send(seq, delta, reason)
-        self._finish_seq(seq, reason, emit=False)
+        self.send(seq, delta, reason)
+        self.finish_seq(seq, reason, emit=False)
         if not r.live_seqs:
-            self._finish_request(r)
+            self.finish_request(r)
 
-    def _send(
+    def send(
         self, seq: Sequence, delta: str, reason: FinishReason | None = None, error: str | None = None
     ) -> None:
+        """Emit `seq`'s pending tokens (and `delta`) as one output; `reason` makes it the last."""
         r = seq.request
         now = time.monotonic()
         out = RequestOutput(
@@ -130,15 +168,15 @@ class OutputMixin:
         )
         seq.pending_tokens = []
         seq.pending_logprobs = []
-        self._emit(r.sink, out)
+        self.emit(r.sink, out)
 
-    def _finish_seq(self, seq: Sequence, reason: FinishReason, emit: bool, error: str | None = None) -> None:
+    def finish_seq(self, seq: Sequence, reason: FinishReason, emit: bool, error: str | None = None) -> None:
         """End one sequence: its computed tokens go into the tree, its blocks and lease are freed."""
         if emit:
             indexes = [seq.index] if not seq.is_root else list(range(seq.request.n))
             for i in indexes:
                 seq.index = i
-                self._send(seq, "", reason, error)
+                self.send(seq, "", reason, error)
         self.scheduler.remove(seq)
         if self.swap is not None and seq.host_blocks:
             self.swap.drop(seq)
@@ -147,7 +185,9 @@ class OutputMixin:
         seq.status = SeqStatus.FINISHED
         seq.finish_reason = reason
 
-    def _finish_request(self, r: RequestState) -> None:
+    def finish_request(self, r: RequestState) -> None:
+        """End a request whose sequences have all finished: advance its session, count it, tell the
+        engine (idempotent)."""
         if r.done:
             return
         r.done = True

@@ -17,6 +17,7 @@ from dataclasses import dataclass
 import structlog
 
 from radixd.daemon.engine.config import EngineConfig
+from radixd.daemon.engine.forks import Forker
 from radixd.daemon.engine.kv import KVManager
 from radixd.daemon.engine.policy import pick_victim, running_order, shares_pending_prefix, waiting_order
 from radixd.daemon.engine.sequence import SeqStatus, Sequence
@@ -61,12 +62,12 @@ class Scheduler:
         config: EngineConfig,
         kv: KVManager,
         swap: HostSwap | None,
-        fork_root: Callable[[Sequence], list[Sequence]],
+        forker: Forker,
     ) -> None:
         self.config = config
         self.kv = kv
         self.swap = swap
-        self._fork_root = fork_root
+        self.forker = forker
         self.waiting: list[Sequence] = []
         self.running: list[Sequence] = []
         self.swapped: list[Sequence] = []
@@ -88,6 +89,14 @@ class Scheduler:
 
     def has_work(self) -> bool:
         return bool(self.waiting or self.running or self.swapped)
+
+    def fork_root(self, root: Sequence) -> list[Sequence]:
+        """Replace a root that computed all prompt tokens but the last by its running children."""
+        children = self.forker.fork(root)
+        self.remove(root)
+        for c in children:
+            self.add_running(c)
+        return children
 
     # ---- preemption ------------------------------------------------------------------------------
     def preempt(self, seq: Sequence) -> None:
@@ -197,7 +206,7 @@ class Scheduler:
             if budget <= 0 or len(self.running) >= cfg.max_num_seqs:
                 return
             hit = self.kv.match(seq.key(len(seq.tokens) - 1), seq.request.req.namespace)
-            if self.kv.caching:
+            if self.kv.shares_prefixes:
                 producers = [s for s in self.running if s.num_computed < s.request.prompt_len]
                 if shares_pending_prefix(seq, hit.num_tokens, producers, bs) is not None:
                     hit.release()
@@ -228,7 +237,7 @@ class Scheduler:
                 self.counters.hit_tokens += seq.num_computed
                 self.counters.miss_tokens += req.prompt_len - seq.num_computed
             if seq.is_root and seq.remaining == 0:
-                for child in self._fork_root(seq):
+                for child in self.fork_root(seq):
                     if budget > 0 and self.kv.ensure_free(self.kv.new_blocks_for_append(child, 1)):
                         add_to_plan(child, 1)
                         budget -= 1

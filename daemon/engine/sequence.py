@@ -19,15 +19,13 @@ from __future__ import annotations
 
 import enum
 from array import array
-from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
-from radixd.daemon.engine.types import FinishReason, GenerateRequest, RequestOutput, TokenLogprob
+from radixd.daemon.engine.types import FinishReason, GenerateRequest, Sink, TokenLogprob
 from radixd.radix import TOKEN_BYTES, TokenKey
 
 if TYPE_CHECKING:
-    from radixd.daemon.engine.beam import BeamState
     from radixd.daemon.engine.textstream import TextStream
     from radixd.daemon.sampling import SamplingState
     from radixd.radix import BlockTable, Lease
@@ -38,6 +36,35 @@ class SeqStatus(enum.Enum):
     RUNNING = "running"
     SWAPPED = "swapped"
     FINISHED = "finished"
+
+
+class SeqIds:
+    """Sequence ids, unique within one engine (the components that create sequences share one)."""
+
+    def __init__(self) -> None:
+        self._last = 0
+
+    def next(self) -> int:
+        self._last += 1
+        return self._last
+
+
+@dataclass
+class Hypothesis:
+    """A finished beam-search hypothesis: its summed logprob, generated tokens and finish reason."""
+
+    score: float
+    tokens: list[int]
+    reason: FinishReason
+
+
+@dataclass
+class BeamState:
+    """A beam-search request's search state (see beam.py)."""
+
+    width: int
+    candidates: dict[int, list[tuple[int, float]]] = field(default_factory=dict)  # seq_id -> top-2k
+    finished: list[Hypothesis] = field(default_factory=list)
 
 
 @dataclass(eq=False)
@@ -108,7 +135,7 @@ class RequestState:
     """A submitted request as the engine tracks it."""
 
     req: GenerateRequest
-    sink: Callable[[RequestOutput], None]
+    sink: Sink
     prompt: list[int]  # full prompt (session tokens + the turn's tokens)
     arrival: float
     seqs: list[Sequence] = field(default_factory=list)

@@ -15,7 +15,13 @@ import time
 from dataclasses import dataclass
 
 from radixd.daemon.engine.kv import KVManager
-from radixd.daemon.engine.types import EngineError, GenerateRequest, InvalidRequest, UnknownSession
+from radixd.daemon.engine.types import (
+    EngineError,
+    GenerateRequest,
+    InvalidRequest,
+    TooManySessions,
+    UnknownSession,
+)
 from radixd.radix import Lease
 
 
@@ -118,8 +124,20 @@ class SessionManager:
         self._relock(s, now)
         return self.info(s, now)
 
-    def get(self, session_id: str) -> SessionInfo:
-        return self.info(self._get(session_id))
+    def get(self, session_id: str, namespace: str | None = None) -> SessionInfo:
+        """The session's info; with `namespace`, a session of another tenant reads as unknown."""
+        s = self._get(session_id)
+        if namespace is not None and s.namespace != namespace:
+            raise UnknownSession(f"no open session {session_id!r}; create it first (or it was closed)")
+        return self.info(s)
+
+    def check_room(self, k: int, limit: int | None) -> None:
+        """Refuse `k` more sessions when `limit` (None: no limit) would be exceeded."""
+        if limit is not None and len(self._sessions) + k > limit:
+            raise TooManySessions(
+                f"{len(self._sessions)} sessions are open and at most {limit} may be; close sessions you"
+                " no longer use (CloseSession) or retry later"
+            )
 
     def all(self, namespace: str | None = None) -> list[SessionInfo]:
         now = time.monotonic()
@@ -159,14 +177,14 @@ class SessionManager:
         return self._drop_cached(s)
 
     def _drop_cached(self, s: Session) -> int:
-        if not self.kv.caching or not s.tokens:
+        if not s.tokens:
             return 0
         # NOTE: evict the cached node holding the session's last cached token (and anything below it):
         # what only this session's turns added; shared ancestors (a common system prompt) stay. The
         # token list usually runs one token past the cache (the last sampled token has no KV yet), so
         # evict by the cached prefix, not by the whole list.
         n = self.kv.cached_len(s.tokens, s.namespace)
-        return int(self.kv.tree.evict_prefix(s.tokens[:n], namespace=s.namespace)) if n else 0
+        return self.kv.evict_prefix(s.tokens[:n], s.namespace, count_evicted=False) if n else 0
 
     def release_lease(self, session_id: str) -> None:
         """Drop the session's lock early (memory pressure); the session stays open."""

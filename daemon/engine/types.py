@@ -9,13 +9,21 @@ without knowing each class ("invalid_argument", "not_found", "resource_exhausted
 from __future__ import annotations
 
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Literal
+from typing import TYPE_CHECKING, Literal, get_args
+
+from radixd.radix import errors as radix_errors
 
 if TYPE_CHECKING:
     from radixd.daemon.sampling import SamplingParams
 
 FinishReason = Literal["stop", "length", "abort", "error"]
+
+# NOTE: the one flush vocabulary from the wire (`FLUSH_MODE_EVICT_UNLOCKED`, ...) to the engine; the
+# client library and the server use these names too. Every mode keeps leased and pinned blocks.
+FlushMode = Literal["evict_unlocked", "refuse_if_busy", "wait_for_idle"]
+FLUSH_MODES: tuple[FlushMode, ...] = get_args(FlushMode)
 
 
 class EngineError(Exception):
@@ -24,8 +32,11 @@ class EngineError(Exception):
     code: str = "internal"
 
 
-class InvalidRequest(EngineError):
-    """The request itself is malformed (empty prompt, bad ids, bad sampling values, duplicate id)."""
+class InvalidRequest(EngineError, radix_errors.InvalidRequest):
+    """The request itself is malformed (empty prompt, bad ids, bad sampling values, duplicate id).
+
+    A `radixd.radix.errors.InvalidRequest` too, so one `except` catches a malformed argument wherever
+    it was found."""
 
     code = "invalid_argument"
 
@@ -38,6 +49,12 @@ class UnknownSession(EngineError):
     """No open session has this id (never created, closed, or expired)."""
 
     code = "not_found"
+
+
+class TooManySessions(EngineError):
+    """Opening more sessions would exceed the daemon's limit; close some or retry later."""
+
+    code = "resource_exhausted"
 
 
 class QueueFull(EngineError):
@@ -59,14 +76,15 @@ class EngineFault(EngineError):
     code = "internal"
 
 
-class FlushRefused(EngineError):
-    """A flush in mode "refuse_if_busy" found requests in flight."""
+class FlushRefused(EngineError, radix_errors.FlushRefused):
+    """A flush in mode "refuse_if_busy" found requests in flight (the engine's form of the tree's
+    `radixd.radix.errors.FlushRefused`)."""
 
     code = "failed_precondition"
 
 
 class EngineTimeout(EngineError):
-    """A wait (flush "wait_idle", drain) ran out of time."""
+    """A wait (flush "wait_for_idle", drain) ran out of time."""
 
     code = "deadline_exceeded"
 
@@ -130,3 +148,7 @@ class RequestOutput:
     ttft_s: float | None = None
     error_code: str | None = None
     session_id: str | None = None
+
+
+Sink = Callable[[RequestOutput], None]
+"""Where a request's outputs go; called on the engine thread, one `RequestOutput` at a time."""

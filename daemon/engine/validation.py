@@ -5,49 +5,34 @@ NOTE: reads only values fixed at construction, so `Engine.submit` may call it on
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
-
+from radixd.daemon.engine.kv import KVManager
+from radixd.daemon.engine.limits import check_context, check_token_ids
 from radixd.daemon.engine.types import GenerateRequest, InvalidRequest, RequestTooLarge
 
-if TYPE_CHECKING:
-    from radixd.daemon.engine.config import EngineConfig
-    from radixd.daemon.engine.kv import KVManager
-    from radixd.radix import BlockPool
 
+class Validator:
+    """`validate` / `check_fits` against `max_model_len`, `vocab_size` and the KV pool's size."""
 
-class ValidationMixin:
-    """`validate` / `check_fits` of EngineCore."""
-
-    config: EngineConfig
-    pool: BlockPool
-    kv: KVManager
-    block_size: int
-    vocab_size: int
-    max_model_len: int
-
-    def usable_blocks(self) -> int:
-        return self.pool.num_blocks - 1  # block 0 is the null block
+    def __init__(self, kv: KVManager, max_model_len: int, vocab_size: int) -> None:
+        self.kv = kv
+        self.max_model_len = max_model_len
+        self.vocab_size = vocab_size
 
     def check_fits(self, prompt_len: int, req: GenerateRequest) -> None:
         """Raise RequestTooLarge when the request could never run, even alone in an empty pool."""
         p = req.sampling
+        check_context(prompt_len, p.max_tokens, self.max_model_len)
         total = prompt_len + p.max_tokens
-        if total > self.max_model_len:
-            raise RequestTooLarge(
-                f"prompt ({prompt_len} tokens) + max_tokens ({p.max_tokens}) = {total} exceeds the context"
-                f" limit of {self.max_model_len} tokens; shorten the prompt or lower max_tokens"
-            )
+        kv = self.kv
         width = max(p.n, req.beam_width, 1)
         # The shared prompt once, then per output its generated tokens plus one copied partial block.
-        need = self.kv.blocks_for(prompt_len) + (width if width > 1 else 0) * (
-            self.kv.blocks_for(p.max_tokens) + 1
-        )
+        need = kv.blocks_for(prompt_len) + (width if width > 1 else 0) * (kv.blocks_for(p.max_tokens) + 1)
         if width == 1:
-            need = self.kv.blocks_for(total)
-        if need > self.usable_blocks():
+            need = kv.blocks_for(total)
+        if need > kv.usable_blocks():
             raise RequestTooLarge(
-                f"the request needs up to {need} KV blocks of {self.block_size} tokens but the pool has"
-                f" {self.usable_blocks()}; lower max_tokens / n or start the daemon with more KV memory"
+                f"the request needs up to {need} KV blocks of {kv.block_size} tokens but the pool has"
+                f" {kv.usable_blocks()}; lower max_tokens / n or start the daemon with more KV memory"
             )
 
     def validate(self, req: GenerateRequest) -> None:
@@ -57,13 +42,7 @@ class ValidationMixin:
         ids = req.prompt_token_ids
         if not ids and req.session_id is None:
             raise InvalidRequest("the prompt is empty; send at least one token")
-        bad = [
-            t for t in ids if isinstance(t, bool) or not isinstance(t, int) or not 0 <= t < self.vocab_size
-        ]
-        if bad:
-            raise InvalidRequest(
-                f"prompt token ids must be integers in [0, {self.vocab_size}); got {bad[:5]}"
-            )
+        check_token_ids(ids, self.vocab_size)
         if req.beam_width < 0 or req.beam_width > 10:
             raise InvalidRequest(f"beam_width must be in [0, 10], got {req.beam_width}")
         if req.beam_width and req.sampling.n > req.beam_width:

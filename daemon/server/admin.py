@@ -7,11 +7,22 @@ unlike the public services the admin may act on any tenant.
 from __future__ import annotations
 
 import asyncio
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import grpc
 from radixd_client._pb import cache_admin_pb2, cache_admin_pb2_grpc, common_pb2
 
+from radixd.daemon.engine.commands import (
+    Evict,
+    EvictPrefix,
+    EvictSession,
+    GetLoad,
+    GetStats,
+    LookupPrefix,
+    Pin,
+    Unpin,
+)
+from radixd.daemon.engine.types import FlushMode
 from radixd.daemon.server.auth import admin_namespace
 from radixd.daemon.server.bounds import MAX_FLUSH_TIMEOUT_S, check_id, check_range, check_seconds
 from radixd.daemon.server.convert import prompt_tokens
@@ -20,24 +31,22 @@ from radixd.daemon.server.handler import rpc
 from radixd.daemon.server.sessions import on_engine
 from radixd.daemon.server.state import ServerState
 
-if TYPE_CHECKING:
-    from radixd.daemon.engine.core import EngineCore
-
-_FLUSH = {
-    cache_admin_pb2.FLUSH_MODE_EVICT_UNLOCKED: "all",
+# The wire's FlushMode -> the engine's mode of the same name (tests/clients checks the client agrees).
+_FLUSH: dict[int, FlushMode] = {
+    cache_admin_pb2.FLUSH_MODE_EVICT_UNLOCKED: "evict_unlocked",
     cache_admin_pb2.FLUSH_MODE_REFUSE_IF_BUSY: "refuse_if_busy",
-    cache_admin_pb2.FLUSH_MODE_WAIT_FOR_IDLE: "wait_idle",
+    cache_admin_pb2.FLUSH_MODE_WAIT_FOR_IDLE: "wait_for_idle",
 }
 DEFAULT_FLUSH_WAIT_S = 30.0
 
 
-def cache_stats(core: EngineCore) -> dict[str, Any]:
-    """GetCacheStats fields as a dict (engine thread); also feeds the Prometheus collector.
+def cache_stats(stats: dict[str, Any]) -> dict[str, Any]:
+    """GetCacheStats fields as a dict, from the engine's stats (`GetStats`); also feeds the
+    Prometheus collector.
 
     Hits and misses are counted per admitted request, not per tree lookup: hit_tokens + miss_tokens =
     prompt tokens, and hit_tokens sums the requests' `cached_tokens`.
     """
-    stats = core.stats()
     cache = stats["cache"]
     return {
         "block_size": cache.block_size,
@@ -77,14 +86,13 @@ class CacheAdminServicer(cache_admin_pb2_grpc.CacheAdminServiceServicer):
         if target == "num_blocks":
             total = state.limits.total_blocks
             n = check_range("num_blocks", request.num_blocks, 0, total, "; Flush empties the whole cache")
-            freed = await on_engine(state, lambda c: c.evict(n))
+            freed = await on_engine(state, Evict(n))
         elif target == "prefix":
             tokens = await self._tokens(request.prefix, "prefix")
-            freed = await on_engine(state, lambda c: c.evict_prefix(tokens, ns))
+            freed = await on_engine(state, EvictPrefix(tokens, ns))
         elif target == "session_id":
             sid = check_id("session_id", request.session_id)
-
-            freed = await on_engine(state, lambda c: c.sessions.evict_cached(sid))
+            freed = await on_engine(state, EvictSession(sid))
         else:
             raise bad_request("evict needs a target: num_blocks, prefix or session_id")
         return cache_admin_pb2.EvictResponse(evicted_blocks=freed)
@@ -104,7 +112,7 @@ class CacheAdminServicer(cache_admin_pb2_grpc.CacheAdminServiceServicer):
             check_seconds("timeout_s", request.timeout_s, MAX_FLUSH_TIMEOUT_S, f"{DEFAULT_FLUSH_WAIT_S:g} s")
             or DEFAULT_FLUSH_WAIT_S
         )
-        freed = await asyncio.wrap_future(state.engine.flush(mode, timeout))  # type: ignore[arg-type]
+        freed = await asyncio.wrap_future(state.engine.flush(mode, timeout))
         return cache_admin_pb2.FlushResponse(evicted_blocks=freed)
 
     @rpc("Pin")
@@ -112,8 +120,7 @@ class CacheAdminServicer(cache_admin_pb2_grpc.CacheAdminServiceServicer):
         self.state.check_admin(context)
         ns = admin_namespace(check_id("namespace", request.namespace))
         tokens = await self._tokens(request.prefix, "prefix")
-
-        pinned = await on_engine(self.state, lambda c: c.pin(tokens, ns))
+        pinned = await on_engine(self.state, Pin(tokens, ns))
         if pinned == 0:
             raise RpcFailure(
                 grpc.StatusCode.FAILED_PRECONDITION,
@@ -128,7 +135,7 @@ class CacheAdminServicer(cache_admin_pb2_grpc.CacheAdminServiceServicer):
         self.state.check_admin(context)
         ns = admin_namespace(check_id("namespace", request.namespace))
         tokens = await self._tokens(request.prefix, "prefix")
-        await on_engine(self.state, lambda c: c.unpin(tokens, ns))
+        await on_engine(self.state, Unpin(tokens, ns))
         return cache_admin_pb2.UnpinResponse()
 
     @rpc("GetCacheStats")
@@ -136,7 +143,7 @@ class CacheAdminServicer(cache_admin_pb2_grpc.CacheAdminServiceServicer):
         self, request: cache_admin_pb2.GetCacheStatsRequest, context: Any
     ) -> cache_admin_pb2.GetCacheStatsResponse:
         self.state.check_admin(context)
-        stats = await on_engine(self.state, cache_stats)
+        stats = cache_stats(await on_engine(self.state, GetStats()))
         for gauge in ("running", "waiting", "swapped"):  # GetLoad reports these
             stats.pop(gauge)
         return cache_admin_pb2.GetCacheStatsResponse(**stats)
@@ -148,7 +155,7 @@ class CacheAdminServicer(cache_admin_pb2_grpc.CacheAdminServiceServicer):
         self.state.check_admin(context)
         ns = admin_namespace(check_id("namespace", request.namespace))
         tokens = await self._tokens(request.prompt, "prompt")
-        cached = await on_engine(self.state, lambda c: c.lookup_prefix(tokens, ns))
+        cached = await on_engine(self.state, LookupPrefix(tokens, ns))
         return cache_admin_pb2.LookupPrefixResponse(prompt_tokens=len(tokens), cached_tokens=cached)
 
     @rpc("GetLoad")
@@ -157,19 +164,15 @@ class CacheAdminServicer(cache_admin_pb2_grpc.CacheAdminServiceServicer):
     ) -> cache_admin_pb2.GetLoadResponse:
         state = self.state
         state.check_admin(context)
-
-        def load(core: EngineCore) -> tuple[dict[str, int], int, int]:
-            return core.load(), len(core.sessions), core.config.max_waiting
-
-        load_now, sessions, max_queue = await on_engine(state, load)
+        load = await on_engine(state, GetLoad())
         return cache_admin_pb2.GetLoadResponse(
-            running_requests=load_now["running"],
-            waiting_requests=load_now["waiting"],
-            swapped_requests=load_now["swapped"],
-            max_queue=max_queue,
-            free_blocks=load_now["free_blocks"],
-            total_blocks=load_now["total_blocks"],
-            sessions=sessions,
+            running_requests=load.running,
+            waiting_requests=load.waiting,
+            swapped_requests=load.swapped,
+            max_queue=load.max_waiting,
+            free_blocks=load.free_blocks,
+            total_blocks=load.total_blocks,
+            sessions=load.sessions,
             draining=state.draining,
         )
 

@@ -39,6 +39,7 @@ from radixd_client._pb import (
     session_pb2_grpc,
 )
 
+from radixd.daemon.engine.commands import GetStats
 from radixd.daemon.engine.config import EngineConfig
 from radixd.daemon.engine.factory import BuiltEngine, build_engine
 from radixd.daemon.loaders import ModelLoadError
@@ -46,11 +47,11 @@ from radixd.daemon.log import get_logger
 from radixd.daemon.server.admin import CacheAdminServicer, cache_stats
 from radixd.daemon.server.auth import Authenticator, load_api_keys
 from radixd.daemon.server.bounds import prompt_char_bound
+from radixd.daemon.server.cache_feed import CacheFeed
 from radixd.daemon.server.events import CacheEventHub, TreeEventBridge
 from radixd.daemon.server.gateway_metrics import InferenceExtensionCollector
 from radixd.daemon.server.generation import GenerationServicer
 from radixd.daemon.server.health import PortHealth
-from radixd.daemon.server.kv_events import KvLogBridge, TeeListener
 from radixd.daemon.server.metrics import Metrics
 from radixd.daemon.server.reflection import DescriptorFiles, add_reflection
 from radixd.daemon.server.sessions import SessionServicer
@@ -184,7 +185,7 @@ def build_state(args: argparse.Namespace, built: BuiltEngine) -> ServerState:
             stream_buffer=args.stream_buffer,
             max_prompt_chars=prompt_char_bound(built.tokenizer.longest_token_chars, core.max_model_len),
             vocab_size=built.tokenizer.vocab_size,
-            total_blocks=core.usable_blocks(),
+            total_blocks=core.kv.usable_blocks(),
         ),
         events=CacheEventHub(core.block_size),
         model_name=str(args.model or "SmolLM2-135M-Instruct (embedded)"),
@@ -229,7 +230,7 @@ def _start_metrics(state: ServerState, args: argparse.Namespace) -> tuple[Any, i
 
     def read_stats() -> dict[str, Any] | None:
         try:
-            return engine.call(cache_stats).result(timeout=2.0)
+            return cache_stats(engine.execute(GetStats()).result(timeout=2.0))
         except Exception:  # a scrape must never fail the exporter (engine busy, stopping, ...)
             return None
 
@@ -301,7 +302,9 @@ async def start(args: argparse.Namespace, built: BuiltEngine) -> Daemon:
     public, admin, health_servicer = _servers(state, args)
     loop = asyncio.get_running_loop()
     # The vLLM worker protocol (for gateways such as smg) beside radixd.v1 on the public port.
-    kv_logs = add_vllm_service(public, state, built, args, loop)
+    add_vllm_service(public, state, built, args, loop)
+    hub = state.events
+    hub.feed = CacheFeed(state.engine, TreeEventBridge(hub, loop), on_detach=hub.unobserved)
     port = _bind(public, args.host, args.port, creds)
     admin_port = _bind(admin, args.admin_host, args.admin_port, creds, "--admin-port")
     metrics_server, metrics_port = _start_metrics(state, args)
@@ -316,9 +319,8 @@ async def start(args: argparse.Namespace, built: BuiltEngine) -> Daemon:
         metrics_server,
         args.grace_period,
     )
-    # NOTE: both set before the engine thread starts, which from then on alone touches the tree; the
-    # hook is in place before the engine can die.
-    built.core.tree.listener = TeeListener(TreeEventBridge(state.events, loop), KvLogBridge(kv_logs, loop))
+    # NOTE: set before the engine thread starts, so the hook is in place before the engine can die.
+    # (Cache-event listeners are installed through engine commands, only while someone subscribes.)
     state.engine.on_fatal = daemon.on_engine_death(loop)
     state.engine.start()
     await public.start()

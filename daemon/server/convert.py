@@ -11,6 +11,7 @@ from typing import TYPE_CHECKING, Any, Protocol
 
 from radixd_client._pb import common_pb2
 
+from radixd.daemon.engine.limits import check_token_ids
 from radixd.daemon.sampling import SamplingParams
 from radixd.daemon.server.bounds import (
     INLINE_TOKENIZE_CHARS,
@@ -122,16 +123,6 @@ def sampling_params(msg: common_pb2.SamplingParams, limits: Limits) -> SamplingP
         return SamplingParams(**kwargs)
     except (ValueError, TypeError) as exc:
         raise bad_request(f"invalid sampling parameters: {exc}") from exc
-
-
-def check_token_ids(ids: Sequence[int], vocab_size: int, what: str = "prompt") -> list[int]:
-    """Reject negative or out-of-vocabulary ids with the first offending position."""
-    for pos, tid in enumerate(ids):
-        if tid < 0 or tid >= vocab_size:
-            raise bad_request(
-                f"{what} token id {tid} at position {pos} is out of range; ids must be in [0, {vocab_size})"
-            )
-    return list(ids)
 
 
 def check_prompt(prompt: common_pb2.Prompt, limits: Limits, what: str = "prompt") -> None:

@@ -3,28 +3,38 @@
 NOTE: the radix tree is the only source of events. `TreeEventBridge` is the tree's listener: it runs on
 the engine thread inside the tree's operations, so it only posts each change to the event loop, where
 `CacheEventHub` numbers it, keeps the recent ones for replay and fans it out. Every change is
-reported, LRU evictions under memory pressure included, so a subscriber's map stays exact.
+reported while someone subscribes, LRU evictions under memory pressure included, so a subscriber's
+map stays exact. The listener is installed only then (the hub's `feed`, see cache_feed.py): when the
+last subscriber leaves, the hub spends one sequence number on the unobserved stretch and drops what it
+retained, so a later resume from an older sequence is told to resynchronize instead of missing
+changes.
 """
 
 from __future__ import annotations
 
 import asyncio
 import collections
+import contextlib
 import secrets
 import time
-from collections.abc import AsyncIterator
+from collections.abc import AsyncGenerator, AsyncIterator
 
 import grpc
 from radixd_client._pb import cache_admin_pb2
 
 from radixd.daemon.server.auth import tenant_of
+from radixd.daemon.server.cache_feed import CacheFeed
 from radixd.daemon.server.errors import RpcFailure
 
 Event = cache_admin_pb2.SubscribeCacheEventsResponse
 
 
 class CacheEventHub:
-    """Keeps the last `retain` events for replay and fans new ones out to bounded subscriber queues."""
+    """Keeps the last `retain` events for replay and fans new ones out to bounded subscriber queues.
+
+    `feed`: installs the tree listener feeding this hub while anyone subscribes (None: the owner
+    keeps one installed, as unit tests do).
+    """
 
     def __init__(self, block_size: int, retain: int = 4096, subscriber_buffer: int = 1024) -> None:
         self.block_size = block_size
@@ -34,6 +44,7 @@ class CacheEventHub:
         self._buffer = subscriber_buffer
         # Sequences restart at 1 with every daemon start; the id tells a restart from a gap.
         self.start_id = f"{int(time.time())}-{secrets.token_hex(4)}"
+        self.feed: CacheFeed | None = None
 
     @property
     def sequence(self) -> int:
@@ -77,8 +88,21 @@ class CacheEventHub:
     def cleared(self) -> None:
         self._publish(cache_admin_pb2.CACHE_EVENT_KIND_CLEARED, "", [], 0)
 
+    def unobserved(self) -> None:
+        """The listener is gone (the feed's last subscriber left): changes from now on go unreported,
+        so nothing retained can bring a resuming subscriber up to date any more. One sequence number
+        marks the gap: a resume from before it is refused (resync), new subscribers start after it."""
+        self._recent.clear()
+        self._seq += 1
+
     async def subscribe(self, after_sequence: int) -> AsyncIterator[Event]:
         """Replay retained events after `after_sequence` (0 = none), then stream new ones."""
+        feed = self.feed.subscribed() if self.feed is not None else contextlib.nullcontext()
+        async with feed, contextlib.aclosing(self._stream(after_sequence)) as events:
+            async for event in events:
+                yield event
+
+    async def _stream(self, after_sequence: int) -> AsyncGenerator[Event, None]:
         q: asyncio.Queue[Event | None] = asyncio.Queue(self._buffer)
         self._subscribers.add(q)
         try:

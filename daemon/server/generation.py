@@ -7,11 +7,12 @@ from typing import Any
 
 from radixd_client._pb import generation_pb2, generation_pb2_grpc
 
+from radixd.daemon.engine.limits import check_context, check_token_ids
 from radixd.daemon.server.bounds import check_count, check_id
-from radixd.daemon.server.convert import check_token_ids, prompt_tokens, sampling_params
+from radixd.daemon.server.convert import prompt_tokens, sampling_params
 from radixd.daemon.server.handler import rpc
 from radixd.daemon.server.state import ServerState
-from radixd.daemon.server.streaming import RequestRegistry, check_deadline, check_fits, run_stream
+from radixd.daemon.server.streaming import RequestRegistry, check_deadline, run_stream
 
 FEATURES = ("sessions", "fork", "logprobs", "chat_template", "tenants", "cache_events", "n")
 
@@ -31,7 +32,7 @@ class GenerationServicer(generation_pb2_grpc.GenerationServiceServicer):
         check_id("request_id", request.request_id)
         sampling = sampling_params(request.sampling, state.limits)
         ids = await prompt_tokens(state, request.prompt)
-        check_fits(state, len(ids), sampling)
+        check_context(len(ids), sampling.max_tokens, state.limits.context_length)
         with state.stream_slot():
             await run_stream(
                 state,

@@ -29,8 +29,6 @@ from dataclasses import dataclass
 from smg_grpc_proto.generated import common_pb2
 from smg_grpc_proto.generated.common_pb2 import KvEventBatch as Batch
 
-from radixd.radix.events import CacheListener
-
 Schedule = Callable[[Callable[[], None]], object]
 # Blocks per snapshot chunk: keeps one KvEventBatch far below gRPC's default 4 MiB message limit.
 SNAPSHOT_CHUNK_BLOCKS = 1024
@@ -182,6 +180,15 @@ class NamespaceKvLog:
     def unsubscribe(self, key: object) -> None:
         self._queues.pop(key, None)
 
+    def unobserved(self) -> None:
+        """The tree listener is gone: forget the live blocks and the history (they would go stale)
+        and spend one sequence number on the gap, so a resume from before it gets a snapshot."""
+        self.blocks.clear()
+        self.history.clear()
+        self._pending = []
+        if self.sequence:
+            self.sequence += 1
+
     @property
     def num_subscribers(self) -> int:
         return len(self._queues)
@@ -255,6 +262,16 @@ class KvEventLogs:
         for log in self._logs.values():
             log.cleared()
 
+    def publish_pending(self) -> None:
+        """Publish what every log has pending now (after a replay, before a snapshot is taken)."""
+        for log in self._logs.values():
+            log.publish()
+
+    def unobserved(self) -> None:
+        """The tree listener is gone: every log forgets its state (see `NamespaceKvLog.unobserved`)."""
+        for log in self._logs.values():
+            log.unobserved()
+
 
 class KvLogBridge:
     """A radix tree listener (engine thread) that hands each change to `KvEventLogs` on the loop."""
@@ -274,22 +291,3 @@ class KvLogBridge:
     def cleared(self) -> None:
         with contextlib.suppress(RuntimeError):
             self._loop.call_soon_threadsafe(self._logs.cleared)
-
-
-class TeeListener:
-    """Hands every tree change to several listeners, in order (the tree takes one listener)."""
-
-    def __init__(self, *listeners: CacheListener) -> None:
-        self._listeners = listeners
-
-    def stored(self, namespace: str, tokens: list[int], start: int, num_blocks: int) -> None:
-        for listener in self._listeners:
-            listener.stored(namespace, tokens, start, num_blocks)
-
-    def removed(self, namespace: str, tokens: list[int], start: int, num_blocks: int, reason: str) -> None:
-        for listener in self._listeners:
-            listener.removed(namespace, tokens, start, num_blocks, reason)
-
-    def cleared(self) -> None:
-        for listener in self._listeners:
-            listener.cleared()

@@ -1,31 +1,34 @@
 """SessionService: sessions, turns, copy-on-write forks.
 
-Session operations run on the engine thread (`Engine.call`), which owns the session table and the
-cache leases. A session belongs to the namespace (tenant) that created it; other tenants get NOT_FOUND.
+Session operations are engine commands (`Engine.execute`), applied on the engine thread, which owns
+the session table and the cache leases. A session belongs to the namespace (tenant) that created it;
+other tenants get NOT_FOUND.
 """
 
 from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import Callable
-from typing import TYPE_CHECKING, Any, TypeVar
+from typing import Any, TypeVar
 
-import grpc
 from radixd_client._pb import session_pb2, session_pb2_grpc
 
-from radixd.daemon.engine.types import GenerateRequest, UnknownSession
-from radixd.daemon.sampling import SamplingParams
+from radixd.daemon.engine.commands import (
+    CloseSession,
+    Command,
+    CreateSession,
+    ForkSession,
+    GetSession,
+    ListSessions,
+)
+from radixd.daemon.engine.limits import check_context
+from radixd.daemon.engine.sessions import SessionInfo
 from radixd.daemon.server.bounds import MAX_FORK, MAX_SESSION_TTL_S, check_id, check_range, check_seconds
 from radixd.daemon.server.convert import prompt_tokens, sampling_params
-from radixd.daemon.server.errors import RpcFailure, bad_request
+from radixd.daemon.server.errors import bad_request
 from radixd.daemon.server.handler import rpc
 from radixd.daemon.server.state import ServerState
-from radixd.daemon.server.streaming import RequestRegistry, check_deadline, check_fits, run_stream
-
-if TYPE_CHECKING:
-    from radixd.daemon.engine.core import EngineCore
-    from radixd.daemon.engine.sessions import SessionInfo
+from radixd.daemon.server.streaming import RequestRegistry, check_deadline, run_stream
 
 T = TypeVar("T")
 
@@ -42,30 +45,16 @@ def session_message(info: SessionInfo) -> session_pb2.Session:
     )
 
 
-async def on_engine(state: ServerState, fn: Callable[[EngineCore], T]) -> T:
-    """Run `fn(core)` on the engine thread and await its result without blocking the loop."""
-    return await asyncio.wrap_future(state.engine.call(fn))
+async def on_engine(state: ServerState, cmd: Command[T]) -> T:
+    """Apply `cmd` on the engine thread and await its result without blocking the loop."""
+    return await asyncio.wrap_future(state.engine.execute(cmd))
 
 
-def check_session_room(core: EngineCore, state: ServerState, k: int) -> None:
-    """Refuse `k` more sessions when the daemon already holds its maximum (engine thread)."""
-    limit = state.limits.max_sessions
-    if len(core.sessions) + k > limit:
-        raise RpcFailure(
-            grpc.StatusCode.RESOURCE_EXHAUSTED,
-            f"{len(core.sessions)} sessions are open and at most {limit} may be; close sessions you no"
-            " longer use (CloseSession) or retry later",
-        )
-
-
-def owned(core: EngineCore, session_id: str, namespace: str) -> SessionInfo:
-    """The session if it exists in `namespace` (engine thread); UnknownSession otherwise."""
-    if not session_id:
+def session_id_of(value: str) -> str:
+    """A session id from a request: bounded, and not empty."""
+    if not value:
         raise bad_request("session_id is empty; pass the id CreateSession returned")
-    info = core.sessions.get(session_id)
-    if info.namespace != namespace:
-        raise UnknownSession(f"no open session {session_id!r}; create it first (or it was closed)")
-    return info
+    return check_id("session_id", value)
 
 
 class SessionServicer(session_pb2_grpc.SessionServiceServicer):
@@ -88,16 +77,9 @@ class SessionServicer(session_pb2_grpc.SessionServiceServicer):
         )
         # NOTE: the context must leave room for the first reply token, in the context window and in the
         # pool, else every turn would be refused: the same checks (and messages) as Generate.
-        probe = SamplingParams(max_tokens=1)
-        check_fits(state, len(tokens), probe)
-
-        def create(core: EngineCore) -> SessionInfo:
-            check_session_room(core, state, 1)
-            if tokens:
-                core.check_fits(len(tokens), GenerateRequest("session-context", tokens, probe, ns))
-            return core.sessions.create(None, ns, tokens, ttl)
-
-        info = await on_engine(state, create)
+        check_context(len(tokens), 1, state.limits.context_length)
+        limit = state.limits.max_sessions
+        info = await on_engine(state, CreateSession(ns, tokens, ttl, max_sessions=limit))
         return session_pb2.CreateSessionResponse(session=session_message(info))
 
     @rpc("SessionGenerate")
@@ -110,12 +92,12 @@ class SessionServicer(session_pb2_grpc.SessionServiceServicer):
         sid = check_id("session_id", request.session_id)
         check_id("request_id", request.request_id)
         sampling = sampling_params(request.sampling, state.limits)
-        info = await on_engine(state, lambda c: owned(c, sid, ns))
+        info = await on_engine(state, GetSession(session_id_of(sid), ns))
         tail = state.tokenizer.decode(info.tokens[-4:]) if info.tokens else ""
         ids = await prompt_tokens(state, request.prompt, continuation=bool(info.tokens), context_tail=tail)
         if sampling.n != 1:
             raise bad_request(f"a session turn produces one reply; n must be 1, got {sampling.n}")
-        check_fits(state, info.num_tokens + len(ids), sampling)
+        check_context(info.num_tokens + len(ids), sampling.max_tokens, state.limits.context_length)
         with state.stream_slot():
             await run_stream(
                 state,
@@ -138,13 +120,8 @@ class SessionServicer(session_pb2_grpc.SessionServiceServicer):
         state.refuse_if_draining()
         ns = state.namespace(context)
         k = check_range("count", request.count, 1, MAX_FORK)
-        sid = check_id("session_id", request.session_id)
-
-        def fork(core: EngineCore) -> list[SessionInfo]:
-            owned(core, sid, ns)
-            check_session_room(core, state, k)
-            return core.sessions.fork(sid, k)
-
+        sid = session_id_of(request.session_id)
+        fork = ForkSession(sid, k, ns, max_sessions=state.limits.max_sessions)
         children = await on_engine(state, fork)
         return session_pb2.ForkSessionResponse(children=[session_message(c) for c in children])
 
@@ -153,8 +130,8 @@ class SessionServicer(session_pb2_grpc.SessionServiceServicer):
         self, request: session_pb2.GetSessionRequest, context: Any
     ) -> session_pb2.GetSessionResponse:
         ns = self.state.namespace(context)
-        sid = check_id("session_id", request.session_id)
-        info = await on_engine(self.state, lambda c: owned(c, sid, ns))
+        sid = session_id_of(request.session_id)
+        info = await on_engine(self.state, GetSession(sid, ns))
         return session_pb2.GetSessionResponse(session=session_message(info))
 
     @rpc("ListSessions")
@@ -169,7 +146,7 @@ class SessionServicer(session_pb2_grpc.SessionServiceServicer):
         # NOTE: pages are ordered by session id; the token is the last id of the previous page, so a
         # session created or closed between pages never shifts the others.
         after = check_id("page_token", request.page_token)
-        infos = await on_engine(self.state, lambda c: c.list_sessions(ns))
+        infos = await on_engine(self.state, ListSessions(ns))
         rest = sorted((i for i in infos if i.session_id > after), key=lambda i: i.session_id)
         page = rest[:size]
         token = page[-1].session_id if len(rest) > size else ""
@@ -182,11 +159,6 @@ class SessionServicer(session_pb2_grpc.SessionServiceServicer):
         self, request: session_pb2.CloseSessionRequest, context: Any
     ) -> session_pb2.CloseSessionResponse:
         ns = self.state.namespace(context)
-        sid, drop = check_id("session_id", request.session_id), request.drop_cache
-
-        def close(core: EngineCore) -> int:
-            owned(core, sid, ns)
-            return core.sessions.close(sid, keep_cached=not drop)
-
-        freed = await on_engine(self.state, close)
+        sid = session_id_of(request.session_id)
+        freed = await on_engine(self.state, CloseSession(sid, ns, keep_cached=not request.drop_cache))
         return session_pb2.CloseSessionResponse(freed_blocks=freed)

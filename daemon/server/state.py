@@ -14,6 +14,7 @@ from typing import TYPE_CHECKING, Any
 
 import grpc
 
+from radixd.daemon.engine.config import DEFAULT_BLOCK_SIZE
 from radixd.daemon.server.auth import Authenticator, AuthError
 from radixd.daemon.server.bounds import DEFAULT_MAX_SESSIONS
 from radixd.daemon.server.errors import RpcFailure
@@ -70,7 +71,7 @@ class ServerState:
     limits: Limits
     events: CacheEventHub
     model_name: str = ""
-    block_size: int = 16
+    block_size: int = DEFAULT_BLOCK_SIZE
     eos_token_ids: tuple[int, ...] = ()
     draining: bool = False
     active_streams: int = 0

@@ -57,16 +57,6 @@ class RequestRegistry:
         return self._ids.get((namespace, client_id))
 
 
-def check_fits(state: ServerState, prompt_len: int, sampling: SamplingParams) -> None:
-    """prompt + max_tokens must fit the context window."""
-    limit = state.limits.context_length
-    if prompt_len + sampling.max_tokens > limit:
-        raise bad_request(
-            f"prompt ({prompt_len} tokens) + max_tokens ({sampling.max_tokens}) exceeds the context length"
-            f" ({limit}); shorten the prompt or lower max_tokens to at most {max(0, limit - prompt_len)}"
-        )
-
-
 async def run_stream(
     state: ServerState,
     registry: RequestRegistry,

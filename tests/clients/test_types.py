@@ -81,3 +81,13 @@ def test_health_wire_format_matches_grpc_health() -> None:
         data = health_pb2.HealthCheckResponse(status=status).SerializeToString()
         assert decode_health_response(data) == name
     assert decode_health_response(b"") == "UNKNOWN"
+
+
+def test_client_flush_modes_are_the_engines() -> None:
+    """One flush vocabulary from the wire to the engine: the client (installable alone, so it cannot
+    import the daemon) names the modes exactly as the engine's `FlushMode` does."""
+    from radixd_client.types import FLUSH_MODES as CLIENT_FLUSH_MODES
+
+    from radixd.daemon.engine.types import FLUSH_MODES
+
+    assert sorted(CLIENT_FLUSH_MODES) == sorted(FLUSH_MODES)

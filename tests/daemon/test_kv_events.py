@@ -95,9 +95,9 @@ def test_random_inserts_evictions_and_flushes_keep_the_router_exact(
         elif op < 0.9:
             tree.evict(rng.randrange(1, 6))
         elif op < 0.97:
-            tree.flush("unlocked")
+            tree.flush("evict_unlocked")
         else:
-            tree.flush("force")
+            tree.flush("drop_all")
         assert model.blocks == expected_blocks(tree), f"step {step}"
     assert logs.log("").sequence > 100
 
@@ -132,7 +132,7 @@ def test_a_force_flush_publishes_cleared_and_an_eviction_removes_leaf_blocks(
     last = logs.log("").history[-1].events[0]
     assert last.WhichOneof("data") == "removed" and len(last.removed.block_hashes) == 1
     assert len(model.blocks) == 3
-    tree.flush("force")
+    tree.flush("drop_all")
     assert logs.log("").history[-1].events[0].WhichOneof("data") == "cleared"
     assert model.blocks == {}
 
@@ -199,3 +199,21 @@ def test_events_of_one_loop_tick_form_one_batch() -> None:
     assert log.sequence == 0 and len(scheduled) == 1
     log.publish()
     assert log.sequence == 1 and len(log.history[0].events) == 2
+
+
+def test_a_replay_into_a_late_listener_gives_it_the_cached_content() -> None:
+    """`RadixTree.replay`: an observer attached to a tree that already holds content learns all of it,
+    parents before children, and then follows the live changes exactly."""
+    tree = RadixTree(BlockPool(48, BS))
+    rng = random.Random(7)
+    for _ in range(12):
+        cache(tree, [rng.randrange(3) for _ in range(rng.randrange(1, 14))], rng.choice(["", "t"]))
+    logs = KvEventLogs(BS)
+    model = RouterModel()
+    logs.log("").subscribe(object(), lambda b: model.apply(b) is None)
+    assert tree.replay(logs) == tree.num_nodes
+    assert model.blocks == expected_blocks(tree)
+    tree.listener = logs
+    cache(tree, [9, 9, 9, 9, 9, 9, 9, 9, 1])
+    tree.evict(3)
+    assert model.blocks == expected_blocks(tree)

@@ -182,6 +182,9 @@ def test_cache_events_mirror_the_cache(tenants: RunningDaemon) -> None:
     with tenants.client() as c:
         c.flush()  # start from an empty cache, so the stream below describes all of it
         before = tenants.state.events.num_subscribers
+        kv = tenants.state.engine.core.kv
+        # Nobody subscribes yet: the tree has no listener, so its changes cost no translation.
+        wait_until(lambda: not kv.listening, what="no cache listener without subscribers")
         stream = c.cache_events(timeout=60)
         got: list[Any] = []
         ready = threading.Event()
@@ -199,6 +202,7 @@ def test_cache_events_mirror_the_cache(tenants: RunningDaemon) -> None:
         ready.wait(5)
         # The stream carries only events after it registers: act once the server has registered it.
         wait_until(lambda: tenants.state.events.num_subscribers > before, what="the subscription to register")
+        assert kv.listening  # installed before the subscription registered, so no event is missed
         prompts = ["Events test one. " + PROMPT, "Events test one. " + PROMPT + " And another turn."]
         for p in prompts:
             c.complete(p, max_tokens=3, temperature=0.0)
@@ -225,6 +229,7 @@ def test_cache_events_mirror_the_cache(tenants: RunningDaemon) -> None:
         wait_until(lambda: blocks(REMOVED) == blocks(STORED), timeout=10, what="flush removals to arrive")
         stream.cancel()
         t.join(10)
+        wait_until(lambda: not kv.listening, what="the last unsubscribe to remove the listener")
     kinds = {e.kind for e in got}
     # An unlocked flush removes leaf by leaf (a locked node would stay); CLEARED means a forced drop.
     assert STORED in kinds and REMOVED in kinds and CLEARED not in kinds

@@ -92,7 +92,7 @@ def test_streams_past_the_grace_period_are_cancelled_and_release_their_blocks(
                 list(stream)
         core = d.state.engine.core
         assert not core.requests, "the cut-off request is still in the engine"
-        assert core.pool.num_free == core.usable_blocks() - core.tree.stats().evictable_blocks
+        assert core.kv.pool.num_free == core.kv.usable_blocks() - core.kv.tree.stats().evictable_blocks
     finally:
         if not stopped:
             stop_daemon(d)

@@ -12,6 +12,7 @@ import pytest
 from e2e_kit import RunningDaemon, serve_args, start_daemon, stop_daemon, wait_until
 from radixd_client import Client
 
+from radixd.daemon.engine.commands import GetStats
 from radixd.daemon.loaders import LoadedModel
 
 pytestmark = pytest.mark.slow
@@ -102,7 +103,7 @@ def test_a_64_block_pool_finishes_the_load_like_an_uncontended_one(
         with d.client() as c:
             outs, elapsed = _workload(c)
             load = c.load()
-        stats = d.state.engine.call(lambda core: core.stats()).result(10)
+        stats = d.state.engine.execute(GetStats()).result(10)
     finally:
         stop_daemon(d)
     assert elapsed < TIMEOUT_S

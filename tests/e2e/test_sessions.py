@@ -9,6 +9,8 @@ import pytest
 from e2e_kit import RunningDaemon
 from radixd_client import Session
 
+from radixd.daemon.engine.commands import GetSession
+
 pytestmark = pytest.mark.slow
 SYSTEM = [{"role": "system", "content": "You are a terse assistant. Answer in one short sentence."}]
 
@@ -93,7 +95,7 @@ def test_session_context_matches_the_chat_template(daemon: RunningDaemon) -> Non
         reply = s.send([{"role": "user", "content": user1}], max_tokens=6, temperature=0.0).collect().text
         second = s.send([{"role": "user", "content": user2}], max_tokens=2, temperature=0.0).collect()
         sid = s.id
-        tokens = daemon.state.engine.call(lambda core: core.sessions.get(sid)).result(10).tokens
+        tokens = daemon.state.engine.execute(GetSession(sid)).result(10).tokens
         s.close()
     conversation = [
         *SYSTEM,

@@ -92,11 +92,11 @@ def test_flush_modes_with_leases_held(tree: RadixTree) -> None:
     cache(tree, B)
     m = tree.match(A)
     with pytest.raises(FlushRefused, match="1 lease"):
-        tree.flush("refuse")
+        tree.flush("refuse_if_leased")
     assert tree.num_cached_blocks == 4
-    assert tree.flush("unlocked") == 2 and tree.peek(A) == 8
+    assert tree.flush("evict_unlocked") == 2 and tree.peek(A) == 8
     m.lease.release()
-    assert tree.flush("refuse") == 2
+    assert tree.flush("refuse_if_leased") == 2
     assert tree.pool.num_free == tree.pool.num_usable
     with pytest.raises(ValueError, match="flush mode"):
         tree.flush("bogus")  # type: ignore[arg-type]
@@ -108,7 +108,7 @@ def test_force_flush_makes_outstanding_leases_inert(tree: RadixTree) -> None:
     m = tree.match(A)
     table = BlockTable(pool)
     table.share_prefix(m.blocks, m.num_tokens)
-    assert tree.flush("force") == 2
+    assert tree.flush("drop_all") == 2
     assert tree.num_nodes == 0 and tree.num_leases == 0
     m.lease.release()  # its nodes are gone: a harmless no-op
     m.lease.release()

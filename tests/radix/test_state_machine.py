@@ -41,7 +41,7 @@ class Seq:
     namespace: str
     lease: Lease
     # The test's own record, independent of the tree: the lease was not released (nor invalidated by
-    # flush("force")), and the first `locked` tokens were inserted with it, so they must stay cached.
+    # flush("drop_all")), and the first `locked` tokens were inserted with it, so they must stay cached.
     lease_live: bool = True
     locked: int = 0
 
@@ -363,7 +363,9 @@ class RadixMachine(RuleBasedStateMachine):
                     root = root.parent
                 assert self.tree._roots.get(ns) is not root, "evict_prefix left an extending entry"
 
-    @rule(mode=st.sampled_from(["unlocked", "refuse", "force"]), include_pinned=st.booleans())
+    @rule(
+        mode=st.sampled_from(["evict_unlocked", "refuse_if_leased", "drop_all"]), include_pinned=st.booleans()
+    )
     def flush(self, mode: str, include_pinned: bool) -> None:
         if mode == "force" and any(q.table.leased for q in self.seqs):
             return  # NOTE: the engine never force-flushes: leased tables read the leased nodes' blocks
@@ -371,12 +373,12 @@ class RadixMachine(RuleBasedStateMachine):
         try:
             self.tree.flush(mode, include_pinned=include_pinned)  # type: ignore[arg-type]
         except FlushRefused:
-            assert mode == "refuse" and leases > 0
+            assert mode == "refuse_if_leased" and leases > 0
             return
-        assert not (mode == "refuse" and leases > 0)
-        if mode == "force" or include_pinned:
+        assert not (mode == "refuse_if_leased" and leases > 0)
+        if mode == "drop_all" or include_pinned:
             self.pins.clear()
-        if mode == "force":
+        if mode == "drop_all":
             assert self.tree.num_nodes == 0
             for q in self.seqs:  # their leases were invalidated with the nodes
                 q.lease_live, q.locked = False, 0
@@ -464,7 +466,7 @@ class RadixMachine(RuleBasedStateMachine):
         for q in self.seqs:
             q.table.release()
             q.lease.release()
-        self.tree.flush("refuse", include_pinned=True)
+        self.tree.flush("refuse_if_leased", include_pinned=True)
         assert self.pool.num_free == self.pool.num_usable, "blocks leaked after all requests and a flush"
 
 

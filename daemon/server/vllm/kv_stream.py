@@ -10,13 +10,15 @@ live batches follow without a gap. Load records ride on every batch, and on `loa
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import time
-from collections.abc import AsyncIterator
+from collections.abc import AsyncGenerator, AsyncIterator
 
 import grpc
 from smg_grpc_proto.generated import common_pb2
 from smg_grpc_proto.generated.common_pb2 import KvEventBatch as Batch
 
+from radixd.daemon.server.cache_feed import CacheFeed
 from radixd.daemon.server.errors import RpcFailure
 from radixd.daemon.server.kv_events import NamespaceKvLog
 from radixd.daemon.server.vllm.loads import LoadSample, LoadSampler
@@ -35,9 +37,21 @@ def _catch_up(log: NamespaceKvLog, start: int) -> tuple[list[Batch], int]:
 
 
 async def kv_event_stream(
-    log: NamespaceKvLog, sampler: LoadSampler, request: common_pb2.SubscribeKvEventsRequest
+    log: NamespaceKvLog,
+    feed: CacheFeed,
+    sampler: LoadSampler,
+    request: common_pb2.SubscribeKvEventsRequest,
 ) -> AsyncIterator[Batch]:
-    """The batches of one `SubscribeKvEvents` call, until the client goes away."""
+    """The batches of one `SubscribeKvEvents` call, until the client goes away. `feed` keeps the tree
+    listener that feeds `log` installed meanwhile."""
+    async with feed.subscribed(), contextlib.aclosing(_stream(log, sampler, request)) as batches:
+        async for batch in batches:
+            yield batch
+
+
+async def _stream(
+    log: NamespaceKvLog, sampler: LoadSampler, request: common_pb2.SubscribeKvEventsRequest
+) -> AsyncGenerator[Batch, None]:
     queue: asyncio.Queue[Batch | None] = asyncio.Queue(SUBSCRIBER_BUFFER)
 
     def put(batch: Batch) -> bool:

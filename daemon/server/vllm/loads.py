@@ -16,10 +16,10 @@ from typing import TYPE_CHECKING
 
 from smg_grpc_proto.generated import common_pb2, vllm_engine_pb2
 
+from radixd.daemon.engine.commands import EngineLoad, GetLoad
 from radixd.daemon.log import get_logger
 
 if TYPE_CHECKING:
-    from radixd.daemon.engine.core import EngineCore
     from radixd.daemon.engine.engine import Engine
 
 log = get_logger("radixd.server.vllm.loads")
@@ -54,25 +54,20 @@ class LoadSample:
         return self.running, self.waiting, self.used_blocks
 
 
-def sample_load(core: EngineCore) -> LoadSample:
-    """Engine thread: running and waiting requests and the blocks running sequences hold."""
-    s = core.scheduler
-    used: set[int] = set()
-    for seq in s.running:
-        if seq.table is not None:
-            used.update(seq.table.blocks)
-    counters = s.counters
+def sample_load(load: EngineLoad) -> LoadSample:
+    """The reading of an engine `GetLoad`: running and waiting requests (swapped-out ones wait too)
+    and the blocks running sequences hold."""
     return LoadSample(
-        running=len(s.running),
-        waiting=len(s.waiting) + len(s.swapped),
-        used_blocks=len(used),
-        total_blocks=core.usable_blocks(),
-        block_size=core.block_size,
-        max_running=core.config.max_num_seqs,
-        generated_tokens=core.counters.get("generated_tokens", 0),
-        hit_tokens=counters.hit_tokens,
-        miss_tokens=counters.miss_tokens,
-        taken_at=time.monotonic(),
+        running=load.running,
+        waiting=load.waiting + load.swapped,
+        used_blocks=load.active_blocks,
+        total_blocks=load.total_blocks,
+        block_size=load.block_size,
+        max_running=load.max_running,
+        generated_tokens=load.generated_tokens,
+        hit_tokens=load.hit_tokens,
+        miss_tokens=load.miss_tokens,
+        taken_at=load.taken_at,
     )
 
 
@@ -93,7 +88,7 @@ class LoadSampler:
     async def read(self) -> LoadSample | None:
         """A fresh reading (None when the engine no longer answers)."""
         try:
-            sample = await asyncio.wrap_future(self._engine.call(sample_load))
+            sample = sample_load(await asyncio.wrap_future(self._engine.execute(GetLoad())))
         except Exception as exc:  # stopping or dead: the caller reports what it has
             log.info("loads.unavailable", error=str(exc))
             return None

@@ -15,6 +15,7 @@ from typing import Any
 
 from smg_grpc_proto.generated import vllm_engine_pb2
 
+from radixd.daemon.engine.limits import check_token_ids
 from radixd.daemon.sampling import SamplingParams
 from radixd.daemon.server.bounds import (
     MAX_N,
@@ -24,7 +25,6 @@ from radixd.daemon.server.bounds import (
     check_count,
     check_range,
 )
-from radixd.daemon.server.convert import check_token_ids
 from radixd.daemon.server.errors import bad_request
 from radixd.daemon.server.state import Limits
 

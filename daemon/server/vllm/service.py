@@ -22,12 +22,15 @@ from radixd_client._pb import common_pb2 as radixd_common
 from smg_grpc_proto.generated import common_pb2, vllm_engine_pb2, vllm_engine_pb2_grpc
 from smg_grpc_proto.generated import vllm_engine_pb2 as pb
 
+from radixd.daemon.engine.limits import check_context, check_token_ids
+from radixd.daemon.engine.types import FlushMode
 from radixd.daemon.server.bounds import MAX_FLUSH_TIMEOUT_S, check_id, check_seconds
-from radixd.daemon.server.convert import check_token_ids, prompt_tokens
+from radixd.daemon.server.cache_feed import CacheFeed
+from radixd.daemon.server.convert import prompt_tokens
 from radixd.daemon.server.errors import RpcFailure, bad_request
 from radixd.daemon.server.handler import rpc
 from radixd.daemon.server.kv_events import KvEventLogs
-from radixd.daemon.server.streaming import RequestRegistry, check_deadline, check_fits
+from radixd.daemon.server.streaming import RequestRegistry, check_deadline
 from radixd.daemon.server.vllm.generate import run_generate
 from radixd.daemon.server.vllm.kv_stream import kv_event_stream
 from radixd.daemon.server.vllm.loads import LoadSampler
@@ -57,6 +60,7 @@ class VllmEngineServicer(vllm_engine_pb2_grpc.VllmEngineServicer):  # type: igno
         state: ServerState,
         registry: RequestRegistry,
         logs: KvEventLogs,
+        kv_feed: CacheFeed,
         *,
         config: ModelConfig,
         model_path: str,
@@ -69,6 +73,7 @@ class VllmEngineServicer(vllm_engine_pb2_grpc.VllmEngineServicer):  # type: igno
         self.state = state
         self.registry = registry
         self.logs = logs
+        self.kv_feed = kv_feed
         self.config = config
         self.model_path = model_path
         self.served_model_name = served_model_name
@@ -155,7 +160,7 @@ class VllmEngineServicer(vllm_engine_pb2_grpc.VllmEngineServicer):  # type: igno
     @rpc("vllm.SubscribeKvEvents")
     async def SubscribeKvEvents(self, request: common_pb2.SubscribeKvEventsRequest, context: Any) -> None:
         namespace = self.state.namespace(context)
-        async for batch in kv_event_stream(self.logs.log(namespace), self.loads, request):
+        async for batch in kv_event_stream(self.logs.log(namespace), self.kv_feed, self.loads, request):
             await context.write(batch)
 
     @rpc("vllm.FlushCache")
@@ -165,8 +170,8 @@ class VllmEngineServicer(vllm_engine_pb2_grpc.VllmEngineServicer):  # type: igno
         state = self.state
         state.check_admin(context)
         timeout = check_seconds("timeout_s", request.timeout_s, MAX_FLUSH_TIMEOUT_S, "flush now")
-        mode = "wait_idle" if timeout > 0 else "refuse_if_busy"
-        freed = await asyncio.wrap_future(state.engine.flush(mode, timeout))  # type: ignore[arg-type]
+        mode: FlushMode = "wait_for_idle" if timeout > 0 else "refuse_if_busy"
+        freed = await asyncio.wrap_future(state.engine.flush(mode, timeout))
         return common_pb2.FlushCacheResponse(success=True, message=f"flushed {freed} blocks")
 
     @rpc("vllm.Abort")
@@ -205,7 +210,7 @@ class VllmEngineServicer(vllm_engine_pb2_grpc.VllmEngineServicer):  # type: igno
         sampling = sampling_from_vllm(request.sampling_params, state.limits)
         ids = await self._prompt(request)
         ids = truncate_prompt(ids, request.sampling_params, state.limits)
-        check_fits(state, len(ids), sampling)
+        check_context(len(ids), sampling.max_tokens, state.limits.context_length)
         with state.stream_slot():
             await run_generate(
                 state,

@@ -84,11 +84,11 @@ def run(core: EngineCore, reqs: Iterable[GenerateRequest], col: Collector | None
 def assert_all_free(core: EngineCore) -> None:
     """After every request ended: nothing in flight, and a flush frees every block."""
     assert not core.requests and not core.has_work()
-    core.flush("all")
-    assert core.pool.num_free == core.usable_blocks(), (
-        f"{core.usable_blocks() - core.pool.num_free} blocks leaked: {core.stats()}"
+    core.admin.flush("evict_unlocked")
+    assert core.kv.pool.num_free == core.kv.usable_blocks(), (
+        f"{core.kv.usable_blocks() - core.kv.pool.num_free} blocks leaked: {core.admin.stats()}"
     )
-    assert core.tree.num_leases == 0
+    assert core.kv.tree.num_leases == 0
 
 
 @contextlib.contextmanager

@@ -17,12 +17,12 @@ pytestmark = pytest.mark.slow
 def test_requests_that_can_never_fit_are_rejected(smollm: LoadedModel) -> None:
     core = make_core(smollm, num_blocks=9, max_model_len=256)  # 8 usable blocks = 128 tokens
     with pytest.raises(RequestTooLarge, match="context limit of 256"):
-        core.validate(GenerateRequest("a", [1] * 200, greedy(100)))
+        core.validator.validate(GenerateRequest("a", [1] * 200, greedy(100)))
     with pytest.raises(RequestTooLarge, match=r"needs up to 13 KV blocks .* pool has 8"):
-        core.validate(GenerateRequest("b", [1] * 100, greedy(100)))
+        core.validator.validate(GenerateRequest("b", [1] * 100, greedy(100)))
     with pytest.raises(RequestTooLarge, match="KV blocks"):
-        core.validate(GenerateRequest("c", [1] * 40, SamplingParams(max_tokens=30, n=4)))
-    core.validate(GenerateRequest("ok", [1] * 100, greedy(28)))  # exactly 8 blocks
+        core.validator.validate(GenerateRequest("c", [1] * 40, SamplingParams(max_tokens=30, n=4)))
+    core.validator.validate(GenerateRequest("ok", [1] * 100, greedy(28)))  # exactly 8 blocks
     # Found on the engine thread instead (e.g. session tokens count): reported through the sink.
     col = Collector()
     core.add_request(GenerateRequest("d", [1] * 100, greedy(100)), col)
@@ -42,7 +42,7 @@ def test_invalid_requests(smollm: LoadedModel) -> None:
     ]
     for req, msg in bad:
         with pytest.raises(InvalidRequest, match=msg):
-            core.validate(req)
+            core.validator.validate(req)
     col = Collector()
     core.add_request(GenerateRequest("s", [1, 2], greedy(), session_id="nope"), col)
     assert col.final("s").error_code == "not_found" and "no open session" in (col.final("s").error or "")
@@ -58,14 +58,14 @@ def test_requests_wait_for_memory_and_the_watchdog_reports_a_stall(smollm: Loade
     core = make_core(smollm, num_blocks=9, watchdog_s=0.05, pin_budget_fraction=0.25)  # 8 usable blocks
     pinned = [7] * 32
     run(core, [GenerateRequest("p", [*pinned, 8], greedy(1))])
-    core.pin(pinned)  # 2 blocks exempt from eviction
+    core.admin.pin(pinned)  # 2 blocks exempt from eviction
     col = Collector()
     core.add_request(GenerateRequest("w", [9] * 100, greedy(12)), col)  # fits the pool, not what is left
     assert not core.step()
     time.sleep(0.1)
     core.tick()
-    assert core.stats()["no_progress_reports"] == 1 and core.stats()["waiting"] == 1
-    core.unpin(pinned)
+    assert core.admin.stats()["no_progress_reports"] == 1 and core.admin.stats()["waiting"] == 1
+    core.admin.unpin(pinned)
     core.run_until_idle()
     assert col.final("w").finish_reason == "length"
     assert_all_free(core)
@@ -78,7 +78,7 @@ def test_idle_session_leases_yield_to_waiting_requests(smollm: LoadedModel) -> N
     assert core.sessions.get("hog").resident_tokens == 91  # 6 blocks locked by the session
     col = run(core, [GenerateRequest("w", [6] * 60, greedy(8))])
     assert col.final("w").finish_reason == "length"
-    assert core.stats()["session_leases_shed"] == 1
+    assert core.admin.stats()["session_leases_shed"] == 1
     assert core.sessions.get("hog").resident_tokens == 0  # open, but no longer pinned in memory
     core.sessions.close("hog")
     assert_all_free(core)
@@ -129,10 +129,10 @@ def test_session_lease_expires_after_its_ttl(smollm: LoadedModel) -> None:
     core.sessions.create("brief", ttl_s=0.05)
     run(core, [GenerateRequest("t", [3] * 40, greedy(2), session_id="brief")])
     assert core.sessions.get("brief").resident_tokens == 41
-    assert core.tree.num_leases == 1
+    assert core.kv.tree.num_leases == 1
     time.sleep(0.1)
     core.tick()
     info = core.sessions.get("brief")  # still open, just no longer holding its prefix in memory
-    assert info.resident_tokens == 0 and info.num_tokens == 42 and core.tree.num_leases == 0
+    assert info.resident_tokens == 0 and info.num_tokens == 42 and core.kv.tree.num_leases == 0
     core.sessions.close("brief")
     assert_all_free(core)

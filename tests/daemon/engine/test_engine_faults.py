@@ -10,6 +10,7 @@ from typing import Any
 import pytest
 from engine_kit import SYSTEM, assert_all_free, greedy, json_logs, make_core
 
+from radixd.daemon.engine.commands import CreateSession, GetStats
 from radixd.daemon.engine.core import EngineCore
 from radixd.daemon.engine.engine import Engine
 from radixd.daemon.engine.types import EngineStopped, GenerateRequest, RequestOutput
@@ -89,8 +90,9 @@ def test_a_failing_step_fails_its_requests_and_the_next_request_is_served(
         assert _failed(logs(), "victim")
     engine.submit(GenerateRequest("next", _prompt(smollm), greedy(4)), nxt)
     assert nxt.end().finish_reason == "length" and engine.running
-    assert engine.call(lambda c: c.stats()["errors"]).result(10) == 1
-    engine.call(assert_all_free).result(10)
+    assert engine.execute(GetStats()).result(10)["errors"] == 1
+    engine.shutdown(drain_timeout_s=5.0)  # the thread is gone: this thread may read the core now
+    assert_all_free(core)
 
 
 def test_a_failing_command_fails_only_its_request(
@@ -98,7 +100,7 @@ def test_a_failing_command_fails_only_its_request(
 ) -> None:
     """A submit that raises after its session turn began: that request fails, the session is free
     again, and the request already running carries on."""
-    engine.call(lambda c: c.sessions.create("s")).result(10)
+    engine.execute(CreateSession(session_id="s")).result(10)
     running = Waiter()
     engine.submit(GenerateRequest("running", _prompt(smollm), greedy(40)), running)
     real_begin = core.sessions.begin_turn
@@ -127,20 +129,20 @@ def test_flush_errors_reach_the_caller_and_the_engine_goes_on(
 ) -> None:
     fail_once(monkeypatch, core, "request_flush")
     with pytest.raises(Injected):
-        engine.flush("all").result(10)
-    # A "wait_idle" flush is served by the engine's timers once the request below ends.
+        engine.flush("evict_unlocked").result(10)
+    # A "wait_for_idle" flush is served by the engine's timers once the request below ends.
     w = Waiter()
     engine.submit(GenerateRequest("w", _prompt(smollm), greedy(8)), w)
-    fail_once(monkeypatch, core, "flush")
-    waiting = engine.flush("wait_idle", timeout_s=60)
+    fail_once(monkeypatch, core.admin, "flush")
+    waiting = engine.flush("wait_for_idle", timeout_s=60)
     assert w.end().finish_reason == "length"
     with pytest.raises(Injected):
         waiting.result(30)
-    assert engine.running and engine.flush("wait_idle", timeout_s=60).result(30) >= 0
+    assert engine.running and engine.flush("wait_for_idle", timeout_s=60).result(30) >= 0
     after = Waiter()
     engine.submit(GenerateRequest("after", [5, 6, 7], greedy(2)), after)
     assert after.end().finish_reason == "length"
-    assert engine.call(lambda c: c.stats()["errors"]).result(10) == 2
+    assert engine.execute(GetStats()).result(10)["errors"] == 2
 
 
 def test_a_dead_engine_thread_fails_everything_and_calls_on_fatal(
@@ -171,7 +173,7 @@ def test_a_dead_engine_thread_fails_everything_and_calls_on_fatal(
     with pytest.raises(EngineStopped):
         eng.submit(GenerateRequest("late", [1, 2], greedy()), Waiter())
     with pytest.raises(EngineStopped):
-        eng.call(lambda c: c.stats()).result(1)
+        eng.execute(GetStats()).result(1)
     with pytest.raises(EngineStopped):
         eng.flush().result(1)
     eng.shutdown(drain_timeout_s=1.0)  # already stopped: returns at once

@@ -24,7 +24,7 @@ def test_seeded_n8_equals_eight_independent_runs(smollm: LoadedModel) -> None:
     forked = [col.tokens("fork", i) for i in range(8)]
     assert all(col.final("fork", i).finish_reason == "length" for i in range(8))
     assert len(set(map(tuple, forked))) > 1  # really sampled, not 8 copies
-    assert core.stats()["peak_active_blocks"] < 8 * core.kv.blocks_for(len(prompt))  # prompt shared
+    assert core.admin.stats()["peak_active_blocks"] < 8 * core.kv.blocks_for(len(prompt))  # prompt shared
     assert_all_free(core)
     solo_core = make_core(smollm, prefix_caching=False)
     solo = run(
@@ -79,10 +79,10 @@ def test_session_forks_share_the_context(smollm: LoadedModel) -> None:
     assert core.sessions.get("agent").resident_tokens == 1000
     children = core.sessions.fork("agent", 8)
     assert [c.num_tokens for c in children] == [base_tokens] * 8
-    core.flush("all")  # nothing but the leased context stays
-    used_before = core.usable_blocks() - core.pool.num_free
+    core.admin.flush("evict_unlocked")  # nothing but the leased context stays
+    used_before = core.kv.usable_blocks() - core.kv.pool.num_free
     assert used_before == core.kv.blocks_for(1000)
-    core.peak_used_blocks = 0
+    core.admin.peak_used_blocks = 0
     new_tokens, gen = 10, 5
     turns = [tok.encode(f" Step {i} of {SYSTEM[:30]}")[:new_tokens] for i in range(8)]
     assert all(len(t) == new_tokens for t in turns)
@@ -99,8 +99,8 @@ def test_session_forks_share_the_context(smollm: LoadedModel) -> None:
     computed = base_tokens + new_tokens + gen - 1
     own = core.kv.blocks_for(computed) - 1000 // bs
     assert own == 2
-    assert core.peak_used_blocks - used_before == 8 * own
-    assert core.peak_used_blocks < 8 * core.kv.blocks_for(computed) / 4  # vs. 8 private copies
+    assert core.admin.peak_used_blocks - used_before == 8 * own
+    assert core.admin.peak_used_blocks < 8 * core.kv.blocks_for(computed) / 4  # vs. 8 private copies
     for c in children:
         core.sessions.close(c.session_id)
     core.sessions.close("agent")

@@ -29,8 +29,8 @@ def test_pressure_keeps_a_running_sequences_fresh_path_cached(smollm: LoadedMode
     assert cached >= len(prompt) // 16 * 16 - 16, "the prompt's full blocks are published while it runs"
     evicted = core.kv.evicted_blocks
     # Pressure the engine cannot relieve by eviction: nothing is evicted, the cache keeps the path.
-    assert not core.kv.ensure_free(core.pool.num_free + 4)
-    assert core.kv.evicted_blocks == evicted and core.tree.evictable_blocks() == 0
+    assert not core.kv.ensure_free(core.kv.pool.num_free + 4)
+    assert core.kv.evicted_blocks == evicted and core.kv.tree.evictable_blocks() == 0
     assert core.kv.cached_len(prompt, "") == cached
     # A request with the same prefix, arriving while the first runs, shares its blocks.
     core.add_request(GenerateRequest("b", [*prompt, 42], greedy(4)), col)
@@ -51,6 +51,6 @@ def test_forked_children_lock_their_paths_from_an_empty_match(smollm: LoadedMode
     seqs = [s for s in core.requests["n"].seqs if not s.finished]
     assert seqs and all(s.inserted_blocks for s in seqs)
     assert all(s.lease is not None and s.lease.locks_path for s in seqs)
-    assert core.tree.evictable_blocks() == 0
+    assert core.kv.tree.evictable_blocks() == 0
     core.run_until_idle()
     assert_all_free(core)

@@ -43,7 +43,7 @@ def test_small_pool_completes_everything_like_a_big_one(smollm: LoadedModel, mod
             assert col.tokens(r.request_id, i) == ref.tokens(r.request_id, i), (r.request_id, i)
             assert col.text(r.request_id, i) == ref.text(r.request_id, i)
             assert col.final(r.request_id, i).finish_reason == "length"
-    stats = small.stats()
+    stats = small.admin.stats()
     assert stats["preemptions"] > 0
     if mode == "swap":
         assert stats["preemptions_swap"] > 0 and stats["swapped_in_blocks"] > 0
@@ -81,7 +81,7 @@ def test_random_aborts_leak_nothing(smollm: LoadedModel) -> None:
                 core.abort_request(rng.choice(submitted[-50:]))  # in flight, or already finished
             issued += 1
         core.step()
-        assert core.pool.num_free + core.tree.evictable_blocks() <= core.usable_blocks()
+        assert core.kv.pool.num_free + core.kv.tree.evictable_blocks() <= core.kv.usable_blocks()
     core.run_until_idle()
     for rid in submitted:
         n = 2 if (rid, 1) in col.outs else 1
@@ -129,8 +129,10 @@ def _drive(core: EngineCore) -> list[int]:
             return swapped
         if not core.step():
             core.tick()
-            assert core.step(), f"stalled: {core.load()}, {core.stats()['evictable_blocks']} evictable"
-        swapped.append(core.load()["swapped"])
+            assert core.step(), (
+                f"stalled: {core.admin.load()}, {core.admin.stats()['evictable_blocks']} evictable"
+            )
+        swapped.append(core.admin.load().swapped)
     raise AssertionError("still busy after 10000 steps")
 
 
@@ -146,7 +148,7 @@ def test_preempted_requests_resume_while_session_leases_hold_the_pool(
     for key in ref.outs:
         assert col.tokens(*key) == ref.tokens(*key), key
         assert col.final(*key).finish_reason == "length"
-    stats = core.stats()
+    stats = core.admin.stats()
     if mode == "swap":
         assert stats["preemptions_swap"] == 1 and max(swapped) == 1  # the load shows it while it waits
     else:

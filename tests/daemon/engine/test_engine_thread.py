@@ -1,4 +1,4 @@
-"""The threaded `Engine`: submit / abort / call from other threads, admin commands, flush modes, drain."""
+"""The threaded `Engine`: submit / abort / execute from other threads, admin commands, flush modes, drain."""
 
 from __future__ import annotations
 
@@ -9,7 +9,17 @@ from collections.abc import Iterator
 import pytest
 from engine_kit import SYSTEM, greedy, make_core
 
-from radixd.daemon.engine.core import EngineCore
+from radixd.daemon.engine.commands import (
+    CreateSession,
+    Evict,
+    EvictPrefix,
+    GetLoad,
+    GetStats,
+    ListSessions,
+    LookupPrefix,
+    Pin,
+    Unpin,
+)
 from radixd.daemon.engine.engine import Engine
 from radixd.daemon.engine.types import (
     EngineStopped,
@@ -61,12 +71,12 @@ def test_submit_abort_and_admin_from_other_threads(engine: Engine, smollm: Loade
     assert a.threads == {"radixd-engine"}
     with pytest.raises(FlushRefused):
         engine.flush("refuse_if_busy").result(10)
-    idle = engine.flush("wait_idle", timeout_s=60)
+    idle = engine.flush("wait_for_idle", timeout_s=60)
     engine.abort("b")
     engine.abort("b")  # idempotent
     assert b.done.wait(30) and b.outs[-1].finish_reason == "abort"
     assert idle.result(30) >= 0
-    stats = engine.call(lambda c: c.stats()).result(10)
+    stats = engine.execute(GetStats()).result(10)
     assert stats["requests"] == 0 and stats["free_blocks"] == 127
     assert stats["requests_aborted"] == 1 and stats["requests_finished"] == 2
 
@@ -77,21 +87,19 @@ def test_admin_commands(engine: Engine, smollm: LoadedModel) -> None:
     engine.submit(GenerateRequest("p", prompt, greedy(3)), w)
     assert w.done.wait(60)
 
-    def admin(core: EngineCore) -> tuple[int, int, int, int, int]:
-        cached = core.lookup_prefix(prompt + w.tokens())
-        core.pin(prompt[:32])
-        evicted = core.evict(1000)  # everything but the pinned prefix
-        after_pin = core.lookup_prefix(prompt)
-        core.unpin(prompt[:32])
-        by_prefix = core.evict_prefix(prompt[:16])
-        return cached, evicted, after_pin, by_prefix, core.pool.num_free
-
-    cached, evicted, after_pin, by_prefix, free = engine.call(admin).result(10)
+    cached = engine.execute(LookupPrefix(prompt + w.tokens())).result(10)
+    engine.execute(Pin(prompt[:32])).result(10)
+    evicted = engine.execute(Evict(1000)).result(10)  # everything but the pinned prefix
+    after_pin = engine.execute(LookupPrefix(prompt)).result(10)
+    engine.execute(Unpin(prompt[:32])).result(10)
+    by_prefix = engine.execute(EvictPrefix(prompt[:16])).result(10)
+    free = engine.execute(GetLoad()).result(10).free_blocks
     assert cached == len(prompt) + 2  # prompt + all but the last of the 3 generated tokens
     assert evicted > 0 and after_pin == 32 and by_prefix == 2 and free == 127
     with pytest.raises(InvalidRequest):
         engine.submit(GenerateRequest("bad", [], greedy()), Waiter())
-    sessions = engine.call(lambda c: (c.sessions.create("s1"), c.list_sessions())).result(10)[1]
+    engine.execute(CreateSession(session_id="s1")).result(10)
+    sessions = engine.execute(ListSessions()).result(10)
     assert [s.session_id for s in sessions] == ["s1"]
 
 
@@ -101,13 +109,13 @@ def test_wait_idle_flush_times_out_and_shutdown_drains(smollm: LoadedModel) -> N
     w = Waiter()
     eng.submit(GenerateRequest("long", smollm.tokenizer.encode(SYSTEM), greedy(400)), w)
     with pytest.raises(EngineTimeout):
-        eng.flush("wait_idle", timeout_s=0.2).result(30)
+        eng.flush("wait_for_idle", timeout_s=0.2).result(30)
     eng.shutdown(drain_timeout_s=0.2)  # too short for 400 tokens: the rest is aborted
     assert w.done.is_set() and w.outs[-1].finish_reason == "abort"
     with pytest.raises(EngineStopped):
         eng.submit(GenerateRequest("late", [1, 2], greedy()), Waiter())
     with pytest.raises(EngineStopped):
-        eng.call(lambda c: c.stats()).result(1)
+        eng.execute(GetStats()).result(1)
 
 
 def test_queue_time_and_ttft_count_from_arrival_not_from_pickup(

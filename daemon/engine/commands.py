@@ -1,0 +1,181 @@
+"""Admin and session operations as typed commands, applied on the engine thread.
+
+Another thread builds a command and hands it to `Engine.execute(cmd)`, which returns a
+`concurrent.futures.Future` of the command's result type (the `T` of `Command[T]`); the engine thread
+applies it between steps (`EngineCore.execute`). A command carries everything the operation needs,
+so the caller never touches engine state, and the engine never runs caller code.
+
+Namespaces: `namespace=None` on a session command means "any tenant" (the admin); a string limits the
+command to that tenant's sessions, and another tenant's session reads as unknown (NOT_FOUND).
+`max_sessions`, where given, refuses a command that would leave more sessions open
+(`TooManySessions`).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any, Generic, TypeVar
+
+from radixd.daemon.engine.sessions import SessionInfo
+from radixd.daemon.engine.types import FlushMode
+from radixd.radix import CacheListener
+
+T = TypeVar("T")
+
+
+class Command(Generic[T]):
+    """Base of every engine command; `T` is its result type."""
+
+
+@dataclass(frozen=True)
+class EngineLoad:
+    """What `GetLoad` returns: queue lengths, blocks and the counters a router reads.
+
+    `active_blocks`: distinct blocks in running sequences' tables (the KV they hold, not the cache);
+    `taken_at`: `time.monotonic()` on the engine thread when it was read.
+    """
+
+    waiting: int
+    running: int
+    swapped: int
+    requests: int
+    free_blocks: int
+    total_blocks: int
+    active_blocks: int
+    block_size: int
+    sessions: int
+    max_waiting: int
+    max_running: int
+    generated_tokens: int
+    hit_tokens: int
+    miss_tokens: int
+    taken_at: float
+
+
+# ---- cache administration ------------------------------------------------------------------------
+@dataclass(frozen=True)
+class Evict(Command[int]):
+    """Evict up to `n_blocks` unlocked cached blocks (LRU); -> blocks freed."""
+
+    n_blocks: int
+
+
+@dataclass(frozen=True)
+class EvictPrefix(Command[int]):
+    """Evict the unlocked cached blocks under `tokens` in `namespace`; -> blocks freed."""
+
+    tokens: list[int]
+    namespace: str = ""
+
+
+@dataclass(frozen=True)
+class EvictSession(Command[int]):
+    """Release a session's lease and evict its own cached context (it stays open); -> blocks freed."""
+
+    session_id: str
+
+
+@dataclass(frozen=True)
+class Flush(Command[int]):
+    """Evict every unlocked cached block (see `FlushMode`); -> blocks freed. "wait_for_idle" waits up
+    to `timeout_s` for no request to be in flight (`EngineTimeout` after)."""
+
+    mode: FlushMode = "evict_unlocked"
+    timeout_s: float = 30.0
+
+
+@dataclass(frozen=True)
+class Pin(Command[int]):
+    """Exempt the cached prefix `tokens` from eviction; -> tokens pinned (0: nothing cached)."""
+
+    tokens: list[int]
+    namespace: str = ""
+
+
+@dataclass(frozen=True)
+class Unpin(Command[None]):
+    """Undo a `Pin` of the same prefix (`NotPinned` when it is not pinned)."""
+
+    tokens: list[int]
+    namespace: str = ""
+
+
+@dataclass(frozen=True)
+class LookupPrefix(Command[int]):
+    """How many leading tokens of `tokens` are cached (no lock, no LRU change)."""
+
+    tokens: list[int]
+    namespace: str = ""
+
+
+@dataclass(frozen=True)
+class GetStats(Command[dict[str, Any]]):
+    """The engine's counters and gauges (`Admin.stats`)."""
+
+
+@dataclass(frozen=True)
+class GetLoad(Command[EngineLoad]):
+    """The engine's load (`EngineLoad`)."""
+
+
+@dataclass(frozen=True, eq=False)
+class AddCacheListener(Command[None]):
+    """Tell `listener` of every cache change from now on, on the engine thread (it must only hand
+    each event on; see radix/events.py). `replay`: first report the cached content as `stored`."""
+
+    listener: CacheListener
+    replay: bool = False
+
+
+@dataclass(frozen=True, eq=False)
+class RemoveCacheListener(Command[None]):
+    """Stop telling `listener`; once none is left, tree changes are no longer translated at all."""
+
+    listener: CacheListener
+
+
+# ---- sessions ------------------------------------------------------------------------------------
+@dataclass(frozen=True)
+class CreateSession(Command[SessionInfo]):
+    """Open a session on `tokens` (which must leave room for one reply token); -> its info."""
+
+    namespace: str = ""
+    tokens: list[int] = field(default_factory=list)
+    ttl_s: float | None = None
+    session_id: str | None = None
+    max_sessions: int | None = None
+
+
+@dataclass(frozen=True)
+class GetSession(Command[SessionInfo]):
+    """A session's info (`UnknownSession` when it is not open in `namespace`)."""
+
+    session_id: str
+    namespace: str | None = None
+
+
+@dataclass(frozen=True)
+class ListSessions(Command[list[SessionInfo]]):
+    """The open sessions of `namespace` (None: every tenant's)."""
+
+    namespace: str | None = None
+
+
+@dataclass(frozen=True)
+class ForkSession(Command[list[SessionInfo]]):
+    """`count` children sharing the session's tokens (and, through the tree, its KV); -> their info."""
+
+    session_id: str
+    count: int
+    namespace: str | None = None
+    child_ids: list[str] | None = None
+    max_sessions: int | None = None
+
+
+@dataclass(frozen=True)
+class CloseSession(Command[int]):
+    """Close a session; `keep_cached=False` also evicts its own cached context. -> blocks evicted."""
+
+    session_id: str
+    namespace: str | None = None
+    keep_cached: bool = True

@@ -1,0 +1,95 @@
+"""Sequences of a request: its first sequence, and the copy-on-write fork of a root into children.
+
+n == 1 without beam search: one sequence samples from the start. Otherwise a *root* prefills the
+prompt but its last token, then `fork` turns it into n sampling children (or, for beam search, the
+first beam), each on a fork of the root's block table; the root's lease goes to the first child and
+the others get clones, so the shared prefix stays locked exactly as long as one of them runs.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+from radixd.daemon.engine.kv import KVManager
+from radixd.daemon.engine.sequence import BeamState, RequestState, SeqIds, SeqStatus, Sequence
+from radixd.daemon.engine.textstream import TextStream
+from radixd.daemon.sampling import SamplingState
+from radixd.daemon.tokenizer import TextTokenizer
+
+
+class Forker:
+    """Creates a request's sequences (engine thread only); the scheduler owns where they run."""
+
+    def __init__(
+        self, kv: KVManager, seq_ids: SeqIds, tokenizer: TextTokenizer, eos_token_ids: tuple[int, ...]
+    ) -> None:
+        self.kv = kv
+        self.seq_ids = seq_ids
+        self.tokenizer = tokenizer
+        self.eos_token_ids = eos_token_ids
+
+    def sampling_state(self, r: RequestState, seed: int | None) -> SamplingState:
+        return SamplingState(r.req.sampling, r.prompt, self.eos_token_ids, seed=seed)
+
+    def text(self, r: RequestState) -> TextStream:
+        return TextStream(self.tokenizer, r.prompt, r.req.sampling.stop)
+
+    def first(self, r: RequestState) -> Sequence:
+        """The request's first sequence: one that samples (n == 1, no beams) or a root that forks."""
+        if r.n == 1 and not r.req.beam_width:
+            return Sequence(
+                self.seq_ids.next(), r, 0, list(r.prompt), self.sampling_state(r, None), self.text(r)
+            )
+        return Sequence(self.seq_ids.next(), r, -1, list(r.prompt), None)
+
+    def fork(self, root: Sequence) -> list[Sequence]:
+        """Turn a root that computed all prompt tokens but the last into its children (CoW); the root
+        is finished and its blocks released. -> the children, not yet in any scheduler queue."""
+        r = root.request
+        children = [self._first_beam(root)] if r.req.beam_width else self._samplers(root)
+        if root.lease is not None:
+            for c in children[1:]:
+                c.lease = root.lease.clone()
+        children[0].lease, root.lease = root.lease, None
+        self.kv.release(root)
+        root.status = SeqStatus.FINISHED
+        r.seqs = children
+        r.forked = True
+        return children
+
+    def _samplers(self, root: Sequence) -> list[Sequence]:
+        """n children, each with its own sampler (seeded seed + i when the request has a seed)."""
+        r = root.request
+        seed = r.req.sampling.seed
+        base = self.sampling_state(r, seed)
+        tables = root.table.fork(r.n) if root.table is not None else [None] * r.n
+        children = []
+        for i in range(r.n):
+            child = Sequence(
+                self.seq_ids.next(),
+                r,
+                i,
+                list(root.tokens),
+                base.fork(None if seed is None else seed + i),
+                self.text(r),
+            )
+            child.table = tables[i]
+            child.num_computed = root.num_computed
+            child.inserted_blocks = root.inserted_blocks
+            children.append(child)
+        return children
+
+    def _first_beam(self, root: Sequence) -> Sequence:
+        """The first beam: the root's table and tokens, a greedy sampler reporting top-2k logprobs."""
+        r = root.request
+        width = r.req.beam_width
+        params = dataclasses.replace(r.req.sampling, temperature=0.0, logprobs=min(2 * width, 20), n=1)
+        r.beam = BeamState(width)
+        beam = Sequence(
+            self.seq_ids.next(), r, 0, list(root.tokens), SamplingState(params, r.prompt, self.eos_token_ids)
+        )
+        if root.table is not None:
+            beam.table = root.table.fork(1)[0]
+        beam.num_computed = root.num_computed
+        beam.inserted_blocks = root.inserted_blocks
+        return beam

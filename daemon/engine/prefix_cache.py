@@ -1,0 +1,94 @@
+"""The prefix cache behind `KVManager`: the radix tree, or nothing when prefix caching is off.
+
+`KVManager` picks one at construction (`EngineConfig.prefix_caching`) and calls it without asking
+which: `TreePrefixCache` matches, locks and inserts in the radix tree; `NullPrefixCache` matches
+nothing, locks nothing and keeps nothing, so every request computes its whole prompt and frees its
+blocks when done. (Admin operations, stats and events still go to the tree, which then stays empty.)
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from radixd.radix import BlockIds, BlockTable, Lease, RadixTree, TokenKey
+
+
+@dataclass
+class PrefixHit:
+    """What admission may reuse for a prompt: `num_tokens` cached tokens = `full_blocks` (the tree's,
+    kept by `lease`) plus `partial_tokens` tokens of `partial_src` copied into a fresh block."""
+
+    num_tokens: int
+    full_blocks: BlockIds
+    partial_src: int | None
+    partial_tokens: int
+    lease: Lease | None
+
+    def release(self) -> None:
+        if self.lease is not None:
+            self.lease.release()
+            self.lease = None
+
+
+class TreePrefixCache:
+    """Prefix caching in the radix tree."""
+
+    # Sequences share cached blocks, so a waiting request may wait for a running one to publish them.
+    shares_prefixes = True
+
+    def __init__(self, tree: RadixTree) -> None:
+        self.tree = tree
+
+    def match(self, tokens: TokenKey | list[int], namespace: str) -> PrefixHit:
+        """Longest cached prefix, locked by the hit's lease (live also for an empty match)."""
+        m = self.tree.match(tokens, namespace)
+        partial_tokens = m.partial_tokens if m.partial_block is not None else 0
+        return PrefixHit(m.num_tokens + partial_tokens, m.block_ids, m.partial_block, partial_tokens, m.lease)
+
+    def peek(self, tokens: TokenKey | list[int], namespace: str) -> int:
+        return self.tree.peek(tokens, namespace)
+
+    def new_lease(self, namespace: str) -> Lease | None:
+        """A lease on the empty path, for a sequence that resumes with blocks of its own."""
+        return self.tree.match((), namespace).lease
+
+    def evictable_blocks(self) -> int:
+        return self.tree.evictable_blocks()
+
+    def evict_count(self, n_blocks: int) -> int:
+        return self.tree.evict_count(n_blocks)
+
+    def insert_table(
+        self, key: TokenKey, table: BlockTable, n_blocks: int, namespace: str, lease: Lease
+    ) -> None:
+        self.tree.insert_table(key, table, n_blocks, namespace, lease)
+
+
+class NullPrefixCache:
+    """No prefix caching: the same interface, matching and keeping nothing."""
+
+    shares_prefixes = False
+
+    def match(self, tokens: TokenKey | list[int], namespace: str) -> PrefixHit:
+        return PrefixHit(0, BlockIds(), None, 0, None)
+
+    def peek(self, tokens: TokenKey | list[int], namespace: str) -> int:
+        return 0
+
+    def new_lease(self, namespace: str) -> Lease | None:
+        return None
+
+    def evictable_blocks(self) -> int:
+        return 0
+
+    def evict_count(self, n_blocks: int) -> int:
+        return 0
+
+    def insert_table(
+        self, key: TokenKey, table: BlockTable, n_blocks: int, namespace: str, lease: Lease
+    ) -> None:
+        # NOTE: unreachable in practice (without a lease nothing is inserted), kept for the interface.
+        return
+
+
+PrefixCache = TreePrefixCache | NullPrefixCache
