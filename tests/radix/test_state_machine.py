@@ -367,7 +367,7 @@ class RadixMachine(RuleBasedStateMachine):
         mode=st.sampled_from(["evict_unlocked", "refuse_if_leased", "drop_all"]), include_pinned=st.booleans()
     )
     def flush(self, mode: str, include_pinned: bool) -> None:
-        if mode == "force" and any(q.table.leased for q in self.seqs):
+        if mode == "drop_all" and any(q.table.leased for q in self.seqs):
             return  # NOTE: the engine never force-flushes: leased tables read the leased nodes' blocks
         leases = self.tree.num_leases
         try:
