@@ -53,8 +53,9 @@ bench-radix: $(STAMP)
 bench-kernels: $(STAMP)
 	$(PY) bench/kernels_cpu.py --rounds 40 --threads 1
 
+# LLAMA_BATCHED_BENCH=path/to/llama-batched-bench puts llama.cpp beside every mode (docs/bench-offline.md).
 bench-offline: $(STAMP)
-	$(PY) bench/offline.py --threads 1
+	$(PY) bench/offline.py --threads 2 $(if $(LLAMA_BATCHED_BENCH),--llama-batched-bench $(LLAMA_BATCHED_BENCH))
 
 bench-workloads: $(STAMP)
 	$(PY) bench/workloads.py --gen 64

@@ -155,7 +155,7 @@ class ModeResult:
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--model", default=None, help="GGUF file (default: the embedded SmolLM2)")
-    ap.add_argument("--dtypes", default="float32,bfloat16", help="radixd modes to run (--dtype names)")
+    ap.add_argument("--dtypes", default="float32,bfloat16,int8,int4", help="radixd modes (--dtype names)")
     ap.add_argument("--batches", default="1,8,32,64")
     ap.add_argument("--prompt-len", type=int, default=128, help="prompt tokens per sequence")
     ap.add_argument("--decode-tokens", type=int, default=32, help="timed decode steps per measurement")
