@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import time
 
+from radixd.daemon.engine.kv import KVManager
 from radixd.daemon.engine.outputs import Outputs
 from radixd.daemon.engine.scheduler import Scheduler
 from radixd.daemon.engine.sequence import BeamState, Hypothesis, RequestState, SeqIds, Sequence
@@ -27,6 +28,7 @@ class BeamSearch:
     def __init__(
         self,
         scheduler: Scheduler,
+        kv: KVManager,
         outputs: Outputs,
         tokenizer: TextTokenizer,
         seq_ids: SeqIds,
@@ -34,6 +36,7 @@ class BeamSearch:
         max_model_len: int,
     ) -> None:
         self.scheduler = scheduler
+        self.kv = kv
         self.outputs = outputs
         self.tokenizer = tokenizer
         self.seq_ids = seq_ids
@@ -85,7 +88,6 @@ class BeamSearch:
             if stop or not chosen:
                 self.outputs.finish_seq(b, "stop", emit=False)
                 continue
-            tables = b.table.fork(len(chosen) - 1) if b.table is not None and len(chosen) > 1 else []
             base_tokens = list(b.tokens)
             base_state = b.sampling
             for j, (tok, score) in enumerate(chosen):
@@ -93,10 +95,7 @@ class BeamSearch:
                     child = b
                 else:
                     child = Sequence(self.seq_ids.next(), r, 0, list(base_tokens), None)
-                    child.table = tables[j - 1]
-                    child.num_computed = b.num_computed
-                    child.inserted_blocks = b.inserted_blocks
-                    child.lease = b.lease.clone() if b.lease is not None else None
+                    self.kv.fork(b, [child])
                     self.scheduler.add_running(child)
                     r.seqs.append(child)
                 if base_state is not None:

@@ -128,7 +128,7 @@ class EngineCore:
             self.max_model_len,
         )
         self.beams = BeamSearch(
-            self.scheduler, self.outputs, tokenizer, seq_ids, self.eos_token_ids, self.max_model_len
+            self.scheduler, self.kv, self.outputs, tokenizer, seq_ids, self.eos_token_ids, self.max_model_len
         )
         self.admin = Admin(
             cfg, self.requests, self.counters, self.scheduler, self.kv, self.sessions, self.swap

@@ -47,10 +47,7 @@ class Forker:
         is finished and its blocks released. -> the children, not yet in any scheduler queue."""
         r = root.request
         children = [self._first_beam(root)] if r.req.beam_width else self._samplers(root)
-        if root.lease is not None:
-            for c in children[1:]:
-                c.lease = root.lease.clone()
-        children[0].lease, root.lease = root.lease, None
+        self.kv.fork(root, children)
         self.kv.release(root)
         root.status = SeqStatus.FINISHED
         r.seqs = children
@@ -62,7 +59,6 @@ class Forker:
         r = root.request
         seed = r.req.sampling.seed
         base = self.sampling_state(r, seed)
-        tables = root.table.fork(r.n) if root.table is not None else [None] * r.n
         children = []
         for i in range(r.n):
             child = Sequence(
@@ -73,9 +69,6 @@ class Forker:
                 base.fork(None if seed is None else seed + i),
                 self.text(r),
             )
-            child.table = tables[i]
-            child.num_computed = root.num_computed
-            child.inserted_blocks = root.inserted_blocks
             children.append(child)
         return children
 
@@ -88,8 +81,4 @@ class Forker:
         beam = Sequence(
             self.seq_ids.next(), r, 0, list(root.tokens), SamplingState(params, r.prompt, self.eos_token_ids)
         )
-        if root.table is not None:
-            beam.table = root.table.fork(1)[0]
-        beam.num_computed = root.num_computed
-        beam.inserted_blocks = root.inserted_blocks
         return beam

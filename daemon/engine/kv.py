@@ -29,6 +29,7 @@ from radixd.radix import (
     CacheListener,
     CacheStats,
     FanOut,
+    Lease,
     RadixTree,
     TokenKey,
 )
@@ -237,6 +238,21 @@ class KVManager:
             return
         self.cache.insert_table(seq.key(n_tokens), table, n_blocks, seq.request.req.namespace, lease)
         seq.inserted_blocks = n_tokens // self.block_size
+
+    def fork(self, parent: Sequence, children: list[Sequence]) -> None:
+        """Give each child a copy-on-write fork of `parent`'s table (metadata only: one more reference
+        per block the table holds) and its own clone of `parent`'s lease, at `parent`'s progress."""
+        tables = parent.table.fork(len(children)) if parent.table is not None else [None] * len(children)
+        for child, table in zip(children, tables, strict=True):
+            child.table = table
+            child.lease = parent.lease.clone() if parent.lease is not None else None
+            child.num_computed = parent.num_computed
+            child.inserted_blocks = parent.inserted_blocks
+
+    def drop_lease(self, lease: Lease | None) -> None:
+        """Release a lease a sequence or session held (idempotent; None is nothing to release)."""
+        if lease is not None:
+            lease.release()
 
     def lease_new_path(self, seq: Sequence) -> None:
         """Give a sequence that resumes with blocks of its own (swap-in) a live lease, so its inserts

@@ -97,8 +97,7 @@ class SessionManager:
     def _relock(self, s: Session, now: float) -> None:
         """Lock the session's cached path (the new lease first, so shared nodes stay locked)."""
         hit = self.kv.match(s.tokens, s.namespace)
-        if s.lease is not None:
-            s.lease.release()
+        self.kv.drop_lease(s.lease)
         s.lease = hit.lease
         s.resident_tokens = hit.num_tokens
         s.expires_at = now + s.ttl_s
@@ -164,9 +163,8 @@ class SessionManager:
         s = self._sessions.pop(session_id, None)
         if s is None:
             raise UnknownSession(f"no open session {session_id!r}")
-        if s.lease is not None:
-            s.lease.release()
-            s.lease = None
+        self.kv.drop_lease(s.lease)
+        s.lease = None
         return 0 if keep_cached else self._drop_cached(s)
 
     def evict_cached(self, session_id: str) -> int:
@@ -189,9 +187,8 @@ class SessionManager:
     def release_lease(self, session_id: str) -> None:
         """Drop the session's lock early (memory pressure); the session stays open."""
         s = self._get(session_id)
-        if s.lease is not None:
-            s.lease.release()
-            s.lease = None
+        self.kv.drop_lease(s.lease)
+        s.lease = None
 
     # ---- turns -----------------------------------------------------------------------------------
     def begin_turn(self, req: GenerateRequest) -> list[int]:
@@ -231,14 +228,13 @@ class SessionManager:
         if not idle:
             return False
         s = min(idle, key=lambda x: x.expires_at)
-        if s.lease is not None:
-            s.lease.release()
-            s.lease = None
+        self.kv.drop_lease(s.lease)
+        s.lease = None
         self.shed += 1
         return True
 
     def expire(self, now: float) -> None:
         for s in self._sessions.values():
             if s.lease is not None and s.busy_with is None and now >= s.expires_at:
-                s.lease.release()
+                self.kv.drop_lease(s.lease)
                 s.lease = None
