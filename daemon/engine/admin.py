@@ -25,6 +25,10 @@ from radixd.daemon.engine.types import FLUSH_MODES, EngineTimeout, FlushMode, Fl
 log = structlog.get_logger("radixd.engine.admin")
 
 
+# The load readings `stats()` reports under the same names.
+_STATS_FROM_LOAD = ("waiting", "running", "swapped", "requests", "free_blocks", "total_blocks")
+
+
 class Admin:
     """Eviction, flushes (and their waiters), pins, prefix lookups, load, stats and peak tracking.
 
@@ -176,17 +180,10 @@ class Admin:
         the radix tree's own statistics, whose hit/miss counts cover every match (session relocks and
         retried admissions included).
         """
-        s = self.scheduler
-        sc = s.counters
+        sc = self.scheduler.counters
+        load = self.load()
         out: dict[str, Any] = dict(self.counters)
-        out.update(
-            waiting=len(s.waiting),
-            running=len(s.running),
-            swapped=len(s.swapped),
-            requests=len(self.requests),
-            free_blocks=self.kv.num_free,
-            total_blocks=self.kv.usable_blocks(),
-        )
+        out.update({k: getattr(load, k) for k in _STATS_FROM_LOAD})
         out.update(
             block_size=self.kv.block_size,
             evicted_blocks=self.kv.evicted_blocks,
