@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from array import array
 from collections.abc import Sequence
 from typing import NamedTuple
 
@@ -36,7 +37,9 @@ class BlockTable:
 
     def __init__(self, pool: BlockPool) -> None:
         self.pool = pool
-        self.blocks: list[int] = []
+        # NOTE: packed native int32 ids (`array('i')`): the tree and the pool take them as bytes
+        # (`tobytes()` of a slice is one memcpy), and allocations extend them from packed ids.
+        self.blocks: array[int] = array("i")
         self.num_tokens = 0
         self.leased = 0
 
@@ -75,7 +78,7 @@ class BlockTable:
         except Exception:
             self.pool.decref_all(taken)
             raise
-        self.blocks = list(blocks)
+        self.blocks = array("i", blocks)
         self.num_tokens = num_tokens
 
     def lease_prefix(self, blocks: Sequence[int]) -> None:
@@ -87,7 +90,10 @@ class BlockTable:
         """
         if self.blocks:
             raise InvalidRequest("lease_prefix needs an empty table (it already holds blocks)")
-        self.blocks = list(blocks)
+        if isinstance(blocks, bytes):  # packed ids (BlockIds): one memcpy
+            self.blocks.frombytes(blocks)
+        else:
+            self.blocks = array("i", blocks)
         self.leased = len(self.blocks)
         self.num_tokens = self.leased * self.pool.block_size
 
@@ -137,15 +143,16 @@ class BlockTable:
         need = -(-end // B) - len(blocks) + (1 if cow else 0)
         if need > pool.num_free:
             raise OutOfBlocks(need, pool.num_free, pool.num_evictable)
-        new = pool.allocate(need)
         copies: list[CopyOp] = []
-        if cow:
-            src = blocks[-1]
-            dst = new.pop()
-            copies.append((src, dst, filled))
-            blocks[-1] = dst
-            pool.decref(src)
-        blocks.extend(new)
+        if need:
+            new = pool.allocate_ids(need)
+            if cow:
+                src, dst = blocks[-1], new[-1]
+                copies.append((src, dst, filled))
+                blocks[-1] = dst
+                pool.decref(src)
+                new = new[:-1]
+            blocks.frombytes(new)
         self.num_tokens = end
         return copies
 
@@ -168,7 +175,7 @@ class BlockTable:
         for _ in range(k):
             pool.incref_all(self.blocks[self.leased :])
             t = BlockTable(pool)
-            t.blocks = list(self.blocks)
+            t.blocks = array("i", self.blocks)
             t.num_tokens = self.num_tokens
             t.leased = self.leased  # NOTE: each fork's owner needs a lease on the same path (Lease.clone)
             out.append(t)
@@ -181,9 +188,11 @@ class BlockTable:
         """
         blocks = self.blocks
         leased = self.leased
-        self.blocks = []
+        self.blocks = array("i")
         self.num_tokens = self.leased = 0
         return self.pool.decref_all(blocks[leased:] if leased else blocks)
 
     def __repr__(self) -> str:
-        return f"BlockTable(num_tokens={self.num_tokens}, blocks={self.blocks}, leased={self.leased})"
+        return (
+            f"BlockTable(num_tokens={self.num_tokens}, blocks={self.blocks.tolist()}, leased={self.leased})"
+        )

@@ -177,7 +177,9 @@ class RadixTree:
         if done and not lease.locks_path:
             raise InvalidRequest(f"insert_table: the table leases {done} blocks but its lease locks nothing")
         t = tokens.packed if type(tokens) is TokenKey else as_tokens(tokens)
-        res = self.insert(t, table.blocks[done:n_blocks], namespace, lease, cached=done, donate=True)
+        res = self.insert(
+            t, table.blocks[done:n_blocks].tobytes(), namespace, lease, cached=done, donate=True
+        )
         n_tokens = len(t) // TOKEN_BYTES
         # Positions cached before this insert (a leaf added now starts on a block boundary).
         known = n_blocks if res.num_new_tokens == 0 else (n_tokens - res.num_new_tokens) // self.block_size

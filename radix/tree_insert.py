@@ -237,4 +237,4 @@ def settle_known(
     if dup:
         full, partial = tree.lookup(bytes.__getitem__(t, slice(0, known * tree._bb)), namespace)
         theirs = full.tolist() + ([partial] if partial is not None else [])
-        table.blocks[done:known] = theirs[done:known]
+        table.blocks[done:known] = array("i", theirs[done:known])

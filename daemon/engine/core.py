@@ -247,8 +247,8 @@ class EngineCore:
             seq = p.seq
             end = p.start + p.n
             sample = seq.sampling if (not seq.is_root and end == len(seq.tokens)) else None
-            blocks = seq.table.blocks if seq.table is not None else []
-            step_seqs.append(StepSeq(seq.seq_id, seq.tokens[p.start : end], p.start, list(blocks), sample))
+            blocks = seq.table.blocks.tolist() if seq.table is not None else []
+            step_seqs.append(StepSeq(seq.seq_id, seq.tokens[p.start : end], p.start, blocks, sample))
         results = self.runner.step(step_seqs)
         self.counters["steps"] += 1
         self._last_progress = time.monotonic()

@@ -6,6 +6,8 @@ device cache's shape; copies go through `kernels.copy_blocks` between the two po
 
 from __future__ import annotations
 
+from collections.abc import MutableSequence
+
 import torch
 
 from radixd import kernels
@@ -35,8 +37,8 @@ class HostSwap:
         self,
         src: tuple[list[torch.Tensor], list[torch.Tensor]],
         dst: tuple[list[torch.Tensor], list[torch.Tensor]],
-        src_blocks: list[int],
-        dst_blocks: list[int],
+        src_blocks: MutableSequence[int],
+        dst_blocks: MutableSequence[int],
         n_tokens: int,
     ) -> None:
         if not src_blocks:
