@@ -45,10 +45,12 @@ all of it. Public API (everything below is re-exported here)::
         replay(listener) -> int         every node reported as `stored`, parents first
         num_nodes; num_cached_blocks; num_pinned_blocks; num_leases; block_size; pin_budget_blocks
 
-    BlockTable(pool)                               blocks: list[int]; num_tokens: int
-        share_prefix(blocks, num_tokens); copy_partial(src_block, n_tokens) -> CopyOp
-        append_slots(n) -> AppendResult(slots, copies)   (copy-on-write of a shared last block)
+    BlockTable(pool)                blocks: array('i') (packed ids); num_tokens: int; leased: int
+        lease_prefix(block_ids) (no reference: the owner's lease keeps them); share_prefix(blocks, n)
+        copy_partial(src_block, n_tokens) -> CopyOp
+        append(n) -> list[CopyOp]; append_slots(n) -> AppendResult(slots, copies)  (CoW of a shared tail)
         fork(k) -> list[BlockTable]; release() -> int (idempotent); slot(pos)
+    tree.insert_table(tokens, table, n_blocks, ns, lease)   the table's new blocks to the tree
     CopyOp = tuple[int, int, int]                  (src_block, dst_block, n_tokens)
 
     CacheStats: free / evictable / in_use blocks (sum = usable), cached, pinned, pin budget,
@@ -65,14 +67,15 @@ owner), node, lru, results, tree (the one RadixTree class) with its helper modul
 remove nodes; lock paths), tree_insert (lookup and insert walks), tree_admin (evict_prefix, flush, pins);
 table, memory, verify.
 
-Engine protocol for one request (B = block size)::
+Engine protocol for one request (B = block size; what daemon/engine/kv.py does)::
 
-    m = tree.match(prompt[:-1], ns)                # lock the cached prefix
-    table = BlockTable(pool); table.share_prefix(m.blocks, m.num_tokens)
+    key = encode_tokens(prompt)                    # packed once, extended as tokens are accepted
+    m = tree.match(key[:-1], ns)                   # lock the cached prefix
+    table = BlockTable(pool); table.lease_prefix(m.block_ids)
     copies = [table.copy_partial(m.partial_block, m.partial_tokens)] if m.partial_block else []
-    slots, more = table.append_slots(len(prompt) - table.num_tokens)   # prefill the rest ...
-    tree.insert(prompt + generated, table.blocks, ns, lease=m.lease)  # cache it; lease follows
-    table.release(); m.lease.release()             # in this order or the other: both are safe
+    copies += table.append(len(prompt) - table.num_tokens)       # prefill the rest ...
+    tree.insert_table(key[: n_full * B], table, n_full, ns, m.lease)  # cache full blocks; lease follows
+    table.release(); m.lease.release()             # the table first: the lease keeps its leased blocks
 """
 
 from radixd.radix.blockids import BlockIds
