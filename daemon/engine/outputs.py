@@ -30,6 +30,27 @@ from radixd.daemon.sampling import SampleResult
 log = structlog.get_logger("radixd.engine")
 
 
+def error_output(
+    req: GenerateRequest, index: int, prompt_tokens: int, cached_tokens: int, message: str, code: str
+) -> RequestOutput:
+    """The final output of index `index` of `req` when it ends in an error (nothing generated)."""
+    return RequestOutput(
+        request_id=req.request_id,
+        index=index,
+        new_token_ids=[],
+        text_delta="",
+        logprobs=None,
+        prompt_tokens=prompt_tokens,
+        cached_tokens=cached_tokens,
+        completion_tokens=0,
+        finished=True,
+        finish_reason="error",
+        error=message,
+        error_code=code,
+        session_id=req.session_id,
+    )
+
+
 class Outputs:
     """Token acceptance and request endings (engine thread only).
 
@@ -70,24 +91,7 @@ class Outputs:
         self.counters["requests_rejected"] += 1
         log.info("engine.reject", request_id=req.request_id, error=str(exc), code=exc.code)
         for i in range(max(req.sampling.n, 1)):
-            self.emit(
-                sink,
-                RequestOutput(
-                    request_id=req.request_id,
-                    index=i,
-                    new_token_ids=[],
-                    text_delta="",
-                    logprobs=None,
-                    prompt_tokens=len(req.prompt_token_ids),
-                    cached_tokens=0,
-                    completion_tokens=0,
-                    finished=True,
-                    finish_reason="error",
-                    error=str(exc),
-                    error_code=exc.code,
-                    session_id=req.session_id,
-                ),
-            )
+            self.emit(sink, error_output(req, i, len(req.prompt_token_ids), 0, str(exc), exc.code))
         self.on_request_done(req.request_id)
 
     def emit_errors(self, r: RequestState, message: str) -> None:
@@ -95,24 +99,8 @@ class Outputs:
         ended = {s.index for s in r.seqs if s.finished and s.index >= 0}
         for i in range(r.n):
             if i not in ended:
-                self.emit(
-                    r.sink,
-                    RequestOutput(
-                        request_id=r.request_id,
-                        index=i,
-                        new_token_ids=[],
-                        text_delta="",
-                        logprobs=None,
-                        prompt_tokens=r.prompt_len,
-                        cached_tokens=r.cached_tokens or 0,
-                        completion_tokens=0,
-                        finished=True,
-                        finish_reason="error",
-                        error=message,
-                        error_code=EngineFault.code,
-                        session_id=r.req.session_id,
-                    ),
-                )
+                out = error_output(r.req, i, r.prompt_len, r.cached_tokens or 0, message, EngineFault.code)
+                self.emit(r.sink, out)
 
     def accept(self, seq: Sequence, res: SampleResult) -> None:
         """Append the sampled token to `seq`, stream it, and finish the sequence when it ends."""

@@ -1,4 +1,5 @@
-"""Engine test fixtures: the session's SmolLM2 (from tests/daemon/conftest.py) and one torch thread.
+"""Engine test fixtures: the session's SmolLM2 (from tests/daemon/conftest.py), one torch thread, and a
+started engine over a test module's own `core` fixture.
 
 NOTE: one intra-op thread keeps the tests fast and stable on a small shared machine (OpenMP worker
 spinning under contention costs far more than the second core gains for these tiny batches).
@@ -11,6 +12,9 @@ from collections.abc import Iterator
 import pytest
 import torch
 
+from radixd.daemon.engine.core import EngineCore
+from radixd.daemon.engine.engine import Engine
+
 
 @pytest.fixture(autouse=True, scope="module")
 def _one_torch_thread() -> Iterator[None]:
@@ -18,3 +22,12 @@ def _one_torch_thread() -> Iterator[None]:
     torch.set_num_threads(1)
     yield
     torch.set_num_threads(before)
+
+
+@pytest.fixture
+def engine(core: EngineCore) -> Iterator[Engine]:
+    """A started engine thread over the module's `core` fixture, shut down after the test."""
+    eng = Engine(core)
+    eng.start()
+    yield eng
+    eng.shutdown(drain_timeout_s=5.0)

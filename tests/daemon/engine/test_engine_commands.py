@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import threading
-from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any
 
@@ -57,14 +56,6 @@ class Waiter:
 @pytest.fixture
 def core(smollm: LoadedModel) -> EngineCore:
     return make_core(smollm, num_blocks=64)
-
-
-@pytest.fixture
-def engine(core: EngineCore) -> Iterator[Engine]:
-    eng = Engine(core)
-    eng.start()
-    yield eng
-    eng.shutdown(drain_timeout_s=5.0)
 
 
 def test_a_command_runs_on_the_engine_thread_and_returns_its_result(

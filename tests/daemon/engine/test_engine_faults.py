@@ -4,7 +4,6 @@ is logged, the engine goes on serving, and a thread that dies anyway fails every
 from __future__ import annotations
 
 import threading
-from collections.abc import Iterator
 from typing import Any
 
 import pytest
@@ -59,14 +58,6 @@ def fail_once(monkeypatch: pytest.MonkeyPatch, obj: Any, name: str) -> list[int]
 @pytest.fixture
 def core(smollm: LoadedModel) -> EngineCore:
     return make_core(smollm, num_blocks=128)
-
-
-@pytest.fixture
-def engine(core: EngineCore) -> Iterator[Engine]:
-    eng = Engine(core)
-    eng.start()
-    yield eng
-    eng.shutdown(drain_timeout_s=5.0)
 
 
 def _prompt(smollm: LoadedModel) -> list[int]:
