@@ -4,7 +4,8 @@ It is composed of components, each owning one concern and reached only through i
 `kv` (KVManager: the only engine module that calls the radix tree and the device pool),
 `scheduler`, `sessions`, `forker` (a request's sequences and CoW forks), `beams` (beam search),
 `outputs` (token acceptance, streaming, endings), `admin` (eviction, flushes, pins, load, stats),
-`validator` (fixed limits) and `commands` (applies admin / session commands, commands.py).
+`validator` (fixed limits), `commands` (applies admin / session commands, commands.py) and
+`faults` (what an unexpected error fails, faults.py).
 
 `step()` asks the scheduler for a plan, applies copy-on-write copies, runs the model, then accepts
 sampled tokens: text deltas go to each request's sink, finished sequences insert their tokens into the
@@ -27,6 +28,7 @@ from radixd.daemon.engine.beam import BeamSearch
 from radixd.daemon.engine.commands import Command, Flush
 from radixd.daemon.engine.config import EngineConfig
 from radixd.daemon.engine.dispatch import CommandRunner
+from radixd.daemon.engine.faults import Faults
 from radixd.daemon.engine.forks import Forker
 from radixd.daemon.engine.kv import KVManager
 from radixd.daemon.engine.outputs import Outputs
@@ -36,7 +38,6 @@ from radixd.daemon.engine.sessions import SessionManager
 from radixd.daemon.engine.swap import HostSwap
 from radixd.daemon.engine.types import (
     EngineError,
-    EngineFault,
     GenerateRequest,
     InvalidRequest,
     RequestOutput,
@@ -50,14 +51,6 @@ from radixd.daemon.tokenizer import TextTokenizer
 T = TypeVar("T")
 
 log = structlog.get_logger("radixd.engine")
-
-
-def fault_message(exc: BaseException) -> str:
-    """What a request failed by an unexpected engine error is told."""
-    return (
-        f"internal engine error ({type(exc).__name__}: {exc}); the request was not completed."
-        " Retry it; if it keeps failing, report it with the request id from the daemon's log"
-    )
 
 
 def copy_waves(ops: list[tuple[int, int, int]]) -> list[list[tuple[int, int, int]]]:
@@ -134,6 +127,7 @@ class EngineCore:
             cfg, self.requests, self.counters, self.scheduler, self.kv, self.sessions, self.swap
         )
         self.commands = CommandRunner(self.admin, self.sessions, self.validator, self.kv)
+        self.faults = Faults(self.requests, self.outputs, self.sessions)
 
     @property
     def on_request_done(self) -> Callable[[str], None]:
@@ -298,50 +292,9 @@ class EngineCore:
             # (slots appended, tokens not accepted, copies queued) leaves no state to trust, and a
             # request that breaks scheduling itself would otherwise fail every step after this one.
             for rid in list(self.requests):
-                self.fail_request(rid, exc)
+                self.faults.fail_request(rid, exc)
             self.kv.take_copies()
             return False
-
-    # ---- unexpected errors -----------------------------------------------------------------------
-    def fail_request(self, request_id: str, exc: BaseException) -> None:
-        """Fail an in-flight request after an unexpected engine error: each unfinished output ends with
-        finish_reason "error" and code "internal", its blocks, lease and session turn are released, and
-        the failure is logged with the request id."""
-        r = self.requests.get(request_id)
-        if r is None:
-            return
-        message = fault_message(exc)
-        log.error("engine.request_failed", request_id=request_id, error=message)
-        live = [seq for seq in r.seqs if not seq.finished]
-        for seq in live:
-            self.outputs.finish_seq(seq, "error", emit=True, error=message)
-        if not r.seqs:  # it failed before it got a sequence: nothing above reached its sink
-            self.outputs.emit_errors(r, message)
-        self.outputs.finish_request(r)
-
-    def fail_submit(self, req: GenerateRequest, sink: Sink, exc: BaseException) -> None:
-        """`add_request(req, sink)` raised unexpectedly: fail `req` in whatever state it got to."""
-        r = self.requests.get(req.request_id)
-        if r is not None and r.req is req:
-            self.fail_request(req.request_id, exc)
-            return
-        if req.session_id is not None:
-            self.sessions.abandon_turn(req.session_id, req.request_id)
-        message = fault_message(exc)
-        log.error("engine.request_failed", request_id=req.request_id, error=message)
-        self.outputs.reject(req, sink, EngineFault(message))
-
-    def fail_all(self, exc: BaseException) -> None:
-        """The engine thread is dying: fail every request in flight. A request whose state is too
-        broken to finish properly still gets its error outputs, so no stream waits forever."""
-        for rid, r in list(self.requests.items()):
-            try:
-                self.fail_request(rid, exc)
-            except Exception:
-                log.exception("engine.request_fail_failed", request_id=rid)
-                self.requests.pop(rid, None)
-                self.outputs.emit_errors(r, fault_message(exc))
-                self.on_request_done(rid)
 
     def run_until_idle(self, max_steps: int = 1_000_000) -> None:
         """Drive steps on the calling thread until nothing is left (tests, offline)."""

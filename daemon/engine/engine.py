@@ -198,7 +198,7 @@ class Engine:
             if error is None:
                 self.core.abort_all("engine stopped")
             else:
-                self.core.fail_all(error)
+                self.core.faults.fail_all(error)
         except BaseException as exc:
             log.critical("engine.stop_failed", exc_info=exc)
             error = error or exc
@@ -267,9 +267,9 @@ class Engine:
         )
         log.exception("engine.command_failed", command=kind, request_id=rid)
         if isinstance(cmd, _Submit):
-            self.core.fail_submit(cmd.req, cmd.sink, exc)
+            self.core.faults.fail_submit(cmd.req, cmd.sink, exc)
         elif isinstance(cmd, _Abort):
-            self.core.fail_request(cmd.request_id, exc)
+            self.core.faults.fail_request(cmd.request_id, exc)
         elif isinstance(cmd, _Execute) and not cmd.future.done():
             cmd.future.set_exception(exc)
 

@@ -141,7 +141,7 @@ def test_a_dead_engine_thread_fails_everything_and_calls_on_fatal(
 ) -> None:
     """The step fails and so does failing its requests (the guard itself): the thread is lost."""
     fail_once(monkeypatch, core, "step")
-    fail_once(monkeypatch, core, "fail_request")
+    fail_once(monkeypatch, core.faults, "fail_request")
     fatal: list[BaseException] = []
     died = threading.Event()
     eng = Engine(core)
