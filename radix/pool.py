@@ -4,21 +4,13 @@ from __future__ import annotations
 
 import gc
 import sys
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable
 from typing import Protocol
 
 import numpy as np
 import numpy.typing as npt
 
-from radixd.radix.blockids import (
-    ID_BYTES,
-    BlockIds,
-    disjoint_within,
-    pack_blocks,
-    packed_runs,
-    spells_runs,
-    unpack_id,
-)
+from radixd.radix.blockids import ID_BYTES, BlockIds, disjoint_within, packed_runs, spells_runs, unpack_id
 from radixd.radix.errors import DoubleFree, InvalidRequest, OutOfBlocks, RadixError
 from radixd.radix.extents import FreeExtents
 
@@ -174,17 +166,6 @@ class BlockPool:
         if a:
             return BlockIds(idb[a * ID_BYTES : (a + n) * ID_BYTES])
         return BlockIds(b"".join([idb[a * ID_BYTES : (a + k) * ID_BYTES] for a, k in self._take_split(n)]))
-
-    def pack(self, blocks: Sequence[int]) -> bytes:
-        """Block ids in packed form (see BlockIds). A list that is a slice of this pool's ids (what
-        :meth:`allocate` hands out when one run serves it) packs by a slice of the packed ids, after an
-        identity compare of the list: about 6x less than converting each id."""
-        n = len(blocks)
-        if n and type(blocks) is list:
-            a = blocks[0]
-            if type(a) is int and a > 0 and blocks == self._ids[a : a + n]:
-                return self._id_bytes[a * ID_BYTES : (a + n) * ID_BYTES]
-        return pack_blocks(blocks)
 
     def _take_run(self, n: int) -> int:
         """The common case of an allocation: ``n`` blocks from one free run, each at refcount 1 and no

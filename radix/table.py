@@ -135,12 +135,10 @@ class BlockTable:
         if n_tokens < 0:
             raise InvalidRequest(f"cannot append a negative number of tokens ({n_tokens})")
         pool = self.pool
-        B = pool.block_size
         blocks = self.blocks
-        filled = self.num_tokens % B
-        cow = bool(filled) and pool.refcount(blocks[-1]) > 1
+        filled = self.num_tokens % pool.block_size
+        need, cow = self._growth(n_tokens)
         end = self.num_tokens + n_tokens
-        need = -(-end // B) - len(blocks) + (1 if cow else 0)
         if need > pool.num_free:
             raise OutOfBlocks(need, pool.num_free, pool.num_evictable)
         copies: list[CopyOp] = []
@@ -155,6 +153,16 @@ class BlockTable:
             blocks.frombytes(new)
         self.num_tokens = end
         return copies
+
+    def new_blocks_for(self, n_tokens: int) -> int:
+        """Fresh blocks :meth:`append` ``(n_tokens)`` takes: growth, plus the copy of a shared, partly
+        filled last block that the first new token would write into."""
+        return self._growth(n_tokens)[0]
+
+    def _growth(self, n_tokens: int) -> tuple[int, bool]:
+        B = self.pool.block_size
+        cow = n_tokens > 0 and self.num_tokens % B > 0 and self.pool.refcount(self.blocks[-1]) > 1
+        return -(-(self.num_tokens + n_tokens) // B) - len(self.blocks) + cow, cow
 
     def append_slots(self, n_tokens: int) -> AppendResult:
         """:meth:`append`, also listing the new tokens' slots (a Python step per token: callers that

@@ -11,7 +11,7 @@ from collections.abc import Sequence
 from typing import Literal, get_args
 
 from radixd.radix import tree_admin, tree_insert
-from radixd.radix.blockids import ID_BYTES, BlockIds
+from radixd.radix.blockids import ID_BYTES, BlockIds, pack_blocks
 from radixd.radix.errors import FlushRefused, InvalidRequest, UnknownLease
 from radixd.radix.events import CacheListener
 from radixd.radix.lru import LruIndex
@@ -138,7 +138,7 @@ class RadixTree:
         the caller must not release any of them afterwards. It saves a pass over the blocks.
         """
         t = tokens.packed if type(tokens) is TokenKey else as_tokens(tokens)
-        bl = blocks if type(blocks) is BlockIds or type(blocks) is bytes else self.pool.pack(blocks)
+        bl = blocks if type(blocks) is BlockIds or type(blocks) is bytes else pack_blocks(blocks)
         n = len(t)
         if bytes.__len__(bl) != (-(-n // self._bb) - cached) * ID_BYTES or not 0 <= cached <= n // self._bb:
             raise tree_insert.bad_insert(self.block_size, n, bytes.__len__(bl) // ID_BYTES, cached)

@@ -83,18 +83,7 @@ class KVManager:
 
     def new_blocks_for_append(self, seq: Sequence, n: int) -> int:
         """Fresh blocks `append(seq, n)` will take (growth + a copy-on-write of a shared last block)."""
-        table = seq.table
-        have = len(table.blocks) if table is not None else 0
-        used = table.num_tokens if table is not None else 0
-        need = max(0, self.blocks_for(used + n) - have)
-        if (
-            table is not None
-            and n > 0
-            and used % self.block_size
-            and self.pool.refcount(table.blocks[-1]) > 1
-        ):
-            need += 1
-        return need
+        return self.blocks_for(n) if seq.table is None else seq.table.new_blocks_for(n)
 
     def match(self, tokens: TokenKey | list[int], namespace: str) -> PrefixHit:
         """Longest cached prefix of `tokens`, locked until the hit is released (or moved to a seq).

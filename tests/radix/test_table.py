@@ -123,3 +123,17 @@ def test_leased_up_to_stays_within_the_table(pool: BlockPool) -> None:
         t.leased_up_to(0)
     with pytest.raises(InvalidRequest, match="outside"):
         t.leased_up_to(3)
+
+
+def test_new_blocks_for_is_what_append_takes(pool: BlockPool) -> None:
+    t = BlockTable(pool)
+    assert t.new_blocks_for(0) == 0 and t.new_blocks_for(5) == 2
+    t.append(5)
+    (child,) = t.fork(1)  # the partly filled last block is shared now
+    assert child.new_blocks_for(0) == 0  # nothing written: no copy
+    for n in (1, 3, 4, 9):
+        assert child.new_blocks_for(n) == 1 + (-(-(5 + n) // 4) - 2)
+    free = pool.num_free
+    want = child.new_blocks_for(4)
+    child.append(4)
+    assert free - pool.num_free == want
