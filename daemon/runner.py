@@ -11,7 +11,6 @@ each token it accepts, before the next step.
 
 from __future__ import annotations
 
-import os
 from collections.abc import Sequence
 from dataclasses import dataclass
 
@@ -19,6 +18,7 @@ import torch
 
 from radixd import kernels
 from radixd.daemon.engine.limits import check_token_ids
+from radixd.daemon.host import configure_threads
 from radixd.daemon.model import AttentionMetadata, LlamaModel, ModelConfig
 from radixd.daemon.sampling import SampleResult, SamplingState, sample
 
@@ -48,13 +48,6 @@ def num_blocks_for_budget(config: ModelConfig, block_size: int, budget_bytes: in
             f"a KV budget of {budget_bytes} bytes holds {n} blocks of {block_size} tokens; need at least 2"
         )
     return int(n)
-
-
-def configure_threads() -> None:
-    """Use RADIXD_NUM_THREADS if set; otherwise torch's default (one per physical core)."""
-    env = os.environ.get("RADIXD_NUM_THREADS")
-    if env:
-        torch.set_num_threads(max(1, int(env)))
 
 
 class ModelRunner:

@@ -36,6 +36,7 @@ from radixd.daemon.engine.types import (
     QueueFull,
     Sink,
 )
+from radixd.daemon.host import HeapReleaser
 
 T = TypeVar("T")
 
@@ -86,6 +87,7 @@ class Engine:
         # Called once, on the dying engine thread, with the error that killed it (see the module NOTE).
         self.on_fatal: Callable[[BaseException], None] | None = None
         self.fatal_error: BaseException | None = None
+        self.heap = HeapReleaser()
         core.on_request_done = self._request_done
 
     # ---- lifecycle -------------------------------------------------------------------------------
@@ -186,7 +188,12 @@ class Engine:
                 # (waiting for memory), so a stalled engine does not spin.
                 if not self._drain(block=not (self.core.has_work() and progressed)):
                     break
-                progressed = self.core.step_safely() if self.core.has_work() else False
+                if self.core.has_work():
+                    progressed = self.core.step_safely()
+                    self.heap.busy(time.monotonic())
+                else:
+                    progressed = False
+                    self.heap.idle(time.monotonic())
                 self._tick()
         except BaseException as exc:  # past every guard: the thread is lost (see the module NOTE)
             error = exc

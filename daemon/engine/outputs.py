@@ -7,6 +7,7 @@ table, lease and host blocks; a finished request advances its session and tells 
 from __future__ import annotations
 
 import time
+from collections import Counter
 from collections.abc import Callable
 
 import structlog
@@ -189,7 +190,7 @@ class Outputs:
         log.info(
             "engine.finished",
             request_id=r.request_id,
-            reasons=[s.finish_reason for s in r.seqs],
+            reasons=dict(Counter(s.finish_reason or "none" for s in r.seqs)),  # n=64: one count, not 64
             prompt_tokens=r.prompt_len,
             cached_tokens=r.cached_tokens,
             completion_tokens=sum(max(0, s.num_generated) for s in r.seqs),

@@ -1,0 +1,127 @@
+"""The host process's resources: how many CPU threads compute may use, and when freed heap goes back.
+
+Threads: torch's default is one per physical core of the machine, which in a container limited to a
+few CPUs (an affinity mask, a cgroup quota) oversubscribes them; the default here is the smaller of
+that and what the process may actually run on.
+
+Heap: a decode batch allocates tens of MB of short-lived buffers (64 rows of 49,152 logits are
+12.6 MB each, several per step). glibc keeps freed chunks below its (dynamic) mmap threshold in
+its arenas, one per thread that allocated, so after a burst of traffic the daemon's RSS stays at the
+burst's high-water mark although nothing is live. `HeapReleaser` hands that memory back with
+`malloc_trim` once the engine has been idle for a moment; never between steps, where the next step
+would only fault the same pages back in.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import ctypes.util
+import math
+import os
+from collections.abc import Callable
+from pathlib import Path
+
+import torch
+
+ENV_THREADS = "RADIXD_NUM_THREADS"
+# Idle time after which freed heap is released: longer than the gap between two steps or two
+# back-to-back requests of one client, short enough that an idle daemon's RSS reflects live memory.
+IDLE_RELEASE_S = 0.2
+
+
+def cpu_quota(cgroup: Path = Path("/sys/fs/cgroup")) -> int | None:
+    """CPUs the cgroup quota grants (rounded up), None when no quota is set (cgroup v2 or v1)."""
+    for quota_file, period_file in (
+        (cgroup / "cpu.max", None),
+        (cgroup / "cpu" / "cpu.cfs_quota_us", cgroup / "cpu" / "cpu.cfs_period_us"),
+    ):
+        try:
+            fields = quota_file.read_text().split()
+            if period_file is not None:
+                fields = [fields[0], period_file.read_text().strip()]
+        except (OSError, IndexError):
+            continue
+        if len(fields) < 2 or fields[0] in ("max", "-1"):
+            return None
+        try:
+            quota, period = int(fields[0]), int(fields[1])
+        except ValueError:
+            return None
+        return max(1, math.ceil(quota / period)) if quota > 0 and period > 0 else None
+    return None
+
+
+def usable_cpus() -> int:
+    """CPUs this process may run on: its affinity mask, capped by the cgroup quota."""
+    try:
+        n = len(os.sched_getaffinity(0))
+    except (AttributeError, OSError):
+        n = os.cpu_count() or 1
+    quota = cpu_quota()
+    return max(1, min(n, quota) if quota is not None else n)
+
+
+def configure_threads() -> int:
+    """Set torch's intra-op threads: RADIXD_NUM_THREADS if set, else min(torch's default, usable
+    CPUs). Returns the count in use. Raises ValueError for a RADIXD_NUM_THREADS that is not a
+    positive integer."""
+    env = os.environ.get(ENV_THREADS, "").strip()
+    if env:
+        try:
+            n = int(env)
+        except ValueError:
+            n = 0
+        if n < 1:
+            raise ValueError(f"{ENV_THREADS} must be a positive integer, got {env!r}")
+    else:
+        n = min(torch.get_num_threads(), usable_cpus())
+    if n != torch.get_num_threads():
+        torch.set_num_threads(n)
+    return n
+
+
+def _malloc_trim() -> Callable[[int], int] | None:
+    try:
+        libc = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6")
+        trim = libc.malloc_trim  # glibc only: musl and macOS have no such call
+    except (OSError, AttributeError):
+        return None
+    trim.argtypes = [ctypes.c_size_t]
+    trim.restype = ctypes.c_int
+    return trim
+
+
+class HeapReleaser:
+    """Releases freed heap to the OS once per busy period, after `idle_s` without work.
+
+    The engine thread calls `busy()` after each step it runs and `idle(now)` on each pass without
+    work; the release itself runs on that thread, when no step is waiting for it.
+    """
+
+    def __init__(self, idle_s: float = IDLE_RELEASE_S) -> None:
+        self.idle_s = idle_s
+        self._trim = _malloc_trim()
+        self._dirty = False
+        self._busy_at = 0.0
+        self.releases = 0
+
+    @property
+    def available(self) -> bool:
+        """Whether this C library can release heap (glibc's malloc_trim)."""
+        return self._trim is not None
+
+    def busy(self, now: float) -> None:
+        """A step ran at `now` (time.monotonic())."""
+        self._dirty = True
+        self._busy_at = now
+
+    def idle(self, now: float) -> bool:
+        """Release if the engine has been idle long enough since its last step; -> released now."""
+        if not self._dirty or now - self._busy_at < self.idle_s:
+            return False
+        self._dirty = False
+        if self._trim is None:
+            return False
+        self._trim(0)
+        self.releases += 1
+        return True

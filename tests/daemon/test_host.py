@@ -1,0 +1,79 @@
+"""Host resources: the thread count compute may use, and freed heap going back to the OS when idle."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+import torch
+
+from radixd.daemon.host import ENV_THREADS, HeapReleaser, configure_threads, cpu_quota, usable_cpus
+
+
+def rss_mb() -> float:
+    with open("/proc/self/status") as f:
+        for line in f:
+            if line.startswith("VmRSS:"):
+                return int(line.split()[1]) / 1024
+    raise AssertionError("no VmRSS")
+
+
+@pytest.mark.parametrize(
+    ("files", "want"),
+    [
+        ({"cpu.max": "150000 100000\n"}, 2),
+        ({"cpu.max": "max 100000\n"}, None),
+        ({"cpu/cpu.cfs_quota_us": "400000\n", "cpu/cpu.cfs_period_us": "100000\n"}, 4),
+        ({"cpu/cpu.cfs_quota_us": "-1\n", "cpu/cpu.cfs_period_us": "100000\n"}, None),
+        ({}, None),
+    ],
+)
+def test_cpu_quota_reads_cgroup_v2_and_v1(tmp_path: Path, files: dict[str, str], want: int | None) -> None:
+    for name, text in files.items():
+        (tmp_path / name).parent.mkdir(parents=True, exist_ok=True)
+        (tmp_path / name).write_text(text)
+    assert cpu_quota(tmp_path) == want
+
+
+def test_threads_default_to_what_the_process_may_run_on(monkeypatch: pytest.MonkeyPatch) -> None:
+    before = torch.get_num_threads()
+    monkeypatch.delenv(ENV_THREADS, raising=False)
+    try:
+        assert 1 <= configure_threads() <= usable_cpus()
+        monkeypatch.setenv(ENV_THREADS, "1")
+        assert configure_threads() == 1 and torch.get_num_threads() == 1
+        for bad in ("0", "two", "-3"):
+            monkeypatch.setenv(ENV_THREADS, bad)
+            with pytest.raises(ValueError, match=ENV_THREADS):
+                configure_threads()
+    finally:
+        torch.set_num_threads(before)
+
+
+def test_release_waits_for_idle_and_runs_once_per_busy_period() -> None:
+    heap = HeapReleaser(idle_s=10.0)
+    assert heap.available  # glibc: the project's Linux machines
+    assert not heap.idle(0.0)  # nothing ran yet
+    heap.busy(100.0)
+    assert not heap.idle(101.0)  # not idle long enough
+    assert heap.idle(110.0)
+    assert not heap.idle(120.0)  # already released for this busy period
+    assert heap.releases == 1
+
+
+def test_release_returns_freed_heap_to_the_os() -> None:
+    # Freeing an 8 MiB mmapped tensor raises glibc's dynamic mmap threshold past 4 MiB, so the
+    # 4 MiB tensors below come from the heap; the one kept alive last pins the heap's top, so
+    # glibc's own top trimming cannot give the freed ones back: only a release can.
+    del_me = torch.ones(2 << 20)
+    del del_me
+    chunks = [torch.ones(1 << 20) for _ in range(48)]
+    keep = chunks.pop()
+    before = rss_mb()
+    del chunks
+    heap = HeapReleaser(idle_s=0.0)
+    heap.busy(5.0)
+    assert heap.idle(5.0)
+    after = rss_mb()
+    assert before - after > 100, (before, after)
+    assert float(keep[0]) == 1.0
