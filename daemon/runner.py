@@ -11,6 +11,7 @@ each token it accepts, before the next step.
 
 from __future__ import annotations
 
+from array import array
 from collections.abc import Sequence
 from dataclasses import dataclass
 
@@ -30,7 +31,7 @@ class StepSeq:
     seq_id: int
     token_ids: list[int]  # tokens to compute now: a prefill chunk, or 1 token when decoding
     start_pos: int  # tokens of this sequence already in KV (position of token_ids[0])
-    block_table: list[int]  # physical blocks covering positions [0, start_pos + len(token_ids))
+    block_table: Sequence[int]  # physical blocks covering [0, start_pos + len(token_ids)); array('i')
     sample: SamplingState | None  # None for a non-final prefill chunk (compute KV only)
 
 
@@ -99,7 +100,9 @@ class ModelRunner:
         t = torch.tensor(list(ops), dtype=torch.int64, device=self.device)
         kernels.copy_blocks(self.k_caches, self.v_caches, self.k_caches, self.v_caches, t)
 
-    def _check(self, s: StepSeq) -> None:
+    def _check(self, s: StepSeq) -> int:
+        """O(1) and O(len(token_ids)) checks of one sequence; -> blocks its positions need. Block ids
+        are checked for the whole step at once, in `_tables`."""
         if not s.token_ids:
             raise ValueError(f"sequence {s.seq_id}: token_ids is empty")
         if s.start_pos < 0:
@@ -111,62 +114,80 @@ class ModelRunner:
                 f"sequence {s.seq_id}: {len(s.block_table)} blocks cannot hold {end} tokens "
                 f"(need {need} of {self.block_size})"
             )
-        if any(not 0 < b < self.num_blocks for b in s.block_table[:need]):
-            raise ValueError(
-                f"sequence {s.seq_id}: block table {s.block_table[:need]} has ids outside "
-                f"[1, {self.num_blocks})"
-            )
         check_token_ids(s.token_ids, self.config.vocab_size, what=f"sequence {s.seq_id}:")
+        return need
 
-    def _tables(self, group: Sequence[StepSeq]) -> torch.Tensor:
-        bs = self.block_size
-        width = max((-(-(s.start_pos + len(s.token_ids)) // bs) for s in group), default=1)
+    def _tables(self, group: Sequence[StepSeq], needs: Sequence[int]) -> torch.Tensor:
+        """The group's block tables as one int32 [len(group), max(needs)] tensor, rows padded with
+        the null block 0; raises ValueError when a needed entry is not a block id in [1, num_blocks)."""
         if not group:
             return torch.zeros((0, 1), dtype=torch.int32)
-        rows = [s.block_table[:width] + [0] * (width - len(s.block_table[:width])) for s in group]
-        return torch.tensor(rows, dtype=torch.int32)
+        width = max(needs)
+        flat = array("i")
+        pads = 0
+        for s, need in zip(group, needs, strict=True):
+            # NOTE: the engine's tables are array('i'): slicing and extending copy packed ints, no
+            # Python int per block.
+            flat.extend(s.block_table[:need])
+            if need < width:
+                flat.frombytes(bytes(flat.itemsize * (width - need)))
+                pads += width - need
+        t = torch.frombuffer(flat, dtype=torch.int32).view(len(group), width).clone()
+        if int(t.min()) < 0 or int(t.max()) >= self.num_blocks or int((t == 0).sum()) != pads:
+            for s, need in zip(group, needs, strict=True):
+                if any(not 0 < b < self.num_blocks for b in s.block_table[:need]):
+                    raise ValueError(
+                        f"sequence {s.seq_id}: block table {list(s.block_table[:need])} has ids outside "
+                        f"[1, {self.num_blocks})"
+                    )
+        return t
 
     def _forward(self, seqs: Sequence[StepSeq]) -> tuple[torch.Tensor, dict[int, int]]:
         """Run the forward pass; -> (hidden [T, H] in layout order, seq index -> its first row)."""
-        for s in seqs:
-            self._check(s)
+        needs = [self._check(s) for s in seqs]
         bs = self.block_size
         prefill = [i for i, s in enumerate(seqs) if len(s.token_ids) > 1]
         decode = [i for i, s in enumerate(seqs) if len(s.token_ids) == 1]
-        order = prefill + decode
         ids: list[int] = []
         pos: list[int] = []
         slots: list[int] = []
         first_index: dict[int, int] = {}
         cu = [0]
-        for i in order:
+        for i in prefill:
             s = seqs[i]
-            n = len(s.token_ids)
             first_index[i] = len(ids)
             ids.extend(s.token_ids)
-            p = range(s.start_pos, s.start_pos + n)
+            p = range(s.start_pos, s.start_pos + len(s.token_ids))
             pos.extend(p)
             bt = s.block_table
             slots.extend(bt[q // bs] * bs + q % bs for q in p)
-            if len(s.token_ids) > 1:
-                cu.append(len(ids))
+            cu.append(len(ids))
+        # Decode rows: one token each, its slot read off the table tensor below.
+        dec_pos = [seqs[i].start_pos for i in decode]
+        for j, i in enumerate(decode):
+            first_index[i] = len(ids) + j
+        ids.extend(seqs[i].token_ids[0] for i in decode)
         pre = [seqs[i] for i in prefill]
         dec = [seqs[i] for i in decode]
+        dec_tables = self._tables(dec, [needs[i] for i in decode])
+        dec_positions = torch.tensor(dec_pos, dtype=torch.int64)
+        dec_slots = dec_tables.gather(1, (dec_positions // bs).unsqueeze(1)).squeeze(1).long() * bs
+        dec_slots += dec_positions % bs
         dev = self.device
         meta = AttentionMetadata(
-            slot_mapping=torch.tensor(slots, dtype=torch.int64).to(dev),
+            slot_mapping=torch.cat((torch.tensor(slots, dtype=torch.int64), dec_slots)).to(dev),
             num_prefill_tokens=cu[-1],
-            prefill_block_tables=self._tables(pre).to(dev),
+            prefill_block_tables=self._tables(pre, [needs[i] for i in prefill]).to(dev),
             prefill_cu_q_lens=torch.tensor(cu, dtype=torch.int32).to(dev),
             prefill_seq_lens=torch.tensor(
                 [s.start_pos + len(s.token_ids) for s in pre], dtype=torch.int32
             ).to(dev),
-            decode_block_tables=self._tables(dec).to(dev),
-            decode_seq_lens=torch.tensor([s.start_pos + 1 for s in dec], dtype=torch.int32).to(dev),
-            max_position=max(pos),
+            decode_block_tables=dec_tables.to(dev),
+            decode_seq_lens=(dec_positions + 1).to(torch.int32).to(dev),
+            max_position=max(max(pos, default=-1), max(dec_pos, default=-1)),
         )
         input_ids = torch.tensor(ids, dtype=torch.int64).to(dev)
-        positions = torch.tensor(pos, dtype=torch.int64).to(dev)
+        positions = torch.cat((torch.tensor(pos, dtype=torch.int64), dec_positions)).to(dev)
         hidden = self.model.forward(input_ids, positions, meta, self.k_caches, self.v_caches)
         return hidden, first_index
 

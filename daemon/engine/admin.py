@@ -9,9 +9,11 @@ from __future__ import annotations
 
 import concurrent.futures
 import time
+from array import array
 from typing import Any
 
 import structlog
+import torch
 
 from radixd.daemon.engine.commands import EngineLoad
 from radixd.daemon.engine.config import EngineConfig
@@ -139,11 +141,17 @@ class Admin:
     # ---- load and stats --------------------------------------------------------------------------
     def active_blocks(self) -> int:
         """Distinct blocks in running sequences' tables (the KV they hold, shared blocks once)."""
-        active: set[int] = set()
+        flat = array("i")
         for s in self.scheduler.running:
             if s.table is not None:
-                active.update(s.table.blocks)
-        return len(active)
+                flat.extend(s.table.blocks)
+        if not flat:
+            return 0
+        # NOTE: once per step over every running block (16k at 256 x 1k tokens): a bitmap over the
+        # pool costs a fifth of a Python set of the same ids.
+        held = torch.zeros(self.kv.num_blocks, dtype=torch.bool)
+        held[torch.frombuffer(flat, dtype=torch.int32).long()] = True
+        return int(held.sum())
 
     def track_peaks(self) -> None:
         """Record the peak of used blocks and of blocks held by running sequences (once per step)."""

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import concurrent.futures
 import time
+from array import array
 from collections import deque
 from collections.abc import Callable
 from typing import TypeVar, cast
@@ -241,7 +242,7 @@ class EngineCore:
             seq = p.seq
             end = p.start + p.n
             sample = seq.sampling if (not seq.is_root and end == len(seq.tokens)) else None
-            blocks = seq.table.blocks.tolist() if seq.table is not None else []
+            blocks = seq.table.blocks if seq.table is not None else array("i")
             step_seqs.append(StepSeq(seq.seq_id, seq.tokens[p.start : end], p.start, blocks, sample))
         results = self.runner.step(step_seqs)
         self.counters["steps"] += 1
