@@ -54,7 +54,7 @@ class Adapter:
         table.append(len(tokens) - table.num_tokens)  # KVManager.append
         aligned = len(tokens) // self.page_size  # the unaligned tail is not cached (the peer's protocol)
         if aligned > table.leased:
-            self.tree.insert_table(tokens[: aligned * self.page_size], table, aligned, "", lease)
+            self.tree.insert_table(tokens[: aligned * self.page_size], table, aligned, "", lease, final=True)
         table.release()  # KVManager.release: the table's own blocks (the tail) go back to the pool
 
     def release(self, handle: tuple[BlockTable, Lease]) -> None:

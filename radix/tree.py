@@ -160,7 +160,14 @@ class RadixTree:
         return InsertResult(dups, n // TOKEN_BYTES - new_tokens, new_tokens)
 
     def insert_table(
-        self, tokens: Key, table: BlockTable, n_blocks: int, namespace: str, lease: Lease
+        self,
+        tokens: Key,
+        table: BlockTable,
+        n_blocks: int,
+        namespace: str,
+        lease: Lease,
+        *,
+        final: bool = False,
     ) -> InsertResult:
         """Cache ``tokens`` (``n_blocks`` blocks of ``table``) for the table's owner, who holds ``lease``.
 
@@ -170,6 +177,11 @@ class RadixTree:
         inserted path and ``table.leased`` becomes ``n_blocks``: the table then holds no reference on
         those blocks, and where the tree already cached a position in another block the table reads the
         tree's block from then on. The table's later blocks (a partial tail) stay its own.
+
+        ``final=True``: the owner releases the table and the lease right after (a finishing
+        sequence), so the lease is not moved: the inserted path is cached unlocked, and the lease
+        keeps only what it kept before until its release. Saves locking a path that is unlocked at
+        once. The table must not be appended to or read past ``leased`` afterwards.
         """
         done = table.leased
         if not done <= n_blocks <= len(table.blocks):
@@ -178,7 +190,12 @@ class RadixTree:
             raise InvalidRequest(f"insert_table: the table leases {done} blocks but its lease locks nothing")
         t = tokens.packed if type(tokens) is TokenKey else as_tokens(tokens)
         res = self.insert(
-            t, table.blocks[done:n_blocks].tobytes(), namespace, lease, cached=done, donate=True
+            t,
+            table.blocks[done:n_blocks].tobytes(),
+            namespace,
+            None if final else lease,
+            cached=done,
+            donate=True,
         )
         n_tokens = len(t) // TOKEN_BYTES
         # Positions cached before this insert (a leaf added now starts on a block boundary).

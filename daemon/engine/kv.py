@@ -210,22 +210,23 @@ class KVManager:
         """
         if seq.table is not None:
             n_full = seq.num_computed // self.block_size
-            self._insert(seq, n_full, n_full * self.block_size)
+            self._insert(seq, n_full, n_full * self.block_size, final=False)
 
     def insert_all(self, seq: Sequence) -> None:
         """Insert every computed token of `seq` (partial last block included) into the tree; the
-        sequence is about to release its table."""
+        caller releases the sequence (`release`) next, so the lease is not moved onto the path."""
         if seq.table is not None and seq.num_computed:
-            self._insert(seq, self.blocks_for(seq.num_computed), seq.num_computed)
+            self._insert(seq, self.blocks_for(seq.num_computed), seq.num_computed, final=True)
 
-    def _insert(self, seq: Sequence, n_blocks: int, n_tokens: int) -> None:
+    def _insert(self, seq: Sequence, n_blocks: int, n_tokens: int, final: bool) -> None:
         """Insert `seq.tokens[:n_tokens]` (in `n_blocks` blocks) by the tree's table protocol: the
-        table's new blocks go to the tree and the moved lease keeps them all alive. A sequence without
-        a lease (caching off) inserts nothing."""
+        table's new blocks go to the tree and the moved lease keeps them all alive (`final`: not
+        moved, the sequence is released next). A sequence without a lease (caching off) inserts
+        nothing."""
         table, lease = seq.table, seq.lease
         if table is None or lease is None or n_blocks <= table.leased:
             return
-        self.cache.insert_table(seq.key(n_tokens), table, n_blocks, seq.request.req.namespace, lease)
+        self.cache.insert_table(seq.key(n_tokens), table, n_blocks, seq.request.req.namespace, lease, final)
         seq.inserted_blocks = n_tokens // self.block_size
 
     def fork(self, parent: Sequence, children: list[Sequence]) -> None:

@@ -59,9 +59,9 @@ class TreePrefixCache:
         return self.tree.evict_count(n_blocks)
 
     def insert_table(
-        self, key: TokenKey, table: BlockTable, n_blocks: int, namespace: str, lease: Lease
+        self, key: TokenKey, table: BlockTable, n_blocks: int, namespace: str, lease: Lease, final: bool
     ) -> None:
-        self.tree.insert_table(key, table, n_blocks, namespace, lease)
+        self.tree.insert_table(key, table, n_blocks, namespace, lease, final=final)
 
 
 class NullPrefixCache:
@@ -85,7 +85,7 @@ class NullPrefixCache:
         return 0
 
     def insert_table(
-        self, key: TokenKey, table: BlockTable, n_blocks: int, namespace: str, lease: Lease
+        self, key: TokenKey, table: BlockTable, n_blocks: int, namespace: str, lease: Lease, final: bool
     ) -> None:
         # NOTE: unreachable in practice (without a lease nothing is inserted), kept for the interface.
         return

@@ -295,18 +295,19 @@ class RadixMachine(RuleBasedStateMachine):
         assert m.cached_tokens == seq.locked, "pressure evicted a running sequence's leased path"
         m.lease.release()
 
-    def _insert_table(self, seq: Seq, n_blocks: int) -> None:
-        """KVManager's insert: the table's blocks past the leased ones go to the tree, the lease moves."""
+    def _insert_table(self, seq: Seq, n_blocks: int, final: bool = False) -> None:
+        """KVManager's insert: the table's blocks past the leased ones go to the tree, the lease moves
+        (``final``: stays, the sequence is released next)."""
         table = seq.table
         if n_blocks <= table.leased:
             return
         n_tokens = min(n_blocks * self.B, table.num_tokens)
         key = encode_tokens(seq.tokens[:n_tokens])
-        res = self.tree.insert_table(key, table, n_blocks, seq.namespace, seq.lease)
+        res = self.tree.insert_table(key, table, n_blocks, seq.namespace, seq.lease, final=final)
         assert res.num_cached_tokens + res.num_new_tokens == n_tokens
         assert table.leased == n_blocks
         assert self.tree.peek(key, seq.namespace) == n_tokens
-        if seq.lease_live:
+        if seq.lease_live and not final:
             seq.locked = max(seq.locked, n_tokens)
 
     @rule(
@@ -346,7 +347,13 @@ class RadixMachine(RuleBasedStateMachine):
         assert again.cached_tokens == seq.locked, "pressure evicted a running sequence's leased path"
         again.lease.release()
         if finish:
-            self._insert_table(seq, -(-table.num_tokens // self.B))
+            self._insert_table(seq, -(-table.num_tokens // self.B), final=True)
+            # The lease did not move: what it locked before stays cached under pressure, the rest
+            # of the path is evictable at once.
+            self.tree.evict_count(n)
+            still = self.tree.match(encode_tokens(seq.tokens[: seq.locked]), ns)
+            assert still.cached_tokens == seq.locked, "a final insert lost the lease's own path"
+            still.lease.release()
             self.seqs.remove(seq)
             table.release()
             seq.lease.release()
