@@ -8,10 +8,11 @@ It runs the engine's own protocol (``daemon/engine/kv.py``), call for call: a re
 tokens packed once (``TokenKey``, as ``Sequence.key`` does), matches them (a lease locks the prefix),
 starts a ``BlockTable`` from the matched blocks (``lease_prefix``: no reference per cached block),
 appends slots for the rest (``BlockTable.append``), caches the page-aligned part with
-``RadixTree.insert_table`` (the table's new blocks are donated to the tree and the lease moves onto the
-inserted path), releases the table (its unaligned tail block goes back to the pool) and finally the
-lease. Memory pressure is met with ``RadixTree.evict_count``, as ``KVManager.ensure_free`` does. The pool
-owns ``capacity_tokens / page_size`` blocks (+ the null block).
+``RadixTree.insert_table(..., final=True)`` (the table's new blocks are donated to the tree; as for a
+finishing sequence, the lease is not moved onto the inserted path, since it is released next), releases
+the table (its unaligned tail block goes back to the pool) and finally the lease. Memory pressure is
+met with ``RadixTree.evict_count``, as ``KVManager.ensure_free`` does. The pool owns
+``capacity_tokens / page_size`` blocks (+ the null block).
 """
 
 from __future__ import annotations

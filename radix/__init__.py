@@ -50,7 +50,8 @@ all of it. Public API (everything below is re-exported here)::
         copy_partial(src_block, n_tokens) -> CopyOp
         append(n) -> list[CopyOp]; append_slots(n) -> AppendResult(slots, copies)  (CoW of a shared tail)
         fork(k) -> list[BlockTable]; release() -> int (idempotent); slot(pos)
-    tree.insert_table(tokens, table, n_blocks, ns, lease)   the table's new blocks to the tree
+    tree.insert_table(tokens, table, n_blocks, ns, lease, final=False)   the table's new blocks to the
+        tree; the lease follows the inserted path unless final (the owner releases both next)
     CopyOp = tuple[int, int, int]                  (src_block, dst_block, n_tokens)
 
     CacheStats: free / evictable / in_use blocks (sum = usable), cached, pinned, pin budget,
@@ -75,6 +76,8 @@ Engine protocol for one request (B = block size; what daemon/engine/kv.py does):
     copies = [table.copy_partial(m.partial_block, m.partial_tokens)] if m.partial_block else []
     copies += table.append(len(prompt) - table.num_tokens)       # prefill the rest ...
     tree.insert_table(key[: n_full * B], table, n_full, ns, m.lease)  # cache full blocks; lease follows
+    ...                                            # decode, inserting each block that fills
+    tree.insert_table(key, table, n_all, ns, m.lease, final=True)     # finished: every computed token
     table.release(); m.lease.release()             # the table first: the lease keeps its leased blocks
 """
 
