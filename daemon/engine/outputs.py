@@ -197,4 +197,8 @@ class Outputs:
             cached_tokens=r.cached_tokens,
             completion_tokens=sum(max(0, s.num_generated) for s in r.seqs),
         )
+        # NOTE: a request and its sequences point at each other; dropping the list lets reference
+        # counting free them now. Left to the cyclic GC, an n = 64 request's 1.6 MB (token lists,
+        # generators, text streams) piled up until its next full pass.
+        r.seqs = []
         self.on_request_done(r.request_id)
