@@ -11,6 +11,7 @@ import asyncio
 import time
 import uuid
 from collections.abc import Callable
+from dataclasses import dataclass
 from typing import Any
 
 import grpc
@@ -57,6 +58,59 @@ class RequestRegistry:
         return self._ids.get((namespace, client_id))
 
 
+@dataclass(frozen=True)
+class Submitted:
+    """A request handed to the engine: its ids and the bridge its outputs arrive on."""
+
+    client_id: str
+    engine_id: str
+    bridge: OutputBridge
+
+
+def submit(
+    state: ServerState,
+    registry: RequestRegistry,
+    *,
+    namespace: str,
+    client_id: str,
+    prompt_ids: list[int],
+    sampling: SamplingParams,
+    arrival: float,
+    session_id: str | None = None,
+    priority: int = 0,
+) -> Submitted:
+    """Register `client_id` (a fresh uuid when empty), bind both ids to the log context and submit
+    the request; its outputs arrive on the returned bridge, whose overflow aborts it. The caller
+    unregisters `client_id` when the stream ends (here only if the submit itself fails)."""
+    engine = state.engine
+    client_id = client_id or uuid.uuid4().hex
+    engine_id = registry.register(namespace, client_id)
+    metrics = state.metrics
+
+    def overflow() -> None:
+        metrics.slow_reader_aborts.inc()
+        engine.abort(engine_id)
+
+    bridge = OutputBridge(asyncio.get_running_loop(), state.limits.stream_buffer, overflow)
+    req = GenerateRequest(
+        request_id=engine_id,
+        prompt_token_ids=prompt_ids,
+        sampling=sampling,
+        namespace=namespace,
+        session_id=session_id,
+        priority=priority,
+        arrival_time=arrival,
+    )
+    # Every line logged for this stream carries both ids (engine lines carry the engine id).
+    structlog.contextvars.bind_contextvars(request_id=client_id, engine_request_id=engine_id)
+    try:
+        engine.submit(req, bridge.sink)
+    except BaseException:
+        registry.unregister(namespace, client_id)
+        raise
+    return Submitted(client_id, engine_id, bridge)
+
+
 async def run_stream(
     state: ServerState,
     registry: RequestRegistry,
@@ -77,35 +131,22 @@ async def run_stream(
     from it, so they include tokenization and the engine step in progress when the request came.
     """
     engine = state.engine
-    client_id = client_id or uuid.uuid4().hex
-    engine_id = registry.register(namespace, client_id)
-    loop = asyncio.get_running_loop()
     metrics = state.metrics
-
-    def overflow() -> None:
-        metrics.slow_reader_aborts.inc()
-        engine.abort(engine_id)
-
-    bridge = OutputBridge(loop, state.limits.stream_buffer, overflow)
     t0 = time.monotonic() if arrival is None else arrival
-    req = GenerateRequest(
-        request_id=engine_id,
-        prompt_token_ids=prompt_ids,
-        sampling=sampling,
+    sub = submit(
+        state,
+        registry,
         namespace=namespace,
+        client_id=client_id,
+        prompt_ids=prompt_ids,
+        sampling=sampling,
+        arrival=t0,
         session_id=session_id,
         priority=priority,
-        arrival_time=t0,
     )
-    # Every line logged for this stream carries both ids (engine lines carry the engine id).
-    structlog.contextvars.bind_contextvars(request_id=client_id, engine_request_id=engine_id)
+    client_id, engine_id, bridge = sub.client_id, sub.engine_id, sub.bridge
     pending = set(range(sampling.n))  # n <= bounds.MAX_N, checked with the sampling params
     started = False
-    try:
-        engine.submit(req, bridge.sink)
-    except BaseException:
-        registry.unregister(namespace, client_id)
-        raise
     try:
         last_chunk = t0
         while pending:

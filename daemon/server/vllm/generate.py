@@ -12,21 +12,17 @@ request in the engine unless every output already finished.
 
 from __future__ import annotations
 
-import asyncio
-import uuid
 from dataclasses import dataclass, field
 from typing import Any
 
-import structlog
 from smg_grpc_proto.generated import vllm_engine_pb2 as pb
 
-from radixd.daemon.engine.types import GenerateRequest, RequestOutput
+from radixd.daemon.engine.types import RequestOutput
 from radixd.daemon.log import get_logger
 from radixd.daemon.sampling import SamplingParams
-from radixd.daemon.server.bridge import OutputBridge
 from radixd.daemon.server.errors import RpcFailure, status_for_code_name
 from radixd.daemon.server.state import ServerState
-from radixd.daemon.server.streaming import RequestRegistry
+from radixd.daemon.server.streaming import RequestRegistry, submit
 
 log = get_logger("radixd.server.vllm")
 
@@ -102,30 +98,19 @@ async def run_generate(
     """Run one request and write its responses to `context`; raises RpcFailure for engine errors."""
     engine = state.engine
     metrics = state.metrics
-    client_id = client_id or uuid.uuid4().hex
-    engine_id = registry.register(namespace, client_id)
-
-    def overflow() -> None:
-        metrics.slow_reader_aborts.inc()
-        engine.abort(engine_id)
-
-    bridge = OutputBridge(asyncio.get_running_loop(), state.limits.stream_buffer, overflow)
-    req = GenerateRequest(
-        request_id=engine_id,
-        prompt_token_ids=prompt_ids,
-        sampling=sampling,
+    sub = submit(
+        state,
+        registry,
         namespace=namespace,
-        arrival_time=arrival,
+        client_id=client_id,
+        prompt_ids=prompt_ids,
+        sampling=sampling,
+        arrival=arrival,
     )
-    structlog.contextvars.bind_contextvars(request_id=client_id, engine_request_id=engine_id)
+    client_id, engine_id, bridge = sub.client_id, sub.engine_id, sub.bridge
     pending = set(range(sampling.n))
     acc = {i: _Output() for i in pending}
     started = False
-    try:
-        engine.submit(req, bridge.sink)
-    except BaseException:
-        registry.unregister(namespace, client_id)
-        raise
     try:
         while pending:
             out = await bridge.get()
