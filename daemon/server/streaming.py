@@ -11,8 +11,7 @@ import asyncio
 import time
 import uuid
 from collections.abc import Callable
-from dataclasses import dataclass
-from typing import Any
+from typing import Any, NamedTuple
 
 import grpc
 import structlog
@@ -58,8 +57,7 @@ class RequestRegistry:
         return self._ids.get((namespace, client_id))
 
 
-@dataclass(frozen=True)
-class Submitted:
+class Submitted(NamedTuple):
     """A request handed to the engine: its ids and the bridge its outputs arrive on."""
 
     client_id: str
@@ -133,7 +131,7 @@ async def run_stream(
     engine = state.engine
     metrics = state.metrics
     t0 = time.monotonic() if arrival is None else arrival
-    sub = submit(
+    client_id, engine_id, bridge = submit(
         state,
         registry,
         namespace=namespace,
@@ -144,7 +142,6 @@ async def run_stream(
         session_id=session_id,
         priority=priority,
     )
-    client_id, engine_id, bridge = sub.client_id, sub.engine_id, sub.bridge
     pending = set(range(sampling.n))  # n <= bounds.MAX_N, checked with the sampling params
     started = False
     try:

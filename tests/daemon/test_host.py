@@ -9,6 +9,7 @@ from pathlib import Path
 import pytest
 import torch
 
+from radixd.daemon import host
 from radixd.daemon.host import ENV_THREADS, HeapReleaser, configure_threads, cpu_quota, usable_cpus
 
 
@@ -34,6 +35,13 @@ def test_threads_default_to_what_the_process_may_run_on(monkeypatch: pytest.Monk
     monkeypatch.delenv(ENV_THREADS, raising=False)
     try:
         assert 1 <= configure_threads() <= usable_cpus()
+        # A process allowed one CPU (affinity or quota) computes on one thread, whatever torch's
+        # default is.
+        torch.set_num_threads(2)
+        monkeypatch.setattr(host, "usable_cpus", lambda: 1)
+        assert configure_threads() == 1 and torch.get_num_threads() == 1
+        monkeypatch.undo()
+        monkeypatch.delenv(ENV_THREADS, raising=False)
         monkeypatch.setenv(ENV_THREADS, "1")
         assert configure_threads() == 1 and torch.get_num_threads() == 1
         for bad in ("0", "two", "-3"):

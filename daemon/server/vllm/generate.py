@@ -98,7 +98,7 @@ async def run_generate(
     """Run one request and write its responses to `context`; raises RpcFailure for engine errors."""
     engine = state.engine
     metrics = state.metrics
-    sub = submit(
+    client_id, engine_id, bridge = submit(
         state,
         registry,
         namespace=namespace,
@@ -107,7 +107,6 @@ async def run_generate(
         sampling=sampling,
         arrival=arrival,
     )
-    client_id, engine_id, bridge = sub.client_id, sub.engine_id, sub.bridge
     pending = set(range(sampling.n))
     acc = {i: _Output() for i in pending}
     started = False
