@@ -114,8 +114,19 @@ class ModelRunner:
                 f"sequence {s.seq_id}: {len(s.block_table)} blocks cannot hold {end} tokens "
                 f"(need {need} of {self.block_size})"
             )
-        check_token_ids(s.token_ids, self.config.vocab_size, what=f"sequence {s.seq_id}:")
         return need
+
+    def _check_ids(self, seqs: Sequence[StepSeq], ids: list[int]) -> None:
+        """Every token id of the step in [0, vocab): one pass over the step's ids, then the offending
+        sequence named by the engine's own check."""
+        try:
+            packed = array("q", ids)  # C-speed type check: a float or str id raises here
+        except TypeError:
+            packed = array("q")
+        if len(packed) == len(ids) and ids and min(packed) >= 0 and max(packed) < self.config.vocab_size:
+            return
+        for s in seqs:
+            check_token_ids(s.token_ids, self.config.vocab_size, what=f"sequence {s.seq_id}:")
 
     def _tables(self, group: Sequence[StepSeq], needs: Sequence[int]) -> torch.Tensor:
         """The group's block tables as one int32 [len(group), max(needs)] tensor, rows padded with
@@ -167,6 +178,7 @@ class ModelRunner:
         for j, i in enumerate(decode):
             first_index[i] = len(ids) + j
         ids.extend(seqs[i].token_ids[0] for i in decode)
+        self._check_ids(seqs, ids)
         pre = [seqs[i] for i in prefill]
         dec = [seqs[i] for i in decode]
         dec_tables = self._tables(dec, [needs[i] for i in decode])

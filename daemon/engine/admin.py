@@ -9,11 +9,10 @@ from __future__ import annotations
 
 import concurrent.futures
 import time
-from array import array
 from typing import Any
 
+import numpy as np
 import structlog
-import torch
 
 from radixd.daemon.engine.commands import EngineLoad
 from radixd.daemon.engine.config import EngineConfig
@@ -141,17 +140,14 @@ class Admin:
     # ---- load and stats --------------------------------------------------------------------------
     def active_blocks(self) -> int:
         """Distinct blocks in running sequences' tables (the KV they hold, shared blocks once)."""
-        flat = array("i")
-        for s in self.scheduler.running:
-            if s.table is not None:
-                flat.extend(s.table.blocks)
+        flat = b"".join([s.table.blocks for s in self.scheduler.running if s.table is not None])
         if not flat:
             return 0
         # NOTE: once per step over every running block (16k at 256 x 1k tokens): a bitmap over the
-        # pool costs a fifth of a Python set of the same ids.
-        held = torch.zeros(self.kv.num_blocks, dtype=torch.bool)
-        held[torch.frombuffer(flat, dtype=torch.int32).long()] = True
-        return int(held.sum())
+        # pool costs a fifth of a Python set of the same ids (numpy's: half of torch's, no int64 copy).
+        held = np.zeros(self.kv.num_blocks, dtype=np.bool_)
+        held[np.frombuffer(flat, dtype=np.int32)] = True
+        return int(np.count_nonzero(held))
 
     def track_peaks(self) -> None:
         """Record the peak of used blocks and of blocks held by running sequences (once per step)."""

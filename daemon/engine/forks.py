@@ -27,6 +27,7 @@ class Forker:
         self.seq_ids = seq_ids
         self.tokenizer = tokenizer
         self.eos_token_ids = eos_token_ids
+        TextStream.prepare(tokenizer)
 
     def sampling_state(self, r: RequestState, seed: int | None) -> SamplingState:
         return SamplingState(r.req.sampling, r.prompt, self.eos_token_ids, seed=seed)

@@ -208,7 +208,9 @@ class KVManager:
         NOTE: only full blocks are inserted while a sequence runs: a partial block in the tree would
         be shared, and the sequence's next append into it would need a copy-on-write.
         """
-        if seq.table is not None:
+        table = seq.table
+        # Called per sequence per step; a new full block appears once every block_size tokens.
+        if table is not None and seq.num_computed // self.block_size > table.leased:
             n_full = seq.num_computed // self.block_size
             self._insert(seq, n_full, n_full * self.block_size, final=False)
 

@@ -139,7 +139,7 @@ class Outputs:
     ) -> None:
         """Emit `seq`'s pending tokens (and `delta`) as one output; `reason` makes it the last."""
         r = seq.request
-        now = time.monotonic()
+        queued = (r.admitted_at or time.monotonic()) - r.arrival if r.cached_tokens is not None else None
         out = RequestOutput(
             request_id=r.request_id,
             index=max(seq.index, 0),
@@ -152,7 +152,7 @@ class Outputs:
             finished=reason is not None,
             finish_reason=reason,
             error=error,
-            queue_time_s=(r.admitted_at or now) - r.arrival if r.cached_tokens is not None else None,
+            queue_time_s=queued,
             ttft_s=r.first_token_at - r.arrival if r.first_token_at is not None else None,
             error_code="internal" if reason == "error" else None,
             session_id=r.req.session_id,

@@ -119,7 +119,8 @@ class Sequence:
     @property
     def remaining(self) -> int:
         """Tokens still to compute before the next sample (or before the fork, for a root)."""
-        return max(0, self.target_len - self.num_computed)
+        # `target_len` inlined: read several times per sequence per step.
+        return max(0, len(self.tokens) - (self.index < 0) - self.num_computed)
 
     @property
     def num_generated(self) -> int:

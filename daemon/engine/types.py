@@ -123,7 +123,7 @@ class TokenLogprob:
     top: list[tuple[int, float]] = field(default_factory=list)
 
 
-@dataclass(frozen=True)
+@dataclass(slots=True)
 class RequestOutput:
     """One increment of one output of a request (`index` < n), delivered to the request's sink.
 
@@ -131,6 +131,11 @@ class RequestOutput:
     came from the prefix cache at first admission. The last output of an index has `finished=True` and a
     `finish_reason`; the request is complete when every index has finished. `error_code` mirrors
     `EngineError.code` when `finish_reason == "error"`.
+
+    NOTE: not frozen: one is built per sequence per decode step, and a frozen dataclass's
+    field-by-field `object.__setattr__` costs 3.3x a plain slotted one (3.6 vs 1.1 us here). The
+    engine never reads an output back once emitted, so a sink that changed one would only see its own
+    change.
     """
 
     request_id: str
