@@ -51,6 +51,23 @@ def num_blocks_for_budget(config: ModelConfig, block_size: int, budget_bytes: in
     return int(n)
 
 
+def copy_waves(ops: list[tuple[int, int, int]]) -> list[list[tuple[int, int, int]]]:
+    """Split copy ops into batches without read/write conflicts inside a batch (the kernel runs the ops
+    of one call in parallel), preserving their order."""
+    waves: list[list[tuple[int, int, int]]] = []
+    written: set[int] = set()
+    read: set[int] = set()
+    for op in ops:
+        # A new wave when this op reads a block written earlier in the wave, or writes one read earlier.
+        if not waves or op[0] in written or op[1] in read or op[1] in written:
+            waves.append([])
+            written, read = set(), set()
+        waves[-1].append(op)
+        written.add(op[1])
+        read.add(op[0])
+    return waves
+
+
 class ModelRunner:
     """Runs steps of a `LlamaModel` against a paged KV pool of `num_blocks` x `block_size` tokens.
 
@@ -89,16 +106,16 @@ class ModelRunner:
         self.kv_bytes_per_block = kv_bytes_per_block(cfg, block_size, self.dtype)
 
     def copy_blocks(self, ops: Sequence[tuple[int, int, int]]) -> None:
-        """Apply copy-on-write copies (src_block, dst_block, n_tokens) in every layer; call before a step."""
-        if not ops:
-            return
+        """Apply copy-on-write copies (src_block, dst_block, n_tokens) in every layer, in order; call
+        before a step. An op may read a block an earlier op wrote (`copy_waves` keeps that order)."""
         for src, dst, n in ops:
             if not (0 <= src < self.num_blocks and 0 <= dst < self.num_blocks):
                 raise ValueError(f"copy op ({src}, {dst}, {n}) names a block outside [0, {self.num_blocks})")
             if not 0 <= n <= self.block_size:
                 raise ValueError(f"copy op ({src}, {dst}, {n}): n_tokens must be in [0, {self.block_size}]")
-        t = torch.tensor(list(ops), dtype=torch.int64, device=self.device)
-        kernels.copy_blocks(self.k_caches, self.v_caches, self.k_caches, self.v_caches, t)
+        for wave in copy_waves(list(ops)):
+            t = torch.tensor(wave, dtype=torch.int64, device=self.device)
+            kernels.copy_blocks(self.k_caches, self.v_caches, self.k_caches, self.v_caches, t)
 
     def _check(self, s: StepSeq) -> int:
         """O(1) and O(len(token_ids)) checks of one sequence; -> blocks its positions need. Block ids

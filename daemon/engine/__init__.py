@@ -33,9 +33,9 @@ Semantics callers rely on:
 
 Inside, `EngineCore` (core.py) is composed of components with explicit dependencies: `KVManager`
 (kv.py, the only module that calls the radix tree and the device block pool), `Scheduler`,
-`SessionManager`, `Forker` (forks.py), `BeamSearch` (beam.py), `Outputs`, `Admin`, `Validator` and
-`CommandRunner` (dispatch.py). Tests and the offline CLI may drive a core on their own thread
-through them.
+`SessionManager`, `Forker` (forks.py), `BeamSearch` (beam.py), `Intake` (admission and aborts),
+`Outputs`, `Admin`, `Validator`, `CommandRunner` (dispatch.py), `Faults` and `Watchdog`. Tests and
+the offline CLI may drive a core on their own thread through them.
 """
 
 from radixd.daemon.engine.config import EngineConfig

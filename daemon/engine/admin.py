@@ -207,7 +207,7 @@ class Admin:
         )
         if self.swap is not None:
             out.update(
-                host_free_blocks=self.swap.pool.num_free,
+                host_free_blocks=self.swap.num_free,
                 swapped_out_blocks=self.swap.swapped_out_blocks,
                 swapped_in_blocks=self.swap.swapped_in_blocks,
             )

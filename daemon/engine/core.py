@@ -4,8 +4,9 @@ It is composed of components, each owning one concern and reached only through i
 `kv` (KVManager: the only engine module that calls the radix tree and the device pool),
 `scheduler`, `sessions`, `forker` (a request's sequences and CoW forks), `beams` (beam search),
 `outputs` (token acceptance, streaming, endings), `admin` (eviction, flushes, pins, load, stats),
-`validator` (fixed limits), `commands` (applies admin / session commands, commands.py) and
-`faults` (what an unexpected error fails, faults.py).
+`validator` (fixed limits), `intake` (admission and aborts, intake.py), `commands` (applies admin /
+session commands, commands.py), `faults` (what an unexpected error fails, faults.py) and `watchdog`
+(stalled work reported, watchdog.py).
 
 `step()` asks the scheduler for a plan, applies copy-on-write copies, runs the model, then accepts
 sampled tokens: text deltas go to each request's sink, finished sequences insert their tokens into the
@@ -18,7 +19,6 @@ from __future__ import annotations
 import concurrent.futures
 import time
 from array import array
-from collections import deque
 from collections.abc import Callable
 from typing import TypeVar, cast
 
@@ -31,20 +31,16 @@ from radixd.daemon.engine.config import EngineConfig
 from radixd.daemon.engine.dispatch import CommandRunner
 from radixd.daemon.engine.faults import Faults
 from radixd.daemon.engine.forks import Forker
+from radixd.daemon.engine.intake import Intake
 from radixd.daemon.engine.kv import KVManager
 from radixd.daemon.engine.outputs import Outputs
 from radixd.daemon.engine.scheduler import Planned, Scheduler
 from radixd.daemon.engine.sequence import RequestState, SeqIds, SeqStatus
 from radixd.daemon.engine.sessions import SessionManager
 from radixd.daemon.engine.swap import HostSwap
-from radixd.daemon.engine.types import (
-    EngineError,
-    GenerateRequest,
-    InvalidRequest,
-    RequestOutput,
-    Sink,
-)
+from radixd.daemon.engine.types import GenerateRequest, Sink
 from radixd.daemon.engine.validation import Validator
+from radixd.daemon.engine.watchdog import Watchdog
 from radixd.daemon.runner import ModelRunner, StepSeq
 from radixd.daemon.sampling import SampleResult
 from radixd.daemon.tokenizer import TextTokenizer
@@ -52,23 +48,6 @@ from radixd.daemon.tokenizer import TextTokenizer
 T = TypeVar("T")
 
 log = structlog.get_logger("radixd.engine")
-
-
-def copy_waves(ops: list[tuple[int, int, int]]) -> list[list[tuple[int, int, int]]]:
-    """Split copy ops into batches without read/write conflicts inside a batch (a kernel may run the
-    ops of one call in parallel), preserving their order."""
-    waves: list[list[tuple[int, int, int]]] = []
-    written: set[int] = set()
-    read: set[int] = set()
-    for op in ops:
-        # A new wave when this op reads a block written earlier in the wave, or writes one read earlier.
-        if not waves or op[0] in written or op[1] in read or op[1] in written:
-            waves.append([])
-            written, read = set(), set()
-        waves[-1].append(op)
-        written.add(op[1])
-        read.add(op[0])
-    return waves
 
 
 class EngineCore:
@@ -98,9 +77,6 @@ class EngineCore:
         self.sessions = SessionManager(self.kv, cfg.session_ttl_s)
         self.validator = Validator(self.kv, self.max_model_len, self.vocab_size)
         self.requests: dict[str, RequestState] = {}
-        self._early_aborts: deque[str] = deque(maxlen=4096)
-        self._last_progress = time.monotonic()
-        self._watchdog_reported = 0.0
         self.counters: dict[str, int] = {
             "requests_finished": 0,
             "requests_aborted": 0,
@@ -129,6 +105,17 @@ class EngineCore:
         )
         self.commands = CommandRunner(self.admin, self.sessions, self.validator, self.kv)
         self.faults = Faults(self.requests, self.outputs, self.sessions)
+        self.watchdog = Watchdog(cfg.watchdog_s, self.scheduler, self.kv, self.counters)
+        self.intake = Intake(
+            self.requests,
+            self.counters,
+            self.validator,
+            self.sessions,
+            self.forker,
+            self.scheduler,
+            self.outputs,
+            on_first_work=self.watchdog.progressed,
+        )
 
     @property
     def on_request_done(self) -> Callable[[str], None]:
@@ -151,75 +138,15 @@ class EngineCore:
 
     # ---- requests --------------------------------------------------------------------------------
     def add_request(self, req: GenerateRequest, sink: Sink) -> None:
-        """Queue a validated request (engine thread)."""
-        rid = req.request_id
-        if rid in self._early_aborts:
-            self._early_aborts.remove(rid)
-            self.counters["requests_aborted"] += 1
-            for i in range(max(req.sampling.n, 1)):
-                self.outputs.emit(
-                    sink, RequestOutput(rid, i, [], "", None, len(req.prompt_token_ids), 0, 0, True, "abort")
-                )
-            self.on_request_done(rid)
-            return
-        if rid in self.requests:
-            self.outputs.reject(
-                req, sink, InvalidRequest(f"request id {rid!r} is already in flight; use a unique id")
-            )
-            return
-        try:
-            self.validator.validate(req)
-            prompt = (
-                self.sessions.begin_turn(req) if req.session_id is not None else list(req.prompt_token_ids)
-            )
-            try:
-                self.validator.check_fits(len(prompt), req)
-            except EngineError:
-                if req.session_id is not None:
-                    self.sessions.end_turn(req.session_id, None)
-                raise
-        except EngineError as exc:
-            self.outputs.reject(req, sink, exc)
-            return
-        if not self.has_work():
-            self._last_progress = time.monotonic()  # the watchdog measures stalls of pending work only
-        # NOTE: arrival is when the caller made the request (the RPC's arrival), not when this thread
-        # picked it up between steps: queue time and TTFT include the step that was in progress.
-        r = RequestState(req=req, sink=sink, prompt=prompt, arrival=req.arrival_time)
-        self.requests[rid] = r
-        self.counters["prompt_tokens"] += len(prompt)
-        log.info(
-            "engine.request",
-            request_id=rid,
-            prompt_tokens=len(prompt),
-            n=req.sampling.n,
-            session_id=req.session_id,
-            beam_width=req.beam_width,
-        )
-        seq = self.forker.first(r)
-        r.seqs.append(seq)
-        self.scheduler.add(seq)
+        """Queue a request, or reject it through `sink` with the reason (engine thread)."""
+        self.intake.add(req, sink)
 
     def abort_request(self, request_id: str) -> bool:
         """Abort by id: idempotent; an id not seen yet is remembered so a late submit ends at once."""
-        r = self.requests.get(request_id)
-        if r is None:
-            if request_id not in self._early_aborts:
-                self._early_aborts.append(request_id)
-            return False
-        self.counters["requests_aborted"] += 1
-        log.info("engine.abort", request_id=request_id)
-        for seq in list(r.seqs):
-            if not seq.finished:
-                self.outputs.finish_seq(seq, "abort", emit=True)
-        self.outputs.finish_request(r)
-        return True
+        return self.intake.abort(request_id)
 
     def abort_all(self, reason: str) -> None:
-        for rid in list(self.requests):
-            self.abort_request(rid)
-        if self.requests:
-            log.warning("engine.abort_all_left", reason=reason, left=len(self.requests))
+        self.intake.abort_all(reason)
 
     def has_work(self) -> bool:
         return self.scheduler.has_work()
@@ -235,8 +162,7 @@ class EngineCore:
         self.admin.track_peaks()
         if not plan:
             return False
-        for wave in copy_waves(self.kv.take_copies()):
-            self.runner.copy_blocks(wave)
+        self.runner.copy_blocks(self.kv.take_copies())
         step_seqs = []
         for p in plan:
             seq = p.seq
@@ -246,7 +172,7 @@ class EngineCore:
             step_seqs.append(StepSeq(seq.seq_id, seq.tokens[p.start : end], p.start, blocks, sample))
         results = self.runner.step(step_seqs)
         self.counters["steps"] += 1
-        self._last_progress = time.monotonic()
+        self.watchdog.progressed()
         for p, res in zip(plan, results, strict=True):
             self._after_step(p, res)
         return True
@@ -343,16 +269,4 @@ class EngineCore:
         self.sessions.expire(now)
         if self.admin.has_flush_waiters:
             self.admin.serve_flush_waiters(now)
-        stalled = self.has_work() and now - self._last_progress > self.config.watchdog_s
-        if stalled and now - self._watchdog_reported > self.config.watchdog_s:
-            self._watchdog_reported = now
-            self.counters["no_progress_reports"] += 1
-            log.warning(
-                "engine.no_progress",
-                stalled_s=round(now - self._last_progress, 1),
-                waiting=len(self.scheduler.waiting),
-                running=len(self.scheduler.running),
-                swapped=len(self.scheduler.swapped),
-                free_blocks=self.kv.num_free,
-                evictable_blocks=self.kv.evictable_blocks(),
-            )
+        self.watchdog.check(now)

@@ -199,6 +199,7 @@ class KVManager:
         self._copies.extend(seq.table.append(n))
 
     def take_copies(self) -> list[tuple[int, int, int]]:
+        """The copy-on-write copies queued since the last take, in order (and forget them)."""
         ops, self._copies = self._copies, []
         return ops
 

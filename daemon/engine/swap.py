@@ -1,7 +1,7 @@
 """Swap preemption: a host (CPU) KV pool that running sequences' blocks are copied out to and back.
 
-The host pool is its own `BlockPool` (block 0 null, like the device pool) over per-layer tensors of the
-device cache's shape; copies go through `kernels.copy_blocks` between the two pools.
+The host pool is per-layer tensors of the device cache's shape with a free list of their blocks; copies
+go through `kernels.copy_blocks` between the two pools (index copies across devices).
 """
 
 from __future__ import annotations
@@ -14,7 +14,6 @@ from radixd import kernels
 from radixd.daemon.engine.kv import KVManager
 from radixd.daemon.engine.sequence import Sequence
 from radixd.daemon.runner import ModelRunner
-from radixd.radix import BlockPool
 
 
 class HostSwap:
@@ -22,16 +21,23 @@ class HostSwap:
 
     def __init__(self, runner: ModelRunner, num_blocks: int) -> None:
         self.runner = runner
-        self.pool = BlockPool(num_blocks + 1, runner.block_size)
-        shape = (num_blocks + 1, *runner.k_caches[0].shape[1:])
+        # NOTE: a host block has exactly one owner (the swapped-out sequence) and is never shared or
+        # cached, so a free list is all its bookkeeping; refcounts and the tree are the device pool's.
+        self._free = list(range(num_blocks - 1, -1, -1))
+        shape = (num_blocks, *runner.k_caches[0].shape[1:])
         dtype = runner.k_caches[0].dtype
         self.k = [torch.zeros(shape, dtype=dtype) for _ in runner.k_caches]
         self.v = [torch.zeros(shape, dtype=dtype) for _ in runner.v_caches]
         self.swapped_out_blocks = 0
         self.swapped_in_blocks = 0
 
+    @property
+    def num_free(self) -> int:
+        """Host blocks not holding a swapped-out sequence's KV."""
+        return len(self._free)
+
     def can_hold(self, seq: Sequence) -> bool:
-        return seq.table is not None and self.pool.num_free >= len(seq.table.blocks)
+        return seq.table is not None and len(self._free) >= len(seq.table.blocks)
 
     def _copy(
         self,
@@ -64,7 +70,9 @@ class HostSwap:
             return 0
         n = seq.num_computed
         dev = seq.table.blocks[: kv.blocks_for(n)]
-        host = self.pool.allocate(len(dev))
+        if len(dev) > len(self._free):
+            raise RuntimeError(f"swap_out needs {len(dev)} host blocks, {len(self._free)} free; see can_hold")
+        host = [self._free.pop() for _ in range(len(dev))]
         self._copy((self.runner.k_caches, self.runner.v_caches), (self.k, self.v), dev, host, n)
         seq.host_blocks = host
         freed = kv.release(seq)
@@ -86,6 +94,5 @@ class HostSwap:
 
     def drop(self, seq: Sequence) -> None:
         """Free `seq`'s host blocks (after swap-in, or when a swapped request ends)."""
-        for b in seq.host_blocks:
-            self.pool.decref(b)
+        self._free.extend(seq.host_blocks)
         seq.host_blocks = []

@@ -43,3 +43,23 @@ def test_only_the_pool_touches_its_private_fields() -> None:
         if pattern.search(line)
     ]
     assert not hits, "private BlockPool fields used outside pool.py:\n" + "\n".join(hits)
+
+
+def test_only_the_kv_manager_builds_radix_structures() -> None:
+    """The daemon reaches the radix core through `KVManager` (daemon/engine/kv.py): no other module
+    builds a pool, a tree or a block table (the host swap pool is a free list of its own)."""
+    import re
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parents[2]
+    pattern = re.compile(r"\b(BlockPool|RadixTree|BlockTable)\(")
+    sources = sorted((root / "daemon").rglob("*.py"))
+    assert any(p.name == "kv.py" and pattern.search(p.read_text()) for p in sources)  # the scan sees it
+    hits = [
+        f"{p.relative_to(root)}:{i}: {line.strip()}"
+        for p in sources
+        if p.name != "kv.py"
+        for i, line in enumerate(p.read_text().splitlines(), 1)
+        if pattern.search(line)
+    ]
+    assert not hits, "radix structures built outside daemon/engine/kv.py:\n" + "\n".join(hits)

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-from radixd.daemon.engine.core import copy_waves
 from radixd.daemon.engine.policy import (
     common_prefix_len,
     pick_victim,
@@ -12,6 +11,7 @@ from radixd.daemon.engine.policy import (
 )
 from radixd.daemon.engine.sequence import RequestState, Sequence
 from radixd.daemon.engine.types import GenerateRequest
+from radixd.daemon.runner import copy_waves
 from radixd.daemon.sampling import SamplingParams
 
 
