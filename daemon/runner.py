@@ -137,8 +137,8 @@ class ModelRunner:
         """Every token id of the step in [0, vocab): one pass over the step's ids, then the offending
         sequence named by the engine's own check."""
         try:
-            packed = array("q", ids)  # C-speed type check: a float or str id raises here
-        except TypeError:
+            packed = array("q", ids)  # C-speed type check: a float, str or huge id raises here
+        except (TypeError, OverflowError):
             packed = array("q")
         if len(packed) == len(ids) and ids and min(packed) >= 0 and max(packed) < self.config.vocab_size:
             return

@@ -30,11 +30,20 @@ def greedy() -> SamplingState:
         (StepSeq(0, [1, 2], 0, [0], None), "outside"),
         (StepSeq(0, [1, 2], 0, [32], None), "outside"),
         (StepSeq(0, [1, 999], 0, [1], None), "token ids"),
+        (StepSeq(0, [1, -1], 0, [1], None), "token ids"),
+        (StepSeq(0, [1, 2**70], 0, [1], None), "token ids"),
+        (StepSeq(0, [1, 2.0], 0, [1], None), "token ids"),  # type: ignore[list-item]
     ],
 )
 def test_invalid_step_raises(runner: ModelRunner, seq: StepSeq, message: str) -> None:
     with pytest.raises(ValueError, match=message):
         runner.step([seq])
+
+
+def test_a_bad_id_in_a_batch_names_its_sequence(runner: ModelRunner) -> None:
+    good = [StepSeq(i, [5], 3, [1], None) for i in range(3)]
+    with pytest.raises(ValueError, match="sequence 7: token id 999 at position 0"):
+        runner.step([*good, StepSeq(7, [999], 3, [2], None)])
 
 
 def test_invalid_copy_ops_raise(runner: ModelRunner) -> None:
