@@ -9,25 +9,19 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import contextlib
-import io
-import json
-import logging
 import threading
 import time
-from collections.abc import Callable, Coroutine, Iterator
+from collections.abc import Callable, Coroutine
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, TypeVar
 
-import structlog
 import uvloop
 from radixd_client import Client
 
 from radixd.daemon.engine.engine import Engine
 from radixd.daemon.engine.factory import BuiltEngine, build_core
 from radixd.daemon.loaders import LoadedModel
-from radixd.daemon.log import configure
 from radixd.daemon.server import main as server_main
 from radixd.daemon.server.app import Daemon, engine_config, start
 from radixd.daemon.server.state import ServerState
@@ -107,22 +101,3 @@ def stop_daemon(d: RunningDaemon) -> None:
     d.loop.call_soon_threadsafe(d.loop.stop)
     d.thread.join(10)
     d.loop.close()
-
-
-@contextlib.contextmanager
-def json_logs() -> Iterator[Callable[[], list[dict[str, Any]]]]:
-    """Inside the block the daemon logs JSON lines into memory (any thread); yields a function that
-    returns the lines logged so far. The logging configuration is restored afterwards."""
-    saved = structlog.get_config()
-    root = logging.getLogger()
-    handlers, level = root.handlers[:], root.level
-    buf = io.StringIO()
-    configure("info", "json", stream=buf)
-    # No logger may keep this configuration past the block.
-    structlog.configure(cache_logger_on_first_use=False)
-    try:
-        yield lambda: [json.loads(x) for x in buf.getvalue().splitlines() if x.startswith("{")]
-    finally:
-        structlog.configure(**saved)
-        root.handlers[:] = handlers
-        root.setLevel(level)

@@ -9,11 +9,11 @@ import json
 import threading
 from collections.abc import Iterator
 from pathlib import Path
-from typing import Any
 
 import grpc
 import pytest
-from e2e_kit import RunningDaemon, build, json_logs, serve_args, start_daemon, stop_daemon, wait_until
+from e2e_kit import RunningDaemon, build, serve_args, start_daemon, stop_daemon, wait_until
+from faultkit import fail_once, json_logs
 from radixd_client import Client
 
 from radixd.daemon.loaders import LoadedModel
@@ -21,25 +21,6 @@ from radixd.daemon.server.app import ADMIN_SERVICE, PUBLIC_SERVICES, _serve
 
 pytestmark = pytest.mark.slow
 PROMPT = "Engine faults must fail only the requests they touch."
-
-
-class Injected(RuntimeError):
-    """The fault the tests plant."""
-
-
-def fail_once(monkeypatch: pytest.MonkeyPatch, obj: Any, name: str) -> list[int]:
-    """Make `obj.name` raise `Injected` on its first call; -> a list that counts the faults raised."""
-    real = getattr(obj, name)
-    raised: list[int] = []
-
-    def faulty(*args: Any, **kwargs: Any) -> Any:
-        if not raised:
-            raised.append(1)
-            raise Injected(f"injected fault in {name}")
-        return real(*args, **kwargs)
-
-    monkeypatch.setattr(obj, name, faulty)
-    return raised
 
 
 @pytest.fixture

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import pytest
+from radix_kit import cache
 
 from radixd.radix import (
     BlockPool,
@@ -13,15 +14,6 @@ from radixd.radix import (
     RadixTree,
 )
 from radixd.radix.verify import check_consistency
-
-
-def cache(tree: RadixTree, tokens: list[int], ns: str = "") -> list[int]:
-    pool = tree.pool
-    blocks = pool.allocate(-(-len(tokens) // pool.block_size))
-    tree.insert(tokens, blocks, ns)
-    pool.decref_all(blocks)
-    return blocks
-
 
 A = [1, 1, 1, 1, 1, 1, 1, 1]
 B = [2, 2, 2, 2, 2, 2, 2, 2]

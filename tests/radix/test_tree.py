@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import pytest
+from radix_kit import cache
 
 from radixd.radix import (
     BlockPool,
@@ -12,15 +13,6 @@ from radixd.radix import (
     UnknownLease,
 )
 from radixd.radix.verify import check_consistency
-
-
-def cache(tree: RadixTree, tokens: list[int], ns: str = "") -> list[int]:
-    """Compute `tokens` into fresh blocks, insert them and drop the request's references."""
-    pool = tree.pool
-    blocks = pool.allocate(-(-len(tokens) // pool.block_size))
-    tree.insert(tokens, blocks, ns)
-    pool.decref_all(blocks)
-    return blocks
 
 
 @pytest.fixture

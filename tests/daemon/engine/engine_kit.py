@@ -2,22 +2,15 @@
 
 from __future__ import annotations
 
-import contextlib
-import io
-import json
-import logging
 from collections import defaultdict
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Iterable
 from typing import Any
-
-import structlog
 
 from radixd.daemon.engine.config import EngineConfig
 from radixd.daemon.engine.core import EngineCore
 from radixd.daemon.engine.factory import build_core
 from radixd.daemon.engine.types import GenerateRequest, RequestOutput
 from radixd.daemon.loaders import LoadedModel
-from radixd.daemon.log import configure
 from radixd.daemon.sampling import SamplingParams
 
 SYSTEM = (
@@ -89,22 +82,3 @@ def assert_all_free(core: EngineCore) -> None:
         f"{core.kv.usable_blocks() - core.kv.pool.num_free} blocks leaked: {core.admin.stats()}"
     )
     assert core.kv.tree.num_leases == 0
-
-
-@contextlib.contextmanager
-def json_logs() -> Iterator[Callable[[], list[dict[str, Any]]]]:
-    """Inside the block the daemon logs JSON lines into memory (any thread); yields a function that
-    returns the lines logged so far. The logging configuration is restored afterwards."""
-    saved = structlog.get_config()
-    root = logging.getLogger()
-    handlers, level = root.handlers[:], root.level
-    buf = io.StringIO()
-    configure("info", "json", stream=buf)
-    # No logger may keep this configuration past the block.
-    structlog.configure(cache_logger_on_first_use=False)
-    try:
-        yield lambda: [json.loads(x) for x in buf.getvalue().splitlines() if x.startswith("{")]
-    finally:
-        structlog.configure(**saved)
-        root.handlers[:] = handlers
-        root.setLevel(level)

@@ -7,7 +7,8 @@ import threading
 from typing import Any
 
 import pytest
-from engine_kit import SYSTEM, assert_all_free, greedy, json_logs, make_core
+from engine_kit import SYSTEM, assert_all_free, greedy, make_core
+from faultkit import Injected, fail_once, json_logs
 
 from radixd.daemon.engine.commands import CreateSession, GetStats
 from radixd.daemon.engine.core import EngineCore
@@ -16,10 +17,6 @@ from radixd.daemon.engine.types import EngineStopped, GenerateRequest, RequestOu
 from radixd.daemon.loaders import LoadedModel
 
 pytestmark = pytest.mark.slow
-
-
-class Injected(RuntimeError):
-    """The fault the tests plant."""
 
 
 class Waiter:
@@ -38,21 +35,6 @@ class Waiter:
     def end(self, timeout: float = 60.0) -> RequestOutput:
         assert self.done.wait(timeout), "the request never finished"
         return self.outs[-1]
-
-
-def fail_once(monkeypatch: pytest.MonkeyPatch, obj: Any, name: str) -> list[int]:
-    """Make `obj.name` raise `Injected` on its first call; -> a list that counts the faults raised."""
-    real = getattr(obj, name)
-    raised: list[int] = []
-
-    def faulty(*args: Any, **kwargs: Any) -> Any:
-        if not raised:
-            raised.append(1)
-            raise Injected(f"injected fault in {name}")
-        return real(*args, **kwargs)
-
-    monkeypatch.setattr(obj, name, faulty)
-    return raised
 
 
 @pytest.fixture
