@@ -34,7 +34,7 @@ from pathlib import Path
 import torch
 
 from radixd.daemon.loaders import LoadedModel, default_model_path, load_model
-from radixd.daemon.quality import QualityReport, teacher_forced_quality
+from radixd.daemon.quality import QualityReport, reference_log_probs, teacher_forced_quality
 from radixd.daemon.runner import ModelRunner, StepSeq
 from radixd.daemon.sampling import SamplingParams, SamplingState
 
@@ -208,9 +208,9 @@ def main(argv: list[str] | None = None) -> int:
             results[mode].floor_s = weight_stream_time(side.lm, args.repeats)
         if not args.no_quality and "float32" in sides:
             ids = sides["float32"].lm.tokenizer.encode(QUALITY_TEXT.read_text())
+            ref = reference_log_probs(ModelRunner(sides["float32"].lm.model, len(ids) // 16 + 2, 16), ids)
             for mode, side in sides.items():
                 if mode != "float32":
-                    ref = ModelRunner(sides["float32"].lm.model, len(ids) // 16 + 2, 16)
                     own = ModelRunner(side.lm.model, len(ids) // 16 + 2, 16)
                     results[mode].quality = teacher_forced_quality(ref, own, ids)
     report = render(args, argv, path, started, results, llama, batches)

@@ -44,30 +44,47 @@ class QualityReport:
         )
 
 
-def teacher_forced_quality(
-    ref: ModelRunner, runner: ModelRunner, token_ids: list[int], chunk: int = 512
-) -> QualityReport:
-    """Feed `token_ids` through both runners in prefill chunks of `chunk` tokens (the engine's path)
-    and compare the next-token distributions at every position but the last."""
+def _chunk_log_probs(runner: ModelRunner, token_ids: list[int], start: int, n: int) -> torch.Tensor:
+    """Next-token log-probabilities [n, V] of positions start .. start + n - 1, one prefill step."""
+    if -(-len(token_ids) // runner.block_size) >= runner.num_blocks:
+        raise ValueError(f"{len(token_ids)} tokens do not fit a pool of {runner.num_blocks} blocks")
+    table = list(range(1, -(-(start + n) // runner.block_size) + 1))
+    return runner.step_logits([StepSeq(0, token_ids[start : start + n], start, table, None)]).log_softmax(-1)
+
+
+def reference_log_probs(ref: ModelRunner, token_ids: list[int], chunk: int = 512) -> torch.Tensor:
+    """The reference's next-token log-probabilities [len - 1, V] at every position but the last (fed in
+    prefill chunks of `chunk`): computed once, it serves `teacher_forced_quality` for every mode."""
     if len(token_ids) < 2:
         raise ValueError("need at least 2 tokens")
-    for r in (ref, runner):
-        if -(-len(token_ids) // r.block_size) >= r.num_blocks:
-            raise ValueError(f"{len(token_ids)} tokens do not fit a pool of {r.num_blocks} blocks")
+    n = len(token_ids) - 1
+    return torch.cat([_chunk_log_probs(ref, token_ids, s, min(chunk, n - s)) for s in range(0, n, chunk)])
+
+
+def teacher_forced_quality(
+    ref: ModelRunner | torch.Tensor, runner: ModelRunner, token_ids: list[int], chunk: int = 512
+) -> QualityReport:
+    """Feed `token_ids` through `runner` in prefill chunks of `chunk` tokens (the engine's path) and
+    compare its next-token distributions at every position but the last with the reference's: a
+    runner, or its `reference_log_probs` over the same ids (any chunking: they are the same truth)."""
+    if len(token_ids) < 2:
+        raise ValueError("need at least 2 tokens")
+    n = len(token_ids) - 1
+    if isinstance(ref, torch.Tensor) and tuple(ref.shape[:1]) != (n,):
+        raise ValueError(f"reference log-probs cover {ref.shape[0]} positions, the ids {n}")
     kl_sum = nll_ref = nll = 0.0
     agree = 0
-    for start in range(0, len(token_ids) - 1, chunk):
-        piece = token_ids[start : start + chunk]
-        targets = torch.tensor(token_ids[start + 1 : start + 1 + len(piece)])
-        piece = piece[: len(targets)]
-        lp = []
-        for r in (ref, runner):
-            table = list(range(1, -(-(start + len(piece)) // r.block_size) + 1))
-            lp.append(r.step_logits([StepSeq(0, piece, start, table, None)]).log_softmax(-1))
-        lp_ref, lp_mode = lp
+    for start in range(0, n, chunk):
+        k = min(chunk, n - start)
+        targets = torch.tensor(token_ids[start + 1 : start + 1 + k])
+        lp_ref = (
+            ref[start : start + k]
+            if isinstance(ref, torch.Tensor)
+            else _chunk_log_probs(ref, token_ids, start, k)
+        )
+        lp_mode = _chunk_log_probs(runner, token_ids, start, k)
         kl_sum += float((lp_ref.exp() * (lp_ref - lp_mode)).sum())
         agree += int((lp_ref.argmax(-1) == lp_mode.argmax(-1)).sum())
         nll_ref -= float(lp_ref.gather(1, targets[:, None]).sum())
         nll -= float(lp_mode.gather(1, targets[:, None]).sum())
-    n = len(token_ids) - 1
     return QualityReport(n, kl_sum / n, agree / n, math.exp(nll_ref / n), math.exp(nll / n))

@@ -6,11 +6,18 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
+import torch
 
 from radixd.daemon.loaders import LoadedModel, load_model
 from radixd.daemon.model.int4 import INT4_MAX_ROWS
 from radixd.daemon.model.precision import PRECISIONS
-from radixd.daemon.quality import MAX_MEAN_KL, MAX_PPL_CHANGE, MIN_TOP1_AGREEMENT, teacher_forced_quality
+from radixd.daemon.quality import (
+    MAX_MEAN_KL,
+    MAX_PPL_CHANGE,
+    MIN_TOP1_AGREEMENT,
+    reference_log_probs,
+    teacher_forced_quality,
+)
 from radixd.daemon.runner import ModelRunner
 
 TEXT = Path(__file__).parent / "data" / "quality_text.md"
@@ -29,12 +36,20 @@ def pool_for(lm: LoadedModel, n_tokens: int) -> ModelRunner:
     return ModelRunner(lm.model, num_blocks=n_tokens // BLOCK + 2, block_size=BLOCK)
 
 
+@pytest.fixture(scope="module")
+def fp32_log_probs(smollm: LoadedModel, text_ids: list[int]) -> torch.Tensor:
+    """The fp32 reference over the text, computed once for every mode's test (~10 s each here)."""
+    return reference_log_probs(pool_for(smollm, len(text_ids)), text_ids)
+
+
 @pytest.mark.parametrize("mode", NON_FP32)
-def test_mode_meets_quality_contract(smollm: LoadedModel, text_ids: list[int], mode: str) -> None:
+def test_mode_meets_quality_contract(
+    smollm: LoadedModel, text_ids: list[int], fp32_log_probs: torch.Tensor, mode: str
+) -> None:
     assert smollm.model.precision.name == "float32"
     lm = load_model(dtype=mode)
     assert lm.model.precision.name == mode
-    report = teacher_forced_quality(pool_for(smollm, len(text_ids)), pool_for(lm, len(text_ids)), text_ids)
+    report = teacher_forced_quality(fp32_log_probs, pool_for(lm, len(text_ids)), text_ids)
     assert report.tokens == len(text_ids) - 1
     assert report.mean_kl <= MAX_MEAN_KL, report
     assert report.top1_agreement >= MIN_TOP1_AGREEMENT, report
@@ -43,19 +58,31 @@ def test_mode_meets_quality_contract(smollm: LoadedModel, text_ids: list[int], m
 
 
 def test_fp32_against_itself_is_exact(smollm: LoadedModel, text_ids: list[int]) -> None:
-    """The measure itself: the reference against a second fp32 pool gives KL 0 and full agreement."""
+    """The measure itself: the reference against a second fp32 pool gives KL 0 and full agreement,
+    whether the reference is a runner or its precomputed log-probs."""
     ids = text_ids[:300]
-    report = teacher_forced_quality(pool_for(smollm, 300), pool_for(smollm, 300), ids, chunk=128)
-    assert report.mean_kl == pytest.approx(0.0, abs=1e-9)
-    assert report.top1_agreement == 1.0
-    assert report.ppl == report.ppl_ref
+    runner_ref = teacher_forced_quality(pool_for(smollm, 300), pool_for(smollm, 300), ids, chunk=128)
+    tensor_ref = teacher_forced_quality(
+        reference_log_probs(pool_for(smollm, 300), ids, 128), pool_for(smollm, 300), ids, 128
+    )
+    for report in (runner_ref, tensor_ref):
+        assert report.mean_kl == pytest.approx(0.0, abs=1e-9)
+        assert report.top1_agreement == 1.0
+        assert report.ppl == report.ppl_ref
+    with pytest.raises(ValueError, match="positions"):
+        teacher_forced_quality(
+            reference_log_probs(pool_for(smollm, 300), ids[:100]), pool_for(smollm, 300), ids
+        )
 
 
-def test_int4_decode_kernel_meets_quality_contract(smollm: LoadedModel, text_ids: list[int]) -> None:
+def test_int4_decode_kernel_meets_quality_contract(
+    smollm: LoadedModel, text_ids: list[int], fp32_log_probs: torch.Tensor
+) -> None:
     """Decode-sized steps run int4's packed kernel, not the GEMM the 512-token chunks above take: the
-    same contract, fed 8 tokens a step (the kernel's rows) over the text's first 1,000 tokens."""
+    same contract, fed 8 tokens a step (the kernel's rows) over the text's first 1,000 tokens, against
+    the same fp32 reference."""
     ids = text_ids[:1000]
     lm = load_model(dtype="int4")
     assert INT4_MAX_ROWS >= 8
-    report = teacher_forced_quality(pool_for(smollm, len(ids)), pool_for(lm, len(ids)), ids, chunk=8)
+    report = teacher_forced_quality(fp32_log_probs[: len(ids) - 1], pool_for(lm, len(ids)), ids, chunk=8)
     assert report.meets_contract(), report
