@@ -44,10 +44,13 @@ class QualityReport:
         )
 
 
-def _chunk_log_probs(runner: ModelRunner, token_ids: list[int], start: int, n: int) -> torch.Tensor:
-    """Next-token log-probabilities [n, V] of positions start .. start + n - 1, one prefill step."""
+def _check_fits(runner: ModelRunner, token_ids: list[int]) -> None:
     if -(-len(token_ids) // runner.block_size) >= runner.num_blocks:
         raise ValueError(f"{len(token_ids)} tokens do not fit a pool of {runner.num_blocks} blocks")
+
+
+def _chunk_log_probs(runner: ModelRunner, token_ids: list[int], start: int, n: int) -> torch.Tensor:
+    """Next-token log-probabilities [n, V] of positions start .. start + n - 1, one prefill step."""
     table = list(range(1, -(-(start + n) // runner.block_size) + 1))
     return runner.step_logits([StepSeq(0, token_ids[start : start + n], start, table, None)]).log_softmax(-1)
 
@@ -57,6 +60,7 @@ def reference_log_probs(ref: ModelRunner, token_ids: list[int], chunk: int = 512
     prefill chunks of `chunk`): computed once, it serves `teacher_forced_quality` for every mode."""
     if len(token_ids) < 2:
         raise ValueError("need at least 2 tokens")
+    _check_fits(ref, token_ids)
     n = len(token_ids) - 1
     return torch.cat([_chunk_log_probs(ref, token_ids, s, min(chunk, n - s)) for s in range(0, n, chunk)])
 
@@ -72,6 +76,8 @@ def teacher_forced_quality(
     n = len(token_ids) - 1
     if isinstance(ref, torch.Tensor) and tuple(ref.shape[:1]) != (n,):
         raise ValueError(f"reference log-probs cover {ref.shape[0]} positions, the ids {n}")
+    for r in (runner,) if isinstance(ref, torch.Tensor) else (ref, runner):
+        _check_fits(r, token_ids)
     kl_sum = nll_ref = nll = 0.0
     agree = 0
     for start in range(0, n, chunk):

@@ -157,7 +157,7 @@ class TextTokenizer:
         """The bytes each token id stands for, when decoding is byte-level: then the text of any ids is
         the UTF-8 decode (U+FFFD for invalid bytes) of their pieces joined. None for other decoders.
 
-        Built once per flag (~0.1 s over a 49k vocabulary) and checked against the tokenizer's own
+        Built once per flag (0.2-0.3 s over a 49k vocabulary) and checked against the tokenizer's own
         decode of every single token; any disagreement means None, never a different text.
         """
         if skip_special_tokens not in self._pieces:

@@ -210,9 +210,9 @@ class KVManager:
         be shared, and the sequence's next append into it would need a copy-on-write.
         """
         table = seq.table
+        n_full = seq.num_computed // self.block_size
         # Called per sequence per step; a new full block appears once every block_size tokens.
-        if table is not None and seq.num_computed // self.block_size > table.leased:
-            n_full = seq.num_computed // self.block_size
+        if table is not None and n_full > table.leased:
             self._insert(seq, n_full, n_full * self.block_size, final=False)
 
     def insert_all(self, seq: Sequence) -> None:

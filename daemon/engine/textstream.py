@@ -23,7 +23,7 @@ class TextStream:
 
     @staticmethod
     def prepare(tokenizer: TextTokenizer) -> None:
-        """Build the tokenizer's tables the streams use now (~0.1 s), not on the first request."""
+        """Build the tokenizer's tables the streams use now (0.2-0.3 s), not on the first request."""
         tokenizer.byte_pieces(skip_special_tokens=True)
 
     @property

@@ -69,6 +69,8 @@ def test_fp32_against_itself_is_exact(smollm: LoadedModel, text_ids: list[int]) 
         assert report.mean_kl == pytest.approx(0.0, abs=1e-9)
         assert report.top1_agreement == 1.0
         assert report.ppl == report.ppl_ref
+    with pytest.raises(ValueError, match="do not fit"):
+        teacher_forced_quality(pool_for(smollm, 300), pool_for(smollm, 50), ids)  # before any forward
     with pytest.raises(ValueError, match="positions"):
         teacher_forced_quality(
             reference_log_probs(pool_for(smollm, 300), ids[:100]), pool_for(smollm, 300), ids
