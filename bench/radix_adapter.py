@@ -52,10 +52,14 @@ class Adapter:
 
     def insert(self, tokens: TokenKey, handle: tuple[BlockTable, Lease]) -> None:
         table, lease = handle
-        table.append(len(tokens) - table.num_tokens)  # KVManager.append
-        aligned = len(tokens) // self.page_size  # the unaligned tail is not cached (the peer's protocol)
+        n = len(tokens)
+        table.append(n - table.num_tokens)  # KVManager.append
+        aligned = n // self.page_size  # the unaligned tail is not cached (the peer's protocol)
         if aligned > table.leased:
-            self.tree.insert_table(tokens[: aligned * self.page_size], table, aligned, "", lease, final=True)
+            # The key of the cached part; when that is every token, the request's own key (the engine
+            # too makes one key per insert: `Sequence.key`, which prepare() stands for).
+            key = tokens if aligned * self.page_size == n else tokens[: aligned * self.page_size]
+            self.tree.insert_table(key, table, aligned, "", lease, final=True)
         table.release()  # KVManager.release: the table's own blocks (the tail) go back to the pool
 
     def release(self, handle: tuple[BlockTable, Lease]) -> None:

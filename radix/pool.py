@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import gc
 import sys
+from array import array
 from collections.abc import Iterable
 from typing import Protocol
 
@@ -61,6 +62,7 @@ class BlockPool:
         "_free",
         "_free_oids",
         "_id_bytes",
+        "_id_view",
         "_ids",
         "_next_oid",
         "_ones_bytes",
@@ -105,6 +107,7 @@ class BlockPool:
         # The same ids packed (see BlockIds): packed allocations are slices of it, and one memcmp
         # against it proves that packed ids form a run.
         self._id_bytes = np.arange(num_blocks, dtype=np.int32).tobytes()
+        self._id_view = memoryview(self._id_bytes)
         self._free = FreeExtents()
         self._split_hints: dict[int, list[tuple[int, int]]] = {}  # first id -> runs of a split allocation
         self._free.put(1, num_blocks - 1)  # block 1 is handed out first
@@ -158,14 +161,23 @@ class BlockPool:
     def allocate_ids(self, n: int) -> BlockIds:
         """:meth:`allocate`, packed: the same blocks and references, as :class:`BlockIds`.
 
-        For callers that keep block tables packed (or as arrays): a run of fresh blocks is then one slice
-        of the pool's packed ids, whatever its length, and the tree recognises it as a run with one memcmp.
+        For callers that keep block tables packed (or as arrays; :meth:`allocate_into` appends to one
+        directly): the tree recognises a run of fresh ids with one memcmp.
         """
-        idb = self._id_bytes
+        ids: array[int] = array("i")
+        self.allocate_into(ids, n)
+        return BlockIds(ids)
+
+    def allocate_into(self, ids: array[int], n: int) -> None:
+        """:meth:`allocate_ids`, appended to a packed id array (a block table's) as they are taken: the
+        ids are copied once, from the pool's packed ids into ``ids``, with no object in between."""
+        view = self._id_view
         a = self._take_run(n)
         if a:
-            return BlockIds(idb[a * ID_BYTES : (a + n) * ID_BYTES])
-        return BlockIds(b"".join([idb[a * ID_BYTES : (a + k) * ID_BYTES] for a, k in self._take_split(n)]))
+            ids.frombytes(view[a * ID_BYTES : (a + n) * ID_BYTES])
+            return
+        for a, k in self._take_split(n):
+            ids.frombytes(view[a * ID_BYTES : (a + k) * ID_BYTES])
 
     def _take_run(self, n: int) -> int:
         """The common case of an allocation: ``n`` blocks from one free run, each at refcount 1 and no
@@ -354,7 +366,13 @@ class BlockPool:
         """
         ones = self._ones_bytes
         sb = self._state_bytes
-        fresh = runs is not None and all(ones.startswith(sb[a * 8 : (a + k) * 8]) for a, k in runs)
+        if runs is None:
+            fresh = False
+        elif len(runs) == 1:  # the common case, without a generator
+            a, k = runs[0]
+            fresh = ones.startswith(sb[a * 8 : (a + k) * 8])
+        else:
+            fresh = all(ones.startswith(sb[a * 8 : (a + k) * 8]) for a, k in runs)
         oid = self._register(owner)
         if runs is not None and fresh:
             # Donated blocks keep the caller's reference; otherwise the caller keeps its own too: counts

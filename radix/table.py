@@ -143,14 +143,14 @@ class BlockTable:
             raise OutOfBlocks(need, pool.num_free, pool.num_evictable)
         copies: list[CopyOp] = []
         if need:
-            new = pool.allocate_ids(need)
-            if cow:
-                src, dst = blocks[-1], new[-1]
+            last = len(blocks) - 1
+            pool.allocate_into(blocks, need)
+            if cow:  # the newest block replaces the shared last one
+                src = blocks[last]
+                dst = blocks.pop()
                 copies.append((src, dst, filled))
-                blocks[-1] = dst
+                blocks[last] = dst
                 pool.decref(src)
-                new = new[:-1]
-            blocks.frombytes(new)
         self.num_tokens = end
         return copies
 
@@ -198,6 +198,8 @@ class BlockTable:
         leased = self.leased
         self.blocks = array("i")
         self.num_tokens = self.leased = 0
+        if leased == len(blocks):  # every block is the tree's (a finished sequence inserted them all)
+            return 0
         return self.pool.decref_all(blocks[leased:] if leased else blocks)
 
     def __repr__(self) -> str:

@@ -146,6 +146,14 @@ class RadixTree:
             raise UnknownLease("insert(lease=...) got a lease issued by another RadixTree")
         if n == 0:
             return InsertResult([], 0, 0)
+        return self._insert_packed(t, bl, namespace, lease, cached, donate)
+
+    def _insert_packed(
+        self, t: Tokens, bl: bytes, namespace: str, lease: Lease | None, cached: int, donate: bool
+    ) -> InsertResult:
+        """:meth:`insert` once its arguments are checked: a non-empty key, the right block count, and
+        ``lease`` (if any) one of this tree's."""
+        n = bytes.__len__(t)
         final, dups, new_tokens = tree_insert.insert(self, t, bl, namespace, cached, donate)
         if lease is not None and lease._open and lease._epoch == self._epoch:
             old = lease._node
@@ -184,20 +192,24 @@ class RadixTree:
         once. The table must not be appended to or read past ``leased`` afterwards.
         """
         done = table.leased
-        if not done <= n_blocks <= len(table.blocks):
-            raise InvalidRequest(f"insert_table of {n_blocks} blocks outside [{done}, {len(table.blocks)}]")
-        if done and not lease.locks_path:
+        blocks = table.blocks
+        if not done <= n_blocks <= len(blocks):
+            raise InvalidRequest(f"insert_table of {n_blocks} blocks outside [{done}, {len(blocks)}]")
+        if lease._tree is not self:
+            raise UnknownLease("insert_table got a lease issued by another RadixTree")
+        if done and lease._node is None:
             raise InvalidRequest(f"insert_table: the table leases {done} blocks but its lease locks nothing")
         t = tokens.packed if type(tokens) is TokenKey else as_tokens(tokens)
-        res = self.insert(
-            t,
-            table.blocks[done:n_blocks].tobytes(),
-            namespace,
-            None if final else lease,
-            cached=done,
-            donate=True,
-        )
-        n_tokens = len(t) // TOKEN_BYTES
+        n = bytes.__len__(t)
+        if n == 0 and n_blocks == 0:
+            return InsertResult([], 0, 0)
+        if (n_blocks - 1) * self._bb >= n or n > n_blocks * self._bb or done > n // self._bb:
+            raise tree_insert.bad_insert(self.block_size, n, n_blocks - done, done)
+        # The table's new blocks in one copy, as the immutable BlockIds a new leaf can keep as it is.
+        with memoryview(blocks) as mv:
+            new_blocks = BlockIds(mv[done:n_blocks])
+        res = self._insert_packed(t, new_blocks, namespace, None if final else lease, done, True)
+        n_tokens = n // TOKEN_BYTES
         # Positions cached before this insert (a leaf added now starts on a block boundary).
         known = n_blocks if res.num_new_tokens == 0 else (n_tokens - res.num_new_tokens) // self.block_size
         if known > done:

@@ -73,7 +73,7 @@ def add_leaf(tree: RadixTree, parent: Node, tokens: Tokens, blocks: BlockIds, do
     parent.children[leaf.key] = leaf
     if tree.block_size > 1:
         index_first(parent, leaf)
-    n = len(blocks)
+    n = bytes.__len__(blocks) // ID_BYTES
     tree._nodes += 1
     tree._cached_blocks += n
     tree._lru.add(leaf)

@@ -91,6 +91,20 @@ def test_allocate_ids_matches_allocate() -> None:
     assert pool.num_free == 8
 
 
+def test_allocate_into_appends_to_a_table_array_over_split_runs() -> None:
+    pool = BlockPool(41, 1)
+    held = pool.allocate(40)
+    pool.decref_all(held[:10])  # free runs 1..10 and 21..30 (newest)
+    pool.decref_all(held[20:30])
+    ids = array("i", [7])
+    pool.allocate_into(ids, 15)
+    assert ids.tolist() == [7, *range(21, 31), *range(1, 6)]
+    assert all(pool.refcount(b) == 1 for b in ids[1:]) and pool.num_free == 5
+    with pytest.raises(OutOfBlocks):
+        pool.allocate_into(ids, 6)
+    assert len(ids) == 16 and pool.num_free == 5  # nothing taken, nothing appended
+
+
 def test_allocation_takes_a_run_that_fits_before_splitting() -> None:
     pool = BlockPool(101, 1)
     held = pool.allocate(100)

@@ -40,6 +40,22 @@ def test_fork_is_metadata_only_and_append_copies_on_write(pool: BlockPool) -> No
     assert parent.append_slots(1).copies == []  # the parent owns its block alone again
 
 
+def test_copy_on_write_with_growth_keeps_the_block_order(pool: BlockPool) -> None:
+    parent = BlockTable(pool)
+    parent.append_slots(6)  # 2 blocks, the last one half full
+    (child,) = parent.fork(1)
+    head, shared_last = child.blocks
+    slots, copies = child.append_slots(7)  # fills the copied block, then two more
+    assert len(child.blocks) == 4 and child.blocks[0] == head
+    copy_dst = child.blocks[1]
+    assert copies == [(shared_last, copy_dst, 2)] and shared_last not in child.blocks
+    assert slots[:2] == [copy_dst * 4 + 2, copy_dst * 4 + 3]
+    assert slots[2:] == [child.blocks[2] * 4 + i for i in range(4)] + [child.blocks[3] * 4]
+    assert all(pool.refcount(b) == 1 for b in child.blocks[1:]) and pool.refcount(head) == 2
+    assert child.release() == 3 and parent.release() == 2
+    assert pool.num_free == pool.num_usable
+
+
 def test_no_copy_when_the_shared_last_block_is_full(pool: BlockPool) -> None:
     parent = BlockTable(pool)
     parent.append_slots(8)

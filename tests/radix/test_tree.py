@@ -293,6 +293,15 @@ def test_insert_table_refuses_a_range_outside_the_table_or_an_empty_lease(tree: 
     with pytest.raises(InvalidRequest, match="locks nothing"):
         tree.insert_table(list(range(12)), t, 3, "", empty.lease)
     empty.lease.release()
+    # The key must fill exactly the blocks it is cached in, and the lease must be this tree's.
+    with pytest.raises(InvalidRequest, match="insert of 13 tokens needs"):
+        tree.insert_table(list(range(13)), t, 3, "", m.lease)
+    with pytest.raises(InvalidRequest, match="insert of 8 tokens needs"):
+        tree.insert_table(list(range(8)), t, 3, "", m.lease)
+    other = RadixTree(BlockPool(8, 4))
+    with pytest.raises(UnknownLease, match="another RadixTree"):
+        tree.insert_table(list(range(12)), t, 3, "", other.match([1]).lease)
+    assert t.leased == 2 and tree.peek(list(range(12))) == 8  # refused calls changed nothing
     tree.insert_table(list(range(12)), t, 3, "", m.lease)
     assert tree.peek(list(range(12))) == 12 and t.leased == 3
     check_consistency(tree, [t])
