@@ -335,7 +335,7 @@ class BlockPool:
         """``owner.hold`` went back to 0: its solo blocks are evictable again."""
         self._evictable += owner.n_solo
 
-    def runs_of(self, blocks: bytes) -> list[tuple[int, int]] | None:
+    def _runs_of(self, blocks: bytes) -> list[tuple[int, int]] | None:
         """``blocks`` (packed) as a few runs of consecutive ids, or None (scattered, or invalid ids).
 
         One run is proven by one memcmp; a split allocation of this pool by the runs it remembers for it
@@ -353,17 +353,17 @@ class BlockPool:
         runs = packed_runs(blocks, idb)
         return runs if runs is not None and disjoint_within(runs, self.num_blocks) else None
 
-    def adopt(
-        self, owner: BlockOwner, blocks: BlockIds, runs: list[tuple[int, int]] | None, donate: bool
-    ) -> bool:
+    def adopt(self, owner: BlockOwner, blocks: BlockIds, donate: bool) -> list[tuple[int, int]] | None:
         """Make ``owner`` (new, holding nothing yet) the owner of ``blocks``; sets ``owner.n_solo``.
 
         The owner takes one reference per block: the caller's own with ``donate`` (the count stays),
-        else a new one. Returns True when ``runs`` (from :meth:`runs_of`) were all freshly allocated
-        (refcount 1, no owner): the words were then written one memcpy per run. Otherwise the blocks
-        are adopted one by one, validated as they go; on a bad block everything is undone and
+        else a new one. When the blocks are a few runs of freshly allocated ids (refcount 1, no owner:
+        the common case) their words are written one memcpy per run, and the runs are returned, for the
+        owner to keep (:meth:`disown` then frees it run by run). Otherwise the blocks are adopted one by
+        one, validated as they go, and None is returned; on a bad block everything is undone and
         InvalidRequest (or DoubleFree) is raised. The new solo blocks count as evictable (hold 0).
         """
+        runs = self._runs_of(blocks)
         ones = self._ones_bytes
         sb = self._state_bytes
         if runs is None:
@@ -382,10 +382,11 @@ class BlockPool:
                 sb[a * 8 : (a + k) * 8] = word * k
             solo = bytes.__len__(blocks) // ID_BYTES if donate else 0
         else:
+            runs = None
             solo = self._adopt_each(owner, blocks.tolist(), donate)
         owner.n_solo = solo
         self._evictable += solo
-        return runs is not None and fresh
+        return runs
 
     def _adopt_each(self, owner: BlockOwner, ids: list[int], donate: bool) -> int:
         """Adopt ``ids`` one by one (blocks shared with tables, or scattered ids); -> solo count."""

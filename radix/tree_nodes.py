@@ -60,10 +60,8 @@ def add_leaf(tree: RadixTree, parent: Node, tokens: Tokens, blocks: BlockIds, do
     pool = tree.pool
     clock = tree._clock = tree._clock + 1
     leaf = Node(tokens, blocks, parent, tokens[: tree._bb], clock)
-    runs = pool.runs_of(blocks)
     try:
-        if pool.adopt(leaf, blocks, runs, donate):
-            leaf.runs = runs
+        leaf.runs = pool.adopt(leaf, blocks, donate)
     except RadixError:
         if parent.parent is None and not parent.children:
             drop_root(tree, parent)
