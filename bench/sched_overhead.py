@@ -2,6 +2,7 @@
 
     .venv/bin/python bench/sched_overhead.py                     # 256 sequences of ~1k tokens
     .venv/bin/python bench/sched_overhead.py --seqs 64 --steps 100
+    .venv/bin/python bench/sched_overhead.py --stream-interval 8    # `radixd serve --stream-interval 8`
 
 The engine runs as the daemon runs it (`EngineCore.step`: scheduling, KV bookkeeping, copy-on-write
 copies, the runner building the step's tensors, sampling, accepting tokens and streaming text), over a
@@ -95,6 +96,7 @@ def build(args: argparse.Namespace) -> tuple[EngineCore, PhaseClock]:
         max_num_batched_tokens=max(4096, args.seqs),
         schedule_policy="lpm",
         max_waiting=args.seqs * 2,
+        stream_interval=args.stream_interval,
     )
     core = EngineCore(runner, tok, config, eos_token_ids=tuple(lm.config.eos_token_ids))
     clock = PhaseClock()
@@ -130,6 +132,12 @@ def main() -> None:
     ap.add_argument("--suffix", type=int, default=256, help="tokens of each request's own")
     ap.add_argument("--steps", type=int, default=60, help="decode steps measured")
     ap.add_argument("--threads", type=int, default=2)
+    ap.add_argument(
+        "--stream-interval",
+        type=int,
+        default=EngineConfig().stream_interval,
+        help="tokens per streamed output",
+    )
     args = ap.parse_args()
     torch.set_num_threads(args.threads)
     configure("warning")
@@ -170,7 +178,10 @@ def main() -> None:
         phases["rest: step plan to runner input, logits rows"].append(total - inner - forward)
     med = statistics.median(totals) * 1000
     print(f"{args.seqs} decoding sequences of ~{args.prefix + args.suffix} tokens ({args.groups} shared")
-    print(f"prefixes), {args.steps} steps, {args.threads} threads; ms per step, median")
+    print(
+        f"prefixes), {args.steps} steps, {args.threads} threads, stream interval {args.stream_interval}; "
+        "ms per step, median"
+    )
     print("| phase | ms |\n| --- | ---: |")
     for name, vs in phases.items():
         print(f"| {name} | {statistics.median(vs) * 1000:.2f} |")

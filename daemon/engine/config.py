@@ -33,6 +33,11 @@ class EngineConfig:
     session_ttl_s: default lifetime of a session's lease after its last use.
     max_model_len: context limit in tokens; None = the model's own limit.
     pin_budget_fraction: share of the pool that pinned prefixes may hold.
+    stream_interval: tokens a sequence gathers before it streams them as one output (1: every token
+        as it is sampled). A sequence's last output always carries what is left. Larger values cost a
+        client that much more latency per chunk and save the engine thread one output (and the server
+        one message) per token beyond the first: at 256 decoding sequences that is most of the
+        step's bookkeeping (docs/bench-sched.md).
     """
 
     max_num_seqs: int = 64
@@ -47,6 +52,7 @@ class EngineConfig:
     session_ttl_s: float = 600.0
     max_model_len: int | None = None
     pin_budget_fraction: float = 0.25
+    stream_interval: int = 1
 
     def __post_init__(self) -> None:
         if self.max_num_seqs < 1:
@@ -63,5 +69,7 @@ class EngineConfig:
             raise ValueError(f"max_preemptions must be >= 1, got {self.max_preemptions}")
         if self.watchdog_s <= 0 or self.session_ttl_s <= 0:
             raise ValueError("watchdog_s and session_ttl_s must be > 0 seconds")
+        if self.stream_interval < 1:
+            raise ValueError(f"stream_interval must be >= 1 token, got {self.stream_interval}")
         if self.max_model_len is not None and self.max_model_len < 2:
             raise ValueError(f"max_model_len must be >= 2, got {self.max_model_len}")

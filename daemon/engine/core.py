@@ -96,6 +96,7 @@ class EngineCore:
             self.sessions,
             self.counters,
             self.max_model_len,
+            self.config.stream_interval,
         )
         self.beams = BeamSearch(
             self.scheduler, self.kv, self.outputs, tokenizer, seq_ids, self.eos_token_ids, self.max_model_len

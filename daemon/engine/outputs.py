@@ -68,6 +68,7 @@ class Outputs:
         sessions: SessionManager,
         counters: dict[str, int],
         max_model_len: int,
+        stream_interval: int = 1,
     ) -> None:
         self.requests = requests
         self.scheduler = scheduler
@@ -76,6 +77,7 @@ class Outputs:
         self.sessions = sessions
         self.counters = counters
         self.max_model_len = max_model_len
+        self.stream_interval = stream_interval
         self.on_request_done: Callable[[str], None] = lambda _rid: None
 
     def emit(self, sink: Sink, out: RequestOutput) -> None:
@@ -125,7 +127,10 @@ class Outputs:
         elif reason is None and len(seq.tokens) >= self.max_model_len:
             reason = "length"
         if reason is None:
-            self.send(seq, delta)
+            if len(seq.pending_tokens) < self.stream_interval:
+                seq.pending_text += delta  # streamed with the next output
+            else:
+                self.send(seq, delta)
             return
         if seq.text is not None:
             delta += seq.text.finish()
@@ -137,8 +142,12 @@ class Outputs:
     def send(
         self, seq: Sequence, delta: str, reason: FinishReason | None = None, error: str | None = None
     ) -> None:
-        """Emit `seq`'s pending tokens (and `delta`) as one output; `reason` makes it the last."""
+        """Emit `seq`'s pending tokens and text (then `delta`) as one output; `reason` makes it the
+        last."""
         r = seq.request
+        if seq.pending_text:
+            delta = seq.pending_text + delta
+            seq.pending_text = ""
         queued = (r.admitted_at or time.monotonic()) - r.arrival if r.cached_tokens is not None else None
         out = RequestOutput(
             request_id=r.request_id,

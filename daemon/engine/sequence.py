@@ -87,9 +87,10 @@ class Sequence:
     finish_reason: FinishReason | None = None
     # Beam search: cumulative logprob of the generated tokens.
     score: float = 0.0
-    # Tokens/logprobs produced since the last output to the sink.
+    # Tokens/logprobs (and their text) produced since the last output to the sink.
     pending_tokens: list[int] = field(default_factory=list)
     pending_logprobs: list[TokenLogprob] = field(default_factory=list)
+    pending_text: str = ""
     # `tokens` packed as the radix tree's key (native int32), each token encoded once: see `key`.
     packed: bytearray = field(default_factory=bytearray, repr=False)
 

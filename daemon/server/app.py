@@ -343,6 +343,7 @@ def engine_config(args: argparse.Namespace) -> EngineConfig:
         num_host_blocks=args.swap_blocks,
         session_ttl_s=args.session_ttl,
         max_model_len=args.max_model_len,
+        stream_interval=args.stream_interval,
     )
 
 

@@ -117,6 +117,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     sched.add_argument(
         "--default-max-tokens", type=int, default=256, help="max_tokens when a request omits it"
     )
+    sched.add_argument(
+        "--stream-interval",
+        type=int,
+        default=engine.stream_interval,
+        help=f"tokens per streamed chunk (default {engine.stream_interval}: every token as it is sampled)",
+    )
     sched.add_argument("--stream-buffer", type=int, default=1024, help="outputs buffered per stream")
     sched.add_argument("--grace-period", type=float, default=30.0, help="SIGTERM: seconds streams may finish")
     ops = parser.add_argument_group("logging")

@@ -1,0 +1,67 @@
+"""Streaming granularity: `stream_interval` groups a sequence's tokens into fewer outputs and loses none."""
+
+from __future__ import annotations
+
+import argparse
+
+import pytest
+from engine_kit import Collector, assert_all_free, greedy, make_core, run
+
+from radixd.daemon.engine.config import EngineConfig
+from radixd.daemon.engine.types import GenerateRequest
+from radixd.daemon.loaders import LoadedModel
+from radixd.daemon.sampling import SamplingParams
+from radixd.daemon.server import main as server_main
+from radixd.daemon.server.app import engine_config
+
+pytestmark = pytest.mark.slow
+PROMPT = "The three primary colors are"
+
+
+def test_chunks_of_the_interval_carry_the_same_tokens_text_and_logprobs(smollm: LoadedModel) -> None:
+    prompt = smollm.tokenizer.encode(PROMPT)
+    params = greedy(10, logprobs=1)
+    each = run(make_core(smollm, num_blocks=64), [GenerateRequest("r", prompt, params)])
+    core = make_core(smollm, num_blocks=64, stream_interval=4)
+    grouped = run(core, [GenerateRequest("r", prompt, params)])
+    outs = grouped.outs[("r", 0)]
+    assert [len(o.new_token_ids) for o in outs] == [4, 4, 2]  # the last output carries the rest
+    assert [o.finished for o in outs] == [False, False, True]
+    assert len(each.outs[("r", 0)]) == 10
+    assert grouped.tokens("r") == each.tokens("r") and grouped.text("r") == each.text("r")
+    lps = [lp.token_id for o in outs for lp in (o.logprobs or [])]
+    assert lps == grouped.tokens("r")
+    assert [o.completion_tokens for o in outs] == [4, 8, 10]
+    assert_all_free(core)
+
+
+def test_a_stop_or_an_abort_flushes_what_the_interval_held(smollm: LoadedModel) -> None:
+    tok = smollm.tokenizer
+    prompt = tok.encode("The capital of France is")
+    full = run(make_core(smollm, num_blocks=64), [GenerateRequest("free", prompt, greedy(8))]).text("free")
+    assert "." in full
+    core = make_core(smollm, num_blocks=64, stream_interval=16)
+    stop = SamplingParams(max_tokens=8, temperature=0.0, stop=(".",))
+    col = run(core, [GenerateRequest("stop", prompt, stop)])
+    (only,) = col.outs[("stop", 0)]  # the stop came before the interval filled: one output
+    assert only.finished and only.finish_reason == "stop" and only.text_delta == full[: full.index(".")]
+
+    col = Collector()
+    core.add_request(GenerateRequest("a", prompt, greedy(30)), col)
+    for _ in range(4):  # one prefill step, then three decodes: four tokens held back
+        core.step()
+    assert not col.outs[("a", 0)]
+    assert core.abort_request("a")
+    final = col.final("a")
+    assert final.finish_reason == "abort" and len(final.new_token_ids) == 4 == final.completion_tokens
+    assert final.text_delta == tok.decode(final.new_token_ids)
+    assert_all_free(core)
+
+
+def test_the_interval_is_a_serve_flag_and_must_be_positive() -> None:
+    parser = argparse.ArgumentParser()
+    server_main.add_arguments(parser)
+    assert engine_config(parser.parse_args([])).stream_interval == EngineConfig().stream_interval == 1
+    assert engine_config(parser.parse_args(["--stream-interval", "8"])).stream_interval == 8
+    with pytest.raises(ValueError, match="stream_interval must be >= 1"):
+        engine_config(parser.parse_args(["--stream-interval", "0"]))
