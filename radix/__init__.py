@@ -10,6 +10,7 @@ all of it. Public API (everything below is re-exported here)::
     BlockPool(num_blocks, block_size=16)          block 0 = NULL_BLOCK, never handed out
         allocate(n) -> list[int]      refcount 1 each; OutOfBlocks (no change) if short
         allocate_ids(n) -> BlockIds   the same, packed (one slice per run of the free extents)
+        allocate_into(ids, n)         the same, appended to a packed id array (a table's blocks)
         incref(b); decref(b) -> bool (True when freed); incref_all(bs); decref_all(bs) -> int
         refcount(b); num_free; num_evictable; num_in_use; num_usable; num_blocks; block_size
 
