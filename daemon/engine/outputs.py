@@ -68,7 +68,7 @@ class Outputs:
         sessions: SessionManager,
         counters: dict[str, int],
         max_model_len: int,
-        stream_interval: int = 1,
+        stream_interval: int,
     ) -> None:
         self.requests = requests
         self.scheduler = scheduler
