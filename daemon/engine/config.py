@@ -33,11 +33,11 @@ class EngineConfig:
     session_ttl_s: default lifetime of a session's lease after its last use.
     max_model_len: context limit in tokens; None = the model's own limit.
     pin_budget_fraction: share of the pool that pinned prefixes may hold.
-    stream_interval: tokens a sequence gathers before it streams them as one output (1: every token
-        as it is sampled). A sequence's last output always carries what is left. Larger values give a
-        client its text in bigger, later chunks and save the engine thread an output (and the server a
-        message) per token: at 256 decoding sequences, 8 makes a step 1.24x cheaper
-        (docs/bench-sched.md).
+    stream_interval: after a sequence's first token (always streamed at once), the tokens it gathers
+        before it streams them as one output (1: every token as it is sampled). Its last output always
+        carries what is left. Larger values give a client its text in bigger, later chunks and save the
+        engine thread an output (and the server a message) per token: at 256 decoding sequences, 8
+        makes a step 1.11x cheaper (docs/bench-sched.md).
     """
 
     max_num_seqs: int = 64

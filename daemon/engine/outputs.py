@@ -127,7 +127,9 @@ class Outputs:
         elif reason is None and len(seq.tokens) >= self.max_model_len:
             reason = "length"
         if reason is None:
-            if len(seq.pending_tokens) < self.stream_interval:
+            # NOTE: the first token always goes out at once, so the interval never delays the time
+            # to first token; after it, tokens leave in groups of `stream_interval`.
+            if len(seq.pending_tokens) < self.stream_interval and seq.num_generated > 1:
                 seq.pending_text += delta  # streamed with the next output
             else:
                 self.send(seq, delta)

@@ -121,7 +121,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "--stream-interval",
         type=int,
         default=engine.stream_interval,
-        help=f"tokens per streamed chunk (default {engine.stream_interval}: every token as it is sampled)",
+        help=f"tokens per streamed chunk after the first (default {engine.stream_interval}: each token)",
     )
     sched.add_argument("--stream-buffer", type=int, default=1024, help="outputs buffered per stream")
     sched.add_argument("--grace-period", type=float, default=30.0, help="SIGTERM: seconds streams may finish")

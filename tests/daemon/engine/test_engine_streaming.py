@@ -25,13 +25,15 @@ def test_chunks_of_the_interval_carry_the_same_tokens_text_and_logprobs(smollm: 
     core = make_core(smollm, num_blocks=64, stream_interval=4)
     grouped = run(core, [GenerateRequest("r", prompt, params)])
     outs = grouped.outs[("r", 0)]
-    assert [len(o.new_token_ids) for o in outs] == [4, 4, 2]  # the last output carries the rest
-    assert [o.finished for o in outs] == [False, False, True]
+    # The first token at once (the interval never delays the first token), then groups of 4; the last
+    # output carries the rest.
+    assert [len(o.new_token_ids) for o in outs] == [1, 4, 4, 1]
+    assert [o.finished for o in outs] == [False, False, False, True]
     assert len(each.outs[("r", 0)]) == 10
     assert grouped.tokens("r") == each.tokens("r") and grouped.text("r") == each.text("r")
     lps = [lp.token_id for o in outs for lp in (o.logprobs or [])]
     assert lps == grouped.tokens("r")
-    assert [o.completion_tokens for o in outs] == [4, 8, 10]
+    assert [o.completion_tokens for o in outs] == [1, 5, 9, 10]
     assert_all_free(core)
 
 
@@ -43,18 +45,20 @@ def test_a_stop_or_an_abort_flushes_what_the_interval_held(smollm: LoadedModel) 
     core = make_core(smollm, num_blocks=64, stream_interval=16)
     stop = SamplingParams(max_tokens=8, temperature=0.0, stop=(".",))
     col = run(core, [GenerateRequest("stop", prompt, stop)])
-    (only,) = col.outs[("stop", 0)]  # the stop came before the interval filled: one output
-    assert only.finished and only.finish_reason == "stop" and only.text_delta == full[: full.index(".")]
+    first, last = col.outs[("stop", 0)]  # the first token, then the stop before the interval filled
+    assert len(first.new_token_ids) == 1 and not first.finished
+    assert last.finished and last.finish_reason == "stop" and col.text("stop") == full[: full.index(".")]
 
     col = Collector()
     core.add_request(GenerateRequest("a", prompt, greedy(30)), col)
-    for _ in range(4):  # one prefill step, then three decodes: four tokens held back
+    for _ in range(4):  # one prefill step (its token streams at once), then three decodes held back
         core.step()
-    assert not col.outs[("a", 0)]
+    (streamed,) = col.outs[("a", 0)]
+    assert len(streamed.new_token_ids) == 1
     assert core.abort_request("a")
     final = col.final("a")
-    assert final.finish_reason == "abort" and len(final.new_token_ids) == 4 == final.completion_tokens
-    assert final.text_delta == tok.decode(final.new_token_ids)
+    assert final.finish_reason == "abort" and len(final.new_token_ids) == 3 and final.completion_tokens == 4
+    assert col.text("a") == tok.decode(col.tokens("a"))
     assert_all_free(core)
 
 
