@@ -359,7 +359,7 @@ class BlockPool:
         The owner takes one reference per block: the caller's own with ``donate`` (the count stays),
         else a new one. When the blocks are a few runs of freshly allocated ids (refcount 1, no owner:
         the common case) their words are written one memcpy per run, and the runs are returned, for the
-        owner to keep (:meth:`disown` then frees it run by run). Otherwise the blocks are adopted one by
+        owner to keep (:meth:`disown` then frees them run by run). Otherwise the blocks are adopted one by
         one, validated as they go, and None is returned; on a bad block everything is undone and
         InvalidRequest (or DoubleFree) is raised. The new solo blocks count as evictable (hold 0).
         """

@@ -140,8 +140,7 @@ class RadixTree:
         t = tokens.packed if type(tokens) is TokenKey else as_tokens(tokens)
         bl = blocks if type(blocks) is BlockIds or type(blocks) is bytes else pack_blocks(blocks)
         n = len(t)
-        if bytes.__len__(bl) != (-(-n // self._bb) - cached) * ID_BYTES or not 0 <= cached <= n // self._bb:
-            raise tree_insert.bad_insert(self.block_size, n, bytes.__len__(bl) // ID_BYTES, cached)
+        tree_insert.check_fit(self, n, bytes.__len__(bl) // ID_BYTES, cached)
         if lease is not None and lease._tree is not self:
             raise UnknownLease("insert(lease=...) got a lease issued by another RadixTree")
         if n == 0:
@@ -201,10 +200,9 @@ class RadixTree:
             raise InvalidRequest(f"insert_table: the table leases {done} blocks but its lease locks nothing")
         t = tokens.packed if type(tokens) is TokenKey else as_tokens(tokens)
         n = bytes.__len__(t)
-        if n == 0 and n_blocks == 0:
+        tree_insert.check_fit(self, n, n_blocks - done, done)
+        if n == 0:
             return InsertResult([], 0, 0)
-        if (n_blocks - 1) * self._bb >= n or n > n_blocks * self._bb or done > n // self._bb:
-            raise tree_insert.bad_insert(self.block_size, n, n_blocks - done, done)
         # The table's new blocks in one copy, as the immutable BlockIds a new leaf can keep as it is.
         with memoryview(blocks) as mv:
             new_blocks = BlockIds(mv[done:n_blocks])

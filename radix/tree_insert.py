@@ -206,6 +206,14 @@ def _settle_partial(
     return None
 
 
+def check_fit(tree: RadixTree, n: int, got: int, cached: int) -> None:
+    """Raise InvalidRequest unless ``got`` blocks after ``cached`` of the tree's own hold exactly the
+    ``n`` key bytes (the one rule for ``insert`` and ``insert_table``)."""
+    bb = tree._bb
+    if got != -(-n // bb) - cached or not 0 <= cached <= n // bb:
+        raise bad_insert(tree.block_size, n, got, cached)
+
+
 def bad_insert(block_size: int, n: int, got: int, cached: int) -> InvalidRequest:
     """The error for an insert whose block count (or ``cached``) does not fit its ``n`` key bytes."""
     nt, bs = n // TOKEN_BYTES, block_size
