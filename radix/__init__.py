@@ -12,7 +12,8 @@ all of it. Public API (everything below is re-exported here)::
         allocate_ids(n) -> BlockIds   the same, packed (one slice per run of the free extents)
         allocate_into(ids, n)         the same, appended to a packed id array (a table's blocks)
         incref(b); decref(b) -> bool (True when freed); incref_all(bs); decref_all(bs) -> int
-        refcount(b); num_free; num_evictable; num_in_use; num_usable; num_blocks; block_size
+        refcount(b); solo(packed ids) -> list[bool] (refcount == 1, one vectorized read)
+        num_free; num_evictable; num_in_use; num_usable; num_blocks; block_size
 
     Token keys: methods taking ``tokens`` accept a sequence of ints, packed bytes, or
     ``encode_tokens(ids) -> TokenKey`` (a read-only sequence of ids over native int32 bytes,
@@ -51,6 +52,8 @@ all of it. Public API (everything below is re-exported here)::
         copy_partial(src_block, n_tokens) -> CopyOp
         append(n) -> list[CopyOp]; append_slots(n) -> AppendResult(slots, copies)  (CoW of a shared tail)
         fork(k) -> list[BlockTable]; release() -> int (idempotent); slot(pos)
+    append_one_each(tables) -> list[CopyOp]   append(1) on every table of a decode step, all-or-nothing;
+        blocks_for_one_each(tables) -> int      the fresh blocks it takes (one vectorized refcount read)
     tree.insert_table(tokens, table, n_blocks, ns, lease, final=False)   the table's new blocks to the
         tree; the lease follows the inserted path unless final (the owner releases both next)
     CopyOp = tuple[int, int, int]                  (src_block, dst_block, n_tokens)
@@ -98,7 +101,7 @@ from radixd.radix.memory import LLAMA2_70B, LLAMA3_8B, LLAMA3_70B, KVSpec
 from radixd.radix.node import TOKEN_BYTES, TokenKey, encode_tokens, token_ids
 from radixd.radix.pool import NULL_BLOCK, BlockPool
 from radixd.radix.results import CacheStats, InsertResult, Lease, PrefixMatch
-from radixd.radix.table import AppendResult, BlockTable, CopyOp
+from radixd.radix.table import AppendResult, BlockTable, CopyOp, append_one_each, blocks_for_one_each
 from radixd.radix.tree import EVICT_REASONS, TREE_FLUSH_MODES, RadixTree, TreeFlushMode
 
 __all__ = [
@@ -132,6 +135,8 @@ __all__ = [
     "TokenKey",
     "TreeFlushMode",
     "UnknownLease",
+    "append_one_each",
+    "blocks_for_one_each",
     "encode_tokens",
     "token_ids",
 ]

@@ -143,6 +143,17 @@ class BlockPool:
         self._check_id(block)
         return int(self._state[block]) & RC_MASK
 
+    def solo(self, blocks: array[int]) -> list[bool]:
+        """Whether each of ``blocks`` (packed ids) has exactly one holder: one vectorized read for a
+        whole decode batch instead of a :meth:`refcount` call per table."""
+        if not blocks:
+            return []
+        ids = np.frombuffer(blocks, dtype=np.int32)
+        if int(ids.min()) < 0 or int(ids.max()) >= self.num_blocks:
+            bad = next(b for b in blocks if not 0 <= b < self.num_blocks)
+            self._check_id(bad)
+        return ((self._state[ids] & RC_MASK) == 1).tolist()  # type: ignore[no-any-return]
+
     # ------------------------------------------------------------ allocation
     def allocate(self, n: int) -> list[int]:
         """Hand out ``n`` free blocks, each with refcount 1 (the caller's reference).

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from array import array
 from collections.abc import Sequence
+from operator import attrgetter
 from typing import NamedTuple
 
 from radixd.radix.errors import InvalidRequest, OutOfBlocks
@@ -206,3 +207,48 @@ class BlockTable:
         return (
             f"BlockTable(num_tokens={self.num_tokens}, blocks={self.blocks.tolist()}, leased={self.leased})"
         )
+
+
+_pool_of = attrgetter("pool")
+
+
+def _roomy(tables: Sequence[BlockTable]) -> list[bool]:
+    """Per table: its last block is partly filled and held by it alone, so its next token goes there
+    with no allocation and no copy. One vectorized refcount read for the whole batch."""
+    pool = tables[0].pool
+    if len(set(map(_pool_of, tables))) != 1:
+        raise InvalidRequest("a decode batch's tables must share one pool")
+    B = pool.block_size
+    # NOTE: a table that ends on a block boundary asks about the null block, which never has a holder.
+    return pool.solo(array("i", [t.blocks[-1] if t.num_tokens % B else 0 for t in tables]))
+
+
+def blocks_for_one_each(tables: Sequence[BlockTable]) -> int:
+    """Fresh blocks :func:`append_one_each` may take: one per table whose next token starts a block or
+    writes into a shared last block (copy-on-write). An upper bound: of forks sharing a last block,
+    the last to copy finds that block its own again and takes none."""
+    return len(tables) - sum(_roomy(tables)) if tables else 0
+
+
+def append_one_each(tables: Sequence[BlockTable]) -> list[CopyOp]:
+    """``append(1)`` on each of ``tables`` (distinct tables of one pool: a decode step); -> the copies
+    to run first, in order.
+
+    All-or-nothing: raises OutOfBlocks and changes nothing when the pool has fewer free blocks than
+    :func:`blocks_for_one_each` counts. A table whose last block has room of its own (15 of 16 decode steps
+    at block size 16) only counts its token.
+    """
+    if not tables:
+        return []
+    roomy = _roomy(tables)
+    need = len(tables) - sum(roomy)
+    pool = tables[0].pool
+    if need > pool.num_free:
+        raise OutOfBlocks(need, pool.num_free, pool.num_evictable)
+    copies: list[CopyOp] = []
+    for t, room in zip(tables, roomy, strict=True):
+        if room:
+            t.num_tokens += 1
+        else:
+            copies += t.append(1)
+    return copies

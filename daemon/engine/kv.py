@@ -32,6 +32,8 @@ from radixd.radix import (
     Lease,
     RadixTree,
     TokenKey,
+    append_one_each,
+    blocks_for_one_each,
 )
 
 log = structlog.get_logger("radixd.engine.kv")
@@ -197,6 +199,19 @@ class KVManager:
         if seq.table is None:
             seq.table = BlockTable(self.pool)
         self._copies.extend(seq.table.append(n))
+
+    def decode_blocks(self, seqs: list[Sequence]) -> int:
+        """Fresh blocks `append_decodes(seqs)` takes (a sequence without a table yet needs one)."""
+        tables = [s.table for s in seqs if s.table is not None]
+        return blocks_for_one_each(tables) + len(seqs) - len(tables)
+
+    def append_decodes(self, seqs: list[Sequence]) -> None:
+        """`append(seq, 1)` for each of `seqs` (distinct), in one batch: a decode step's slots. The
+        caller made `decode_blocks(seqs)` blocks free (all-or-nothing: OutOfBlocks changes nothing)."""
+        for s in seqs:
+            if s.table is None:
+                s.table = BlockTable(self.pool)
+        self._copies.extend(append_one_each([s.table for s in seqs]))  # type: ignore[misc]
 
     def take_copies(self) -> list[tuple[int, int, int]]:
         """The copy-on-write copies queued since the last take, in order (and forget them)."""

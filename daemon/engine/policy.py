@@ -10,7 +10,13 @@ from radixd.daemon.engine.sequence import Sequence
 def running_order(seqs: Iterable[Sequence]) -> list[Sequence]:
     """Order in which running sequences get this step's budget: decodes (one token due) before prefill
     chunks, then higher priority, then older arrival, so the oldest work always progresses."""
-    return sorted(seqs, key=lambda s: (s.remaining > 1, -s.request.req.priority, s.request.arrival, s.seq_id))
+    return sorted(seqs, key=_running_key)
+
+
+def _running_key(s: Sequence) -> tuple[bool, int, float, int]:
+    r = s.request
+    # `s.remaining > 1` inlined: the key is computed for every running sequence every step.
+    return (len(s.tokens) - (s.index < 0) - s.num_computed > 1, -r.req.priority, r.arrival, s.seq_id)
 
 
 def waiting_order(

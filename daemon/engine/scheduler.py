@@ -26,7 +26,7 @@ from radixd.daemon.engine.swap import HostSwap
 log = structlog.get_logger("radixd.engine.scheduler")
 
 
-@dataclass
+@dataclass(slots=True)
 class Planned:
     """One sequence's share of the next step: compute `tokens[start:start + n]`."""
 
@@ -168,10 +168,20 @@ class Scheduler:
             planned.add(seq.seq_id)
             budget -= n
 
-        for seq in running_order(self.running):
+        order = running_order(self.running)
+        decodes = [s for s in order if s.remaining == 1 and s.status is SeqStatus.RUNNING][:budget]
+        # NOTE: the common step: decodes come first in `order`, and when the blocks they need are free
+        # (after evicting cache) none of them preempts anyone, so the loop below would plan exactly
+        # these, one at a time. Under pressure it runs alone and picks victims as it goes.
+        if decodes and self.kv.ensure_free(self.kv.decode_blocks(decodes)):
+            self.kv.append_decodes(decodes)
+            plan = [Planned(s, s.num_computed, 1) for s in decodes]
+            planned = {s.seq_id for s in decodes}
+            budget -= len(decodes)
+        for seq in order:
             if budget <= 0:
                 break
-            if seq.status is not SeqStatus.RUNNING or seq.remaining == 0:
+            if seq.status is not SeqStatus.RUNNING or seq.remaining == 0 or seq.seq_id in planned:
                 continue
             n = min(seq.remaining, budget)
             if self._reserve(seq, n, planned):

@@ -2,9 +2,20 @@
 
 from __future__ import annotations
 
-import pytest
+from array import array
 
-from radixd.radix import BlockPool, BlockTable, InvalidRequest, OutOfBlocks
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from radixd.radix import (
+    BlockPool,
+    BlockTable,
+    InvalidRequest,
+    OutOfBlocks,
+    append_one_each,
+    blocks_for_one_each,
+)
 
 
 @pytest.fixture
@@ -153,3 +164,57 @@ def test_new_blocks_for_is_what_append_takes(pool: BlockPool) -> None:
     want = child.new_blocks_for(4)
     child.append(4)
     assert free - pool.num_free == want
+
+
+def _decode_batch(pool: BlockPool, plan: list[tuple[int, int]]) -> list[BlockTable]:
+    """Tables built by one recipe: (tokens, forks) per table; forked children share every block."""
+    tables: list[BlockTable] = []
+    for n_tokens, forks in plan:
+        t = BlockTable(pool)
+        t.append(n_tokens)
+        tables.append(t)
+        tables.extend(t.fork(forks))
+    return tables
+
+
+@settings(max_examples=150, deadline=None)
+@given(st.lists(st.tuples(st.integers(0, 9), st.integers(0, 2)), min_size=1, max_size=6))
+def test_append_one_each_is_append_1_on_every_table(plan: list[tuple[int, int]]) -> None:
+    # Two pools built the same way: one decode step batched, the other one table at a time.
+    batched, single = BlockPool(80, 4), BlockPool(80, 4)
+    a, b = _decode_batch(batched, plan), _decode_batch(single, plan)
+    assert blocks_for_one_each(a) == sum(t.new_blocks_for(1) for t in b)
+    copies = append_one_each(a)
+    assert copies == [op for t in b for op in t.append(1)]
+    assert [(t.num_tokens, list(t.blocks)) for t in a] == [(t.num_tokens, list(t.blocks)) for t in b]
+    assert batched.refcounts() == single.refcounts() and batched.num_free == single.num_free
+
+
+def test_append_one_each_is_all_or_nothing(pool: BlockPool) -> None:
+    tables = [BlockTable(pool) for _ in range(4)]
+    for t in tables:
+        t.append(4)  # full: each table's next token needs a fresh block
+    pool.allocate(pool.num_free - 3)
+    before = [(t.num_tokens, list(t.blocks)) for t in tables]
+    assert blocks_for_one_each(tables) == 4
+    with pytest.raises(OutOfBlocks):
+        append_one_each(tables)
+    assert [(t.num_tokens, list(t.blocks)) for t in tables] == before and pool.num_free == 3
+
+
+def test_append_one_each_refuses_tables_of_two_pools(pool: BlockPool) -> None:
+    other = BlockTable(BlockPool(9, 4))
+    mine = BlockTable(pool)
+    with pytest.raises(InvalidRequest, match="one pool"):
+        append_one_each([mine, other])
+
+
+def test_solo_reads_refcounts_and_checks_ids(pool: BlockPool) -> None:
+    a, b = pool.allocate(2)
+    pool.incref(b)
+    assert pool.solo(array("i", [a, b, 0])) == [True, False, False]
+    assert pool.solo(array("i")) == []
+    with pytest.raises(InvalidRequest, match="out of range"):
+        pool.solo(array("i", [a, 17]))
+    with pytest.raises(InvalidRequest, match="out of range"):
+        pool.solo(array("i", [-1]))
