@@ -61,7 +61,8 @@ class ByteDetokenizer:
 
     def add(self, token_ids: int | Sequence[int]) -> str:
         if isinstance(token_ids, int):
-            return self._utf8.decode(self._piece(token_ids))
+            pieces = self._pieces  # `_piece` inlined: one call per generated token
+            return self._utf8.decode(pieces[token_ids] if token_ids < len(pieces) else b"")
         return self._utf8.decode(b"".join(self._piece(t) for t in token_ids))
 
     def flush(self) -> str:

@@ -24,7 +24,7 @@ from radixd.daemon.model import AttentionMetadata, LlamaModel, ModelConfig
 from radixd.daemon.sampling import SampleResult, SamplingState, sample
 
 
-@dataclass
+@dataclass(slots=True)
 class StepSeq:
     """One running sequence's share of a step."""
 
@@ -170,19 +170,32 @@ class ModelRunner:
                     )
         return t
 
-    def _forward(self, seqs: Sequence[StepSeq]) -> tuple[torch.Tensor, dict[int, int]]:
-        """Run the forward pass; -> (hidden [T, H] in layout order, seq index -> its first row)."""
-        needs = [self._check(s) for s in seqs]
+    def _decode_needs(self, dec: Sequence[StepSeq], positions: list[int]) -> list[int]:
+        """Blocks each one-token row needs: `_check`'s checks over all decode rows at once (the
+        per-row check, which names the offending sequence, runs only when one fails)."""
+        if not dec:
+            return []
         bs = self.block_size
-        prefill = [i for i, s in enumerate(seqs) if len(s.token_ids) > 1]
+        needs = [p // bs + 1 for p in positions]
+        if min(positions) < 0 or any(len(s.block_table) < n for s, n in zip(dec, needs, strict=True)):
+            for s in dec:
+                self._check(s)
+        return needs
+
+    def _forward(self, seqs: Sequence[StepSeq]) -> tuple[torch.Tensor, list[int]]:
+        """Run the forward pass; -> (hidden [T, H] in layout order, each sequence's first row)."""
+        bs = self.block_size
+        prefill = [i for i, s in enumerate(seqs) if len(s.token_ids) != 1]
         decode = [i for i, s in enumerate(seqs) if len(s.token_ids) == 1]
+        pre = [seqs[i] for i in prefill]
+        dec = [seqs[i] for i in decode]
+        pre_needs = [self._check(s) for s in pre]
         ids: list[int] = []
         pos: list[int] = []
         slots: list[int] = []
-        first_index: dict[int, int] = {}
+        first_index = [0] * len(seqs)
         cu = [0]
-        for i in prefill:
-            s = seqs[i]
+        for i, s in zip(prefill, pre, strict=True):
             first_index[i] = len(ids)
             ids.extend(s.token_ids)
             p = range(s.start_pos, s.start_pos + len(s.token_ids))
@@ -191,14 +204,14 @@ class ModelRunner:
             slots.extend(bt[q // bs] * bs + q % bs for q in p)
             cu.append(len(ids))
         # Decode rows: one token each, its slot read off the table tensor below.
-        dec_pos = [seqs[i].start_pos for i in decode]
+        dec_pos = [s.start_pos for s in dec]
+        dec_needs = self._decode_needs(dec, dec_pos)
+        n_pre = len(ids)
         for j, i in enumerate(decode):
-            first_index[i] = len(ids) + j
-        ids.extend(seqs[i].token_ids[0] for i in decode)
+            first_index[i] = n_pre + j
+        ids += [s.token_ids[0] for s in dec]
         self._check_ids(seqs, ids)
-        pre = [seqs[i] for i in prefill]
-        dec = [seqs[i] for i in decode]
-        dec_tables = self._tables(dec, [needs[i] for i in decode])
+        dec_tables = self._tables(dec, dec_needs)
         dec_positions = torch.tensor(dec_pos, dtype=torch.int64)
         dec_slots = dec_tables.gather(1, (dec_positions // bs).unsqueeze(1)).squeeze(1).long() * bs
         dec_slots += dec_positions % bs
@@ -206,7 +219,7 @@ class ModelRunner:
         meta = AttentionMetadata(
             slot_mapping=torch.cat((torch.tensor(slots, dtype=torch.int64), dec_slots)).to(dev),
             num_prefill_tokens=cu[-1],
-            prefill_block_tables=self._tables(pre, [needs[i] for i in prefill]).to(dev),
+            prefill_block_tables=self._tables(pre, pre_needs).to(dev),
             prefill_cu_q_lens=torch.tensor(cu, dtype=torch.int32).to(dev),
             prefill_seq_lens=torch.tensor(
                 [s.start_pos + len(s.token_ids) for s in pre], dtype=torch.int32

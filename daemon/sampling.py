@@ -111,7 +111,7 @@ class SamplingParams:
         return self.repetition_penalty != 1.0 or self.presence_penalty != 0.0 or self.frequency_penalty != 0.0
 
 
-@dataclass
+@dataclass(slots=True)
 class SampleResult:
     """One sampled token: its id, its logprob (if asked) and the top-n (token_id, logprob) pairs."""
 
@@ -139,6 +139,10 @@ class SamplingState:
         self.output_token_ids: list[int] = []
         self.eos_token_ids = tuple(eos_token_ids)
         self.seed = params.seed if seed is None else seed
+        # Greedy with nothing to apply or report: the sampler's fast path (one argmax for the batch).
+        self.plain = (
+            params.greedy and not params.uses_penalties and params.logprobs is None and not params.min_tokens
+        )
         self.generator = torch.Generator(device="cpu")
         if self.seed is None:
             self.generator.seed()
@@ -304,6 +308,8 @@ def sample(logits: torch.Tensor, states: Sequence[SamplingState]) -> list[Sample
     if not states:
         return []
     logits = logits.float()
+    if all(s.plain for s in states):
+        return [SampleResult(t) for t in greedy_argmax(logits).tolist()]
     if any(s.params.uses_penalties for s in states) or any(
         len(s.output_token_ids) < s.params.min_tokens for s in states
     ):

@@ -49,6 +49,8 @@ T = TypeVar("T")
 
 log = structlog.get_logger("radixd.engine")
 
+_NO_BLOCKS: array[int] = array("i")  # a planned sequence with no table yet (the runner only reads it)
+
 
 class EngineCore:
     """Engine state and the step function (single-threaded), composed of the components above."""
@@ -164,19 +166,21 @@ class EngineCore:
         if not plan:
             return False
         self.runner.copy_blocks(self.kv.take_copies())
-        step_seqs = []
-        for p in plan:
-            seq = p.seq
-            end = p.start + p.n
-            sample = seq.sampling if (not seq.is_root and end == len(seq.tokens)) else None
-            blocks = seq.table.blocks if seq.table is not None else array("i")
-            step_seqs.append(StepSeq(seq.seq_id, seq.tokens[p.start : end], p.start, blocks, sample))
-        results = self.runner.step(step_seqs)
+        results = self.runner.step([self._step_seq(p) for p in plan])
         self.counters["steps"] += 1
         self.watchdog.progressed()
-        for p, res in zip(plan, results, strict=True):
-            self._after_step(p, res)
+        self._after_step(plan, results)
         return True
+
+    @staticmethod
+    def _step_seq(p: Planned) -> StepSeq:
+        """What the runner computes for one planned sequence (it samples once its tokens are all in)."""
+        seq = p.seq
+        end = p.start + p.n
+        tokens = seq.tokens
+        sample = seq.sampling if seq.index >= 0 and end == len(tokens) else None
+        blocks = seq.table.blocks if seq.table is not None else _NO_BLOCKS
+        return StepSeq(seq.seq_id, tokens[p.start : end], p.start, blocks, sample)
 
     def _unstall(self) -> bool:
         """Free room for stalled work, one move at a time; -> whether anything changed.
@@ -241,22 +245,28 @@ class EngineCore:
                 )
         raise RuntimeError(f"still busy after {max_steps} steps")
 
-    def _after_step(self, p: Planned, res: SampleResult | None) -> None:
-        seq = p.seq
-        if seq.finished or seq.status is not SeqStatus.RUNNING:
-            return
-        seq.num_computed = p.start + p.n
-        self.kv.insert_full_blocks(seq)
-        if seq.is_root:
-            if seq.remaining == 0:
-                self.scheduler.fork_root(seq)
-            return
-        if res is None:
-            return
-        if seq.request.req.beam_width:
-            self.beams.step(seq, res)
-            return
-        self.outputs.accept(seq, res)
+    def _after_step(self, plan: list[Planned], results: list[SampleResult | None]) -> None:
+        """Record what the step computed, publish newly full blocks, accept the sampled tokens."""
+        kv, outputs = self.kv, self.outputs
+        accepted = 0
+        for p, res in zip(plan, results, strict=True):
+            seq = p.seq
+            # NOTE: an earlier sequence's ending in this loop may have finished this one (a request's
+            # last output ends all its indexes); a finished sequence has no table left to record into.
+            if seq.status is not SeqStatus.RUNNING:
+                continue
+            seq.num_computed = p.start + p.n
+            kv.insert_full_blocks(seq)
+            if seq.index < 0:  # a root: forks into its children once its prompt is computed
+                if seq.remaining == 0:
+                    self.scheduler.fork_root(seq)
+            elif res is not None:
+                if seq.request.req.beam_width:
+                    self.beams.step(seq, res)
+                else:
+                    outputs.accept(seq, res)
+                    accepted += 1
+        self.counters["generated_tokens"] += accepted
 
     # ---- timers ----------------------------------------------------------------------------------
     def idle_wait_s(self) -> float:
