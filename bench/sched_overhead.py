@@ -12,7 +12,8 @@ prefixes of `--prefix` tokens, `--seqs` requests spread over them, each with `--
 own, greedy, decoding `--steps` tokens after all are admitted and prefilled. The embedded model's real
 tokenizer and vocabulary are used (detokenizing and argmax over 49,152 logits are part of the cost).
 
-Reports the median per step of each phase and of the whole step outside the forward pass.
+Reports the median per step of each phase, of the whole step outside the forward pass and of the
+engine's own share (all but sampling), and the floor under sampling: one read of the step's logits.
 """
 
 from __future__ import annotations
@@ -162,6 +163,7 @@ def main() -> None:
     else:
         raise SystemExit("the sequences never all reached decode")
     totals: list[float] = []
+    host: list[float] = []  # the step less the forward pass and sampling: what the engine's CPU adds
     phases: dict[str, list[float]] = defaultdict(list)
     for _ in range(args.steps):
         clock.now.clear()
@@ -170,6 +172,7 @@ def main() -> None:
         total = time.perf_counter() - t0
         forward = clock.now["forward (null)"]
         totals.append(total - forward)
+        host.append(total - forward - clock.now["sample"])
         # The runner's _forward wraps the null forward: count only its own work.
         clock.now["runner: batch tensors"] -= clock.now["forward (null)"]
         inner = sum(v for k, v in clock.now.items() if k != "forward (null)")
@@ -186,6 +189,18 @@ def main() -> None:
     for name, vs in phases.items():
         print(f"| {name} | {statistics.median(vs) * 1000:.2f} |")
     print(f"| **outside the forward pass** | **{med:.2f}** |")
+    # On a GPU the sampler runs on the device beside the forward pass; on a CPU it reads every logit
+    # (bandwidth-bound), so the engine's own share is reported apart as well.
+    print(f"| of it, all but sampling (the engine's own work) | {statistics.median(host) * 1000:.2f} |")
+    # The floor under sampling on this machine: one pass over the same logits, nothing else.
+    logits = core.runner.model.logits(torch.zeros(args.seqs, 1))
+    reads = []
+    for _ in range(20):
+        t0 = time.perf_counter()
+        logits.amax(dim=1)
+        reads.append(time.perf_counter() - t0)
+    floor = statistics.median(reads) * 1000
+    print(f"| reading the step's logits once (amax: the floor under sampling) | {floor:.2f} |")
     q = sorted(totals)
     print(
         f"p10 {q[len(q) // 10] * 1000:.2f} ms, p90 {q[len(q) * 9 // 10] * 1000:.2f} ms; tokens {outputs[0]}"

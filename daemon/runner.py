@@ -35,6 +35,34 @@ class StepSeq:
     sample: SamplingState | None  # None for a non-final prefill chunk (compute KV only)
 
 
+@dataclass(slots=True)
+class DecodeRows:
+    """A step's one-token rows as columns, one entry per sequence: the engine builds them with one
+    list comprehension each instead of a `StepSeq` per decoding sequence."""
+
+    seq_ids: list[int]
+    token_ids: list[int]  # the token each row computes now
+    positions: list[int]  # its position (tokens already in KV)
+    tables: list[Sequence[int]]  # physical blocks covering [0, position]; array('i')
+    samples: list[SamplingState | None]  # None: compute KV only (a root's last prompt token)
+
+    @classmethod
+    def of(cls, seqs: Sequence[StepSeq]) -> DecodeRows:
+        """The rows of one-token `StepSeq`s."""
+        return cls(
+            [s.seq_id for s in seqs],
+            [s.token_ids[0] for s in seqs],
+            [s.start_pos for s in seqs],
+            [s.block_table for s in seqs],
+            [s.sample for s in seqs],
+        )
+
+    def row(self, i: int) -> StepSeq:
+        return StepSeq(
+            self.seq_ids[i], [self.token_ids[i]], self.positions[i], self.tables[i], self.samples[i]
+        )
+
+
 def kv_bytes_per_block(config: ModelConfig, block_size: int, dtype: torch.dtype) -> int:
     """Bytes one block takes across all layers, K and V."""
     elem = torch.empty((), dtype=dtype).element_size()
@@ -133,7 +161,19 @@ class ModelRunner:
             )
         return need
 
-    def _check_ids(self, seqs: Sequence[StepSeq], ids: list[int]) -> None:
+    def _decode_needs(self, rows: DecodeRows) -> list[int]:
+        """Blocks each decode row's position needs: `_check`'s checks over all rows at once (the
+        per-row check, which names the offending sequence, runs only when one fails)."""
+        if not rows.positions:
+            return []
+        bs = self.block_size
+        needs = [p // bs + 1 for p in rows.positions]
+        if min(rows.positions) < 0 or any(len(t) < n for t, n in zip(rows.tables, needs, strict=True)):
+            for i in range(len(rows.seq_ids)):
+                self._check(rows.row(i))
+        return needs
+
+    def _check_ids(self, chunks: Sequence[StepSeq], rows: DecodeRows, ids: list[int]) -> None:
         """Every token id of the step in [0, vocab): one pass over the step's ids, then the offending
         sequence named by the engine's own check."""
         try:
@@ -142,116 +182,118 @@ class ModelRunner:
             packed = array("q")
         if len(packed) == len(ids) and ids and min(packed) >= 0 and max(packed) < self.config.vocab_size:
             return
-        for s in seqs:
-            check_token_ids(s.token_ids, self.config.vocab_size, what=f"sequence {s.seq_id}:")
+        vocab = self.config.vocab_size
+        for s in chunks:
+            check_token_ids(s.token_ids, vocab, what=f"sequence {s.seq_id}:")
+        for sid, tok in zip(rows.seq_ids, rows.token_ids, strict=True):
+            check_token_ids([tok], vocab, what=f"sequence {sid}:")
 
-    def _tables(self, group: Sequence[StepSeq], needs: Sequence[int]) -> torch.Tensor:
-        """The group's block tables as one int32 [len(group), max(needs)] tensor, rows padded with
-        the null block 0; raises ValueError when a needed entry is not a block id in [1, num_blocks)."""
-        if not group:
+    def _tables(
+        self, tables: Sequence[Sequence[int]], needs: Sequence[int], seq_ids: list[int]
+    ) -> torch.Tensor:
+        """The rows' block tables as one int32 [len(tables), max(needs)] tensor, padded with the null
+        block 0; raises ValueError when a needed entry is not a block id in [1, num_blocks)."""
+        if not tables:
             return torch.zeros((0, 1), dtype=torch.int32)
         width = max(needs)
         flat = array("i")
         pads = 0
-        for s, need in zip(group, needs, strict=True):
+        for table, need in zip(tables, needs, strict=True):
             # NOTE: the engine's tables are array('i'): slicing and extending copy packed ints, no
             # Python int per block.
-            flat.extend(s.block_table[:need])
+            flat.extend(table[:need])
             if need < width:
                 flat.frombytes(bytes(flat.itemsize * (width - need)))
                 pads += width - need
-        t = torch.frombuffer(flat, dtype=torch.int32).view(len(group), width).clone()
+        t = torch.frombuffer(flat, dtype=torch.int32).view(len(tables), width).clone()
         if int(t.min()) < 0 or int(t.max()) >= self.num_blocks or int((t == 0).sum()) != pads:
-            for s, need in zip(group, needs, strict=True):
-                if any(not 0 < b < self.num_blocks for b in s.block_table[:need]):
+            for table, need, sid in zip(tables, needs, seq_ids, strict=True):
+                if any(not 0 < b < self.num_blocks for b in table[:need]):
                     raise ValueError(
-                        f"sequence {s.seq_id}: block table {list(s.block_table[:need])} has ids outside "
+                        f"sequence {sid}: block table {list(table[:need])} has ids outside "
                         f"[1, {self.num_blocks})"
                     )
         return t
 
-    def _decode_needs(self, dec: Sequence[StepSeq], positions: list[int]) -> list[int]:
-        """Blocks each one-token row needs: `_check`'s checks over all decode rows at once (the
-        per-row check, which names the offending sequence, runs only when one fails)."""
-        if not dec:
-            return []
+    def _forward(self, chunks: Sequence[StepSeq], rows: DecodeRows) -> tuple[torch.Tensor, list[int]]:
+        """Run the forward pass over `chunks` then `rows`; -> (hidden [T, H] in that order, the last
+        row of each chunk and decode row)."""
         bs = self.block_size
-        needs = [p // bs + 1 for p in positions]
-        if min(positions) < 0 or any(len(s.block_table) < n for s, n in zip(dec, needs, strict=True)):
-            for s in dec:
-                self._check(s)
-        return needs
-
-    def _forward(self, seqs: Sequence[StepSeq]) -> tuple[torch.Tensor, list[int]]:
-        """Run the forward pass; -> (hidden [T, H] in layout order, each sequence's first row)."""
-        bs = self.block_size
-        prefill = [i for i, s in enumerate(seqs) if len(s.token_ids) != 1]
-        decode = [i for i, s in enumerate(seqs) if len(s.token_ids) == 1]
-        pre = [seqs[i] for i in prefill]
-        dec = [seqs[i] for i in decode]
-        pre_needs = [self._check(s) for s in pre]
+        needs = [self._check(s) for s in chunks]
         ids: list[int] = []
         pos: list[int] = []
         slots: list[int] = []
-        first_index = [0] * len(seqs)
+        last: list[int] = []
         cu = [0]
-        for i, s in zip(prefill, pre, strict=True):
-            first_index[i] = len(ids)
+        for s in chunks:
             ids.extend(s.token_ids)
             p = range(s.start_pos, s.start_pos + len(s.token_ids))
             pos.extend(p)
             bt = s.block_table
             slots.extend(bt[q // bs] * bs + q % bs for q in p)
             cu.append(len(ids))
+            last.append(len(ids) - 1)
         # Decode rows: one token each, its slot read off the table tensor below.
-        dec_pos = [s.start_pos for s in dec]
-        dec_needs = self._decode_needs(dec, dec_pos)
-        n_pre = len(ids)
-        for j, i in enumerate(decode):
-            first_index[i] = n_pre + j
-        ids += [s.token_ids[0] for s in dec]
-        self._check_ids(seqs, ids)
-        dec_tables = self._tables(dec, dec_needs)
-        dec_positions = torch.tensor(dec_pos, dtype=torch.int64)
+        dec_needs = self._decode_needs(rows)
+        last += range(len(ids), len(ids) + len(rows.token_ids))
+        ids += rows.token_ids
+        self._check_ids(chunks, rows, ids)
+        dec_tables = self._tables(rows.tables, dec_needs, rows.seq_ids)
+        dec_positions = torch.tensor(rows.positions, dtype=torch.int64)
         dec_slots = dec_tables.gather(1, (dec_positions // bs).unsqueeze(1)).squeeze(1).long() * bs
         dec_slots += dec_positions % bs
         dev = self.device
         meta = AttentionMetadata(
             slot_mapping=torch.cat((torch.tensor(slots, dtype=torch.int64), dec_slots)).to(dev),
             num_prefill_tokens=cu[-1],
-            prefill_block_tables=self._tables(pre, pre_needs).to(dev),
+            prefill_block_tables=self._tables(
+                [s.block_table for s in chunks], needs, [s.seq_id for s in chunks]
+            ).to(dev),
             prefill_cu_q_lens=torch.tensor(cu, dtype=torch.int32).to(dev),
             prefill_seq_lens=torch.tensor(
-                [s.start_pos + len(s.token_ids) for s in pre], dtype=torch.int32
+                [s.start_pos + len(s.token_ids) for s in chunks], dtype=torch.int32
             ).to(dev),
             decode_block_tables=dec_tables.to(dev),
             decode_seq_lens=(dec_positions + 1).to(torch.int32).to(dev),
-            max_position=max(max(pos, default=-1), max(dec_pos, default=-1)),
+            max_position=max(max(pos, default=-1), max(rows.positions, default=-1)),
         )
         input_ids = torch.tensor(ids, dtype=torch.int64).to(dev)
         positions = torch.cat((torch.tensor(pos, dtype=torch.int64), dec_positions)).to(dev)
         hidden = self.model.forward(input_ids, positions, meta, self.k_caches, self.v_caches)
-        return hidden, first_index
+        return hidden, last
 
     @torch.inference_mode()
-    def step(self, seqs: Sequence[StepSeq]) -> list[SampleResult | None]:
-        """Compute every sequence's new tokens into the pool; sample where `sample` is set."""
-        if not seqs:
-            return []
-        hidden, first_index = self._forward(seqs)
-        dev = self.device
-        sampling = [i for i, s in enumerate(seqs) if s.sample is not None]
-        results: list[SampleResult | None] = [None] * len(seqs)
+    def run(self, chunks: Sequence[StepSeq], rows: DecodeRows) -> list[SampleResult | None]:
+        """Compute a step: multi-token `chunks` (prefill), then one-token decode `rows`; sample where
+        a sampling state is set. -> one result per chunk, then one per decode row."""
+        states = [s.sample for s in chunks] + rows.samples
+        results: list[SampleResult | None] = [None] * len(states)
+        if not states:
+            return results
+        hidden, last = self._forward(chunks, rows)
+        sampling = [i for i, st in enumerate(states) if st is not None]
         if not sampling:
             return results
-        rows = torch.tensor(
-            [first_index[i] + len(seqs[i].token_ids) - 1 for i in sampling], dtype=torch.int64, device=dev
-        )
-        logits = self.model.logits(hidden.index_select(0, rows))
-        states = [s.sample for s in (seqs[i] for i in sampling) if s.sample is not None]
-        for i, r in zip(sampling, sample(logits, states), strict=True):
+        if len(sampling) == len(states):  # every row samples: the common decode step
+            picked, chosen = last, [st for st in states if st is not None]
+        else:
+            picked, chosen = [last[i] for i in sampling], [st for st in states if st is not None]
+        idx = torch.tensor(picked, dtype=torch.int64, device=self.device)
+        logits = self.model.logits(hidden.index_select(0, idx))
+        for i, r in zip(sampling, sample(logits, chosen), strict=True):
             results[i] = r
         return results
+
+    def step(self, seqs: Sequence[StepSeq]) -> list[SampleResult | None]:
+        """`run` for a list of sequences in any order: one-token ones become decode rows; -> results
+        in `seqs` order."""
+        chunked = [i for i, s in enumerate(seqs) if len(s.token_ids) != 1]
+        decoded = [i for i, s in enumerate(seqs) if len(s.token_ids) == 1]
+        res = self.run([seqs[i] for i in chunked], DecodeRows.of([seqs[i] for i in decoded]))
+        out: list[SampleResult | None] = [None] * len(seqs)
+        for i, r in zip(chunked + decoded, res, strict=True):
+            out[i] = r
+        return out
 
     @torch.inference_mode()
     def step_logits(self, seqs: Sequence[StepSeq]) -> torch.Tensor:
@@ -259,8 +301,10 @@ class ModelRunner:
         order, and samples nothing (tests, scoring)."""
         if not seqs:
             return torch.empty(0, self.config.vocab_size)
-        hidden, first_index = self._forward(seqs)
-        rows = [
-            r for i, s in enumerate(seqs) for r in range(first_index[i], first_index[i] + len(s.token_ids))
-        ]
+        chunked = [i for i, s in enumerate(seqs) if len(s.token_ids) != 1]
+        decoded = [i for i, s in enumerate(seqs) if len(s.token_ids) == 1]
+        hidden, last = self._forward([seqs[i] for i in chunked], DecodeRows.of([seqs[i] for i in decoded]))
+        # Each sequence's rows end at its `last` row, in layout order (chunks, then decode rows).
+        where = dict(zip(chunked + decoded, last, strict=True))
+        rows = [r for i, s in enumerate(seqs) for r in range(where[i] - len(s.token_ids) + 1, where[i] + 1)]
         return self.model.logits(hidden.index_select(0, torch.tensor(rows, device=self.device)))

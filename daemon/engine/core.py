@@ -34,14 +34,14 @@ from radixd.daemon.engine.forks import Forker
 from radixd.daemon.engine.intake import Intake
 from radixd.daemon.engine.kv import KVManager
 from radixd.daemon.engine.outputs import Outputs
-from radixd.daemon.engine.scheduler import Planned, Scheduler
+from radixd.daemon.engine.scheduler import Planned, Scheduler, StepPlan
 from radixd.daemon.engine.sequence import RequestState, SeqIds, SeqStatus
 from radixd.daemon.engine.sessions import SessionManager
 from radixd.daemon.engine.swap import HostSwap
 from radixd.daemon.engine.types import GenerateRequest, Sink
 from radixd.daemon.engine.validation import Validator
 from radixd.daemon.engine.watchdog import Watchdog
-from radixd.daemon.runner import ModelRunner, StepSeq
+from radixd.daemon.runner import DecodeRows, ModelRunner, StepSeq
 from radixd.daemon.sampling import SampleResult
 from radixd.daemon.tokenizer import TextTokenizer
 
@@ -166,10 +166,20 @@ class EngineCore:
         if not plan:
             return False
         self.runner.copy_blocks(self.kv.take_copies())
-        results = self.runner.step([self._step_seq(p) for p in plan])
+        ds = plan.decodes
+        # NOTE: one-token rows are built a column at a time; a row samples once its token is the
+        # sequence's last (not a root's last prompt token, nor a one-token prefill chunk).
+        rows = DecodeRows(
+            [s.seq_id for s in ds],
+            [s.tokens[s.num_computed] for s in ds],
+            [s.num_computed for s in ds],
+            [s.table.blocks if s.table is not None else _NO_BLOCKS for s in ds],
+            [s.sampling if s.index >= 0 and s.num_computed + 1 == len(s.tokens) else None for s in ds],
+        )
+        results = self.runner.run([self._step_seq(p) for p in plan.chunks], rows)
         self.counters["steps"] += 1
         self.watchdog.progressed()
-        self._after_step(plan, results)
+        self._after_step(plan, rows.positions, results)
         return True
 
     @staticmethod
@@ -245,17 +255,19 @@ class EngineCore:
                 )
         raise RuntimeError(f"still busy after {max_steps} steps")
 
-    def _after_step(self, plan: list[Planned], results: list[SampleResult | None]) -> None:
-        """Record what the step computed, publish newly full blocks, accept the sampled tokens."""
+    def _after_step(self, plan: StepPlan, positions: list[int], results: list[SampleResult | None]) -> None:
+        """Record what the step computed (`positions`: where each decode computed its token), publish
+        newly full blocks, accept the sampled tokens. `results`: the chunks', then the decodes'."""
+        done = [(p.seq, p.start + p.n) for p in plan.chunks]
+        done += zip(plan.decodes, [p + 1 for p in positions], strict=True)
         kv, outputs = self.kv, self.outputs
         accepted = 0
-        for p, res in zip(plan, results, strict=True):
-            seq = p.seq
+        for (seq, computed), res in zip(done, results, strict=True):
             # NOTE: an earlier sequence's ending in this loop may have finished this one (a request's
             # last output ends all its indexes); a finished sequence has no table left to record into.
             if seq.status is not SeqStatus.RUNNING:
                 continue
-            seq.num_computed = p.start + p.n
+            seq.num_computed = computed
             kv.insert_full_blocks(seq)
             if seq.index < 0:  # a root: forks into its children once its prompt is computed
                 if seq.remaining == 0:

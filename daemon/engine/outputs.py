@@ -165,22 +165,24 @@ class Outputs:
         first = r.first_token_at
         req = r.req
         generated = len(seq.tokens) - len(r.prompt)
+        # NOTE: positional, in field order (tests/daemon/engine/test_engine_streaming.py checks every
+        # field): keyword arguments cost 2.7x as much to bind (1.37 vs 0.50 us), once per token.
         out = RequestOutput(
-            request_id=req.request_id,
-            index=seq.index if seq.index > 0 else 0,
-            new_token_ids=seq.pending_tokens,
-            text_delta=delta,
-            logprobs=seq.pending_logprobs if req.sampling.logprobs is not None else None,
-            prompt_tokens=len(r.prompt),
-            cached_tokens=cached or 0,
-            completion_tokens=generated if generated > 0 else 0,
-            finished=reason is not None,
-            finish_reason=reason,
-            error=error,
-            queue_time_s=queued,
-            ttft_s=None if first is None else first - arrival,
-            error_code="internal" if reason == "error" else None,
-            session_id=req.session_id,
+            req.request_id,  # request_id
+            seq.index if seq.index > 0 else 0,  # index
+            seq.pending_tokens,  # new_token_ids
+            delta,  # text_delta
+            seq.pending_logprobs if req.sampling.logprobs is not None else None,  # logprobs
+            len(r.prompt),  # prompt_tokens
+            cached or 0,  # cached_tokens
+            generated if generated > 0 else 0,  # completion_tokens
+            reason is not None,  # finished
+            reason,  # finish_reason
+            error,  # error
+            queued,  # queue_time_s
+            None if first is None else first - arrival,  # ttft_s
+            "internal" if reason == "error" else None,  # error_code
+            req.session_id,  # session_id
         )
         seq.pending_tokens = []
         seq.pending_logprobs = []

@@ -35,6 +35,18 @@ class Planned:
     n: int
 
 
+@dataclass(slots=True)
+class StepPlan:
+    """The next step: `chunks` compute several tokens each (prefill), `decodes` one each, their next:
+    `tokens[num_computed]` (a decode, or a prompt's last token or one-token chunk)."""
+
+    chunks: list[Planned]
+    decodes: list[Sequence]
+
+    def __bool__(self) -> bool:
+        return bool(self.chunks or self.decodes)
+
+
 @dataclass
 class SchedulerCounters:
     """Scheduler totals since start.
@@ -154,9 +166,10 @@ class Scheduler:
         return True
 
     # ---- the plan --------------------------------------------------------------------------------
-    def schedule(self) -> list[Planned]:
+    def schedule(self) -> StepPlan:
         cfg = self.config
         plan: list[Planned] = []
+        decodes: list[Sequence] = []
         planned: set[int] = set()
         budget = cfg.max_num_batched_tokens
 
@@ -164,20 +177,23 @@ class Scheduler:
             nonlocal budget
             start = seq.num_computed
             self.kv.append(seq, n)
-            plan.append(Planned(seq, start, n))
+            if n == 1:
+                decodes.append(seq)
+            else:
+                plan.append(Planned(seq, start, n))
             planned.add(seq.seq_id)
             budget -= n
 
         order = running_order(self.running)
-        decodes = [s for s in order if s.remaining == 1 and s.status is SeqStatus.RUNNING][:budget]
+        due = [s for s in order if s.remaining == 1 and s.status is SeqStatus.RUNNING][:budget]
         # NOTE: the common step: decodes come first in `order`, and when the blocks they need are free
         # (after evicting cache) none of them preempts anyone, so the loop below would plan exactly
         # these, one at a time. Under pressure it runs alone and picks victims as it goes.
-        if decodes and self.kv.ensure_free(self.kv.decode_blocks(decodes)):
-            self.kv.append_decodes(decodes)
-            plan = [Planned(s, s.num_computed, 1) for s in decodes]
-            planned = {s.seq_id for s in decodes}
-            budget -= len(decodes)
+        if due and self.kv.ensure_free(self.kv.decode_blocks(due)):
+            self.kv.append_decodes(due)
+            decodes += due
+            planned = {s.seq_id for s in due}
+            budget -= len(due)
         for seq in order:
             if budget <= 0:
                 break
@@ -197,11 +213,9 @@ class Scheduler:
             self.swap.swap_in(seq, self.kv)
             self.add_running(seq)
             add_to_plan(seq, n)
-        if self.swapped:
-            return plan
-
-        self._admit(budget, add_to_plan)
-        return plan
+        if not self.swapped:
+            self._admit(budget, add_to_plan)
+        return StepPlan(plan, decodes)
 
     def _admit(self, budget: int, add_to_plan: Callable[[Sequence, int], None]) -> None:
         cfg = self.config

@@ -25,6 +25,8 @@ from radixd.radix import (
     OutOfBlocks,
     PinBudgetExceeded,
     RadixTree,
+    append_one_each,
+    blocks_for_one_each,
 )
 from radixd.radix.node import Node, encode_tokens, token_ids
 from radixd.radix.verify import check_consistency, iter_nodes
@@ -211,6 +213,25 @@ class RadixMachine(RuleBasedStateMachine):
     def generate(self, i: int, toks: list[int]) -> None:
         seq = self.seqs[i % len(self.seqs)]
         self._append(seq, toks)
+
+    @precondition(lambda self: self.seqs)
+    @rule(toks=st.lists(st.integers(0, 1), min_size=8, max_size=8))
+    def decode_step(self, toks: list[int]) -> None:
+        """The engine's decode step: one more token for every live sequence, as one batch."""
+        tables = [seq.table for seq in self.seqs]
+        before, free = self.tree.stats(), self.pool.num_free
+        need = blocks_for_one_each(tables)
+        try:
+            copies = append_one_each(tables)
+        except OutOfBlocks:
+            assert need > free and self.tree.stats() == before, "a refused decode step changed state"
+            return
+        assert free - self.pool.num_free <= need
+        self._write(tables[0], [], copies, [])  # the copies run before the step writes its tokens
+        for k, seq in enumerate(self.seqs):
+            tok = toks[k % len(toks)]
+            self._write(seq.table, [seq.table.slot(seq.table.num_tokens - 1)], [], [tok])
+            seq.tokens.append(tok)
 
     @precondition(lambda self: self.seqs)
     @rule(i=PICK, move_lease=st.booleans())

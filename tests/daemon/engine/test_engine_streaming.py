@@ -69,3 +69,23 @@ def test_the_interval_is_a_serve_flag_and_must_be_positive() -> None:
     assert engine_config(parser.parse_args(["--stream-interval", "8"])).stream_interval == 8
     with pytest.raises(ValueError, match="stream_interval must be >= 1"):
         engine_config(parser.parse_args(["--stream-interval", "0"]))
+
+
+def test_every_field_of_a_streamed_output(smollm: LoadedModel) -> None:
+    # The engine builds outputs positionally (once per token): each field must land where it belongs.
+    prompt = smollm.tokenizer.encode(PROMPT)
+    core = make_core(smollm, num_blocks=64)
+    got = run(core, [GenerateRequest("r", prompt, greedy(3, logprobs=2))])
+    outs = got.outs[("r", 0)]
+    assert [o.request_id for o in outs] == ["r"] * 3 and [o.index for o in outs] == [0, 0, 0]
+    assert [t for o in outs for t in o.new_token_ids] == got.tokens("r")
+    assert "".join(o.text_delta for o in outs) == got.text("r") and isinstance(outs[0].text_delta, str)
+    for k, o in enumerate(outs):
+        assert o.logprobs is not None and [lp.token_id for lp in o.logprobs] == o.new_token_ids
+        assert len(o.logprobs[0].top) == 2 and o.logprobs[0].logprob <= 0.0
+        assert (o.prompt_tokens, o.cached_tokens, o.completion_tokens) == (len(prompt), 0, k + 1)
+        assert o.finished == (k == 2) and o.finish_reason == ("length" if k == 2 else None)
+        assert o.error is None and o.error_code is None and o.session_id is None
+        assert o.queue_time_s is not None and 0.0 <= o.queue_time_s < 60.0
+        assert o.ttft_s is not None and o.queue_time_s <= o.ttft_s < 60.0
+    assert_all_free(core)
