@@ -19,7 +19,7 @@ from radixd.radix.node import TOKEN_BYTES, Node, TokenKey, Tokens, as_tokens
 from radixd.radix.pool import BlockPool
 from radixd.radix.results import CacheStats, InsertResult, Lease, PrefixMatch
 from radixd.radix.table import BlockTable
-from radixd.radix.tree_nodes import lock_path, path_of, unlock_path
+from radixd.radix.tree_nodes import lock_path, move_lock, path_of, unlock_path
 
 __all__ = ["EVICT_REASONS", "TREE_FLUSH_MODES", "RadixTree", "TreeFlushMode"]
 
@@ -156,11 +156,11 @@ class RadixTree:
         final, dups, new_tokens = tree_insert.insert(self, t, bl, namespace, cached, donate)
         if lease is not None and lease._open and lease._epoch == self._epoch:
             old = lease._node
-            lock_path(self, final)
             if old is None:  # an empty match's lease starts locking here
+                lock_path(self, final)
                 self._leases += 1
             else:
-                unlock_path(self, old)
+                move_lock(self, old, final)
             lease._node = final
         if donate and dups:
             self.pool.decref_all(dups)

@@ -179,15 +179,34 @@ def path_of(tree: RadixTree, node: Node) -> tuple[str, list[int]]:
 
 def lock_path(tree: RadixTree, node: Node) -> None:
     """One more hold on ``node`` and its ancestors: none of them is evictable while it lasts."""
+    _lock_up_to(tree, node, None)
+
+
+def move_lock(tree: RadixTree, old: Node, new: Node) -> None:
+    """Move one hold from ``old``'s path to ``new``'s (a lease following its owner's inserts).
+
+    NOTE: when ``old`` is an ancestor of ``new`` (a decoding sequence's lease moving onto the block it
+    just filled) the path above ``old`` keeps its hold: only the nodes below it gain one, so the move
+    costs the nodes added, not the path's depth (which grows by one node per block inserted).
+    """
+    if not _lock_up_to(tree, new, old):
+        unlock_path(tree, old)
+
+
+def _lock_up_to(tree: RadixTree, node: Node, stop: Node | None) -> bool:
+    """One more hold on ``node`` and its ancestors below ``stop``; -> whether the walk met ``stop``."""
     pool = tree.pool
     x: Node | None = node
     while x is not None and x.parent is not None:
+        if x is stop:
+            return True
         x.hold += 1
         if x.hold == 1:
             pool.owner_held(x)
             if x.in_lru:
                 tree._lru.discard(x)
         x = x.parent
+    return False
 
 
 def unlock_path(tree: RadixTree, node: Node) -> None:
