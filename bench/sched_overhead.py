@@ -32,6 +32,7 @@ import radixd.daemon.runner as runner_mod
 from radixd.daemon.engine.config import EngineConfig
 from radixd.daemon.engine.core import EngineCore
 from radixd.daemon.engine.types import GenerateRequest, RequestOutput
+from radixd.daemon.host import freeze_startup_heap
 from radixd.daemon.loaders import load_model
 from radixd.daemon.log import configure
 from radixd.daemon.model import AttentionMetadata, ModelConfig
@@ -111,6 +112,7 @@ def build(args: argparse.Namespace) -> tuple[EngineCore, PhaseClock]:
     runner._forward = clock.wrap("runner: batch tensors", runner._forward)  # type: ignore[method-assign]
     core.admin.track_peaks = clock.wrap("peak tracking", core.admin.track_peaks)  # type: ignore[method-assign]
     core._after_step = clock.wrap("accept + outputs", core._after_step)  # type: ignore[method-assign]
+    freeze_startup_heap()  # as `radixd serve` does once it has loaded
     return core, clock
 
 

@@ -95,3 +95,24 @@ def test_release_returns_freed_heap_to_the_os() -> None:
     released_mb, kept = map(float, out.stdout.split())
     assert released_mb > 100, out.stdout  # 47 freed tensors of 4 MiB: ~188 MB
     assert kept == 1.0
+
+
+_FREEZE_SCRIPT = """
+import gc
+from radixd.daemon.host import freeze_startup_heap
+kept = [[i] for i in range(50_000)]  # container objects the collector tracks
+frozen = freeze_startup_heap()
+later = [[i] for i in range(10)]
+young = {id(o) for o in gc.get_objects()}
+print(frozen, gc.get_freeze_count(), id(kept[0]) in young, id(later[0]) in young)
+"""
+
+
+def test_the_startup_heap_is_frozen_and_later_objects_are_not() -> None:
+    # A fresh interpreter: freezing is for a process that serves until it exits, not this one.
+    out = subprocess.run(
+        [sys.executable, "-c", _FREEZE_SCRIPT], capture_output=True, text=True, timeout=120, check=True
+    )
+    frozen, count, old_seen, new_seen = out.stdout.split()
+    assert int(frozen) == int(count) > 50_000
+    assert (old_seen, new_seen) == ("False", "True")  # full collections walk only what came after
