@@ -53,7 +53,9 @@ class ByteDetokenizer:
 
     def __init__(self, pieces: Sequence[bytes]) -> None:
         self._pieces = pieces
-        self._utf8 = codecs.getincrementaldecoder("utf-8")("replace")
+        # The start of a character that the next pieces complete: what codecs' incremental UTF-8
+        # decoder buffers, kept here so a token costs one C call and no Python frame of codecs'.
+        self._held = b""
 
     def _piece(self, token_id: int) -> bytes:
         # Ids past the vocabulary (a model's padded embedding rows) decode to nothing, as in the tokenizer.
@@ -62,11 +64,18 @@ class ByteDetokenizer:
     def add(self, token_ids: int | Sequence[int]) -> str:
         if isinstance(token_ids, int):
             pieces = self._pieces  # `_piece` inlined: one call per generated token
-            return self._utf8.decode(pieces[token_ids] if token_ids < len(pieces) else b"")
-        return self._utf8.decode(b"".join(self._piece(t) for t in token_ids))
+            data = pieces[token_ids] if token_ids < len(pieces) else b""
+        else:
+            data = b"".join(self._piece(t) for t in token_ids)
+        if self._held:
+            data = self._held + data
+        text, used = codecs.utf_8_decode(data, "replace", False)
+        self._held = data[used:]
+        return text
 
     def flush(self) -> str:
-        return self._utf8.decode(b"", final=True)
+        data, self._held = self._held, b""
+        return codecs.utf_8_decode(data, "replace", True)[0]
 
 
 class WindowDetokenizer:

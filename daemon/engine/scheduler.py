@@ -197,7 +197,7 @@ class Scheduler:
         for seq in order:
             if budget <= 0:
                 break
-            if seq.status is not SeqStatus.RUNNING or seq.remaining == 0 or seq.seq_id in planned:
+            if seq.seq_id in planned or seq.status is not SeqStatus.RUNNING or seq.remaining == 0:
                 continue
             n = min(seq.remaining, budget)
             if self._reserve(seq, n, planned):

@@ -20,23 +20,22 @@ class TextStream:
         self._detok = new_detokenizer(tokenizer, prompt, skip_special_tokens=True)
         # Most requests have no stop strings: their text goes straight out, with no matcher per token.
         self._stop = StopStringMatcher(stop) if stop else None
+        self.stopped = False  # a stop string matched (a plain attribute: read once per token)
 
     @staticmethod
     def prepare(tokenizer: TextTokenizer) -> None:
         """Build the tokenizer's tables the streams use now (0.2-0.3 s), not on the first request."""
         tokenizer.byte_pieces(skip_special_tokens=True)
 
-    @property
-    def stopped(self) -> bool:
-        return self._stop is not None and self._stop.stopped
-
     def push(self, token_id: int) -> str:
         """Add one generated token; -> the text that can be released now."""
         if self._stop is None:
             return self._detok.add(token_id)
-        if self._stop.stopped:
+        if self.stopped:
             return ""
-        return self._stop.push(self._detok.add(token_id)).text
+        text = self._stop.push(self._detok.add(token_id)).text
+        self.stopped = self._stop.stopped
+        return text
 
     def finish(self) -> str:
         """At the end of generation: the held-back text (none after a stop string)."""
@@ -45,4 +44,5 @@ class TextStream:
         if self._stop.stopped:
             return ""
         tail = self._stop.push(self._detok.flush()).text
+        self.stopped = self._stop.stopped
         return tail + self._stop.finish()
