@@ -32,7 +32,7 @@ import radixd.daemon.runner as runner_mod
 from radixd.daemon.engine.config import EngineConfig
 from radixd.daemon.engine.core import EngineCore
 from radixd.daemon.engine.types import GenerateRequest, RequestOutput
-from radixd.daemon.host import freeze_startup_heap
+from radixd.daemon.host import startup_heap_frozen
 from radixd.daemon.loaders import load_model
 from radixd.daemon.log import configure
 from radixd.daemon.model import AttentionMetadata, ModelConfig
@@ -112,7 +112,6 @@ def build(args: argparse.Namespace) -> tuple[EngineCore, PhaseClock]:
     runner._forward = clock.wrap("runner: batch tensors", runner._forward)  # type: ignore[method-assign]
     core.admin.track_peaks = clock.wrap("peak tracking", core.admin.track_peaks)  # type: ignore[method-assign]
     core._after_step = clock.wrap("accept + outputs", core._after_step)  # type: ignore[method-assign]
-    freeze_startup_heap()  # as `radixd serve` does once it has loaded
     return core, clock
 
 
@@ -145,6 +144,12 @@ def main() -> None:
     torch.set_num_threads(args.threads)
     configure("warning")
     core, clock = build(args)
+    with startup_heap_frozen():  # as `radixd serve` serves, once it has loaded
+        measure(args, core, clock)
+
+
+def measure(args: argparse.Namespace, core: EngineCore, clock: PhaseClock) -> None:
+    """Admit and prefill every request, then time `--steps` steps in which all of them decode."""
     outputs: list[int] = [0]
 
     def sink(out: RequestOutput) -> None:

@@ -7,7 +7,7 @@ that and what the process may actually run on.
 Startup heap: loading a model, its tokenizer and the KV pools leaves ~200k objects tracked by the
 cyclic garbage collector, none of which ever becomes garbage; each full collection walks them all
 (111 ms measured at 256 decoding sequences, a stall of the engine thread in the middle of a step).
-`freeze_startup_heap` moves them out of the collector's sight once loading is done, as vLLM's engine
+`startup_heap_frozen` moves them out of the collector's sight once loading is done, as vLLM's engine
 does after its startup.
 
 Heap: a decode batch allocates tens of MB of short-lived buffers (64 rows of 49,152 logits are
@@ -25,7 +25,8 @@ import ctypes.util
 import gc
 import math
 import os
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 import torch
@@ -87,16 +88,21 @@ def configure_threads() -> int:
     return n
 
 
-def freeze_startup_heap() -> int:
-    """Collect, then exempt every object alive now from later garbage collections (the daemon's
-    process, once its model and engine are loaded); -> objects frozen.
+@contextmanager
+def startup_heap_frozen() -> Iterator[int]:
+    """Collect, then exempt every object alive now from garbage collection while the block runs (the
+    daemon's process serving, once its model and engine are loaded); yields the objects frozen.
 
-    NOTE: for a process that serves one engine until it exits: what is frozen is never collected
-    (cycles among those objects would leak), so tests that build engines in-process do not call it.
+    NOTE: for a process that serves one engine: what is frozen is never collected while frozen, so
+    tests that build engines in-process do not use it. Thawed at the end, so the interpreter's own
+    teardown (and C extensions' leak checks at exit) find the heap as usual.
     """
     gc.collect()
     gc.freeze()
-    return gc.get_freeze_count()
+    try:
+        yield gc.get_freeze_count()
+    finally:
+        gc.unfreeze()
 
 
 def _malloc_trim() -> Callable[[int], int] | None:

@@ -42,7 +42,7 @@ from radixd_client._pb import (
 from radixd.daemon.engine.commands import GetStats
 from radixd.daemon.engine.config import EngineConfig
 from radixd.daemon.engine.factory import BuiltEngine, build_engine
-from radixd.daemon.host import freeze_startup_heap
+from radixd.daemon.host import startup_heap_frozen
 from radixd.daemon.loaders import ModelLoadError
 from radixd.daemon.log import get_logger
 from radixd.daemon.server.admin import CacheAdminServicer, cache_stats
@@ -389,14 +389,14 @@ def serve_forever(args: argparse.Namespace) -> int:
         print(f"radixd serve: {exc}", file=sys.stderr)
         return 2
     runner = built.core.runner
-    # NOTE: after loading and before serving: what is alive now lives as long as the process.
-    frozen = freeze_startup_heap()
-    log.info(
-        "server.loaded",
-        dtype=built.loaded.model.precision.name,
-        kv_dtype=str(runner.dtype).removeprefix("torch."),
-        kv_blocks=runner.num_blocks,
-        kv_bytes_per_block=runner.kv_bytes_per_block,
-        gc_frozen_objects=frozen,
-    )
-    return uvloop.run(_serve(args, built))
+    # NOTE: after loading and before serving: what is alive now lives as long as the daemon serves.
+    with startup_heap_frozen() as frozen:
+        log.info(
+            "server.loaded",
+            dtype=built.loaded.model.precision.name,
+            kv_dtype=str(runner.dtype).removeprefix("torch."),
+            kv_blocks=runner.num_blocks,
+            kv_bytes_per_block=runner.kv_bytes_per_block,
+            gc_frozen_objects=frozen,
+        )
+        return uvloop.run(_serve(args, built))
