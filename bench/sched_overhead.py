@@ -19,6 +19,7 @@ engine's own share (all but sampling), and the floor under sampling: one read of
 from __future__ import annotations
 
 import argparse
+import gc
 import statistics
 import time
 from collections import defaultdict
@@ -140,10 +141,18 @@ def main() -> None:
         default=EngineConfig().stream_interval,
         help="tokens per streamed output",
     )
+    ap.add_argument(
+        "--no-freeze",
+        action="store_true",
+        help="leave the startup heap to the garbage collector (the daemon before it froze it; to compare)",
+    )
     args = ap.parse_args()
     torch.set_num_threads(args.threads)
     configure("warning")
     core, clock = build(args)
+    if args.no_freeze:
+        measure(args, core, clock)
+        return
     with startup_heap_frozen():  # as `radixd serve` serves, once it has loaded
         measure(args, core, clock)
 
@@ -169,6 +178,17 @@ def measure(args: argparse.Namespace, core: EngineCore, clock: PhaseClock) -> No
         core.step()
     else:
         raise SystemExit("the sequences never all reached decode")
+    full_gcs: list[float] = []  # full (generation 2) collections during the measured steps, in s
+    started: list[float] = [0.0]
+
+    def on_gc(phase: str, info: dict[str, int]) -> None:
+        if info["generation"] == 2:
+            if phase == "start":
+                started[0] = time.perf_counter()
+            else:
+                full_gcs.append(time.perf_counter() - started[0])
+
+    gc.callbacks.append(on_gc)
     totals: list[float] = []
     host: list[float] = []  # the step less the forward pass and sampling: what the engine's CPU adds
     phases: dict[str, list[float]] = defaultdict(list)
@@ -208,10 +228,14 @@ def measure(args: argparse.Namespace, core: EngineCore, clock: PhaseClock) -> No
         reads.append(time.perf_counter() - t0)
     floor = statistics.median(reads) * 1000
     print(f"| reading the step's logits once (amax: the floor under sampling) | {floor:.2f} |")
+    gc.callbacks.remove(on_gc)
     q = sorted(totals)
     print(
-        f"p10 {q[len(q) // 10] * 1000:.2f} ms, p90 {q[len(q) * 9 // 10] * 1000:.2f} ms; tokens {outputs[0]}"
+        f"p10 {q[len(q) // 10] * 1000:.2f} ms, p90 {q[len(q) * 9 // 10] * 1000:.2f} ms, "
+        f"longest {q[-1] * 1000:.2f} ms; tokens {outputs[0]}"
     )
+    pauses = ", ".join(f"{t * 1000:.1f}" for t in full_gcs) or "none"
+    print(f"full garbage collections during the measured steps: {len(full_gcs)} (ms: {pauses})")
 
 
 if __name__ == "__main__":
