@@ -1,11 +1,13 @@
 """The model runner: owns the paged KV pool, turns a scheduled step into batch tensors, runs the forward
 pass and samples.
 
-A step mixes prefill chunks and decodes. Sequences with more than one new token are laid out first and
-attend through `paged_prefill`; one-token sequences follow and attend through `paged_decode`. Only the last
-position of sequences that sample is projected to logits.
+A step mixes prefill chunks and decodes: `run(chunks, rows)` takes the sequences with more than one new
+token as `StepSeq`s, laid out first and attending through `paged_prefill`, and the one-token rows as
+columns (`DecodeRows`, what the engine builds for a decode batch without an object per sequence), laid
+out after them and attending through `paged_decode`. `step(seqs)` takes any mix of `StepSeq`s and runs
+the same path. Only the last position of sequences that sample is projected to logits.
 
-NOTE: `step` never mutates a `SamplingState`'s history; the engine calls `state.append(token_id)` for
+NOTE: a step never mutates a `SamplingState`'s history; the engine calls `state.append(token_id)` for
 each token it accepts, before the next step.
 """
 
