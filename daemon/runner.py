@@ -46,7 +46,7 @@ class DecodeRows:
     token_ids: list[int]  # the token each row computes now
     positions: list[int]  # its position (tokens already in KV)
     tables: list[Sequence[int]]  # physical blocks covering [0, position]; array('i')
-    samples: list[SamplingState | None]  # None: compute KV only (a root's last prompt token)
+    samples: list[SamplingState | None]  # None: compute KV only (a root's last prompt token, a chunk)
 
     @classmethod
     def of(cls, seqs: Sequence[StepSeq]) -> DecodeRows:
@@ -59,7 +59,14 @@ class DecodeRows:
             [s.sample for s in seqs],
         )
 
+    def __len__(self) -> int:
+        n = len(self.seq_ids)
+        if not len(self.token_ids) == len(self.positions) == len(self.tables) == len(self.samples) == n:
+            raise ValueError("DecodeRows: every column needs one entry per row")
+        return n
+
     def row(self, i: int) -> StepSeq:
+        """Row `i` as a `StepSeq` (for the per-row checks, which name its sequence)."""
         return StepSeq(
             self.seq_ids[i], [self.token_ids[i]], self.positions[i], self.tables[i], self.samples[i]
         )
@@ -268,18 +275,17 @@ class ModelRunner:
     def run(self, chunks: Sequence[StepSeq], rows: DecodeRows) -> list[SampleResult | None]:
         """Compute a step: multi-token `chunks` (prefill), then one-token decode `rows`; sample where
         a sampling state is set. -> one result per chunk, then one per decode row."""
+        n_rows = len(rows)  # also checks that the columns agree
+        if not chunks and not n_rows:
+            return []
         states = [s.sample for s in chunks] + rows.samples
         results: list[SampleResult | None] = [None] * len(states)
-        if not states:
-            return results
         hidden, last = self._forward(chunks, rows)
         sampling = [i for i, st in enumerate(states) if st is not None]
         if not sampling:
             return results
-        if len(sampling) == len(states):  # every row samples: the common decode step
-            picked, chosen = last, [st for st in states if st is not None]
-        else:
-            picked, chosen = [last[i] for i in sampling], [st for st in states if st is not None]
+        chosen = [st for st in states if st is not None]
+        picked = last if len(sampling) == len(states) else [last[i] for i in sampling]
         idx = torch.tensor(picked, dtype=torch.int64, device=self.device)
         logits = self.model.logits(hidden.index_select(0, idx))
         for i, r in zip(sampling, sample(logits, chosen), strict=True):

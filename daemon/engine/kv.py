@@ -208,10 +208,12 @@ class KVManager:
     def append_decodes(self, seqs: list[Sequence]) -> None:
         """`append(seq, 1)` for each of `seqs` (distinct), in one batch: a decode step's slots. The
         caller made `decode_blocks(seqs)` blocks free (all-or-nothing: OutOfBlocks changes nothing)."""
+        tables: list[BlockTable] = []
         for s in seqs:
             if s.table is None:
                 s.table = BlockTable(self.pool)
-        self._copies.extend(append_one_each([s.table for s in seqs]))  # type: ignore[misc]
+            tables.append(s.table)
+        self._copies.extend(append_one_each(tables))
 
     def take_copies(self) -> list[tuple[int, int, int]]:
         """The copy-on-write copies queued since the last take, in order (and forget them)."""

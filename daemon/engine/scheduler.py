@@ -5,7 +5,8 @@ running sequences go first (one-token decodes, then prefill chunks), then swappe
 back, then waiting requests are admitted (prefix match, share full blocks, copy the partial one).
 When a running sequence needs a block and none is free, unlocked cache is evicted first; then the
 lowest-priority, newest sequence is preempted (recompute or swap), never one that used up its
-preemptions.
+preemptions. The decodes are planned as one batch (`KVManager.append_decodes`) whenever the blocks
+they need can be freed by eviction alone; otherwise one at a time, choosing victims as they go.
 """
 
 from __future__ import annotations
@@ -167,8 +168,9 @@ class Scheduler:
 
     # ---- the plan --------------------------------------------------------------------------------
     def schedule(self) -> StepPlan:
+        """The next step's work, in the order described in the module docstring."""
         cfg = self.config
-        plan: list[Planned] = []
+        chunks: list[Planned] = []
         decodes: list[Sequence] = []
         planned: set[int] = set()
         budget = cfg.max_num_batched_tokens
@@ -180,7 +182,7 @@ class Scheduler:
             if n == 1:
                 decodes.append(seq)
             else:
-                plan.append(Planned(seq, start, n))
+                chunks.append(Planned(seq, start, n))
             planned.add(seq.seq_id)
             budget -= n
 
@@ -215,7 +217,7 @@ class Scheduler:
             add_to_plan(seq, n)
         if not self.swapped:
             self._admit(budget, add_to_plan)
-        return StepPlan(plan, decodes)
+        return StepPlan(chunks, decodes)
 
     def _admit(self, budget: int, add_to_plan: Callable[[Sequence, int], None]) -> None:
         cfg = self.config

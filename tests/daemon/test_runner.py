@@ -6,7 +6,7 @@ import pytest
 import torch
 from daemon_testkit import tiny_model
 
-from radixd.daemon.runner import ModelRunner, StepSeq, kv_bytes_per_block, num_blocks_for_budget
+from radixd.daemon.runner import DecodeRows, ModelRunner, StepSeq, kv_bytes_per_block, num_blocks_for_budget
 from radixd.daemon.sampling import SamplingParams, SamplingState
 
 BS = 4
@@ -80,6 +80,32 @@ def test_mixed_step_prefill_chunk_decode_and_compute_only(runner: ModelRunner) -
     assert res[2] is None
     assert res[0] is not None and res[0].token_id == int(ref_b.argmax())
     assert res[1] is not None and res[1].token_id == int(ref_a.argmax())
+
+
+def test_decode_rows_run_like_their_step_seqs(runner: ModelRunner) -> None:
+    a, b = [1, 2, 3, 4, 5, 6], [9, 8, 7]
+    runner.step([StepSeq(0, a[:5], 0, [1, 2], None), StepSeq(1, b[:2], 0, [3], None)])
+    runner.step([StepSeq(2, a[:5], 0, [4, 5], None), StepSeq(3, b[:2], 0, [6], None)])
+    # The engine's form (a chunk, then decode rows as columns) against the same work as StepSeqs.
+    chunk = StepSeq(9, [4, 4], 0, [7], greedy())
+    rows = DecodeRows([0, 1], [a[5], b[2]], [5, 2], [[1, 2], [3]], [greedy(), None])
+    got = runner.run([chunk], rows)
+    want = runner.step([StepSeq(2, a[5:], 5, [4, 5], greedy()), StepSeq(3, b[2:], 2, [6], None), chunk])
+    # run() answers the chunk first, then the rows in order; step() in its arguments' order.
+    order = [want[2], want[0], want[1]]
+    assert [r.token_id if r else None for r in got] == [r.token_id if r else None for r in order]
+    assert got[0] is not None and got[1] is not None and got[2] is None
+
+
+def test_bad_decode_rows_are_refused_by_name(runner: ModelRunner) -> None:
+    with pytest.raises(ValueError, match="one entry per row"):
+        runner.run([], DecodeRows([0, 1], [5], [3, 3], [[1], [2]], [None, None]))
+    with pytest.raises(ValueError, match="sequence 8: 1 blocks cannot hold 6 tokens"):
+        runner.run([], DecodeRows([7, 8], [5, 5], [3, 5], [[1], [2]], [None, None]))
+    with pytest.raises(ValueError, match="sequence 8: start_pos"):
+        runner.run([], DecodeRows([7, 8], [5, 5], [3, -1], [[1], [2]], [None, None]))
+    with pytest.raises(ValueError, match="sequence 8: token id 999"):
+        runner.run([], DecodeRows([7, 8], [5, 999], [3, 3], [[1], [2]], [None, None]))
 
 
 def test_pool_sizing() -> None:
