@@ -120,8 +120,9 @@ class Sequence:
     @property
     def remaining(self) -> int:
         """Tokens still to compute before the next sample (or before the fork, for a root)."""
-        # `target_len` inlined: read several times per sequence per step.
-        return max(0, len(self.tokens) - (self.index < 0) - self.num_computed)
+        # `target_len` inlined, and no `max` call: read several times per sequence per step.
+        r = len(self.tokens) - (self.index < 0) - self.num_computed
+        return r if r > 0 else 0
 
     @property
     def num_generated(self) -> int:
