@@ -6,7 +6,7 @@ that and what the process may actually run on.
 
 Startup heap: loading a model, its tokenizer and the KV pools leaves ~200k objects tracked by the
 cyclic garbage collector, none of which ever becomes garbage; each full collection walks them all
-(111 ms measured at 256 decoding sequences, a stall of the engine thread in the middle of a step).
+(111-116 ms measured at 256 decoding sequences: a stall of the engine thread in the middle of a step).
 `startup_heap_frozen` moves them out of the collector's sight once loading is done, as vLLM's engine
 does after its startup.
 

@@ -59,11 +59,13 @@ class DecodeRows:
             [s.sample for s in seqs],
         )
 
-    def __len__(self) -> int:
+    def __post_init__(self) -> None:
         n = len(self.seq_ids)
         if not len(self.token_ids) == len(self.positions) == len(self.tables) == len(self.samples) == n:
             raise ValueError("DecodeRows: every column needs one entry per row")
-        return n
+
+    def __len__(self) -> int:
+        return len(self.seq_ids)
 
     def row(self, i: int) -> StepSeq:
         """Row `i` as a `StepSeq` (for the per-row checks, which name its sequence)."""
@@ -275,8 +277,7 @@ class ModelRunner:
     def run(self, chunks: Sequence[StepSeq], rows: DecodeRows) -> list[SampleResult | None]:
         """Compute a step: multi-token `chunks` (prefill), then one-token decode `rows`; sample where
         a sampling state is set. -> one result per chunk, then one per decode row."""
-        n_rows = len(rows)  # also checks that the columns agree
-        if not chunks and not n_rows:
+        if not chunks and not rows.seq_ids:
             return []
         states = [s.sample for s in chunks] + rows.samples
         results: list[SampleResult | None] = [None] * len(states)

@@ -15,8 +15,7 @@ def running_order(seqs: Iterable[Sequence]) -> list[Sequence]:
 
 def _running_key(s: Sequence) -> tuple[bool, int, float, int]:
     r = s.request
-    # `s.remaining > 1` inlined: the key is computed for every running sequence every step.
-    return (len(s.tokens) - (s.index < 0) - s.num_computed > 1, -r.req.priority, r.arrival, s.seq_id)
+    return (s.remaining > 1, -r.req.priority, r.arrival, s.seq_id)
 
 
 def waiting_order(
