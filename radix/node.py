@@ -102,13 +102,15 @@ class Node:
     #    so hold == 0 means the whole subtree may be evicted;
     #  * n_solo == number of this node's blocks whose refcount is 1 (held by the tree alone);
     #  * in_lru  <=>  alive, not a root, no children, hold == 0;
-    #  * runs is None, or the (first_id, length) runs of consecutive ids that spell out blocks exactly.
+    #  * runs is None, or the (first_id, length) runs of consecutive ids that spell out blocks exactly;
+    #  * end == parent.end + len(tokens) (0 at a root): the node's path from its root spells end bytes.
 
     __slots__ = (
         "alive",
         "blocks",
         "by_first",
         "children",
+        "end",
         "hold",
         "in_lru",
         "key",
@@ -127,6 +129,8 @@ class Node:
         self.parent = parent
         self.key = key
         self.tick = tick
+        # Where the node's path ends, in key bytes: an insert that continues a leased path starts here.
+        self.end: int = bytes.__len__(tokens) + (parent.end if parent is not None else 0)
         self.children: dict[Tokens, Node] = {}
         # First token (packed) -> children starting with it; only kept when block_size > 1, where it
         # finds the sibling sharing the longest partial first block without scanning every child.

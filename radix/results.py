@@ -21,11 +21,12 @@ class Lease:
     with it, exactly as it moves a lease that locked a matched path.
     """
 
-    __slots__ = ("_epoch", "_node", "_open", "_tree")
+    __slots__ = ("_epoch", "_namespace", "_node", "_open", "_tree")
 
-    def __init__(self, tree: RadixTree, node: Node | None, epoch: int) -> None:
+    def __init__(self, tree: RadixTree, node: Node | None, epoch: int, namespace: str) -> None:
         self._tree = tree
-        self._node = node
+        self._node = node  # the end of the locked path (None: nothing locked yet)
+        self._namespace = namespace  # the namespace of that path
         self._epoch = epoch
         self._open = True
 

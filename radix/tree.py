@@ -91,7 +91,7 @@ class RadixTree:
         if node is not None:
             lock_path(self, node)
             self._leases += 1
-        return PrefixMatch(blocks, num_tokens, pblock, ptok, Lease(self, node, self._epoch))
+        return PrefixMatch(blocks, num_tokens, pblock, ptok, Lease(self, node, self._epoch, namespace))
 
     def peek(self, tokens: Key, namespace: str = "") -> int:
         """Cached prefix length of ``tokens`` (full + partial block tokens); no lock, LRU or stats change."""
@@ -148,12 +148,19 @@ class RadixTree:
         return self._insert_packed(t, bl, namespace, lease, cached, donate)
 
     def _insert_packed(
-        self, t: Tokens, bl: bytes, namespace: str, lease: Lease | None, cached: int, donate: bool
+        self,
+        t: Tokens,
+        bl: bytes,
+        namespace: str,
+        lease: Lease | None,
+        cached: int,
+        donate: bool,
+        start: Node | None = None,
     ) -> InsertResult:
         """:meth:`insert` once its arguments are checked: a non-empty key, the right block count, and
-        ``lease`` (if any) one of this tree's."""
+        ``lease`` (if any) one of this tree's. ``start``: see ``tree_insert.insert``."""
         n = bytes.__len__(t)
-        final, dups, new_tokens = tree_insert.insert(self, t, bl, namespace, cached, donate)
+        final, dups, new_tokens = tree_insert.insert(self, t, bl, namespace, cached, donate, start)
         if lease is not None and lease._open and lease._epoch == self._epoch:
             old = lease._node
             if old is None:  # an empty match's lease starts locking here
@@ -162,6 +169,7 @@ class RadixTree:
             else:
                 move_lock(self, old, final)
             lease._node = final
+            lease._namespace = namespace
         if donate and dups:
             self.pool.decref_all(dups)
         return InsertResult(dups, n // TOKEN_BYTES - new_tokens, new_tokens)
@@ -206,7 +214,16 @@ class RadixTree:
         # The table's new blocks in one copy, as the immutable BlockIds a new leaf can keep as it is.
         with memoryview(blocks) as mv:
             new_blocks = BlockIds(mv[done:n_blocks])
-        res = self._insert_packed(t, new_blocks, namespace, None if final else lease, done, True)
+        # NOTE: a running sequence publishes each block it fills, and its path grows a node per block:
+        # walking it from the root each time would make a generation's inserts quadratic in its
+        # length. Its lease ends where the last insert ended, so the walk starts there. A final
+        # insert walks from the root, which marks the whole path used as the sequence ends.
+        start = None
+        if not final and lease._open and lease._epoch == self._epoch and lease._namespace == namespace:
+            node = lease._node
+            if tree_insert.continues(self, node, t, done):
+                start = node
+        res = self._insert_packed(t, new_blocks, namespace, None if final else lease, done, True, start)
         n_tokens = n // TOKEN_BYTES
         # Positions cached before this insert (a leaf added now starts on a block boundary).
         known = n_blocks if res.num_new_tokens == 0 else (n_tokens - res.num_new_tokens) // self.block_size
@@ -237,10 +254,10 @@ class RadixTree:
         node = lease._node
         if node is None or lease._epoch != self._epoch:
             # Nothing to lock (yet): a live empty lease, which a later insert can lock with.
-            return Lease(self, None, self._epoch)
+            return Lease(self, None, self._epoch, lease._namespace)
         lock_path(self, node)
         self._leases += 1
-        return Lease(self, node, self._epoch)
+        return Lease(self, node, self._epoch, lease._namespace)
 
     def _path(self, node: Node) -> tuple[str, list[int]]:
         """The namespace and token path from the root to the end of ``node`` (what listeners get)."""

@@ -102,12 +102,20 @@ def _best_partial(tree: RadixTree, node: Node, t: Tokens, pos: int) -> tuple[Nod
 
 
 def insert(
-    tree: RadixTree, t: Tokens, bl: bytes, namespace: str, cached: int, donate: bool
+    tree: RadixTree,
+    t: Tokens,
+    bl: bytes,
+    namespace: str,
+    cached: int,
+    donate: bool,
+    start: Node | None = None,
 ) -> tuple[Node, list[int], int]:
     """Cache key ``t`` (non-empty) with packed blocks ``bl`` after ``cached`` of the tree's own blocks.
 
     Returns (the node where ``t`` ends, the caller's duplicate blocks, tokens newly cached). See
-    :meth:`RadixTree.insert`; the caller checked the block count.
+    :meth:`RadixTree.insert`; the caller checked the block count. ``start``: a live node whose path
+    spells ``t``'s first ``cached`` blocks (a lease's, see :func:`continues`); the walk starts there
+    instead of at the root, and the nodes above it are not touched.
     """
     B = tree._bb
     n = len(t)
@@ -116,9 +124,9 @@ def insert(
     root = tree._roots.get(namespace)
     if root is None:
         root = tree._roots[namespace] = Node(b"", EMPTY, None, b"", 0)
-    node = root
+    node = root if start is None else start
     dups: list[int] = []
-    j = 0
+    j = 0 if start is None else c
     nf = n // B
     clock = tree._clock
     while j < nf:
@@ -174,6 +182,19 @@ def insert(
         if covered is not None:
             return covered, dups, 0
     return add_leaf(tree, node, rest, rest_blocks, donate), dups, len(rest) // TOKEN_BYTES
+
+
+def continues(tree: RadixTree, node: Node | None, t: Tokens, cached: int) -> bool:
+    """Whether ``node`` (a lease's) ends exactly after ``t``'s first ``cached`` blocks and its own edge
+    spells them, so an insert of ``t`` may start there (:func:`insert`'s ``start``).
+
+    NOTE: the edge compare (one memcmp) stands in for the walk from the root: the lease keeps the
+    path alive and in place (a split keeps the lower node, and its end), so a path that ends in the
+    right place with the right last edge is the caller's, short of a caller that changed earlier tokens.
+    """
+    if node is None or not node.alive or node.end != cached * tree._bb:
+        return False
+    return t.startswith(node.tokens, node.end - bytes.__len__(node.tokens))
 
 
 def _settle_partial(

@@ -59,7 +59,7 @@ def check_consistency(tree: RadixTree, tables: Iterable[BlockTable] = ()) -> Non
     evictable = nodes = pinned = lru_members = 0
     ticks: set[int] = set()
     for ns, root in tree._roots.items():
-        if root.parent is not None or root.tokens or root.blocks:
+        if root.parent is not None or root.tokens or root.blocks or root.end:
             _fail(f"root of namespace {ns!r} is malformed")
         if not root.children:
             _fail(f"empty root of namespace {ns!r} was kept")
@@ -72,6 +72,8 @@ def check_consistency(tree: RadixTree, tables: Iterable[BlockTable] = ()) -> Non
             _fail(f"{x}: key is not its first block")
         if len(x.blocks) != -(-len(x.tokens) // B):
             _fail(f"{x}: {len(x.blocks)} blocks for {len(x.tokens) // TOKEN_BYTES} tokens")
+        if x.end != p.end + len(x.tokens):
+            _fail(f"{x}: its path ends at byte {x.end}, not {p.end + len(x.tokens)}")
         if len(x.tokens) % B and x.children:
             _fail(f"{x}: a node ending in a partial block has children")
         if tree.block_size > 1 and (p.by_first is None or x not in p.by_first.get(x.key[:TOKEN_BYTES], [])):

@@ -244,7 +244,11 @@ class KVManager:
         moved, the sequence is released next). A sequence without a lease (caching off) inserts
         nothing."""
         table, lease = seq.table, seq.lease
-        if table is None or lease is None or n_blocks <= table.leased:
+        # NOTE: a final insert runs even with no new block: its walk from the root marks the whole
+        # path used as the sequence ends (the block-by-block inserts before it started at its lease).
+        if table is None or lease is None or n_blocks < table.leased:
+            return
+        if n_blocks == table.leased and not final:
             return
         self.cache.insert_table(seq.key(n_tokens), table, n_blocks, seq.request.req.namespace, lease, final)
         seq.inserted_blocks = n_tokens // self.block_size

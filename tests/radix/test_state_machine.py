@@ -215,9 +215,11 @@ class RadixMachine(RuleBasedStateMachine):
         self._append(seq, toks)
 
     @precondition(lambda self: self.seqs)
-    @rule(toks=st.lists(st.integers(0, 1), min_size=8, max_size=8))
-    def decode_step(self, toks: list[int]) -> None:
-        """The engine's decode step: one more token for every live sequence, as one batch."""
+    @rule(toks=st.lists(st.integers(0, 1), min_size=8, max_size=8), publish=st.booleans())
+    def decode_step(self, toks: list[int], publish: bool) -> None:
+        """The engine's decode step: one more token for every live sequence, as one batch; with
+        `publish`, then each table that inserts as the engine does publishes the blocks it filled
+        (`KVManager.insert_full_blocks`: the insert starts at the sequence's lease)."""
         tables = [seq.table for seq in self.seqs]
         before, free = self.tree.stats(), self.pool.num_free
         need = blocks_for_one_each(tables)
@@ -232,6 +234,10 @@ class RadixMachine(RuleBasedStateMachine):
             tok = toks[k % len(toks)]
             self._write(seq.table, [seq.table.slot(seq.table.num_tokens - 1)], [], [tok])
             seq.tokens.append(tok)
+        if publish:
+            for seq in self.seqs:
+                if seq.table.leased:
+                    self._insert_table(seq, seq.table.num_tokens // self.B)
 
     @precondition(lambda self: self.seqs)
     @rule(i=PICK, move_lease=st.booleans())

@@ -12,7 +12,8 @@ from radixd.radix import (
     RadixTree,
     UnknownLease,
 )
-from radixd.radix.verify import check_consistency
+from radixd.radix.node import Node
+from radixd.radix.verify import check_consistency, iter_nodes
 
 
 @pytest.fixture
@@ -307,3 +308,71 @@ def test_insert_table_refuses_a_range_outside_the_table_or_an_empty_lease(tree: 
     check_consistency(tree, [t])
     t.release()
     m.lease.release()
+
+
+def _top_node(tree: RadixTree) -> Node:
+    """The only node under the root (the first a walk from the root visits)."""
+    (top,) = [x for x in iter_nodes(tree) if x.parent is not None and x.parent.parent is None]
+    return top
+
+
+def test_a_decoding_sequence_publishes_each_block_from_its_lease() -> None:
+    """Block by block, as a running sequence publishes what it fills: the inserts continue at the
+    lease's node (nodes above it are not walked, so a long generation's inserts stay O(1) each),
+    the path stays locked and spells the table, and the final insert walks it from the root again
+    (marking the whole path used as the sequence ends)."""
+    tree = RadixTree(BlockPool(256, 4))
+    pool = tree.pool
+    tokens = list(range(8))
+    m = tree.match(tokens)
+    table = BlockTable(pool)
+    table.lease_prefix(m.block_ids)
+    table.append(8)
+    tree.insert_table(tokens, table, 2, "", m.lease)
+    first = _top_node(tree)
+    tick = first.tick
+    for step in range(40 * 4):
+        tokens.append(1000 + step)
+        table.append(1)
+        if len(tokens) % 4 == 0:
+            tree.insert_table(tokens, table, len(tokens) // 4, "", m.lease)
+            assert table.leased == len(tokens) // 4
+    assert first.tick == tick, "a block-by-block insert walked the path from the root"
+    assert tree.match(tokens).block_ids.tolist() == table.blocks.tolist()
+    tree.evict(10_000)  # the lease keeps all of it
+    again = tree.match(tokens)
+    assert again.num_tokens == len(tokens)
+    again.lease.release()
+    check_consistency(tree, [table])
+    tokens.append(7)
+    table.append(1)
+    tree.insert_table(tokens, table, table.num_blocks, "", m.lease, final=True)
+    assert first.tick > tick
+    table.release()
+    m.lease.release()
+    check_consistency(tree)
+
+
+def test_an_insert_that_does_not_continue_its_lease_walks_from_the_root() -> None:
+    """The lease's node is only a starting point when the key's leased part ends there and its last
+    edge is the same: other earlier tokens, or another namespace, are checked from the root."""
+    tree = RadixTree(BlockPool(64, 4))
+    pool = tree.pool
+    tokens = list(range(8))
+    m = tree.match(tokens)
+    table = BlockTable(pool)
+    table.lease_prefix(m.block_ids)
+    table.append(12)
+    tree.insert_table(tokens, table, 2, "", m.lease)
+    wrong = [9, 9, 9, 9, 9, 9, 9, 9, 8, 9, 10, 11]
+    with pytest.raises(InvalidRequest, match="leading blocks"):
+        tree.insert_table(wrong, table, 3, "", m.lease)
+    with pytest.raises(InvalidRequest, match="leading blocks"):
+        tree.insert_table([*tokens, 8, 9, 10, 11], table, 3, "other", m.lease)
+    assert table.leased == 2 and tree.peek([*tokens, 8, 9, 10, 11]) == 8  # refused: nothing changed
+    tree.insert_table([*tokens, 8, 9, 10, 11], table, 3, "", m.lease)
+    assert tree.peek([*tokens, 8, 9, 10, 11]) == 12
+    check_consistency(tree, [table])
+    table.release()
+    m.lease.release()
+    check_consistency(tree)
