@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from array import array
+
 import pytest
 import torch
 from daemon_testkit import tiny_model
@@ -95,6 +97,24 @@ def test_decode_rows_run_like_their_step_seqs(runner: ModelRunner) -> None:
     order = [want[2], want[0], want[1]]
     assert [r.token_id if r else None for r in got] == [r.token_id if r else None for r in order]
     assert got[0] is not None and got[1] is not None and got[2] is None
+
+
+def test_packed_decode_tables_answer_like_lists(runner: ModelRunner) -> None:
+    """The engine's tables are packed arrays, laid into the step's padded block table in one join;
+    rows of unequal table lengths answer as the same tables given as lists, and a bad block id in a
+    packed table is still refused by its sequence."""
+    a, b = [1, 2, 3, 4, 5, 6, 7, 8, 9], [9, 8, 7]
+    runner.step([StepSeq(0, a[:8], 0, [1, 2, 3], None), StepSeq(1, b[:2], 0, [4], None)])
+    tables = [[1, 2, 3], [4]]
+
+    def rows(packed: bool) -> DecodeRows:
+        ts = [array("i", t) if packed else list(t) for t in tables]
+        return DecodeRows([0, 1], [a[8], b[2]], [8, 2], ts, [greedy(), greedy()])
+
+    got, want = runner.run([], rows(True)), runner.run([], rows(False))
+    assert [r.token_id for r in got if r] == [r.token_id for r in want if r] and len(got) == 2
+    with pytest.raises(ValueError, match="sequence 8: block table"):
+        runner.run([], DecodeRows([7, 8], [5, 5], [3, 3], [array("i", [1]), array("i", [40])], [None, None]))
 
 
 def test_bad_decode_rows_are_refused_by_name(runner: ModelRunner) -> None:
