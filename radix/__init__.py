@@ -52,7 +52,8 @@ all of it. Public API (everything below is re-exported here)::
         copy_partial(src_block, n_tokens) -> CopyOp
         append(n) -> list[CopyOp]; append_slots(n) -> AppendResult(slots, copies)  (CoW of a shared tail)
         fork(k) -> list[BlockTable]; release() -> int (idempotent); slot(pos)
-    append_one_each(tables) -> list[CopyOp]   append(1) on every table of a decode step, all-or-nothing;
+    append_one_each(tables, make_room=None) -> list[CopyOp]   append(1) on every table of a decode
+        step, all-or-nothing; make_room(need) -> bool is asked (once) when the pool is short
         blocks_for_one_each(tables) -> int      the fresh blocks it takes (one vectorized refcount read)
     tree.insert_table(tokens, table, n_blocks, ns, lease, final=False)   the table's new blocks to the
         tree; the lease follows the inserted path unless final (the owner releases both next)

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from array import array
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from operator import attrgetter
 from typing import NamedTuple
 
@@ -230,20 +230,25 @@ def blocks_for_one_each(tables: Sequence[BlockTable]) -> int:
     return len(tables) - sum(_roomy(tables)) if tables else 0
 
 
-def append_one_each(tables: Sequence[BlockTable]) -> list[CopyOp]:
+def append_one_each(
+    tables: Sequence[BlockTable], make_room: Callable[[int], bool] | None = None
+) -> list[CopyOp]:
     """``append(1)`` on each of ``tables`` (distinct tables of one pool: a decode step); -> the copies
     to run first, in order.
 
     All-or-nothing: raises OutOfBlocks and changes nothing when the pool has fewer free blocks than
-    :func:`blocks_for_one_each` counts. A table whose last block has room of its own (15 of 16 decode steps
-    at block size 16) only counts its token.
+    :func:`blocks_for_one_each` counts and ``make_room(need)`` (the caller's eviction, asked only
+    then) does not free them. A table whose last block has room of its own (15 of 16 decode steps at
+    block size 16) only counts its token.
     """
     if not tables:
         return []
     roomy = _roomy(tables)
     need = len(tables) - sum(roomy)
     pool = tables[0].pool
-    if need > pool.num_free:
+    # NOTE: freeing cache cannot make a roomy block shared (it is the table's alone); it may leave a
+    # shared last block solo, which `append(1)` then finds and writes in place: `need` stays a bound.
+    if need > pool.num_free and (make_room is None or not make_room(need) or need > pool.num_free):
         raise OutOfBlocks(need, pool.num_free, pool.num_evictable)
     copies: list[CopyOp] = []
     for t, room in zip(tables, roomy, strict=True):

@@ -30,10 +30,10 @@ from radixd.radix import (
     CacheStats,
     FanOut,
     Lease,
+    OutOfBlocks,
     RadixTree,
     TokenKey,
     append_one_each,
-    blocks_for_one_each,
 )
 
 log = structlog.get_logger("radixd.engine.kv")
@@ -200,20 +200,24 @@ class KVManager:
             seq.table = BlockTable(self.pool)
         self._copies.extend(seq.table.append(n))
 
-    def decode_blocks(self, seqs: list[Sequence]) -> int:
-        """Fresh blocks `append_decodes(seqs)` takes (a sequence without a table yet needs one)."""
-        tables = [s.table for s in seqs if s.table is not None]
-        return blocks_for_one_each(tables) + len(seqs) - len(tables)
-
-    def append_decodes(self, seqs: list[Sequence]) -> None:
-        """`append(seq, 1)` for each of `seqs` (distinct), in one batch: a decode step's slots. The
-        caller made `decode_blocks(seqs)` blocks free (all-or-nothing: OutOfBlocks changes nothing)."""
+    def append_decodes(self, seqs: list[Sequence]) -> bool:
+        """`append(seq, 1)` for each of `seqs` (distinct), in one batch: a decode step's slots, when
+        the blocks they take are free or eviction alone frees them (`ensure_free`); -> whether it
+        did. All-or-nothing: False changes nothing (and evicts nothing unless that frees enough)."""
         tables: list[BlockTable] = []
+        fresh: list[Sequence] = []
         for s in seqs:
             if s.table is None:
                 s.table = BlockTable(self.pool)
+                fresh.append(s)
             tables.append(s.table)
-        self._copies.extend(append_one_each(tables))
+        try:
+            self._copies.extend(append_one_each(tables, self.ensure_free))
+        except OutOfBlocks:
+            for s in fresh:
+                s.table = None
+            return False
+        return True
 
     def take_copies(self) -> list[tuple[int, int, int]]:
         """The copy-on-write copies queued since the last take, in order (and forget them)."""

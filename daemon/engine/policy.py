@@ -7,15 +7,22 @@ from collections.abc import Callable, Iterable
 from radixd.daemon.engine.sequence import Sequence
 
 
-def running_order(seqs: Iterable[Sequence]) -> list[Sequence]:
-    """Order in which running sequences get this step's budget: decodes (one token due) before prefill
-    chunks, then higher priority, then older arrival, so the oldest work always progresses."""
-    return sorted(seqs, key=_running_key)
-
-
-def _running_key(s: Sequence) -> tuple[bool, int, float, int]:
+def running_rank(s: Sequence) -> tuple[int, float, int]:
+    """A running sequence's rank, fixed for its life: higher priority, then older arrival (a preempted
+    sequence keeps its own), then admission order. The scheduler keeps `running` in this order."""
     r = s.request
-    return (s.remaining > 1, -r.req.priority, r.arrival, s.seq_id)
+    return (-r.req.priority, r.arrival, s.seq_id)
+
+
+def running_order(ranked: list[Sequence], remaining: list[int]) -> list[Sequence]:
+    """Order in which running sequences get this step's budget: those with one token due (decodes) or
+    none before prefill chunks, each in rank order, so the oldest work always progresses.
+
+    `ranked`: the running sequences in `running_rank` order; `remaining`: each one's
+    `Sequence.remaining`. A stable partition, not a sort: no key per sequence per step.
+    """
+    pairs = list(zip(ranked, remaining, strict=True))
+    return [s for s, r in pairs if r <= 1] + [s for s, r in pairs if r > 1]
 
 
 def waiting_order(

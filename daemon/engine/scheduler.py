@@ -11,6 +11,7 @@ they need can be freed by eviction alone; otherwise one at a time, choosing vict
 
 from __future__ import annotations
 
+import bisect
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -20,7 +21,13 @@ import structlog
 from radixd.daemon.engine.config import EngineConfig
 from radixd.daemon.engine.forks import Forker
 from radixd.daemon.engine.kv import KVManager
-from radixd.daemon.engine.policy import pick_victim, running_order, shares_pending_prefix, waiting_order
+from radixd.daemon.engine.policy import (
+    pick_victim,
+    running_order,
+    running_rank,
+    shares_pending_prefix,
+    waiting_order,
+)
 from radixd.daemon.engine.sequence import SeqStatus, Sequence
 from radixd.daemon.engine.swap import HostSwap
 
@@ -93,7 +100,8 @@ class Scheduler:
 
     def add_running(self, seq: Sequence) -> None:
         seq.status = SeqStatus.RUNNING
-        self.running.append(seq)
+        # NOTE: `running` stays in `running_rank` order, so a step orders it without sorting.
+        bisect.insort(self.running, seq, key=running_rank)
 
     def remove(self, seq: Sequence) -> None:
         for group in (self.waiting, self.running, self.swapped):
@@ -186,13 +194,15 @@ class Scheduler:
             planned.add(seq.seq_id)
             budget -= n
 
-        order = running_order(self.running)
-        due = [s for s in order if s.remaining == 1 and s.status is SeqStatus.RUNNING][:budget]
+        running = self.running
+        remaining = [s.remaining for s in running]
+        order = running_order(running, remaining)
+        pairs = zip(running, remaining, strict=True)
+        due = [s for s, r in pairs if r == 1 and s.status is SeqStatus.RUNNING][:budget]
         # NOTE: the common step: decodes come first in `order`, and when the blocks they need are free
         # (after evicting cache) none of them preempts anyone, so the loop below would plan exactly
         # these, one at a time. Under pressure it runs alone and picks victims as it goes.
-        if due and self.kv.ensure_free(self.kv.decode_blocks(due)):
-            self.kv.append_decodes(due)
+        if due and self.kv.append_decodes(due):
             decodes += due
             planned = {s.seq_id for s in due}
             budget -= len(due)

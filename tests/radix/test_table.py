@@ -202,6 +202,35 @@ def test_append_one_each_is_all_or_nothing(pool: BlockPool) -> None:
     assert [(t.num_tokens, list(t.blocks)) for t in tables] == before and pool.num_free == 3
 
 
+def test_append_one_each_asks_for_room_only_when_short(pool: BlockPool) -> None:
+    """`make_room(need)` (the engine's eviction) runs only when the pool is short; when it frees
+    enough the batch goes through, when it does not (or lies) nothing changes."""
+    tables = [BlockTable(pool) for _ in range(4)]
+    for t in tables:
+        t.append(4)  # full: each table's next token needs a fresh block
+    held = pool.allocate(pool.num_free - 3)
+    asked: list[int] = []
+
+    def no_room(need: int) -> bool:
+        asked.append(need)
+        return True  # claims room, frees nothing
+
+    before = [(t.num_tokens, list(t.blocks)) for t in tables]
+    with pytest.raises(OutOfBlocks):
+        append_one_each(tables, no_room)
+    assert asked == [4] and [(t.num_tokens, list(t.blocks)) for t in tables] == before
+
+    def free_one(need: int) -> bool:
+        asked.append(need)
+        pool.decref(held.pop())
+        return pool.num_free >= need
+
+    append_one_each(tables, free_one)
+    assert asked == [4, 4] and [t.num_tokens for t in tables] == [5] * 4 and pool.num_free == 0
+    append_one_each(tables, no_room)  # every last block has room now: nothing is asked
+    assert asked == [4, 4] and [t.num_tokens for t in tables] == [6] * 4
+
+
 def test_append_one_each_refuses_tables_of_two_pools(pool: BlockPool) -> None:
     other = BlockTable(BlockPool(9, 4))
     mine = BlockTable(pool)

@@ -6,6 +6,7 @@ from radixd.daemon.engine.policy import (
     common_prefix_len,
     pick_victim,
     running_order,
+    running_rank,
     shares_pending_prefix,
     waiting_order,
 )
@@ -44,7 +45,10 @@ def test_orders() -> None:
     assert waiting_order([a, b, c], "lpm", lambda s: lens[s.seq_id]) == [b, c, a]
     decode = _seq(4, 4.0, tokens=[1, 2, 3, 4])
     decode.num_computed = 3  # one token due: decodes go first, then prefills by age
-    assert running_order([a, c, decode]) == [decode, a, c]
+    ranked = sorted([decode, c, a], key=running_rank)
+    assert ranked == [a, c, decode]  # by age (and priority first)
+    assert running_order(ranked, [s.remaining for s in ranked]) == [decode, a, c]
+    assert sorted([a, b], key=running_rank) == [b, a]
 
 
 def test_common_prefix_and_pending_prefix() -> None:
