@@ -190,7 +190,7 @@ def test_logprobs_of_chosen_and_top_n() -> None:
     assert sample(logits, [SamplingState(SamplingParams())])[0].logprob is None
 
 
-@pytest.mark.parametrize("vocab", [1, 127, 128, 256, 1000, 49152, 49153])
+@pytest.mark.parametrize("vocab", [1, 127, 128, 255, 256, 257, 511, 513, 1000, 49152, 49153])
 def test_greedy_argmax_equals_torch_argmax(vocab: int) -> None:
     """Same index as torch.argmax for any width (short last group included), with ties, NaN and
     maxima in the last column."""
