@@ -17,6 +17,7 @@ import operator
 from array import array
 from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import cast
 
 import torch
 
@@ -300,14 +301,17 @@ class ModelRunner:
         if not chunks and not rows.seq_ids:
             return []
         states = [s.sample for s in chunks] + rows.samples
-        results: list[SampleResult | None] = [None] * len(states)
         hidden, last = self._forward(chunks, rows)
+        if None not in states:  # every row samples (a decode step): no row bookkeeping
+            idx = torch.tensor(last, dtype=torch.int64, device=self.device)
+            logits = self.model.logits(hidden.index_select(0, idx))
+            return cast("list[SampleResult | None]", sample(logits, cast("list[SamplingState]", states)))
+        results: list[SampleResult | None] = [None] * len(states)
         sampling = [i for i, st in enumerate(states) if st is not None]
         if not sampling:
             return results
         chosen = [st for st in states if st is not None]
-        picked = last if len(sampling) == len(states) else [last[i] for i in sampling]
-        idx = torch.tensor(picked, dtype=torch.int64, device=self.device)
+        idx = torch.tensor([last[i] for i in sampling], dtype=torch.int64, device=self.device)
         logits = self.model.logits(hidden.index_select(0, idx))
         for i, r in zip(sampling, sample(logits, chosen), strict=True):
             results[i] = r
