@@ -130,7 +130,7 @@ class Node:
         self.key = key
         self.tick = tick
         # Where the node's path ends, in key bytes: an insert that continues a leased path starts here.
-        self.end: int = bytes.__len__(tokens) + (parent.end if parent is not None else 0)
+        self.end: int = len(tokens) + parent.end if parent is not None else 0
         self.children: dict[Tokens, Node] = {}
         # First token (packed) -> children starting with it; only kept when block_size > 1, where it
         # finds the sibling sharing the longest partial first block without scanning every child.
