@@ -9,6 +9,7 @@ from radixd.radix import (
     BlockPool,
     BlockTable,
     InvalidRequest,
+    PrefixMatch,
     RadixTree,
     UnknownLease,
 )
@@ -310,6 +311,17 @@ def test_insert_table_refuses_a_range_outside_the_table_or_an_empty_lease(tree: 
     m.lease.release()
 
 
+def _published(tree: RadixTree, prompt: list[int], slots: int) -> tuple[PrefixMatch, BlockTable]:
+    """A sequence as the engine runs it: matched (nothing cached), `slots` slots in its table, its
+    prompt's blocks inserted with its lease, which now ends where the prompt does."""
+    m = tree.match(prompt)
+    table = BlockTable(tree.pool)
+    table.lease_prefix(m.block_ids)
+    table.append(slots)
+    tree.insert_table(prompt, table, len(prompt) // tree.block_size, "", m.lease)
+    return m, table
+
+
 def _top_node(tree: RadixTree) -> Node:
     """The only node under the root (the first a walk from the root visits)."""
     (top,) = [x for x in iter_nodes(tree) if x.parent is not None and x.parent.parent is None]
@@ -322,13 +334,8 @@ def test_a_decoding_sequence_publishes_each_block_from_its_lease() -> None:
     the path stays locked and spells the table, and the final insert walks it from the root again
     (marking the whole path used as the sequence ends)."""
     tree = RadixTree(BlockPool(256, 4))
-    pool = tree.pool
     tokens = list(range(8))
-    m = tree.match(tokens)
-    table = BlockTable(pool)
-    table.lease_prefix(m.block_ids)
-    table.append(8)
-    tree.insert_table(tokens, table, 2, "", m.lease)
+    m, table = _published(tree, tokens, 8)
     first = _top_node(tree)
     tick = first.tick
     for step in range(40 * 4):
@@ -357,13 +364,8 @@ def test_an_insert_that_does_not_continue_its_lease_walks_from_the_root() -> Non
     """The lease's node is only a starting point when the key's leased part ends there and its last
     edge is the same: other earlier tokens, or another namespace, are checked from the root."""
     tree = RadixTree(BlockPool(64, 4))
-    pool = tree.pool
     tokens = list(range(8))
-    m = tree.match(tokens)
-    table = BlockTable(pool)
-    table.lease_prefix(m.block_ids)
-    table.append(12)
-    tree.insert_table(tokens, table, 2, "", m.lease)
+    m, table = _published(tree, tokens, 12)
     wrong = [9, 9, 9, 9, 9, 9, 9, 9, 8, 9, 10, 11]
     with pytest.raises(InvalidRequest, match="leading blocks"):
         tree.insert_table(wrong, table, 3, "", m.lease)
