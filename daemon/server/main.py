@@ -20,6 +20,7 @@ import os
 from radixd.daemon import log
 from radixd.daemon.engine.config import DEFAULT_BLOCK_SIZE, DEFAULT_KV_CACHE_GB, EngineConfig
 from radixd.daemon.model.precision import DTYPE_CHOICES, DTYPE_HELP, default_dtype_name
+from radixd.daemon.server.state import Limits
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -115,7 +116,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help="session lease seconds after last use",
     )
     sched.add_argument(
-        "--default-max-tokens", type=int, default=256, help="max_tokens when a request omits it"
+        "--default-max-tokens",
+        type=int,
+        default=Limits.default_max_tokens,
+        help="max_tokens when a request omits it",
     )
     sched.add_argument(
         "--stream-interval",
@@ -123,7 +127,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         default=engine.stream_interval,
         help=f"tokens per streamed chunk after the first (default {engine.stream_interval}: each token)",
     )
-    sched.add_argument("--stream-buffer", type=int, default=1024, help="outputs buffered per stream")
+    sched.add_argument(
+        "--stream-buffer", type=int, default=Limits.stream_buffer, help="outputs buffered per stream"
+    )
     sched.add_argument("--grace-period", type=float, default=30.0, help="SIGTERM: seconds streams may finish")
     ops = parser.add_argument_group("logging")
     ops.add_argument("--log-level", default="info", help="debug, info, warning or error")
