@@ -3,6 +3,7 @@
     .venv/bin/python bench/sched_overhead.py                     # 256 sequences of ~1k tokens
     .venv/bin/python bench/sched_overhead.py --seqs 64 --steps 100
     .venv/bin/python bench/sched_overhead.py --stream-interval 8    # `radixd serve --stream-interval 8`
+    .venv/bin/python bench/sched_overhead.py --sink bridge          # with the daemon's handover to its loop
 
 The engine runs as the daemon runs it (`EngineCore.step`: scheduling, KV bookkeeping, copy-on-write
 copies, the runner building the step's tensors, sampling, accepting tokens and streaming text), over a
@@ -21,8 +22,11 @@ measures long generations, whose paths in the tree grow a node per block.
 from __future__ import annotations
 
 import argparse
+import asyncio
+import concurrent.futures
 import gc
 import statistics
+import threading
 import time
 from collections import defaultdict
 from collections.abc import Callable
@@ -30,24 +34,28 @@ from dataclasses import replace
 from typing import Any
 
 import torch
+import uvloop
 
 import radixd.daemon.runner as runner_mod
 from radixd.daemon.engine.config import EngineConfig
 from radixd.daemon.engine.core import EngineCore
-from radixd.daemon.engine.types import GenerateRequest, RequestOutput
+from radixd.daemon.engine.types import GenerateRequest, RequestOutput, Sink
 from radixd.daemon.host import startup_heap_frozen
 from radixd.daemon.loaders import load_model
 from radixd.daemon.log import configure
 from radixd.daemon.model import AttentionMetadata, ModelConfig
 from radixd.daemon.runner import ModelRunner
 from radixd.daemon.sampling import SamplingParams
+from radixd.daemon.server.bridge import OutputBridge
+from radixd.daemon.server.state import Limits
 
 
 class NullModel:
     """Duck-types `LlamaModel` for the runner: no compute, fixed logits (greedy picks `token`)."""
 
-    def __init__(self, config: ModelConfig, token: int, max_rows: int) -> None:
+    def __init__(self, config: ModelConfig, token: int, max_rows: int, forward_s: float = 0.0) -> None:
         self.config = config
+        self.forward_s = forward_s  # a device's forward pass: the host waits with the GIL released
         self.dtype = torch.float32
         # Materialized once: a real model writes its logits anyway, and that is forward-pass time.
         self._logits = torch.zeros(max_rows, config.vocab_size)
@@ -62,6 +70,8 @@ class NullModel:
         k_caches: list[torch.Tensor],
         v_caches: list[torch.Tensor],
     ) -> torch.Tensor:
+        if self.forward_s:
+            time.sleep(self.forward_s)
         return self._hidden.expand(input_ids.shape[0], -1)
 
     def logits(self, hidden: torch.Tensor) -> torch.Tensor:
@@ -109,7 +119,8 @@ def build(args: argparse.Namespace) -> tuple[EngineCore, PhaseClock]:
     # is admitted: room for 128 tokens each beyond the measured steps.
     per_seq = (args.suffix + args.steps + 128) // 16 + 3
     blocks = args.groups * (args.prefix // 16 + 1) + args.seqs * per_seq + 64
-    runner = ModelRunner(NullModel(cfg, word, args.seqs), blocks, 16)  # type: ignore[arg-type]
+    model = NullModel(cfg, word, args.seqs, args.forward_ms / 1000)
+    runner = ModelRunner(model, blocks, 16)  # type: ignore[arg-type]
     config = EngineConfig(
         max_num_seqs=args.seqs,
         max_num_batched_tokens=max(4096, args.seqs),
@@ -161,6 +172,20 @@ def main() -> None:
         help="tokens per streamed output",
     )
     ap.add_argument(
+        "--sink",
+        choices=("count", "bridge"),
+        default="count",
+        help="count: a sink that counts tokens; bridge: the daemon's handover, each output through an "
+        "OutputBridge onto a uvloop loop in its own thread, drained there as the gRPC handler reads",
+    )
+    ap.add_argument(
+        "--forward-ms",
+        type=float,
+        default=0.0,
+        help="the null forward pass waits this long with the GIL released, as a host waits on a device "
+        "(what other threads, such as the loop reading outputs, can use); not counted in the figures",
+    )
+    ap.add_argument(
         "--no-freeze",
         action="store_true",
         help="leave the startup heap to the garbage collector (the daemon before it froze it; to compare)",
@@ -169,22 +194,78 @@ def main() -> None:
     torch.set_num_threads(args.threads)
     configure("warning")
     core, clock = build(args)
-    if args.no_freeze:
-        measure(args, core, clock)
+    sinks = LoopSinks(Limits.stream_buffer) if args.sink == "bridge" else CountSinks()
+    try:
+        if args.no_freeze:
+            measure(args, core, clock, sinks)
+            return
+        with startup_heap_frozen():  # as `radixd serve` serves, once it has loaded
+            measure(args, core, clock, sinks)
+    finally:
+        sinks.close()
+
+
+class CountSinks:
+    """Sinks that count the tokens they are given, on the engine thread."""
+
+    def __init__(self) -> None:
+        self.tokens = 0
+
+    def new(self) -> Sink:
+        def sink(out: RequestOutput) -> None:
+            self.tokens += len(out.new_token_ids)
+
+        return sink
+
+    def close(self) -> None:
         return
-    with startup_heap_frozen():  # as `radixd serve` serves, once it has loaded
-        measure(args, core, clock)
 
 
-def measure(args: argparse.Namespace, core: EngineCore, clock: PhaseClock) -> None:
+class LoopSinks:
+    """The daemon's handover (`radixd.daemon.server.bridge.OutputBridge`): the engine thread hands each
+    output to a uvloop loop running in its own thread, where one task per stream reads it as the gRPC
+    handler does (without the protobuf and the socket)."""
+
+    def __init__(self, buffer: int) -> None:
+        self.tokens = 0
+        self.overflows = 0
+        self.buffer = buffer
+        self.loop = uvloop.new_event_loop()
+        self.thread = threading.Thread(target=self.loop.run_forever, name="loop", daemon=True)
+        self.thread.start()
+        self.readers: list[concurrent.futures.Future[None]] = []
+
+    def new(self) -> Sink:
+        bridge = OutputBridge(self.loop, self.buffer, self._overflow)
+        self.readers.append(asyncio.run_coroutine_threadsafe(self._read(bridge), self.loop))
+        return bridge.sink
+
+    def _overflow(self) -> None:
+        self.overflows += 1
+
+    async def _read(self, bridge: OutputBridge) -> None:
+        while True:
+            out = await bridge.get()
+            self.tokens += len(out.new_token_ids)
+            if out.finished:
+                return
+
+    def close(self) -> None:
+        for reader in self.readers:
+            reader.cancel()
+        self.loop.call_soon_threadsafe(self.loop.stop)
+        self.thread.join()
+        self.loop.close()
+        if self.overflows:
+            raise SystemExit(f"{self.overflows} streams overflowed: the loop fell behind the engine")
+
+
+def measure(
+    args: argparse.Namespace, core: EngineCore, clock: PhaseClock, sinks: CountSinks | LoopSinks
+) -> None:
     """Admit and prefill every request, then time `--steps` steps in which all of them decode."""
-    outputs: list[int] = [0]
-
-    def sink(out: RequestOutput) -> None:
-        outputs[0] += len(out.new_token_ids)
-
     for req in requests(args, core.vocab_size):
-        core.add_request(req, sink)
+        core.add_request(req, sinks.new())
     # Admit and prefill everything; measure only steps where all sequences decode.
     for _ in range(10_000):
         running = core.scheduler.running
@@ -259,7 +340,7 @@ def measure(args: argparse.Namespace, core: EngineCore, clock: PhaseClock) -> No
     q = sorted(totals)
     print(
         f"p10 {q[len(q) // 10] * 1000:.2f} ms, p90 {q[len(q) * 9 // 10] * 1000:.2f} ms, "
-        f"longest {q[-1] * 1000:.2f} ms; tokens {outputs[0]}"
+        f"longest {q[-1] * 1000:.2f} ms; tokens {sinks.tokens} (sink: {args.sink})"
     )
     if publish:
         each = sorted(publish)
