@@ -167,14 +167,14 @@ class EngineCore:
             return False
         self.runner.copy_blocks(self.kv.take_copies())
         ds = plan.decodes
-        # NOTE: one-token rows are built a column at a time; a row samples once its token is the
-        # sequence's last (not a root's last prompt token, nor a one-token prefill chunk).
+        # NOTE: one-token rows are built a column at a time (not a root's last prompt token, nor a
+        # one-token prefill chunk, samples: `Sequence.sampling_at`).
         rows = DecodeRows(
             [s.seq_id for s in ds],
             [s.tokens[s.num_computed] for s in ds],
             [s.num_computed for s in ds],
             [s.table.blocks if s.table is not None else _NO_BLOCKS for s in ds],
-            [s.sampling if s.index >= 0 and s.num_computed + 1 == len(s.tokens) else None for s in ds],
+            [s.sampling_at(s.num_computed + 1) for s in ds],
         )
         results = self.runner.run([self._step_seq(p) for p in plan.chunks], rows)
         self.counters["steps"] += 1
@@ -187,10 +187,8 @@ class EngineCore:
         """What the runner computes for one planned sequence (it samples once its tokens are all in)."""
         seq = p.seq
         end = p.start + p.n
-        tokens = seq.tokens
-        sample = seq.sampling if seq.index >= 0 and end == len(tokens) else None
         blocks = seq.table.blocks if seq.table is not None else _NO_BLOCKS
-        return StepSeq(seq.seq_id, tokens[p.start : end], p.start, blocks, sample)
+        return StepSeq(seq.seq_id, seq.tokens[p.start : end], p.start, blocks, seq.sampling_at(end))
 
     def _unstall(self) -> bool:
         """Free room for stalled work, one move at a time; -> whether anything changed.

@@ -108,6 +108,11 @@ class Sequence:
         with memoryview(packed) as mv:
             return TokenKey(mv[: end * TOKEN_BYTES].tobytes())
 
+    def sampling_at(self, end: int) -> SamplingState | None:
+        """The state to sample with once the tokens up to `end` are computed: set only when `end` is
+        the last token, and never for a root (it forks into its children instead of sampling)."""
+        return self.sampling if self.index >= 0 and end == len(self.tokens) else None
+
     @property
     def is_root(self) -> bool:
         return self.index < 0
