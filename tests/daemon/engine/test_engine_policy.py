@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from radixd.daemon.engine.config import EngineConfig
+from radixd.daemon.engine.kv import KVManager
 from radixd.daemon.engine.policy import (
     common_prefix_len,
     pick_victim,
@@ -73,3 +75,19 @@ def test_copy_waves_never_read_a_block_written_in_the_same_wave() -> None:
     assert copy_waves([]) == []
     # Write-after-read: (3 -> 1) must not run alongside (1 -> 2), which reads block 1.
     assert copy_waves([(1, 2, 5), (3, 1, 16)]) == [[(1, 2, 5)], [(3, 1, 16)]]
+
+
+def test_a_refused_decode_batch_changes_nothing() -> None:
+    """`KVManager.append_decodes` is all-or-nothing: on a pool too short (nothing evictable either),
+    it refuses, holds no block and leaves a sequence that had no table without one."""
+    kv = KVManager.create(num_blocks=4, block_size=4, config=EngineConfig())  # 3 usable blocks
+    full, bare = _seq(1, 1.0, tokens=[1, 2, 3, 4, 5]), _seq(2, 2.0, tokens=[7])
+    kv.append(full, 4)  # one full block: its fifth token needs a fresh one
+    held = kv.pool.allocate(kv.pool.num_free - 1)  # one free block left, two needed
+    full.num_computed = 4
+    assert not kv.append_decodes([full, bare])
+    assert bare.table is None and full.table is not None and full.table.num_tokens == 4
+    assert kv.pool.num_free == 1
+    kv.pool.decref_all(held)
+    assert kv.append_decodes([full, bare])
+    assert full.table.num_tokens == 5 and bare.table is not None and bare.table.num_tokens == 1
