@@ -95,6 +95,11 @@ def _side_by_side(argv: list[str] | None = None) -> None:
         default="512,1024,2048,4096,8192",
         help="W3 pool sizes, in cached leaves of 64 tokens (capacity = leaves * 64 tokens)",
     )
+    ap.add_argument(
+        "--phases",
+        action="store_true",
+        help="also print where each side's time per request goes (match, insert, release, evict)",
+    )
     args = ap.parse_args(argv)
 
     spec = importlib.util.spec_from_file_location("radix_peer_bench", args.peer_bench)
@@ -163,6 +168,18 @@ def _side_by_side(argv: list[str] | None = None) -> None:
             f"{m['requests_per_s'] / s['requests_per_s']:>5.2f}x | {s['evict_us_per_call']:>12.1f} "
             f"{m['evict_us_per_call']:>12.1f} | {s['hit_rate']:.4f}/{m['hit_rate']:.4f}"
         )
+        if args.phases:
+            for name, r in (("sglang", s), ("radixd", m)):
+                print("    " + _phases(name, r))
+
+
+def _phases(name: str, r: dict[str, float]) -> str:
+    """One side's microseconds per request by operation (the best run's), evictions spread over all
+    requests, so the four add up to its time per request."""
+    evict = r["evict_us_per_call"] * r["evict_calls"] / r["requests"]
+    parts = {"match": r["match_us"], "insert": r["insert_us"], "release": r["release_us"], "evict": evict}
+    spelled = " ".join(f"{k} {v:.2f}" for k, v in parts.items())
+    return f"{name:<6} us/request: {spelled} = {r['us_per_request']:.2f}"
 
 
 if __name__ == "__main__":
