@@ -8,7 +8,6 @@ small workloads that share prefixes and overflow the pool, and run its own end-o
 from __future__ import annotations
 
 import importlib.util
-import sys
 from pathlib import Path
 from types import ModuleType
 from typing import Any
@@ -23,7 +22,6 @@ def _load_adapter_module() -> ModuleType:
     spec = importlib.util.spec_from_file_location("radix_adapter", _ROOT / "bench" / "radix_adapter.py")
     assert spec is not None and spec.loader is not None
     mod = importlib.util.module_from_spec(spec)
-    sys.modules.setdefault("radix_adapter", mod)
     spec.loader.exec_module(mod)
     return mod
 
