@@ -69,7 +69,7 @@ def _run(adapter: Any, reqs: list[tuple[Any, Any]], page: int, batch: int = 4) -
 
 @pytest.mark.parametrize("page", [1, 16])
 def test_pressure_workload_evicts_and_stays_exact(page: int) -> None:
-    # Room for six requests of 200 tokens, a batch of four needs 800: from the second batch on, each evicts.
+    # Room for six requests of 200 tokens and a batch of four needs ~800: later batches must evict.
     reqs = _workload(seed=page, n=40, prompt=160, output=40, shared=64)
     adapter = bench.Adapter(page, 1280)
     matched, evicted = _run(adapter, reqs, page)
@@ -88,7 +88,7 @@ def test_a_repeated_prompt_hits_its_cached_whole_blocks(page: int) -> None:
     assert matched == sum(len(p) // page * page for p, _f in reqs)
 
 
-def test_phases_spread_evictions_over_requests_and_add_up() -> None:
+def test_phases_spread_evictions_over_the_requests() -> None:
     r = {
         "match_us": 4.0,
         "insert_us": 20.0,
