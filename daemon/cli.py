@@ -1,4 +1,5 @@
-"""The ``radixd`` console script: ``radixd serve`` (gRPC daemon) and ``radixd generate`` (offline)."""
+"""The ``radixd`` console script: ``radixd serve`` (the gRPC daemon), ``radixd generate`` (offline, in
+process) and ``radixd cluster`` (replicas behind the smg gateway, which speaks the OpenAI API)."""
 
 from __future__ import annotations
 
