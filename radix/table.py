@@ -100,7 +100,7 @@ class BlockTable:
 
     def leased_up_to(self, n_blocks: int) -> None:
         """The first ``n_blocks`` blocks are now the tree's, kept alive by the owner's lease: the table's
-        references on those past :attr:`leased` were handed to the tree (``insert(..., donate=True)``)."""
+        references on those past :attr:`leased` were handed to the tree (``RadixTree.insert_table``)."""
         if not self.leased <= n_blocks <= len(self.blocks):
             raise InvalidRequest(f"leased_up_to({n_blocks}) outside [{self.leased}, {len(self.blocks)}]")
         self.leased = n_blocks
