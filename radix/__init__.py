@@ -65,9 +65,9 @@ all of it. Public API (everything below is re-exported here)::
 
 Debugging: ``radixd.radix.verify.check_consistency(tree, tables)`` checks every invariant (O(n)).
 Layout: errors, blockids, extents, pool (blocks, refcounts, and the only code that changes a block's
-owner), node, lru, events; the tree is one class (tree) composed of the owners of its state: store
-(nodes, LRU, counts; the one descent), pins (pins and their budget), lease; results; table, memory,
-verify.
+owner), node, lru (the LRU index and its clock), events; the tree is one class (tree: match, insert,
+evict) composed of the owners of its state: store (nodes and counts; the one descent), holds (the locks
+of leases and pins), pins (pins and their budget), lease; results; table, memory, verify.
 
 Engine protocol for one request (B = block size; what daemon/engine/kv.py does)::
 

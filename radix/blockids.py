@@ -90,6 +90,22 @@ def first_id(blocks: bytes) -> int:
     return got
 
 
+def joined_ids(parts: list[bytes]) -> BlockIds:
+    """The packed blocks of a matched path (usually one node's own BlockIds, shared as is)."""
+    if len(parts) == 1 and type(parts[0]) is BlockIds:
+        return parts[0]
+    return BlockIds(b"".join(parts)) if parts else EMPTY
+
+
+def differing_ids(mine: bytes, start: int, node_blocks: bytes, lo: int, hi: int) -> list[int]:
+    """The caller's ids (packed ``mine``, from id ``start`` on) that differ from ``node_blocks[lo:hi]``."""
+    theirs = bytes.__getitem__(node_blocks, slice(lo * ID_BYTES, hi * ID_BYTES))
+    if mine.startswith(theirs, start * ID_BYTES):  # the tree's own blocks (the usual case): one memcmp
+        return []
+    a = array("i", bytes.__getitem__(mine, slice(start * ID_BYTES, (start + hi - lo) * ID_BYTES)))
+    return [x for x, y in zip(a, array("i", theirs), strict=True) if x != y]
+
+
 def spells_runs(blocks: bytes, id_bytes: bytes, runs: list[tuple[int, int]]) -> bool:
     """Whether ``blocks`` (packed) is exactly the ids of ``runs`` in order: one in-place memcmp per run
     against ``id_bytes`` (the pool's ids ``0 .. num_blocks-1``, packed)."""

@@ -5,8 +5,8 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
+    from radixd.radix.holds import Holds
     from radixd.radix.node import Node, Tokens
-    from radixd.radix.store import NodeStore
 
 
 class Lease:
@@ -17,13 +17,13 @@ class Lease:
     matched path.
     """
 
-    # NOTE: a live lease that locks a path holds one hold on every node of it (NodeStore.lease), counted
-    # in the store's num_leases; the lease's node stays alive and keeps its end while the lease lasts.
+    # NOTE: a live lease that locks a path holds one hold on every node of it (Holds.lease), counted
+    # in Holds.num_leases; the lease's node stays alive and keeps its end while the lease lasts.
 
-    __slots__ = ("_namespace", "_node", "_open", "_store")
+    __slots__ = ("_holds", "_namespace", "_node", "_open")
 
-    def __init__(self, store: NodeStore, node: Node | None, namespace: str) -> None:
-        self._store = store
+    def __init__(self, holds: Holds, node: Node | None, namespace: str) -> None:
+        self._holds = holds
         self._node = node  # the end of the locked path (None: nothing locked yet)
         self._namespace = namespace  # the namespace of that path
         self._open = True
@@ -39,8 +39,8 @@ class Lease:
         an insert gives it one, and after release)."""
         return self._node is not None
 
-    def issued_by(self, store: NodeStore) -> bool:
-        return self._store is store
+    def issued_by(self, holds: Holds) -> bool:
+        return self._holds is holds
 
     def release(self) -> None:
         if self._open:
@@ -48,15 +48,15 @@ class Lease:
             node = self._node
             if node is not None:
                 self._node = None
-                self._store.unlease(node)
+                self._holds.unlease(node)
 
     def clone(self) -> Lease:
         """Another lease on the same path (e.g. one per forked sequence); released independently."""
         node = self._node
         if node is not None:
-            self._store.lease(node)
+            self._holds.lease(node)
         # Without a path: a live empty lease, which a later insert can lock with.
-        return Lease(self._store, node, self._namespace)
+        return Lease(self._holds, node, self._namespace)
 
     def follow(self, node: Node, namespace: str) -> None:
         """Move the lock onto ``node``'s path (an insert with this lease ended there); a released lease
@@ -65,9 +65,9 @@ class Lease:
             return
         old = self._node
         if old is None:  # an empty match's lease starts locking here
-            self._store.lease(node)
+            self._holds.lease(node)
         else:
-            self._store.move_lock(old, node)
+            self._holds.move_lock(old, node)
         self._node = node
         self._namespace = namespace
 

@@ -3,20 +3,22 @@
 from __future__ import annotations
 
 from radixd.radix.errors import NotPinned, PinBudgetExceeded
+from radixd.radix.holds import Holds
 from radixd.radix.node import TOKEN_BYTES, Node, Tokens
 from radixd.radix.store import NodeStore
 
 
 class Pins:
     """The pins of one tree: each holds its path as a lease does (a hold per node, see
-    :meth:`NodeStore.lock`) and counts it in the nodes' ``pin``; the pinned blocks stay within
+    :meth:`Holds.lock`) and counts it in the nodes' ``pin``; the pinned blocks stay within
     ``budget_blocks``."""
 
     # NOTE: node.pin == the pins whose path runs through the node; num_pinned_blocks == the blocks of
     # the nodes with pin > 0 (radixd.radix.verify checks both).
 
-    def __init__(self, store: NodeStore, budget_blocks: int) -> None:
+    def __init__(self, store: NodeStore, holds: Holds, budget_blocks: int) -> None:
         self._store = store
+        self._holds = holds
         self.budget_blocks = budget_blocks
         self.num_pinned_blocks = 0
         self._pins: dict[tuple[str, Tokens], Node] = {}
@@ -41,7 +43,7 @@ class Pins:
                 f"pinning {add} more blocks would exceed the pin budget: {self.num_pinned_blocks} of "
                 f"{self.budget_blocks} already pinned; unpin something or raise pin_budget_fraction"
             )
-        self._store.lock(node)
+        self._holds.lock(node)
         x = node
         while x is not None and x.parent is not None:
             x.pin += 1
@@ -65,7 +67,7 @@ class Pins:
             if x.pin == 0:
                 self.num_pinned_blocks -= len(x.blocks)
             x = x.parent
-        self._store.unlock(node)
+        self._holds.unlock(node)
         return node.end // TOKEN_BYTES
 
     def _target(self, t: Tokens, namespace: str) -> Node | None:

@@ -1,10 +1,11 @@
 """NodeStore: the radix tree's nodes, with the state that changes whenever one does.
 
-It owns the roots (one per namespace), the LRU index of evictable leaves, the logical clock, the counts
-of nodes, cached blocks, leases and evicted blocks, and the listener told of each change of content.
-Every change of a node (its shape, its hold, its place in the LRU) goes through its methods, and every
-change of block ownership through the pool's. The tree (:class:`radixd.radix.tree.RadixTree`) decides
-what to change; :meth:`NodeStore.descend` is the one walk down the tree that all its operations use.
+It owns the roots (one per namespace), the LRU index of evictable leaves (with the logical clock), the
+counts of nodes, cached blocks and evicted blocks, and the listener told of each change of content.
+Every change of the tree's shape goes through its methods (the holds on paths through
+:class:`radixd.radix.holds.Holds`), and every change of block ownership through the pool's. The tree
+(:class:`radixd.radix.tree.RadixTree`) decides what to change; :meth:`NodeStore.descend` is the one
+walk down the tree that all its operations use.
 """
 
 from __future__ import annotations
@@ -29,11 +30,9 @@ class NodeStore:
         self.block_size = pool.block_size
         self.block_bytes = pool.block_size * TOKEN_BYTES  # a block's tokens, in packed bytes
         self._roots: dict[str, Node] = {}
-        self.lru = LruIndex()
-        self._clock = 0  # logical time of the last use; every node's tick is unique
+        self.lru = LruIndex()  # and the clock that gives ticks
         self.num_nodes = 0
         self.num_cached_blocks = 0
-        self.num_leases = 0  # leases that lock a path (a lease of an empty match locks none yet)
         self.evicted = dict.fromkeys(EVICT_REASONS, 0)
         # Observer of content changes (see radix/events.py); None costs one test per leaf added/removed.
         self.listener: CacheListener | None = None
@@ -59,7 +58,7 @@ class NodeStore:
         Returns the nodes whose whole edge ``t`` spells, in order (the walk stops at an edge that ends
         in a partial block), then the child where ``t`` leaves that path inside an edge (None when no
         child continues it by a full block) and the bytes of that edge ``t`` shares (>= one block).
-        Changes nothing: the caller marks what it used (:meth:`use`, :meth:`touch_all`).
+        Changes nothing: the caller marks what it used (``lru.use``, ``lru.touch_all``).
         """
         B = self.block_bytes
         n = len(t)
@@ -78,42 +77,6 @@ class NodeStore:
                 continue
             return path, child, common_prefix_bytes(t, pos, ct)
         return path, None, 0
-
-    def use(self, path: list[Node]) -> None:
-        """New ticks for ``path``'s nodes, in order, taking them out of the LRU index: a lease is about to
-        lock them (a match)."""
-        lru = self.lru
-        clock = self._clock
-        for x in path:
-            if x.in_lru:
-                lru.discard(x)
-            clock += 1
-            x.tick = clock
-        self._clock = clock
-
-    def touch_all(self, path: list[Node]) -> None:
-        """New ticks for ``path``'s nodes, in order, moving those in the LRU index to its newest end."""
-        clock = self._clock
-        for x in path:
-            clock += 1
-            if x.in_lru:
-                self._retick(x, clock)
-            else:
-                x.tick = clock
-        self._clock = clock
-
-    def touch(self, node: Node) -> None:
-        """Give ``node`` the next tick, moving it within the LRU index."""
-        self._clock += 1
-        self._retick(node, self._clock)
-
-    def _retick(self, node: Node, tick: int) -> None:
-        if node.in_lru:
-            self.lru.discard(node)
-            node.tick = tick
-            self.lru.add(node)
-        else:
-            node.tick = tick
 
     def path_of(self, node: Node) -> tuple[str, list[int]]:
         """The namespace and the token path from the root to the end of ``node`` (for listeners)."""
@@ -156,8 +119,7 @@ class NodeStore:
         A bad block raises (from the pool) with nothing changed, dropping ``parent`` if it is a root that
         was created for this insert only.
         """
-        clock = self._clock = self._clock + 1
-        leaf = Node(tokens, blocks, parent, tokens[: self.block_bytes], clock)
+        leaf = Node(tokens, blocks, parent, tokens[: self.block_bytes], self.lru.next_tick())
         try:
             leaf.runs = self.pool.adopt(leaf, blocks, donate)
         except RadixError:
@@ -190,7 +152,7 @@ class NodeStore:
         ct = child.tokens
         cb = memoryview(child.blocks)
         upper = Node(ct[: k * B], BlockIds(cb[: k * ID_BYTES]), parent, child.key, child.tick)
-        self.touch(child)  # keep ticks unique: the upper part took the old one
+        self.lru.touch(child)  # keep ticks unique: the upper part took the old one
         # Re-seat: same key in the parent, so replace in place.
         parent.children[upper.key] = upper
         if parent.by_first is not None:
@@ -277,64 +239,12 @@ class NodeStore:
                 if lf < self.block_bytes and key[:lf] == first:
                     if rest_blocks[0] != c.blocks[0]:
                         dups.append(rest_blocks[0])
-                    self.touch(c)
+                    self.lru.touch(c)
                     return c
             elif first[: len(key)] == key and c.hold == 0:
                 # c is a one-block partial leaf whose tokens are a prefix of ours: ours supersedes it.
                 self.remove_leaf(c, "superseded", None, keep_root=True)
         return None
-
-    # ================================================================= holds
-    def lease(self, node: Node) -> None:
-        """A new lease locks ``node``'s path (:meth:`lock`, counted in ``num_leases``)."""
-        self._lock_up_to(node, None)
-        self.num_leases += 1
-
-    def unlease(self, node: Node) -> None:
-        """A lease that locked ``node``'s path is released."""
-        self.num_leases -= 1
-        self.unlock(node)
-
-    def lock(self, node: Node) -> None:
-        """One more hold on ``node`` and its ancestors: none of them is evictable while it lasts."""
-        self._lock_up_to(node, None)
-
-    def move_lock(self, old: Node, new: Node) -> None:
-        """Move one hold from ``old``'s path to ``new``'s (a lease following its owner's inserts).
-
-        NOTE: when ``old`` is an ancestor of ``new`` (a decoding sequence's lease moving onto the block it
-        just filled) the path above ``old`` keeps its hold: only the nodes below it gain one, so the move
-        costs the nodes added, not the path's depth (which grows by one node per block inserted).
-        """
-        if not self._lock_up_to(new, old):
-            self.unlock(old)
-
-    def _lock_up_to(self, node: Node, stop: Node | None) -> bool:
-        """One more hold on ``node`` and its ancestors below ``stop``; -> whether the walk met ``stop``."""
-        pool = self.pool
-        x: Node | None = node
-        while x is not None and x.parent is not None:
-            if x is stop:
-                return True
-            x.hold += 1
-            if x.hold == 1:
-                pool.owner_held(x)
-                if x.in_lru:
-                    self.lru.discard(x)
-            x = x.parent
-        return False
-
-    def unlock(self, node: Node) -> None:
-        """Undo one :meth:`lock`; leaves whose last hold went become evictable again."""
-        pool = self.pool
-        x: Node | None = node
-        while x is not None and x.parent is not None:
-            x.hold -= 1
-            if x.hold == 0:
-                pool.owner_unheld(x)
-                if not x.children:
-                    self.lru.add(x)
-            x = x.parent
 
     # ============================================================== eviction
     def evict_lru(self, n_blocks: int, freed: list[int] | None, reason: str = "lru") -> int:

@@ -1,19 +1,19 @@
 """RadixTree: token-exact prefix cache over paged KV blocks (match, insert, leases, pins, eviction).
 
 One class, composed of the owners of its state: a :class:`NodeStore` (the nodes, their LRU order and
-counts; radix/store.py) and :class:`Pins` (pinned prefixes and their budget; radix/pins.py); the tree
-itself counts match hits and misses. Every walk down the tree is :meth:`NodeStore.descend`. Blocks change
-owner only through :class:`BlockPool` methods.
+counts; radix/store.py), :class:`Holds` (the locks of leases and pins; radix/holds.py) and :class:`Pins`
+(pinned prefixes and their budget; radix/pins.py); the tree itself counts match hits and misses. Every
+walk down the tree is :meth:`NodeStore.descend`. Blocks change owner only through :class:`BlockPool`.
 """
 
 from __future__ import annotations
 
-from array import array
 from collections.abc import Sequence
 
-from radixd.radix.blockids import EMPTY, ID_BYTES, BlockIds
+from radixd.radix.blockids import EMPTY, ID_BYTES, BlockIds, differing_ids, joined_ids
 from radixd.radix.errors import InvalidRequest, UnknownLease
 from radixd.radix.events import CacheListener
+from radixd.radix.holds import Holds
 from radixd.radix.lease import Lease
 from radixd.radix.node import TOKEN_BYTES, Node, TokenKey, Tokens, as_tokens
 from radixd.radix.pins import Pins
@@ -55,7 +55,8 @@ class RadixTree:
         self.block_size = pool.block_size
         self._bb = pool.block_size * TOKEN_BYTES  # a block's tokens, in packed bytes
         self.store = NodeStore(pool)
-        self._pins = Pins(self.store, int(pin_budget_fraction * pool.num_usable))
+        self.holds = Holds(pool, self.store.lru)
+        self._pins = Pins(self.store, self.holds, int(pin_budget_fraction * pool.num_usable))
         self._hit_tokens = 0
         self._miss_tokens = 0
 
@@ -81,10 +82,10 @@ class RadixTree:
         num_tokens = bytes.__len__(blocks) // ID_BYTES * self.block_size
         self._hit_tokens += num_tokens + ptok
         self._miss_tokens += len(t) // TOKEN_BYTES - num_tokens - ptok
-        store = self.store
+        holds = self.holds
         if node is not None:
-            store.lease(node)
-        return PrefixMatch(blocks, num_tokens, pblock, ptok, Lease(store, node, namespace))
+            holds.lease(node)
+        return PrefixMatch(blocks, num_tokens, pblock, ptok, Lease(holds, node, namespace))
 
     def peek(self, tokens: Key, namespace: str = "") -> int:
         """Cached prefix length of ``tokens`` (full + partial block tokens); no lock, LRU or stats change."""
@@ -107,21 +108,21 @@ class RadixTree:
             parts.append(bytes.__getitem__(child.blocks, slice(0, k * ID_BYTES)))  # k >= 1: a key matched
             if use:
                 path.append(child)
-                store.use(path)
-            return child, _joined(parts), (child.blocks[k] if r else None), r
+                store.lru.use(path)
+            return child, joined_ids(parts), (child.blocks[k] if r else None), r
         node = path[-1] if path else root
         pos = node.end
-        blocks = _joined([x.blocks for x in path])
+        blocks = joined_ids([x.blocks for x in path])
         by_first = node.by_first
         if by_first and t[pos : pos + TOKEN_BYTES] in by_first:  # a child may share part of a block
             best, best_len = node.best_partial(t[pos : pos + self._bb])
             if best is not None:
                 if use:
                     path.append(best)
-                    store.use(path)
+                    store.lru.use(path)
                 return best, blocks, best.blocks[0], best_len
         if use:
-            store.use(path)
+            store.lru.use(path)
         return (node if node.parent is not None else None), blocks, None, 0
 
     # ================================================================== insert
@@ -154,7 +155,7 @@ class RadixTree:
         blocks = table.blocks
         if not done <= n_blocks <= len(blocks):
             raise InvalidRequest(f"insert_table of {n_blocks} blocks outside [{done}, {len(blocks)}]")
-        if not lease.issued_by(self.store):
+        if not lease.issued_by(self.holds):
             raise UnknownLease("insert_table got a lease issued by another RadixTree")
         if done and not lease.locks_path:
             raise InvalidRequest(f"insert_table: the table leases {done} blocks but its lease locks nothing")
@@ -182,7 +183,12 @@ class RadixTree:
         # Positions cached before this insert (a leaf added now starts on a block boundary).
         known = n_blocks if new_tokens == 0 else (n_tokens - new_tokens) // self.block_size
         if known > done:
-            self._settle_known(t, table, done, known, namespace, dups)
+            # The table's blocks done..known sat at positions the tree had cached: it reads the tree's.
+            theirs = None
+            if dups:
+                _node, full, partial, _ptok = self._walk(t[: known * bb], namespace, False)
+                theirs = full.tolist() + ([partial] if partial is not None else [])
+            table.settle_cached(done, known, dups, theirs)
         table.leased_up_to(n_blocks)
         return InsertResult(dups, n_tokens - new_tokens, new_tokens)
 
@@ -203,10 +209,10 @@ class RadixTree:
         path, child, m = store.descend(t, root if start is None else start)
         if child is not None:
             path.append(child)
-            store.touch_all(path)
+            store.lru.touch_all(path)
             path.pop()
         else:
-            store.touch_all(path)
+            store.lru.touch_all(path)
         dups: list[int] = []
         # Where the caller gave blocks (positions from c on: bl[i] is the block of position c + i), are
         # they the tree's own? Others are duplicates.
@@ -216,9 +222,9 @@ class RadixTree:
             j = (x.end - len(x.tokens)) // B
             if j >= c:
                 if not bl.startswith(cb, (j - c) * ID_BYTES):
-                    dups += _differing(bl, j - c, cb, 0, k)
+                    dups += differing_ids(bl, j - c, cb, 0, k)
             elif j + k > c:
-                dups += _differing(bl, 0, cb, c - j, k)
+                dups += differing_ids(bl, 0, cb, c - j, k)
         node = path[-1] if path else root if start is None else start
         j = node.end // B
         if child is not None:
@@ -228,7 +234,7 @@ class RadixTree:
             else:
                 if j + k > c:
                     lo = max(c - j, 0)
-                    dups += _differing(bl, j + lo - c, child.blocks, lo, k)
+                    dups += differing_ids(bl, j + lo - c, child.blocks, lo, k)
                 node = store.split(child, k)
                 j += k
         if j < c:
@@ -249,28 +255,10 @@ class RadixTree:
                 return covered, dups, 0
         return store.add_leaf(node, rest, rest_blocks, True), dups, len(rest) // TOKEN_BYTES
 
-    def _settle_known(
-        self, t: Tokens, table: BlockTable, done: int, known: int, namespace: str, dups: list[int]
-    ) -> None:
-        """After ``insert_table``: blocks ``done..known`` of ``table`` sat at positions the tree had cached.
-
-        Where the tree holds this very block (a fork inserted it first) the donation left the table's
-        reference with the table: drop it. Where it holds another block, the tree released ours (a
-        duplicate), and the table reads the tree's block instead.
-        """
-        dup = set(dups)
-        for i in range(done, known):
-            if table.blocks[i] not in dup:
-                self.pool.decref(table.blocks[i])
-        if dup:
-            _node, full, partial, _ptok = self._walk(t[: known * self._bb], namespace, False)
-            theirs = full.tolist() + ([partial] if partial is not None else [])
-            table.blocks[done:known] = array("i", theirs[done:known])
-
     # ================================================================= leases
     def release(self, lease: Lease) -> None:
         """Release ``lease`` (idempotent). Raises UnknownLease for a lease of another tree."""
-        if not lease.issued_by(self.store):
+        if not lease.issued_by(self.holds):
             raise UnknownLease("release() of a lease issued by another RadixTree")
         lease.release()
 
@@ -365,7 +353,7 @@ class RadixTree:
 
     @property
     def num_leases(self) -> int:
-        return self.store.num_leases
+        return self.holds.num_leases
 
     def stats(self) -> CacheStats:
         pool = self.pool
@@ -380,27 +368,11 @@ class RadixTree:
             pinned_blocks=self._pins.num_pinned_blocks,
             pin_budget_blocks=self._pins.budget_blocks,
             nodes=store.num_nodes,
-            leases=store.num_leases,
+            leases=self.holds.num_leases,
             hit_tokens=self._hit_tokens,
             miss_tokens=self._miss_tokens,
             evicted_blocks=dict(store.evicted),
         )
-
-
-def _joined(parts: list[bytes]) -> BlockIds:
-    """The packed blocks of a matched path (usually one node's own BlockIds, shared as is)."""
-    if len(parts) == 1 and type(parts[0]) is BlockIds:
-        return parts[0]
-    return BlockIds(b"".join(parts)) if parts else EMPTY
-
-
-def _differing(mine: bytes, start: int, node_blocks: bytes, lo: int, hi: int) -> list[int]:
-    """The caller's ids (packed ``mine``, from id ``start`` on) that differ from ``node_blocks[lo:hi]``."""
-    theirs = bytes.__getitem__(node_blocks, slice(lo * ID_BYTES, hi * ID_BYTES))
-    if mine.startswith(theirs, start * ID_BYTES):  # the tree's own blocks (the usual case): one memcmp
-        return []
-    a = array("i", bytes.__getitem__(mine, slice(start * ID_BYTES, (start + hi - lo) * ID_BYTES)))
-    return [x for x, y in zip(a, array("i", theirs), strict=True) if x != y]
 
 
 def _bad_insert(block_size: int, n: int, got: int, cached: int) -> InvalidRequest:
