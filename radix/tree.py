@@ -240,8 +240,8 @@ class RadixTree:
         if j < c:
             store.drop_if_empty_root(root)  # created for this insert only
             raise InvalidRequest(
-                f"insert(cached={c}): only {j} leading blocks of these tokens are cached; hold the match's "
-                "lease until the insert, or pass the blocks of every position"
+                f"insert(cached={c}): only {j} leading blocks of these tokens are cached, but the table "
+                "leases more: its lease must lock them until the insert"
             )
         if j == -(-n // B):
             return node, dups, 0
