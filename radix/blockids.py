@@ -90,13 +90,6 @@ def first_id(blocks: bytes) -> int:
     return got
 
 
-def joined_ids(parts: list[bytes]) -> BlockIds:
-    """The packed blocks of a matched path (usually one node's own BlockIds, shared as is)."""
-    if len(parts) == 1 and type(parts[0]) is BlockIds:
-        return parts[0]
-    return BlockIds(b"".join(parts)) if parts else EMPTY
-
-
 def differing_ids(mine: bytes, start: int, node_blocks: bytes, lo: int, hi: int) -> list[int]:
     """The caller's ids (packed ``mine``, from id ``start`` on) that differ from ``node_blocks[lo:hi]``."""
     theirs = bytes.__getitem__(node_blocks, slice(lo * ID_BYTES, hi * ID_BYTES))

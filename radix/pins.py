@@ -73,7 +73,7 @@ class Pins:
     def _target(self, t: Tokens, namespace: str) -> Node | None:
         """Deepest node fully covered by ``t`` (splitting at a block boundary when ``t`` ends inside)."""
         store = self._store
-        root = store.root(namespace)
+        root = store.roots.get(namespace)
         if root is None:
             return None
         path, child, m = store.descend(t, root)

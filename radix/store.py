@@ -29,7 +29,7 @@ class NodeStore:
         self.pool = pool
         self.block_size = pool.block_size
         self.block_bytes = pool.block_size * TOKEN_BYTES  # a block's tokens, in packed bytes
-        self._roots: dict[str, Node] = {}
+        self.roots: dict[str, Node] = {}  # read by all; changed only here
         self.lru = LruIndex()  # and the clock that gives ticks
         self.num_nodes = 0
         self.num_cached_blocks = 0
@@ -38,18 +38,11 @@ class NodeStore:
         self.listener: CacheListener | None = None
 
     # ================================================================== lookup
-    def root(self, namespace: str) -> Node | None:
-        return self._roots.get(namespace)
-
-    def roots(self) -> Iterator[tuple[str, Node]]:
-        """Every namespace with its root (a root exists while its namespace caches something)."""
-        return iter(self._roots.items())
-
     def root_for_insert(self, namespace: str) -> Node:
         """The namespace's root, created if missing (an insert that fails drops it again)."""
-        root = self._roots.get(namespace)
+        root = self.roots.get(namespace)
         if root is None:
-            root = self._roots[namespace] = Node(b"", EMPTY, None, b"", 0)
+            root = self.roots[namespace] = Node(b"", EMPTY, None, b"", 0)
         return root
 
     def descend(self, t: Tokens, node: Node) -> tuple[list[Node], Node | None, int]:
@@ -87,12 +80,12 @@ class NodeStore:
             parts.append(bytes(x.tokens))
             root = x
             x = x.parent
-        ns = next((name for name, r in self._roots.items() if r is root), "")
+        ns = next((name for name, r in self.roots.items() if r is root), "")
         return ns, token_ids(b"".join(reversed(parts)))
 
     def nodes(self) -> Iterator[Node]:
         """Every live non-root node, parents before children."""
-        for root in self._roots.values():
+        for root in self.roots.values():
             stack = list(root.children.values())
             while stack:
                 x = stack.pop()
@@ -102,7 +95,7 @@ class NodeStore:
     def replay(self, listener: CacheListener) -> int:
         """Report every node to ``listener`` as ``stored``, parents first; -> nodes reported."""
         count = 0
-        for ns, root in self._roots.items():
+        for ns, root in self.roots.items():
             stack = [(c, bytes(root.tokens)) for c in reversed(root.children.values())]
             while stack:
                 x, above = stack.pop()
@@ -215,9 +208,9 @@ class NodeStore:
     def drop_if_empty_root(self, node: Node) -> None:
         """Forget ``node`` if it is a root with nothing under it."""
         if node.parent is None and not node.children:
-            for ns, r in self._roots.items():
+            for ns, r in self.roots.items():
                 if r is node:
-                    del self._roots[ns]
+                    del self.roots[ns]
                     return
 
     def settle_partial(self, node: Node, rest: Tokens, rest_blocks: BlockIds, dups: list[int]) -> Node | None:

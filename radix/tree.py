@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from radixd.radix.blockids import EMPTY, ID_BYTES, BlockIds, differing_ids, joined_ids
+from radixd.radix.blockids import EMPTY, ID_BYTES, BlockIds, differing_ids
 from radixd.radix.errors import InvalidRequest, UnknownLease
 from radixd.radix.events import CacheListener
 from radixd.radix.holds import Holds
@@ -97,22 +97,26 @@ class RadixTree:
         """(deepest node matched or None, full blocks, partial block, partial tokens) of key ``t``;
         ``use``: the matched nodes get new ticks and leave the LRU index (a lease will lock them)."""
         store = self.store
-        root = store.root(namespace)
+        root = store.roots.get(namespace)
         if root is None:
             return None, EMPTY, None, 0
         path, child, m = store.descend(t, root)
         if child is not None:  # the query leaves the path inside this child's edge
             k = m // self._bb
             r = (m - k * self._bb) // TOKEN_BYTES
-            parts: list[bytes] = [x.blocks for x in path]
-            parts.append(bytes.__getitem__(child.blocks, slice(0, k * ID_BYTES)))  # k >= 1: a key matched
+            head = bytes.__getitem__(child.blocks, slice(0, k * ID_BYTES))  # k >= 1: a key matched
+            blocks = BlockIds(b"".join([x.blocks for x in path]) + head if path else head)
             if use:
                 path.append(child)
                 store.lru.use(path)
-            return child, joined_ids(parts), (child.blocks[k] if r else None), r
+            return child, blocks, (child.blocks[k] if r else None), r
         node = path[-1] if path else root
         pos = node.end
-        blocks = joined_ids([x.blocks for x in path])
+        # The blocks of the whole nodes (usually one node's own BlockIds, shared as is).
+        if len(path) == 1:
+            blocks = path[0].blocks
+        else:
+            blocks = BlockIds(b"".join([x.blocks for x in path])) if path else EMPTY
         by_first = node.by_first
         if by_first and t[pos : pos + TOKEN_BYTES] in by_first:  # a child may share part of a block
             best, best_len = node.best_partial(t[pos : pos + self._bb])
@@ -290,7 +294,7 @@ class RadixTree:
         An empty ``tokens`` means the whole namespace. Returns the number of blocks dropped.
         """
         store = self.store
-        root = store.root(namespace)
+        root = store.roots.get(namespace)
         if root is None:
             return 0
         t = as_tokens(tokens)

@@ -54,7 +54,7 @@ def check_consistency(tree: RadixTree, tables: Iterable[BlockTable] = ()) -> Non
     tree_refs: Counter[int] = Counter()
     evictable = nodes = pinned = lru_members = 0
     ticks: set[int] = set()
-    for ns, root in store.roots():
+    for ns, root in store.roots.items():
         if root.parent is not None or root.tokens or root.blocks or root.end:
             _fail(f"root of namespace {ns!r} is malformed")
         if not root.children:

@@ -130,7 +130,7 @@ class RadixMachine(RuleBasedStateMachine):
             root = node
             while root.parent is not None:
                 root = root.parent
-            if self.tree.store.root(ns) is not root:
+            if self.tree.store.roots.get(ns) is not root:
                 continue
             best = max(best, _lcp(toks, _path_tokens(node)))
         return best
@@ -378,7 +378,7 @@ class RadixMachine(RuleBasedStateMachine):
                 root = node
                 while root.parent is not None:
                     root = root.parent
-                assert self.tree.store.root(ns) is not root, "evict_prefix left an extending entry"
+                assert self.tree.store.roots.get(ns) is not root, "evict_prefix left an extending entry"
 
     @rule()
     def flush(self) -> None:
@@ -441,7 +441,7 @@ class RadixMachine(RuleBasedStateMachine):
         if not hasattr(self, "tree") or self.tree.listener is None:
             return
         actual: set[tuple[str, tuple[int, ...]]] = set()
-        for ns, root in self.tree.store.roots():
+        for ns, root in self.tree.store.roots.items():
             stack = list(root.children.values())
             while stack:
                 x = stack.pop()
