@@ -63,7 +63,7 @@ class TokenKey:
 
 
 def encode_tokens(tokens: Sequence[int]) -> TokenKey:
-    """Pack token ids once so repeated tree calls skip the conversion (``match``/``insert`` accept it)."""
+    """Pack token ids once so repeated tree calls skip the conversion (``match``/``insert_table`` take it)."""
     return TokenKey(as_tokens(tokens))
 
 
