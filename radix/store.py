@@ -201,7 +201,7 @@ class NodeStore:
         if parent.parent is not None:
             if not parent.children and parent.hold == 0:
                 self.lru.add(parent)
-        elif not keep_root:
+        elif not parent.children and not keep_root:
             self.drop_if_empty_root(parent)
         return n_freed
 
