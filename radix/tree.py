@@ -125,7 +125,7 @@ class RadixTree:
                     path.append(best)
                     store.lru.use(path)
                 return best, blocks, best.blocks[0], best_len
-        if use:
+        if use and path:
             store.lru.use(path)
         return (node if node.parent is not None else None), blocks, None, 0
 
@@ -215,7 +215,7 @@ class RadixTree:
             path.append(child)
             store.lru.touch_all(path)
             path.pop()
-        else:
+        elif path:
             store.lru.touch_all(path)
         dups: list[int] = []
         # Where the caller gave blocks (positions from c on: bl[i] is the block of position c + i), are
