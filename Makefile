@@ -46,6 +46,8 @@ bench: bench-memory bench-radix bench-kernels bench-offline bench-workloads benc
 bench-memory: $(STAMP)
 	$(PY) bench/fragmentation.py
 
+# Needs ../shared/bench/radix_peer_bench.py, outside this repository (bench/radix_adapter.py says what
+# it needs and stops when it is missing), and SGLang's sources (~/.cache/sglang_src, fetched with pip).
 bench-radix: $(STAMP)
 	$(PY) bench/radix_adapter.py --repeat 5 --workloads w1,w2
 	$(PY) bench/radix_adapter.py --repeat 1 --workloads w3 --page-sizes 16,1

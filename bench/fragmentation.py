@@ -234,14 +234,15 @@ class Paged:
         if not self._reserve(need):
             m.lease.release()
             return None
-        t = BlockTable(self.pool)
-        t.share_prefix(m.blocks, m.num_tokens)
+        t = BlockTable(self.pool)  # the engine's protocol (KVManager): the lease keeps the matched blocks
+        t.lease_prefix(m.block_ids)
         if m.partial_block is not None:
             t.copy_partial(m.partial_block, m.partial_tokens)
         t.append_slots(plen - t.num_tokens)
         self.hit_tokens += m.cached_tokens
         self.prompt_tokens += plen
-        self.tree.insert(req.prompt, t.blocks, lease=m.lease)  # later requests share this prompt
+        n_full = plen // B  # later requests share this prompt's full blocks; the lease moves onto them
+        self.tree.insert_table(req.prompt[: n_full * B], t, n_full, "", m.lease)
         tables = [t, *t.fork(len(req.finals) - 1)]
         return Running(
             req,

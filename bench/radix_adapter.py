@@ -1,7 +1,14 @@
-"""Adapter that drives radixd's RadixTree through ../shared/bench/radix_peer_bench.py.
+"""Adapter that drives radixd's RadixTree through the peer bench, radix_peer_bench.py.
 
-Usage (from the repository root; SGLang's sources are downloaded by the bench when missing)::
+NOTE: the peer bench is not part of this repository. It is expected in the folder ``shared/bench/`` next
+to the checkout (``../shared/bench/radix_peer_bench.py`` from the repository root; ``--peer-bench PATH``
+names another place), and it needs SGLang's sources (``--sglang-src``, by default
+``~/.cache/sglang_src``; when they are missing the peer bench downloads SGLang's wheel with pip). Without
+the peer bench, ``python bench/radix_adapter.py`` (``make bench-radix``) stops with a message saying so.
 
+Usage (from the repository root)::
+
+    .venv/bin/python bench/radix_adapter.py --repeat 5 --workloads w1,w2      # side by side with SGLang
     .venv/bin/python ../shared/bench/radix_peer_bench.py --adapter bench/radix_adapter.py:Adapter
 
 It runs the engine's own protocol (``daemon/engine/kv.py``), call for call: a request keeps its
@@ -85,6 +92,7 @@ def _side_by_side(argv: list[str] | None = None) -> None:
     ap.add_argument(
         "--peer-bench",
         default=os.path.join(os.path.dirname(__file__), "..", "..", "shared", "bench", "radix_peer_bench.py"),
+        help="the peer bench (not in this repository; default: ../shared/bench/ from the repository root)",
     )
     ap.add_argument("--sglang-src", default=os.path.expanduser("~/.cache/sglang_src"))
     ap.add_argument("--workloads", default="w1,w2,w3")
@@ -102,6 +110,12 @@ def _side_by_side(argv: list[str] | None = None) -> None:
     )
     args = ap.parse_args(argv)
 
+    if not os.path.isfile(args.peer_bench):
+        raise SystemExit(
+            f"bench/radix_adapter.py needs the peer bench radix_peer_bench.py, which is not part of this "
+            f"repository: no file at {os.path.abspath(args.peer_bench)}. Put it in shared/bench/ next to "
+            "the checkout, or pass --peer-bench PATH."
+        )
     spec = importlib.util.spec_from_file_location("radix_peer_bench", args.peer_bench)
     if spec is None or spec.loader is None:
         raise SystemExit(f"cannot load {args.peer_bench}")

@@ -5,7 +5,7 @@ all of it. Public API (everything below is re-exported here)::
 
     RadixError                 base of all errors; subclasses:
         InvalidRequest (also a ValueError), OutOfBlocks, DoubleFree, PinBudgetExceeded,
-        UnknownLease, NotPinned, FlushRefused
+        UnknownLease, NotPinned
 
     BlockPool(num_blocks, block_size=16)          block 0 = NULL_BLOCK, never handed out
         allocate(n) -> list[int]      refcount 1 each; OutOfBlocks (no change) if short
@@ -23,24 +23,19 @@ all of it. Public API (everything below is re-exported here)::
 
     Block ids: ``BlockIds`` (native int32 bytes; len(), indexing, iteration count ids; .array() is a
     zero-copy int32 view) is how the tree stores blocks and hands them out without a Python step per
-    block. ``insert`` takes block ids as a sequence of ints or packed (any ``bytes``).
+    block.
 
     RadixTree(pool, pin_budget_fraction=0.25)     one tree per pool
         match(tokens, namespace="") -> PrefixMatch(block_ids, num_tokens, partial_block,
                                                    partial_tokens, lease)   [.blocks, .cached_tokens]
             full cached blocks (packed; .blocks as a list) + the partially matching next block; the
-            lease locks the path
+            lease locks the path (an empty match's lease locks the path its insert creates)
         peek(tokens, namespace="") -> int          cached prefix length, no lock / LRU / stats
-        insert(tokens, blocks | block_ids, namespace="", lease=None, *, donate=False, cached=0)
-            -> InsertResult(duplicate_blocks, num_cached_tokens, num_new_tokens)
-            the tree increfs what it adopts (donate=True: takes over the caller's reference on
-            every block that is not already its own, and releases the duplicates); with lease=,
-            the lease moves to the inserted path; cached=k: the first k full blocks are the
-            tree's own (a held match) and blocks holds only the ones after them
-        release(lease); Lease.release() (idempotent; no-op after flush("drop_all")); Lease.clone()
+        insert_table(tokens, table, n_blocks, ns, lease, final=False) -> InsertResult(duplicate_blocks,
+            num_cached_tokens, num_new_tokens)     a table's new blocks to the tree (below)
+        release(lease); Lease.release() (idempotent); Lease.clone()
         evict(n_blocks) -> list[int] (freed); evict_count(n_blocks) -> int (how many freed)
-        evict_prefix(tokens, namespace="") -> int
-        flush(mode="evict_unlocked" | "refuse_if_leased" | "drop_all", include_pinned=False) -> int
+        evict_prefix(tokens, namespace="") -> int; flush() -> int (everything no lease or pin holds)
         pin(tokens, namespace="") -> int; unpin(tokens, namespace="") -> int
         evictable_blocks() -> int (exact, O(1)); stats() -> CacheStats
         listener: CacheListener | None (content changes; FanOut(*listeners) feeds several)
@@ -55,8 +50,9 @@ all of it. Public API (everything below is re-exported here)::
     append_one_each(tables, make_room=None) -> list[CopyOp]   append(1) on every table of a decode
         step, all-or-nothing; make_room(need) -> bool is asked (once) when the pool is short
         blocks_for_one_each(tables) -> int      the fresh blocks it takes (one vectorized refcount read)
-    tree.insert_table(tokens, table, n_blocks, ns, lease, final=False)   the table's new blocks to the
-        tree; the lease follows the inserted path unless final (the owner releases both next)
+    tree.insert_table(tokens, table, n_blocks, ns, lease, final=False)   the table's blocks after its
+        leased ones are donated to the tree, which releases duplicates (the table reads the tree's
+        blocks); the lease follows the inserted path unless final (the owner releases both next)
     CopyOp = tuple[int, int, int]                  (src_block, dst_block, n_tokens)
 
     CacheStats: free / evictable / in_use blocks (sum = usable), cached, pinned, pin budget,
@@ -69,9 +65,9 @@ all of it. Public API (everything below is re-exported here)::
 
 Debugging: ``radixd.radix.verify.check_consistency(tree, tables)`` checks every invariant (O(n)).
 Layout: errors, blockids, extents, pool (blocks, refcounts, and the only code that changes a block's
-owner), node, lru, results, tree (the one RadixTree class) with its helper modules tree_nodes (add, split,
-remove nodes; lock paths), tree_insert (lookup and insert walks), tree_admin (evict_prefix, flush, pins);
-table, memory, verify.
+owner), node, lru (the LRU index and its clock), events; the tree is one class (tree: match, insert,
+evict) composed of the owners of its state: store (nodes and counts; the one descent), holds (the locks
+of leases and pins), pins (pins and their budget), lease; results; table, memory, verify.
 
 Engine protocol for one request (B = block size; what daemon/engine/kv.py does)::
 
@@ -89,7 +85,6 @@ Engine protocol for one request (B = block size; what daemon/engine/kv.py does):
 from radixd.radix.blockids import BlockIds
 from radixd.radix.errors import (
     DoubleFree,
-    FlushRefused,
     InvalidRequest,
     NotPinned,
     OutOfBlocks,
@@ -98,12 +93,14 @@ from radixd.radix.errors import (
     UnknownLease,
 )
 from radixd.radix.events import CacheListener, FanOut
+from radixd.radix.lease import Lease
 from radixd.radix.memory import LLAMA2_70B, LLAMA3_8B, LLAMA3_70B, KVSpec
 from radixd.radix.node import TOKEN_BYTES, TokenKey, encode_tokens, token_ids
 from radixd.radix.pool import NULL_BLOCK, BlockPool
-from radixd.radix.results import CacheStats, InsertResult, Lease, PrefixMatch
+from radixd.radix.results import CacheStats, InsertResult, PrefixMatch
+from radixd.radix.store import EVICT_REASONS
 from radixd.radix.table import AppendResult, BlockTable, CopyOp, append_one_each, blocks_for_one_each
-from radixd.radix.tree import EVICT_REASONS, TREE_FLUSH_MODES, RadixTree, TreeFlushMode
+from radixd.radix.tree import RadixTree
 
 __all__ = [
     "EVICT_REASONS",
@@ -112,7 +109,6 @@ __all__ = [
     "LLAMA3_70B",
     "NULL_BLOCK",
     "TOKEN_BYTES",
-    "TREE_FLUSH_MODES",
     "AppendResult",
     "BlockIds",
     "BlockPool",
@@ -122,7 +118,6 @@ __all__ = [
     "CopyOp",
     "DoubleFree",
     "FanOut",
-    "FlushRefused",
     "InsertResult",
     "InvalidRequest",
     "KVSpec",
@@ -134,7 +129,6 @@ __all__ = [
     "RadixError",
     "RadixTree",
     "TokenKey",
-    "TreeFlushMode",
     "UnknownLease",
     "append_one_each",
     "blocks_for_one_each",

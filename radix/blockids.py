@@ -12,14 +12,12 @@ from __future__ import annotations
 
 import struct
 from array import array
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterator
 from operator import index
 from typing import Any, SupportsIndex, overload
 
 import numpy as np
 import numpy.typing as npt
-
-from radixd.radix.errors import InvalidRequest
 
 ID_BYTES = 4
 """Bytes per packed block id (native int32)."""
@@ -92,16 +90,13 @@ def first_id(blocks: bytes) -> int:
     return got
 
 
-def pack_blocks(blocks: Sequence[int] | bytes) -> bytes:
-    """Block ids in packed form. ``bytes`` (a BlockIds, or another packed block table) is taken as is."""
-    if isinstance(blocks, bytes):
-        if bytes.__len__(blocks) % ID_BYTES:
-            raise InvalidRequest(f"packed block ids must be a multiple of {ID_BYTES} bytes")
-        return blocks
-    try:
-        return array("i", blocks).tobytes()
-    except (OverflowError, TypeError) as e:
-        raise InvalidRequest(f"block ids must be integers in [0, 2**31): {e}") from None
+def differing_ids(mine: bytes, start: int, node_blocks: bytes, lo: int, hi: int) -> list[int]:
+    """The caller's ids (packed ``mine``, from id ``start`` on) that differ from ``node_blocks[lo:hi]``."""
+    theirs = bytes.__getitem__(node_blocks, slice(lo * ID_BYTES, hi * ID_BYTES))
+    if mine.startswith(theirs, start * ID_BYTES):  # the tree's own blocks (the usual case): one memcmp
+        return []
+    a = array("i", bytes.__getitem__(mine, slice(start * ID_BYTES, (start + hi - lo) * ID_BYTES)))
+    return [x for x, y in zip(a, array("i", theirs), strict=True) if x != y]
 
 
 def spells_runs(blocks: bytes, id_bytes: bytes, runs: list[tuple[int, int]]) -> bool:

@@ -40,7 +40,3 @@ class UnknownLease(RadixError):
 
 class NotPinned(RadixError):
     """``unpin`` was called for a prefix that is not pinned."""
-
-
-class FlushRefused(RadixError):
-    """``flush("refuse_if_leased")`` found leases still held; release them (or wait for idle) and retry."""

@@ -1,10 +1,10 @@
 """Cache events: what a tree tells an observer (a router, metrics) about the prefixes it holds.
 
-The tree reports every change of its content at the node that changed: a new leaf (``stored``), a
+The tree reports every change of its content at the node that changed: a new leaf (``stored``), and a
 removed leaf, whatever removed it (LRU pressure, an admin eviction, a flush, a longer insert that
-superseded a partial block: ``removed``), and a forced flush that dropped everything at once
-(``cleared``). Each event names the namespace, the whole token path from the root to the end of the
-node, and ``start``, where the node's own tokens begin: the node covers ``tokens[start:]``.
+superseded a partial block: ``removed``). Each event names the namespace, the whole token path from
+the root to the end of the node, and ``start``, where the node's own tokens begin: the node covers
+``tokens[start:]``.
 
 An observer that counts, for every prefix, the live nodes covering it (``stored`` adds one to the
 prefixes ``tokens[:start+1] .. tokens``, ``removed`` takes it back) knows exactly what is cached: a
@@ -32,9 +32,6 @@ class CacheListener(Protocol):
         """The node covering ``tokens[start:]`` left the cache with its ``num_blocks`` blocks (its parent,
         ending at ``tokens[:start]``, stays). ``reason`` is one of ``EVICT_REASONS``."""
 
-    def cleared(self) -> None:
-        """Everything was dropped at once (a forced flush)."""
-
 
 class FanOut:
     """One listener that hands every change to several, in order (the tree takes one listener)."""
@@ -49,7 +46,3 @@ class FanOut:
     def removed(self, namespace: str, tokens: list[int], start: int, num_blocks: int, reason: str) -> None:
         for listener in self._listeners:
             listener.removed(namespace, tokens, start, num_blocks, reason)
-
-    def cleared(self) -> None:
-        for listener in self._listeners:
-            listener.cleared()

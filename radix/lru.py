@@ -11,9 +11,10 @@ from radixd.radix.node import Node
 
 
 class LruIndex:
-    """Evictable leaves ordered by last access (``Node.tick``), never rebuilt.
+    """Evictable leaves ordered by last access (``Node.tick``), never rebuilt, and the logical clock
+    that gives every node its ticks (:meth:`use`, :meth:`touch_all`, :meth:`touch`, :meth:`next_tick`).
 
-    Ticks come from the tree's logical clock and are unique among live nodes. Most nodes enter the
+    Ticks are unique among live nodes. Most nodes enter the
     index with the newest tick (a new leaf, a touched leaf): those are appended to an insertion-ordered
     dict, which keeps them sorted at O(1) per change. A node that re-enters with an older tick (its
     lease was released, or evicting its last child made it a leaf) goes to a ``SortedList`` at
@@ -27,13 +28,46 @@ class LruIndex:
     # A SortedList alone costs ~1.3 us per leaf added and evicted, most of a request's LRU work, while
     # nearly every add carries the newest tick; a lazily pruned heap was also tried, but it rebuilds.
 
-    __slots__ = ("_aside", "_newest", "_older", "_recent")
+    __slots__ = ("_aside", "_clock", "_newest", "_older", "_recent")
 
     def __init__(self) -> None:
         self._recent: OrderedDict[int, Node] = OrderedDict()
         self._newest = 0
         self._older = SortedList()
         self._aside: dict[int, Node] = {}
+        self._clock = 0  # logical time of the last use
+
+    def next_tick(self) -> int:
+        self._clock += 1
+        return self._clock
+
+    def use(self, path: list[Node]) -> None:
+        """New ticks for ``path``'s nodes, in order, taking them out of the index: a lease is about to
+        lock them (a match)."""
+        clock = self._clock
+        for x in path:
+            if x.in_lru:
+                self.discard(x)
+            clock += 1
+            x.tick = clock
+        self._clock = clock
+
+    def touch_all(self, path: list[Node]) -> None:
+        """New ticks for ``path``'s nodes, in order, moving those in the index to its newest end."""
+        clock = self._clock
+        for x in path:
+            clock += 1
+            if x.in_lru:
+                self.discard(x)
+                x.tick = clock
+                self.add(x)
+            else:
+                x.tick = clock
+        self._clock = clock
+
+    def touch(self, node: Node) -> None:
+        """Give ``node`` the next tick, moving it within the index."""
+        self.touch_all([node])
 
     def __len__(self) -> int:
         return len(self._recent) + len(self._aside)

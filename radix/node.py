@@ -63,7 +63,7 @@ class TokenKey:
 
 
 def encode_tokens(tokens: Sequence[int]) -> TokenKey:
-    """Pack token ids once so repeated tree calls skip the conversion (``match``/``insert`` accept it)."""
+    """Pack token ids once so repeated tree calls skip the conversion (``match``/``insert_table`` take it)."""
     return TokenKey(as_tokens(tokens))
 
 
@@ -144,6 +144,49 @@ class Node:
         # Known when the blocks came in as a few runs of consecutive ids (the common case): freeing the
         # node then takes one slice store per run, with no pass over the blocks to rediscover them.
         self.runs: list[tuple[int, int]] | None = None
+
+    # The first-token index of the children (kept when block_size > 1) finds the sibling that shares the
+    # longest partial first block without scanning every child.
+    def index_child(self, child: Node) -> None:
+        by_first = self.by_first
+        if by_first is None:
+            by_first = self.by_first = {}
+        first = child.key[:TOKEN_BYTES]
+        lst = by_first.get(first)
+        if lst is None:
+            by_first[first] = [child]
+        else:
+            lst.append(child)
+
+    def unindex_child(self, child: Node) -> None:
+        by_first = self.by_first
+        if by_first is not None:
+            first = child.key[:TOKEN_BYTES]
+            lst = by_first[first]
+            if len(lst) == 1:
+                del by_first[first]
+            else:
+                lst.remove(child)
+
+    def best_partial(self, q: Tokens) -> tuple[Node | None, int]:
+        """The child whose first block shares the longest prefix with ``q`` (at most a block of a
+        query), and that prefix in tokens; (None, 0) when no child starts with ``q``'s first token."""
+        by_first = self.by_first
+        cands = by_first.get(q[:TOKEN_BYTES]) if by_first is not None else None
+        best: Node | None = None
+        best_len = 0
+        if cands:
+            for c in cands:
+                m = common_prefix_bytes(q, 0, c.key)
+                if m > best_len:
+                    best, best_len = c, m
+        return best, best_len // TOKEN_BYTES
+
+    def children_starting(self, q: Tokens) -> list[Node]:
+        """The children whose tokens start with ``q`` (shorter than a block)."""
+        by_first = self.by_first
+        cands = by_first.get(q[:TOKEN_BYTES], []) if by_first is not None else []
+        return [c for c in cands if c.tokens.startswith(q)]
 
     def __repr__(self) -> str:
         return (

@@ -1,58 +1,12 @@
-"""Values returned by the radix tree: leases, match and insert results, cache statistics."""
+"""Values returned by the radix tree: match and insert results, cache statistics."""
 
 from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING
 
 from radixd.radix.blockids import BlockIds
-
-if TYPE_CHECKING:
-    from radixd.radix.node import Node
-    from radixd.radix.tree import RadixTree
-
-
-class Lease:
-    """Locks a matched path against eviction until :meth:`release` (idempotent).
-
-    Releasing a lease whose nodes were dropped by ``flush("drop_all")`` is a harmless no-op. The lease of
-    an empty match locks nothing yet, but it is live: ``insert(lease=...)`` locks the inserted path
-    with it, exactly as it moves a lease that locked a matched path.
-    """
-
-    __slots__ = ("_epoch", "_namespace", "_node", "_open", "_tree")
-
-    def __init__(self, tree: RadixTree, node: Node | None, epoch: int, namespace: str) -> None:
-        self._tree = tree
-        self._node = node  # the end of the locked path (None: nothing locked yet)
-        self._namespace = namespace  # the namespace of that path
-        self._epoch = epoch
-        self._open = True
-
-    @property
-    def released(self) -> bool:
-        """True once released."""
-        return not self._open
-
-    @property
-    def locks_path(self) -> bool:
-        """Whether the lease holds a path of cached nodes now (False for an empty match's lease until
-        an insert gives it one, and after release)."""
-        return self._node is not None
-
-    def release(self) -> None:
-        if self._open:
-            self._open = False
-            if self._node is not None:
-                self._tree._release(self)
-
-    def clone(self) -> Lease:
-        """Another lease on the same path (e.g. one per forked sequence); released independently."""
-        return self._tree._clone_lease(self)
-
-    def __repr__(self) -> str:
-        return f"Lease(released={self.released}, locks_path={self.locks_path})"
+from radixd.radix.lease import Lease
 
 
 @dataclass(slots=True)
@@ -85,10 +39,10 @@ class PrefixMatch:
 
 @dataclass(slots=True)
 class InsertResult:
-    """Result of :meth:`RadixTree.insert`.
+    """Result of :meth:`RadixTree.insert_table`.
 
-    ``duplicate_blocks``: the caller's blocks the tree did not adopt because it already caches the same
-    tokens in other blocks (the caller may release them; it still holds its references).
+    ``duplicate_blocks``: the table's blocks the tree did not adopt because it already caches the same
+    tokens in other blocks (the tree released them; the table reads the tree's blocks instead).
     ``num_cached_tokens``: tokens already cached before the insert; ``num_new_tokens``: tokens whose
     blocks the tree adopted (one tree reference each).
     """

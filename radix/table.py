@@ -100,10 +100,24 @@ class BlockTable:
 
     def leased_up_to(self, n_blocks: int) -> None:
         """The first ``n_blocks`` blocks are now the tree's, kept alive by the owner's lease: the table's
-        references on those past :attr:`leased` were handed to the tree (``insert(..., donate=True)``)."""
+        references on those past :attr:`leased` were handed to the tree (``RadixTree.insert_table``)."""
         if not self.leased <= n_blocks <= len(self.blocks):
             raise InvalidRequest(f"leased_up_to({n_blocks}) outside [{self.leased}, {len(self.blocks)}]")
         self.leased = n_blocks
+
+    def settle_cached(self, done: int, known: int, dups: list[int], theirs: list[int] | None) -> None:
+        """After an insert of this table's blocks (``RadixTree.insert_table``): blocks ``done..known``
+        sat at positions the tree had cached. Where the tree holds this very block (a fork inserted it
+        first) the donation left the table's reference with the table: drop it. Where it holds another
+        block, it released ours (``dups``), and the table reads the tree's instead (``theirs``: the
+        tree's blocks from position 0, given when there are duplicates)."""
+        blocks = self.blocks
+        dup = set(dups)
+        for i in range(done, known):
+            if blocks[i] not in dup:
+                self.pool.decref(blocks[i])
+        if dup and theirs is not None:
+            blocks[done:known] = array("i", theirs[done:known])
 
     def copy_partial(self, src_block: int, n_tokens: int) -> CopyOp:
         """Append a fresh block that will receive the first ``n_tokens`` of ``src_block`` (a partial match).

@@ -23,12 +23,7 @@ def _fail(msg: str) -> NoReturn:
 
 def iter_nodes(tree: RadixTree) -> Iterable[Node]:
     """Every live non-root node, parents before children."""
-    for root in tree._roots.values():
-        stack = list(root.children.values())
-        while stack:
-            x = stack.pop()
-            yield x
-            stack.extend(x.children.values())
+    return tree.store.nodes()
 
 
 def check_consistency(tree: RadixTree, tables: Iterable[BlockTable] = ()) -> None:
@@ -37,7 +32,8 @@ def check_consistency(tree: RadixTree, tables: Iterable[BlockTable] = ()) -> Non
     With ``tables`` (all live tables), also checks refcount == holders for every block.
     """
     pool = tree.pool
-    B = tree._bb  # node offsets are in packed bytes
+    store = tree.store
+    B = store.block_bytes  # node offsets are in packed bytes
     rc = pool.refcounts()
     owner_ids = pool.owner_ids()
     problem = pool.free_extents_problem()
@@ -58,7 +54,7 @@ def check_consistency(tree: RadixTree, tables: Iterable[BlockTable] = ()) -> Non
     tree_refs: Counter[int] = Counter()
     evictable = nodes = pinned = lru_members = 0
     ticks: set[int] = set()
-    for ns, root in tree._roots.items():
+    for ns, root in store.roots.items():
         if root.parent is not None or root.tokens or root.blocks or root.end:
             _fail(f"root of namespace {ns!r} is malformed")
         if not root.children:
@@ -105,7 +101,7 @@ def check_consistency(tree: RadixTree, tables: Iterable[BlockTable] = ()) -> Non
             if x.tick in ticks:
                 _fail(f"tick {x.tick} used twice in the LRU index")
             ticks.add(x.tick)
-            if x not in tree._lru:
+            if x not in store.lru:
                 _fail(f"{x} missing from the LRU index")
         if x.by_first is not None:
             n_idx = sum(len(v) for v in x.by_first.values())
@@ -116,7 +112,7 @@ def check_consistency(tree: RadixTree, tables: Iterable[BlockTable] = ()) -> Non
             _fail(f"block {b} has a stale owner")
         if tree_refs[b] > 1:
             _fail(f"block {b} is stored in {tree_refs[b]} tree positions")
-    lru = tree._lru
+    lru = store.lru
     if len(lru) != lru_members:
         _fail(f"LRU index has {len(lru)} entries, {lru_members} evictable leaves exist")
     if not lru.in_order():
@@ -126,10 +122,10 @@ def check_consistency(tree: RadixTree, tables: Iterable[BlockTable] = ()) -> Non
         _fail(f"pool counts {pool.num_evictable} evictable blocks, the tree holds {evictable}")
     if pool.num_owners != nodes:
         _fail(f"{pool.num_owners} registered block owners for {nodes} nodes")
-    if nodes != tree._nodes or sum(tree_refs.values()) != tree._cached_blocks:
+    if nodes != store.num_nodes or sum(tree_refs.values()) != store.num_cached_blocks:
         _fail("node or cached-block counter is off")
-    if pinned != tree._pinned_blocks:
-        _fail(f"pinned counter {tree._pinned_blocks} != {pinned}")
+    if pinned != tree.num_pinned_blocks:
+        _fail(f"pinned counter {tree.num_pinned_blocks} != {pinned}")
     if pool.num_free + pool.num_evictable + pool.num_in_use != pool.num_usable or pool.num_in_use < 0:
         _fail("free + evictable + in_use != usable")
 

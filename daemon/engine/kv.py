@@ -12,8 +12,8 @@ packed tokens (``Sequence.key``), a table holds no reference on the blocks its l
 insert hands the table's references on the inserted blocks to the tree (``donate``), passing only the
 blocks after the ones the lease already covers (``cached``): no Python step per cached block.
 
-NOTE: a table's leased blocks are kept alive by its sequence's lease alone, so the engine never calls
-``flush("drop_all")`` (which drops leased nodes); admin flushes use ``"evict_unlocked"``.
+NOTE: a table's leased blocks are kept alive by its sequence's lease alone: nothing the tree does evicts
+a leased node (admin flushes evict only what no lease or pin holds).
 """
 
 from __future__ import annotations
@@ -169,7 +169,7 @@ class KVManager:
 
     def evict_unlocked(self) -> int:
         """Evict every unlocked, unpinned cached block; -> blocks freed."""
-        freed = self.tree.flush("evict_unlocked")
+        freed = self.tree.flush()
         self.evicted_blocks += freed
         return freed
 

@@ -76,9 +76,8 @@ class EngineFault(EngineError):
     code = "internal"
 
 
-class FlushRefused(EngineError, radix_errors.FlushRefused):
-    """A flush in mode "refuse_if_busy" found requests in flight (the engine's form of the tree's
-    `radixd.radix.errors.FlushRefused`)."""
+class FlushRefused(EngineError):
+    """A flush in mode "refuse_if_busy" found requests in flight."""
 
     code = "failed_precondition"
 

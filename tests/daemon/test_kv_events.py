@@ -13,7 +13,7 @@ import pytest
 from smg_grpc_proto.generated import common_pb2
 
 from radixd.daemon.server.kv_events import KvEventLogs, block_hash, chain
-from radixd.radix import BlockPool, RadixTree
+from radixd.radix import BlockPool, BlockTable, RadixTree
 from radixd.radix.verify import iter_nodes
 
 BS = 4
@@ -51,7 +51,7 @@ def expected_blocks(tree: RadixTree, namespace: str = "") -> dict[int, tuple[int
     """The full blocks of every cached path of `namespace`, computed from the tree itself."""
     out: dict[int, tuple[int | None, tuple[int, ...]]] = {}
     for node in iter_nodes(tree):
-        ns, path = tree._path(node)
+        ns, path = tree.store.path_of(node)
         if ns != namespace:
             continue
         ids = chain(ns, path, BS, len(path) // BS)
@@ -71,10 +71,13 @@ def wired() -> tuple[RadixTree, KvEventLogs, RouterModel]:
 
 
 def cache(tree: RadixTree, tokens: list[int], ns: str = "") -> None:
-    pool = tree.pool
-    blocks = pool.allocate(-(-len(tokens) // pool.block_size))
-    tree.insert(tokens, blocks, ns)
-    pool.decref_all(blocks)
+    """Cache `tokens` as a finishing request that matched nothing does (KVManager.insert_all)."""
+    table = BlockTable(tree.pool)
+    table.append(len(tokens))
+    lease = tree.match((), ns).lease
+    tree.insert_table(tokens, table, table.num_blocks, ns, lease, final=True)
+    table.release()
+    lease.release()
 
 
 def test_random_inserts_evictions_and_flushes_keep_the_router_exact(
@@ -94,10 +97,8 @@ def test_random_inserts_evictions_and_flushes_keep_the_router_exact(
             cache(tree, tokens)
         elif op < 0.9:
             tree.evict(rng.randrange(1, 6))
-        elif op < 0.97:
-            tree.flush("evict_unlocked")
         else:
-            tree.flush("drop_all")
+            tree.flush()
         assert model.blocks == expected_blocks(tree), f"step {step}"
     assert logs.log("").sequence > 100
 
@@ -121,7 +122,7 @@ def test_block_ids_are_a_stable_chain_and_partial_blocks_are_never_published(
     assert -(2**63) <= first < 2**63
 
 
-def test_a_force_flush_publishes_cleared_and_an_eviction_removes_leaf_blocks(
+def test_a_flush_and_an_eviction_remove_leaf_blocks(
     wired: tuple[RadixTree, KvEventLogs, RouterModel],
 ) -> None:
     tree, logs, model = wired
@@ -132,8 +133,8 @@ def test_a_force_flush_publishes_cleared_and_an_eviction_removes_leaf_blocks(
     last = logs.log("").history[-1].events[0]
     assert last.WhichOneof("data") == "removed" and len(last.removed.block_hashes) == 1
     assert len(model.blocks) == 3
-    tree.flush("drop_all")
-    assert logs.log("").history[-1].events[0].WhichOneof("data") == "cleared"
+    tree.flush()
+    assert logs.log("").history[-1].events[0].WhichOneof("data") == "removed"
     assert model.blocks == {}
 
 

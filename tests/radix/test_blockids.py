@@ -1,4 +1,5 @@
-"""Packed block ids: the BlockIds sequence, run detection, packed allocation and packed inserts."""
+"""Packed block ids: the BlockIds sequence, run detection, packed allocation and packed inserts (a block
+table's packed ids go to the tree as they are)."""
 
 from __future__ import annotations
 
@@ -6,9 +7,10 @@ from array import array
 
 import numpy as np
 import pytest
+from radix_kit import computed, insert_finished
 
-from radixd.radix import BlockPool, InvalidRequest, OutOfBlocks, RadixTree
-from radixd.radix.blockids import BlockIds, pack_blocks, packed_runs, spells_runs
+from radixd.radix import BlockPool, BlockTable, InvalidRequest, OutOfBlocks, RadixTree
+from radixd.radix.blockids import BlockIds, packed_runs, spells_runs
 from radixd.radix.extents import FreeExtents
 from radixd.radix.verify import check_consistency
 
@@ -28,15 +30,6 @@ def test_block_ids_behave_like_a_sequence_of_ints() -> None:
     for bad in (3, -4):
         with pytest.raises(IndexError):
             b[bad]
-
-
-def test_pack_blocks_validates() -> None:
-    assert pack_blocks([1, 2]) == ids(1, 2)
-    assert pack_blocks(ids(3)) == ids(3)
-    with pytest.raises(InvalidRequest):
-        pack_blocks(b"\x01\x02\x03")  # not whole ids
-    with pytest.raises(InvalidRequest):
-        pack_blocks([2**31])
 
 
 def test_packed_runs() -> None:
@@ -68,10 +61,10 @@ def test_a_split_allocation_is_adopted_by_its_runs() -> None:
     held = pool.allocate(40)
     pool.decref_all(held[:10])  # free runs 1..10 and 21..30 (newest)
     pool.decref_all(held[20:30])
-    new = pool.allocate_ids(15)
+    table = computed(tree, 15)
     assert pool.split_hint(21) == [(21, 10), (1, 5)]
-    tree.insert(list(range(15)), new, donate=True)
-    (leaf,) = tree._roots[""].children.values()
+    insert_finished(tree, list(range(15)), table)
+    (leaf,) = tree.store.nodes()
     assert leaf.runs == [(21, 10), (1, 5)] and pool.split_hint(21) is None
     check_consistency(tree)
 
@@ -155,19 +148,25 @@ def test_packed_insert_and_match(block_size: int) -> None:
     pool = BlockPool(64, block_size)
     tree = RadixTree(pool)
     toks = list(range(8 * block_size))
-    new = pool.allocate_ids(8)
-    res = tree.insert(toks, new, donate=True)
+    table = computed(tree, len(toks))
+    new = BlockIds(table.blocks.tobytes())
+    res = insert_finished(tree, toks, table)
     assert res.num_new_tokens == len(toks) and res.duplicate_blocks == []
     m = tree.match(toks[: 5 * block_size])
     assert isinstance(m.block_ids, BlockIds) and m.block_ids == new[:5] and m.blocks == new[:5].tolist()
     # A second request computed the same prefix into other blocks: they are duplicates.
-    other = pool.allocate_ids(3)
-    res = tree.insert(toks[: 3 * block_size], bytes(other), donate=True)
-    assert sorted(res.duplicate_blocks) == other.tolist() and all(pool.refcount(b) == 0 for b in other)
-    # Extending the matched path: matched blocks + new ones, as one packed table.
-    ext = pool.allocate_ids(2)
-    res = tree.insert([*toks[: 5 * block_size], *[999] * (2 * block_size)], m.block_ids + ext, donate=True)
+    table = computed(tree, 3 * block_size)
+    other = table.blocks.tolist()
+    res = insert_finished(tree, toks[: 3 * block_size], table)
+    assert sorted(res.duplicate_blocks) == other and all(pool.refcount(b) == 0 for b in other)
+    # Extending the matched path: the table starts from the matched blocks, the new ones follow.
+    table = BlockTable(pool)
+    table.lease_prefix(m.block_ids)
+    table.append(2 * block_size)
+    key = [*toks[: 5 * block_size], *[999] * (2 * block_size)]
+    res = tree.insert_table(key, table, 7, "", m.lease, final=True)
     assert res.duplicate_blocks == [] and res.num_new_tokens == 2 * block_size
+    table.release()
     m.lease.release()
     check_consistency(tree)
     assert tree.flush() == 10 and pool.num_free == pool.num_usable
@@ -177,12 +176,18 @@ def test_packed_insert_rejects_bad_blocks_and_changes_nothing() -> None:
     pool = BlockPool(16, 1)
     tree = RadixTree(pool)
     a = pool.allocate_ids(3)
-    with pytest.raises(InvalidRequest):
-        tree.insert([1, 2, 3, 4], a + a[:1], donate=True)  # a block given twice
-    with pytest.raises(InvalidRequest):
-        tree.insert([1, 2], ids(a[0], 9), donate=True)  # block 9 is free
-    with pytest.raises(InvalidRequest):
-        tree.insert([1, 2], a, donate=True)  # wrong count
+    lease = tree.match(()).lease
+    for key, blocks in (
+        ([1, 2, 3, 4], a + a[:1]),  # a block given twice
+        ([1, 2], ids(a[0], 9)),  # block 9 is free
+        ([1, 2], a),  # wrong count
+    ):
+        table = BlockTable(pool)  # a table that would hold these ids (the caller's references)
+        table.blocks = array("i", bytes(blocks))
+        table.num_tokens = table.num_blocks
+        with pytest.raises(InvalidRequest):
+            tree.insert_table(key, table, table.num_blocks, "", lease, final=True)
+        assert table.leased == 0
     assert all(pool.refcount(b) == 1 for b in a) and tree.num_nodes == 0
     check_consistency(tree)
     pool.decref_all(a)

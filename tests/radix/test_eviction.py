@@ -1,4 +1,4 @@
-"""Eviction: LRU order, cascade, leases, evict_prefix, flush modes, pins and the pin budget."""
+"""Eviction: LRU order, cascade, leases, evict_prefix, flush, pins and the pin budget."""
 
 from __future__ import annotations
 
@@ -8,7 +8,6 @@ from radix_kit import cache
 from radixd.radix import (
     BlockPool,
     BlockTable,
-    FlushRefused,
     NotPinned,
     PinBudgetExceeded,
     RadixTree,
@@ -57,9 +56,11 @@ def test_leased_paths_are_never_evicted(tree: RadixTree) -> None:
 
 def test_evict_returns_only_blocks_that_became_free(tree: RadixTree) -> None:
     pool = tree.pool
+    cache(tree, A)
+    m = tree.match(A)
     table = BlockTable(pool)
-    table.append_slots(8)
-    tree.insert(A, table.blocks)  # the table still holds them and holds no lease
+    table.share_prefix(m.blocks, m.num_tokens)
+    m.lease.release()  # the table still holds them and holds no lease
     assert tree.evictable_blocks() == 0  # nothing would be freed by evicting
     assert tree.evict(2) == [] and tree.num_nodes == 0  # dropped from the cache, still in use
     assert table.release() == 2
@@ -79,34 +80,30 @@ def test_evict_prefix_drops_extending_entries_only(tree: RadixTree) -> None:
     check_consistency(tree)
 
 
-def test_flush_modes_with_leases_held(tree: RadixTree) -> None:
+def test_flush_evicts_what_no_lease_holds(tree: RadixTree) -> None:
     cache(tree, A)
     cache(tree, B)
     m = tree.match(A)
-    with pytest.raises(FlushRefused, match="1 lease"):
-        tree.flush("refuse_if_leased")
-    assert tree.num_cached_blocks == 4
-    assert tree.flush("evict_unlocked") == 2 and tree.peek(A) == 8
+    assert tree.flush() == 2 and tree.peek(A) == 8 and tree.num_cached_blocks == 2
     m.lease.release()
-    assert tree.flush("refuse_if_leased") == 2
+    assert tree.flush() == 2
     assert tree.pool.num_free == tree.pool.num_usable
-    with pytest.raises(ValueError, match="flush mode"):
-        tree.flush("bogus")  # type: ignore[arg-type]
 
 
-def test_force_flush_makes_outstanding_leases_inert(tree: RadixTree) -> None:
+def test_a_flush_leaves_outstanding_holders_their_blocks(tree: RadixTree) -> None:
     pool = tree.pool
     cache(tree, A)
     m = tree.match(A)
     table = BlockTable(pool)
     table.share_prefix(m.blocks, m.num_tokens)
-    assert tree.flush("drop_all") == 2
-    assert tree.num_nodes == 0 and tree.num_leases == 0
-    m.lease.release()  # its nodes are gone: a harmless no-op
+    assert tree.flush() == 0 and tree.num_nodes == 1 and tree.num_leases == 1  # leased
     m.lease.release()
-    check_consistency(tree, [table])
+    m.lease.release()  # idempotent
+    assert tree.flush() == 2  # the tree let go of them ...
+    assert tree.num_nodes == 0 and tree.num_leases == 0
+    check_consistency(tree, [table])  # ... and the table still holds them
     assert table.release() == 2 and pool.num_free == pool.num_usable
-    cache(tree, A)  # the tree keeps working after a forced flush
+    cache(tree, A)  # the tree keeps working after a flush
     assert tree.peek(A) == 8
 
 
@@ -140,7 +137,10 @@ def test_pin_budget_is_enforced_without_side_effects(tree: RadixTree) -> None:
     assert tree.num_pinned_blocks == 8
     tree.pin(big[:8])  # already inside the pinned path: costs nothing
     assert tree.num_pinned_blocks == 8
-    assert tree.flush(include_pinned=True) == 12 and tree.num_pinned_blocks == 0
+    assert tree.flush() == 4  # all but the pinned path
+    tree.unpin(big[:8])
+    tree.unpin(big)
+    assert tree.flush() == 8 and tree.num_pinned_blocks == 0
     check_consistency(tree)
 
 

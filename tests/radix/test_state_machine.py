@@ -20,7 +20,6 @@ from radixd.radix import (
     EVICT_REASONS,
     BlockPool,
     BlockTable,
-    FlushRefused,
     Lease,
     OutOfBlocks,
     PinBudgetExceeded,
@@ -42,8 +41,8 @@ class Seq:
     tokens: list[int]
     namespace: str
     lease: Lease
-    # The test's own record, independent of the tree: the lease was not released (nor invalidated by
-    # flush("drop_all")), and the first `locked` tokens were inserted with it, so they must stay cached.
+    # The test's own record, independent of the tree: the lease was not released, and the first
+    # `locked` tokens were inserted with it, so they must stay cached.
     lease_live: bool = True
     locked: int = 0
 
@@ -70,9 +69,6 @@ class MirrorListener:
     def removed(self, namespace: str, tokens: list[int], start: int, num_blocks: int, reason: str) -> None:
         assert 0 <= start < len(tokens) and reason in EVICT_REASONS
         self.cover.subtract((namespace, tuple(tokens[:i])) for i in range(start + 1, len(tokens) + 1))
-
-    def cleared(self) -> None:
-        self.cover.clear()
 
     def cached(self) -> set[tuple[str, tuple[int, ...]]]:
         assert all(n >= 0 for n in self.cover.values()), "a prefix was removed more often than stored"
@@ -134,7 +130,7 @@ class RadixMachine(RuleBasedStateMachine):
             root = node
             while root.parent is not None:
                 root = root.parent
-            if self.tree._roots.get(ns) is not root:
+            if self.tree.store.roots.get(ns) is not root:
                 continue
             best = max(best, _lcp(toks, _path_tokens(node)))
         return best
@@ -174,38 +170,33 @@ class RadixMachine(RuleBasedStateMachine):
         seq = self.seqs[-1]
         if len(seq.tokens) == len(toks):
             self._append(seq, gen)
-        self.insert(len(self.seqs) - 1, move_lease=True)
+        self.insert(len(self.seqs) - 1)
         if finish:
             self.finish(len(self.seqs) - 1, lease_first=False, twice=False)
 
-    @rule(toks=TOKENS, ns=NAMESPACES, form=st.sampled_from(["list", "packed", "suffix"]))
-    def insert_donated(self, toks: list[int], ns: str, form: str) -> None:
-        """The bench-style protocol: compute the uncached suffix into fresh blocks and donate them.
-
-        ``form``: the block table as a list, packed (``allocate_ids`` + ``block_ids``, as a scheduler
-        holding block tables as arrays would), or only the new blocks with ``cached=`` the matched ones.
-        """
+    @rule(toks=TOKENS, ns=NAMESPACES)
+    def insert_donated(self, toks: list[int], ns: str) -> None:
+        """The bench adapter's protocol: a table from the matched blocks, the uncached suffix computed
+        into fresh blocks, every block cached at once (``final``), then the table and lease released."""
         t = tuple(toks)
         m = self.tree.match(t, ns)
         assert m.block_ids.tolist() == m.blocks
-        n_new = -(-len(t) // self.B) - len(m.blocks)
+        table = BlockTable(self.pool)
+        table.lease_prefix(m.block_ids)
         try:
-            new_ids = self.pool.allocate_ids(n_new)
+            table.append(len(t) - table.num_tokens)
         except OutOfBlocks:
             m.lease.release()
             return
-        new = new_ids.tolist()
+        new = table.blocks[len(m.blocks) :].tolist()
         for i, b in enumerate(new):
             start = (len(m.blocks) + i) * self.B
             chunk = list(t[start : start + self.B])
             self.content[b] = chunk + [None] * (self.B - len(chunk))
-        if form == "suffix":
-            res = self.tree.insert(t, new_ids, ns, donate=True, cached=len(m.blocks))
-        else:
-            table = m.block_ids + new_ids if form == "packed" else m.blocks + new
-            res = self.tree.insert(t, table, ns, donate=True)
+        res = self.tree.insert_table(t, table, table.num_blocks, ns, m.lease, final=True)
         assert set(res.duplicate_blocks) <= set(new)
         assert all(self.pool.refcount(b) == 0 for b in res.duplicate_blocks)
+        table.release()
         m.lease.release()
 
     @precondition(lambda self: self.seqs)
@@ -240,21 +231,13 @@ class RadixMachine(RuleBasedStateMachine):
                     self._insert_table(seq, seq.table.num_tokens // self.B)
 
     @precondition(lambda self: self.seqs)
-    @rule(i=PICK, move_lease=st.booleans())
-    def insert(self, i: int, move_lease: bool) -> None:
+    @rule(i=PICK)
+    def insert(self, i: int) -> None:
+        """A sequence publishes its full blocks (a table started by ``share_prefix`` holds a reference
+        on every block: the tree takes those it adopts and drops the rest)."""
         seq = self.seqs[i % len(self.seqs)]
-        if seq.table.leased:  # a table started from leased blocks inserts as the engine does
+        if seq.lease_live:  # NOTE: a sequence without a lease inserts nothing (KVManager._insert)
             self._insert_table(seq, seq.table.num_tokens // self.B)
-            return
-        n = seq.table.num_tokens
-        res = self.tree.insert(
-            tuple(seq.tokens[:n]), seq.table.blocks, seq.namespace, lease=seq.lease if move_lease else None
-        )
-        assert set(res.duplicate_blocks) <= set(seq.table.blocks)
-        assert res.num_cached_tokens + res.num_new_tokens == n
-        assert self.tree.peek(tuple(seq.tokens[:n]), seq.namespace) == n
-        if move_lease and seq.lease_live:
-            seq.locked = n
 
     @precondition(lambda self: self.seqs)
     @rule(i=PICK, lease_first=st.booleans(), twice=st.booleans())
@@ -395,27 +378,13 @@ class RadixMachine(RuleBasedStateMachine):
                 root = node
                 while root.parent is not None:
                     root = root.parent
-                assert self.tree._roots.get(ns) is not root, "evict_prefix left an extending entry"
+                assert self.tree.store.roots.get(ns) is not root, "evict_prefix left an extending entry"
 
-    @rule(
-        mode=st.sampled_from(["evict_unlocked", "refuse_if_leased", "drop_all"]), include_pinned=st.booleans()
-    )
-    def flush(self, mode: str, include_pinned: bool) -> None:
-        if mode == "drop_all" and any(q.table.leased for q in self.seqs):
-            return  # NOTE: the engine never force-flushes: leased tables read the leased nodes' blocks
-        leases = self.tree.num_leases
-        try:
-            self.tree.flush(mode, include_pinned=include_pinned)  # type: ignore[arg-type]
-        except FlushRefused:
-            assert mode == "refuse_if_leased" and leases > 0
-            return
-        assert not (mode == "refuse_if_leased" and leases > 0)
-        if mode == "drop_all" or include_pinned:
-            self.pins.clear()
-        if mode == "drop_all":
-            assert self.tree.num_nodes == 0
-            for q in self.seqs:  # their leases were invalidated with the nodes
-                q.lease_live, q.locked = False, 0
+    @rule()
+    def flush(self) -> None:
+        cached = self.tree.num_cached_blocks
+        assert self.tree.flush() == cached - self.tree.num_cached_blocks
+        assert all(x.hold for x in iter_nodes(self.tree)), "a flush left a node no lease or pin holds"
 
     @rule(toks=TOKENS, ns=NAMESPACES)
     def pin(self, toks: list[int], ns: str) -> None:
@@ -472,7 +441,7 @@ class RadixMachine(RuleBasedStateMachine):
         if not hasattr(self, "tree") or self.tree.listener is None:
             return
         actual: set[tuple[str, tuple[int, ...]]] = set()
-        for ns, root in self.tree._roots.items():
+        for ns, root in self.tree.store.roots.items():
             stack = list(root.children.values())
             while stack:
                 x = stack.pop()
@@ -500,7 +469,10 @@ class RadixMachine(RuleBasedStateMachine):
         for q in self.seqs:
             q.table.release()
             q.lease.release()
-        self.tree.flush("refuse_if_leased", include_pinned=True)
+        for ns, toks in self.pins:
+            self.tree.unpin(toks, ns)
+        assert self.tree.num_leases == 0, "a lease leaked"
+        self.tree.flush()
         assert self.pool.num_free == self.pool.num_usable, "blocks leaked after all requests and a flush"
 
 

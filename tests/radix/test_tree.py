@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+from array import array
+
 import pytest
-from radix_kit import cache
+from radix_kit import cache, computed, insert_finished
 
 from radixd.radix import (
     BlockPool,
@@ -66,12 +68,13 @@ def test_split_happens_only_at_block_boundaries(tree: RadixTree) -> None:
 
 
 def test_insert_reports_duplicates_and_keeps_the_cached_blocks(tree: RadixTree) -> None:
-    pool = tree.pool
     first = cache(tree, list(range(8)))
-    mine = pool.allocate(2)
-    res = tree.insert([*list(range(8)), 50, 51], mine + pool.allocate(1))
-    assert res.duplicate_blocks == mine
+    table = computed(tree, 10)
+    mine = table.blocks.tolist()
+    res = insert_finished(tree, [*list(range(8)), 50, 51], table)
+    assert res.duplicate_blocks == mine[:2]
     assert (res.num_cached_tokens, res.num_new_tokens) == (8, 2)
+    assert all(tree.pool.refcount(b) == 0 for b in mine[:2])  # the tree released the duplicates
     m = tree.match(list(range(8)))
     assert m.blocks == first
     m.lease.release()
@@ -80,15 +83,20 @@ def test_insert_reports_duplicates_and_keeps_the_cached_blocks(tree: RadixTree) 
 def test_shared_blocks_are_not_duplicates(tree: RadixTree) -> None:
     cache(tree, list(range(8)))
     m = tree.match([*list(range(8)), 9, 9])
-    res = tree.insert([*list(range(8)), 9, 9], [*m.blocks, *tree.pool.allocate(1)])
+    table = BlockTable(tree.pool)
+    table.lease_prefix(m.block_ids)
+    table.append(2)
+    res = tree.insert_table([*list(range(8)), 9, 9], table, 3, "", m.lease)
     assert res.duplicate_blocks == []
+    table.release()
     m.lease.release()
 
 
 def test_covered_partial_tail_is_a_duplicate(tree: RadixTree) -> None:
     blocks = cache(tree, list(range(8)))
-    mine = tree.pool.allocate(2)
-    res = tree.insert([0, 1, 2, 3, 4, 5], mine)  # 1 full + 2 of the cached second block
+    table = computed(tree, 6)
+    mine = table.blocks.tolist()
+    res = insert_finished(tree, [0, 1, 2, 3, 4, 5], table)  # 1 full + 2 of the cached second block
     assert res.duplicate_blocks == mine and res.num_new_tokens == 0
     assert tree.peek([0, 1, 2, 3, 4, 5]) == 6 and tree.match([0, 1, 2, 3, 4, 5]).blocks == blocks[:1]
 
@@ -111,26 +119,37 @@ def test_partial_leaf_is_superseded_unless_leased(tree: RadixTree) -> None:
 
 def test_insert_validates_blocks_and_changes_nothing_on_error(tree: RadixTree) -> None:
     pool = tree.pool
+    lease = tree.match(()).lease
     with pytest.raises(InvalidRequest, match=r"needs ceil\(5/4\) = 2 blocks, got 1"):
-        tree.insert([1, 2, 3, 4, 5], pool.allocate(1))
+        tree.insert_table([1, 2, 3, 4, 5], computed(tree, 4), 1, "", lease)
     good = pool.allocate(1)
     never_allocated = 60
-    with pytest.raises(InvalidRequest, match="block 60 is free"):
-        tree.insert([1, 2, 3, 4, 5], [good[0], never_allocated])
-    with pytest.raises(InvalidRequest, match="given twice"):
-        tree.insert([1, 2, 3, 4, 5], [good[0], good[0]])
+    for blocks, error in (([good[0], never_allocated], "block 60 is free"), ([good[0]] * 2, "given twice")):
+        table = BlockTable(pool)  # a table that would hold these ids (the caller's references)
+        table.blocks, table.num_tokens = array("i", blocks), 5
+        with pytest.raises(InvalidRequest, match=error):
+            tree.insert_table([1, 2, 3, 4, 5], table, 2, "", lease)
     assert tree.num_nodes == 0 and pool.refcount(good[0]) == 1
     check_consistency(tree)
 
 
+def _resumed(tree: RadixTree, m: PrefixMatch, n_tokens: int) -> BlockTable:
+    """A table started from the match's leased blocks and grown to `n_tokens` slots (KVManager.attach)."""
+    table = BlockTable(tree.pool)
+    table.lease_prefix(m.block_ids)
+    table.append(n_tokens - table.num_tokens)
+    return table
+
+
 def test_insert_after_cached_blocks_takes_only_the_new_ones(tree: RadixTree) -> None:
-    pool = tree.pool
     shared = cache(tree, list(range(8)))  # 2 blocks
     m = tree.match(list(range(13)))
     assert m.blocks == shared
-    new = pool.allocate_ids(2)  # tokens 8..12: one full block and a partial one
-    res = tree.insert(list(range(13)), new, cached=len(m.block_ids), donate=True)
+    table = _resumed(tree, m, 13)  # tokens 8..12: one full block and a partial one
+    new = table.blocks[2:].tolist()
+    res = tree.insert_table(list(range(13)), table, 4, "", m.lease, final=True)
     assert res.duplicate_blocks == [] and (res.num_cached_tokens, res.num_new_tokens) == (8, 5)
+    table.release()
     m.lease.release()
     again = tree.match(list(range(13)))
     assert again.blocks == [*shared, new[0]] and again.partial_block == new[1]
@@ -144,10 +163,13 @@ def test_insert_after_cached_blocks_reports_duplicates_and_splits(tree: RadixTre
     m = tree.match(list(range(4)))  # one cached block, locked
     # Another request cached tokens 4..11 meanwhile (they are in the node): ours are duplicates there,
     # and the node splits where our tokens leave it.
-    mine = pool.allocate_ids(3)
-    res = tree.insert([*range(12), 99, 98, 97, 96], mine, cached=1, donate=True)
-    assert res.duplicate_blocks == list(mine[:2]) and res.num_new_tokens == 4
+    table = _resumed(tree, m, 16)
+    mine = table.blocks[1:].tolist()
+    res = tree.insert_table([*range(12), 99, 98, 97, 96], table, 4, "", m.lease)
+    assert res.duplicate_blocks == mine[:2] and res.num_new_tokens == 4
     assert pool.refcount(mine[0]) == 0 and pool.refcount(mine[2]) == 1  # duplicates freed, the rest adopted
+    check_consistency(tree, [table])
+    table.release()
     m.lease.release()
     check_consistency(tree)
 
@@ -155,26 +177,31 @@ def test_insert_after_cached_blocks_reports_duplicates_and_splits(tree: RadixTre
 def test_insert_after_cached_blocks_refuses_what_is_not_cached(tree: RadixTree) -> None:
     pool = tree.pool
     cache(tree, list(range(8)))
-    new = pool.allocate_ids(1)
+    m = tree.match(list(range(8)))  # two cached blocks, locked
     before = tree.stats()
+    claimed = pool.allocate_ids(1)
+    table = BlockTable(pool)
+    table.lease_prefix(m.block_ids + claimed)  # claims a third leased block
+    table.append(4)
     with pytest.raises(InvalidRequest, match=r"only 2 leading blocks of these tokens are cached"):
-        tree.insert(list(range(16)), new, cached=3)  # the third block was never cached
+        tree.insert_table(list(range(16)), table, 4, "", m.lease)  # the third block was never cached
+    table.release()
+    pool.decref_all(claimed)
+    table = _resumed(tree, m, 12)
     with pytest.raises(InvalidRequest, match=r"only 1 leading blocks"):
-        tree.insert([0, 1, 2, 3, 9, 9, 9, 9, 5, 5, 5, 5], new, cached=2)  # diverges inside the node
-    with pytest.raises(InvalidRequest, match=r"cached=4\) must be within \[0, 3\]"):
-        tree.insert(list(range(12)), new, cached=4)
-    with pytest.raises(InvalidRequest, match=r"needs ceil\(12/4\) - 1 = 2 blocks, got 1"):
-        tree.insert(list(range(12)), new, cached=1)
+        tree.insert_table([0, 1, 2, 3, 9, 9, 9, 9, 5, 5, 5, 5], table, 3, "", m.lease)  # diverges inside
+    with pytest.raises(InvalidRequest, match=r"cached=2\) must be within \[0, 1\]"):
+        tree.insert_table(list(range(7)), table, 2, "", m.lease)
+    with pytest.raises(InvalidRequest, match=r"needs ceil\(16/4\) - 2 = 2 blocks, got 1"):
+        tree.insert_table(list(range(16)), table, 3, "", m.lease)
     with pytest.raises(InvalidRequest, match=r"only 0 leading blocks"):
-        tree.insert(list(range(8)), new, "nobody", cached=1)  # a namespace with nothing cached
-    assert tree.peek(list(range(8)), "nobody") == 0 and "nobody" not in tree._roots
+        tree.insert_table(list(range(12)), table, 3, "nobody", m.lease)  # nothing cached there
+    assert tree.peek(list(range(8)), "nobody") == 0 and "nobody" not in tree.store.roots
     after = tree.stats()
-    assert (after.nodes, after.cached_blocks, pool.refcount(new[0])) == (
-        before.nodes,
-        before.cached_blocks,
-        1,
-    )
-    check_consistency(tree)
+    assert (after.nodes, after.cached_blocks, table.leased) == (before.nodes, before.cached_blocks, 2)
+    check_consistency(tree, [table])
+    table.release()
+    m.lease.release()
 
 
 def test_namespaces_never_share(tree: RadixTree) -> None:
@@ -206,33 +233,32 @@ def test_match_locks_and_release_is_idempotent(tree: RadixTree) -> None:
 
 def test_an_empty_match_lease_locks_the_path_its_insert_creates(tree: RadixTree) -> None:
     """The engine's sequence: nothing cached -> compute -> insert with the match's lease -> pressure."""
-    pool = tree.pool
     m = tree.match(list(range(8)))
     assert m.blocks == [] and not m.lease.locks_path
-    blocks = pool.allocate(2)
-    tree.insert(list(range(8)), blocks, lease=m.lease)
+    table = _resumed(tree, m, 8)
+    tree.insert_table(list(range(8)), table, 2, "", m.lease)
     assert m.lease.locks_path and tree.num_leases == 1
     twin = m.lease.clone()  # a forked sequence's lease locks the same path
     assert tree.evict_count(2) == 0 and tree.peek(list(range(8))) == 8
     m.lease.release()
     assert tree.evict_count(2) == 0, "the clone still locks the path"
     twin.release()
-    pool.decref_all(blocks)  # the sequence ends; only the tree holds the blocks now
+    table.release()  # the sequence ends; only the tree holds the blocks now
     assert tree.evictable_blocks() == 2 and tree.evict_count(2) == 2
 
 
 def test_insert_moves_the_lease_to_the_inserted_path(tree: RadixTree) -> None:
-    pool = tree.pool
     cache(tree, list(range(4)))
     m = tree.match([*list(range(4)), 9])
-    new = pool.allocate(1)
-    tree.insert([*list(range(4)), 9, 9, 9, 9], [*m.blocks, *new], lease=m.lease)
-    pool.decref_all(new)
+    table = _resumed(tree, m, 8)
+    tree.insert_table([*list(range(4)), 9, 9, 9, 9], table, 2, "", m.lease)
     assert tree.evictable_blocks() == 0  # the whole new path is leased
+    table.release()
     m.lease.release()
     assert tree.evictable_blocks() == 2
+    other = RadixTree(BlockPool(8, 4))
     with pytest.raises(UnknownLease):
-        RadixTree(BlockPool(8, 4)).insert([1], [1], lease=m.lease)
+        other.insert_table([1], computed(other, 1), 1, "", m.lease)
 
 
 def test_stats_count_hits_and_misses(tree: RadixTree) -> None:
