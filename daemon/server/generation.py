@@ -12,7 +12,7 @@ from radixd.daemon.engine.types import GenerateRequest
 from radixd.daemon.server.bounds import check_count
 from radixd.daemon.server.convert import prompt_tokens, sampling_params
 from radixd.daemon.server.handler import rpc
-from radixd.daemon.server.pipeline import RequestRegistry, admit
+from radixd.daemon.server.pipeline import RequestRegistry, abort, admit
 from radixd.daemon.server.state import ServerState
 from radixd.daemon.server.streaming import run_stream
 
@@ -40,10 +40,7 @@ class GenerationServicer(generation_pb2_grpc.GenerationServiceServicer):
 
     @rpc("Abort")
     async def Abort(self, request: generation_pb2.AbortRequest, context: Any) -> generation_pb2.AbortResponse:
-        namespace = self.state.namespace(context)
-        engine_id = self.registry.lookup(namespace, request.request_id)
-        if engine_id is not None:
-            self.state.engine.abort(engine_id)
+        abort(self.state, self.registry, self.state.namespace(context), request.request_id)
         return generation_pb2.AbortResponse()
 
     @rpc("Tokenize")

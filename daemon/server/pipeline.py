@@ -77,6 +77,13 @@ def admit(state: ServerState, context: Any, request_id: str) -> str:
     return namespace
 
 
+def abort(state: ServerState, registry: RequestRegistry, namespace: str, client_id: str) -> None:
+    """Abort the caller's request `client_id` if it is running (an id not running is no error)."""
+    engine_id = registry.lookup(namespace, client_id)
+    if engine_id is not None:
+        state.engine.abort(engine_id)
+
+
 def failure(out: RequestOutput) -> RpcFailure:
     """The RPC's failure for an output that ended in an error, with the engine's status."""
     return RpcFailure(status_for_code_name(out.error_code), out.error or "the request failed")
@@ -92,7 +99,6 @@ class RequestOutputs:
         self, state: ServerState, req: GenerateRequest, client_id: str, bridge: OutputBridge
     ) -> None:
         self.client_id = client_id
-        self.engine_id = req.request_id
         self.pending = set(range(req.sampling.n))  # n <= bounds.MAX_N, checked with the sampling
         self._metrics = state.metrics
         self._bridge = bridge

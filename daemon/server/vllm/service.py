@@ -30,7 +30,7 @@ from radixd.daemon.server.convert import prompt_tokens
 from radixd.daemon.server.errors import RpcFailure, bad_request
 from radixd.daemon.server.handler import rpc
 from radixd.daemon.server.kv_events import KvEventLogs
-from radixd.daemon.server.pipeline import RequestRegistry, admit
+from radixd.daemon.server.pipeline import RequestRegistry, abort, admit
 from radixd.daemon.server.vllm.generate import run_generate
 from radixd.daemon.server.vllm.kv_stream import kv_event_stream
 from radixd.daemon.server.vllm.loads import LoadSampler
@@ -178,9 +178,7 @@ class VllmEngineServicer(vllm_engine_pb2_grpc.VllmEngineServicer):  # type: igno
     async def Abort(self, request: pb.AbortRequest, context: Any) -> pb.AbortResponse:
         namespace = self.state.namespace(context)
         for request_id in request.request_ids:
-            engine_id = self.registry.lookup(namespace, check_id("request_ids[]", request_id))
-            if engine_id is not None:
-                self.state.engine.abort(engine_id)
+            abort(self.state, self.registry, namespace, check_id("request_ids[]", request_id))
         return pb.AbortResponse()
 
     @rpc("vllm.Embed")
