@@ -29,6 +29,7 @@ class StopStringMatcher:
         self.text = ""  # everything pushed so far (up to the stop point once stopped)
         self.emitted = 0
         self.stopped = False
+        self.matched: str | None = None  # the stop string that matched, once stopped
 
     def _holdback(self) -> int:
         """Length of the longest suffix of self.text that is a proper prefix of a stop string."""
@@ -61,6 +62,7 @@ class StopStringMatcher:
             self.text = self.text[:hit]
             self.emitted = hit
             self.stopped = True
+            self.matched = which
             return StopResult(out, True, which)
         safe = len(self.text) - self._holdback()
         out = self.text[self.emitted : safe] if safe > self.emitted else ""

@@ -120,8 +120,10 @@ class BeamSearch:
 
     def _emit_final(self, r: RequestState, st: BeamState) -> None:
         hyps = sorted(st.finished, key=lambda h: -h.score)[: max(r.req.sampling.n, 1)]
+        p = r.req.sampling
         for i, h in enumerate(hyps):
-            text = self.tokenizer.decode(h.tokens, skip_special_tokens=True)
+            text = self.tokenizer.decode(h.tokens, skip_special_tokens=True) if r.req.detokenize else ""
+            last = h.tokens[-1] if h.tokens else None
             self.outputs.emit(
                 r.sink,
                 RequestOutput(
@@ -136,6 +138,7 @@ class BeamSearch:
                     finished=True,
                     finish_reason=h.reason,
                     ttft_s=(r.first_token_at - r.arrival) if r.first_token_at is not None else None,
+                    matched_stop=last if h.reason == "stop" and last in p.stop_token_ids else None,
                 ),
             )
         self.outputs.finish_request(r)

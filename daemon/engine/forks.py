@@ -32,8 +32,12 @@ class Forker:
     def sampling_state(self, r: RequestState, seed: int | None) -> SamplingState:
         return SamplingState(r.req.sampling, r.prompt, self.eos_token_ids, seed=seed)
 
-    def text(self, r: RequestState) -> TextStream:
-        return TextStream(self.tokenizer, r.prompt, r.req.sampling.stop)
+    def text(self, r: RequestState) -> TextStream | None:
+        """The output's text stream; none when the reader takes ids only and no stop string needs text."""
+        stop = r.req.sampling.stop
+        if not r.req.detokenize and not stop:
+            return None
+        return TextStream(self.tokenizer, r.prompt, stop)
 
     def first(self, r: RequestState) -> Sequence:
         """The request's first sequence: one that samples (n == 1, no beams) or a root that forks."""

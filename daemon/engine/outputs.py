@@ -118,10 +118,13 @@ class Outputs:
         tokens = seq.tokens
         tokens.append(tok)
         reason: FinishReason | None = None
+        stop: str | int | None = None  # what ended the sequence, when it stops (`matched_stop`)
         sampling = seq.sampling
         if sampling is not None:
             sampling.append(tok)
             reason = sampling.finish_reason(tok)  # type: ignore[assignment]
+            if reason == "stop" and tok in sampling.params.stop_token_ids:
+                stop = tok
         if r.first_token_at is None:
             r.first_token_at = time.monotonic()
         seq.pending_tokens.append(tok)
@@ -132,6 +135,9 @@ class Outputs:
         if text is not None:
             delta = text.push(tok)
             if text.stopped:
+                # NOTE: as in vLLM, EOS and stop token ids are checked before stop strings.
+                if reason != "stop":
+                    stop = text.matched
                 reason = "stop"
         if reason is None:
             if len(tokens) < self.max_model_len:
@@ -145,16 +151,21 @@ class Outputs:
             reason = "length"
         if text is not None:
             delta += text.finish()
-        self.send(seq, delta, reason)
+        self.send(seq, delta, reason, None, stop)
         self.finish_seq(seq, reason, emit=False)
         if not r.live_seqs:
             self.finish_request(r)
 
     def send(
-        self, seq: Sequence, delta: str, reason: FinishReason | None = None, error: str | None = None
+        self,
+        seq: Sequence,
+        delta: str,
+        reason: FinishReason | None = None,
+        error: str | None = None,
+        stop: str | int | None = None,
     ) -> None:
         """Emit `seq`'s pending tokens and text (then `delta`) as one output; `reason` makes it the
-        last."""
+        last, `stop` is the stop that ended it."""
         r = seq.request
         if seq.pending_text:
             delta = seq.pending_text + delta
@@ -183,6 +194,7 @@ class Outputs:
             None if first is None else first - arrival,  # ttft_s
             "internal" if reason == "error" else None,  # error_code
             req.session_id,  # session_id
+            stop,  # matched_stop
         )
         seq.pending_tokens = []
         seq.pending_logprobs = []

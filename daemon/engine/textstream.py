@@ -22,6 +22,11 @@ class TextStream:
         self._stop = StopStringMatcher(stop) if stop else None
         self.stopped = False  # a stop string matched (a plain attribute: read once per token)
 
+    @property
+    def matched(self) -> str | None:
+        """The stop string that matched (None until one did)."""
+        return None if self._stop is None else self._stop.matched
+
     @staticmethod
     def prepare(tokenizer: TextTokenizer) -> None:
         """Build the tokenizer's tables the streams use now (0.2-0.3 s), not on the first request."""

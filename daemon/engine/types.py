@@ -100,7 +100,8 @@ class GenerateRequest:
     search of that width (greedy scoring by summed logprobs; `sampling.n` outputs are returned, n <=
     beam_width) instead of sampling. `arrival_time` (`time.monotonic()`, default: when this object
     was built) is when the request arrived; queue time and TTFT are measured from it, and FCFS order
-    follows it.
+    follows it. `detokenize=False` (a reader that takes token ids only) skips the incremental
+    detokenizer: outputs carry no text, unless stop strings needed the text to be matched on.
     """
 
     request_id: str
@@ -111,6 +112,7 @@ class GenerateRequest:
     priority: int = 0
     beam_width: int = 0
     arrival_time: float = field(default_factory=time.monotonic)
+    detokenize: bool = True
 
 
 @dataclass(frozen=True)
@@ -129,7 +131,8 @@ class RequestOutput:
     `prompt_tokens` counts the full prompt (session tokens included); `cached_tokens` how many of them
     came from the prefix cache at first admission. The last output of an index has `finished=True` and a
     `finish_reason`; the request is complete when every index has finished. `error_code` mirrors
-    `EngineError.code` when `finish_reason == "error"`.
+    `EngineError.code` when `finish_reason == "error"`. `matched_stop`: what ended an output whose
+    `finish_reason` is "stop" (the stop string or the stop token id; None for EOS, as in vLLM).
 
     NOTE: not frozen: one is built per sequence per decode step, and a frozen dataclass's
     field-by-field `object.__setattr__` costs 3.3x a plain slotted one (3.6 vs 1.1 us here). The
@@ -152,6 +155,7 @@ class RequestOutput:
     ttft_s: float | None = None
     error_code: str | None = None
     session_id: str | None = None
+    matched_stop: str | int | None = None
 
 
 Sink = Callable[[RequestOutput], None]

@@ -54,10 +54,10 @@ from radixd.daemon.server.gateway_metrics import InferenceExtensionCollector
 from radixd.daemon.server.generation import GenerationServicer
 from radixd.daemon.server.health import PortHealth
 from radixd.daemon.server.metrics import Metrics
+from radixd.daemon.server.pipeline import RequestRegistry
 from radixd.daemon.server.reflection import DescriptorFiles, add_reflection
 from radixd.daemon.server.sessions import SessionServicer
 from radixd.daemon.server.state import Limits, ServerState
-from radixd.daemon.server.streaming import RequestRegistry
 from radixd.daemon.server.vllm.wiring import add_vllm_service
 
 log = get_logger("radixd.server")

@@ -6,28 +6,19 @@ Every check here raises `RpcFailure(INVALID_ARGUMENT)` with a message naming the
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Sequence
-from typing import TYPE_CHECKING, Any, Protocol
+from typing import TYPE_CHECKING
 
 from radixd_client._pb import common_pb2
 
 from radixd.daemon.engine.limits import check_token_ids
 from radixd.daemon.sampling import SamplingParams
-from radixd.daemon.server.bounds import (
-    INLINE_TOKENIZE_CHARS,
-    MAX_CHAT_MESSAGES,
-    MAX_N,
-    MAX_STOP_CHARS,
-    MAX_STOP_STRINGS,
-    MAX_STOP_TOKEN_IDS,
-    check_count,
-    check_range,
-)
+from radixd.daemon.server.bounds import INLINE_TOKENIZE_CHARS, MAX_CHAT_MESSAGES, check_count
 from radixd.daemon.server.errors import bad_request
+from radixd.daemon.server.sampling import engine_sampling
 
 if TYPE_CHECKING:
     from radixd.daemon.engine.types import RequestOutput
-    from radixd.daemon.server.state import Limits, ServerState
+    from radixd.daemon.server.state import Limits, ServerState, Tokenizing
 
 FINISH = {
     "stop": common_pb2.FINISH_REASON_STOP,
@@ -54,75 +45,19 @@ _SCALAR_FIELDS = (
 _DELTA_BASE = [{"role": "system", "content": ""}]
 
 
-class Tokenizing(Protocol):
-    """What the server needs from the model's tokenizer (`radixd.daemon.tokenizer.TextTokenizer`)."""
-
-    @property
-    def vocab_size(self) -> int: ...
-
-    @property
-    def longest_token_chars(self) -> int: ...
-
-    def encode(self, text: str, add_special_tokens: bool = True) -> list[int]: ...
-
-    @property
-    def eos_token_ids(self) -> tuple[int, ...]: ...
-
-    def decode(self, ids: Sequence[int], skip_special_tokens: bool = False) -> str: ...
-
-    def id_to_token(self, token_id: int) -> str | None: ...
-
-    def apply_chat_template(
-        self, messages: Sequence[dict[str, Any]], add_generation_prompt: bool = True, **extra: Any
-    ) -> str: ...
-
-
 def sampling_params(msg: common_pb2.SamplingParams, limits: Limits) -> SamplingParams:
-    """Engine SamplingParams from the wire message; unset fields take the defaults.
-
-    Sizes are checked first (`bounds`), so nothing is built from an oversized list or count.
-    """
-    if msg.HasField("n"):
-        check_range("sampling.n", msg.n, 1, MAX_N, "; ask for fewer completions per request")
-    if msg.HasField("max_tokens"):
-        check_range(
-            "sampling.max_tokens",
-            msg.max_tokens,
-            1,
-            limits.context_length,
-            f" (prompt + max_tokens must fit the context length of {limits.context_length} tokens)",
-        )
-    check_count("sampling.stop", msg.stop, MAX_STOP_STRINGS)
-    for i, stop in enumerate(msg.stop):
-        if len(stop) > MAX_STOP_CHARS:
-            raise bad_request(f"sampling.stop[{i}] has {len(stop)} characters; at most {MAX_STOP_CHARS}")
-    check_count("sampling.stop_token_ids", msg.stop_token_ids, MAX_STOP_TOKEN_IDS)
-    check_token_ids(msg.stop_token_ids, limits.vocab_size, what="sampling.stop_token_ids")
-    kwargs: dict[str, Any] = {"max_tokens": limits.default_max_tokens}
-    for name in _SCALAR_FIELDS:
-        if msg.HasField(name):
-            kwargs[name] = getattr(msg, name)
-    for name in (
-        "temperature",
-        "top_p",
-        "min_p",
-        "repetition_penalty",
-        "presence_penalty",
-        "frequency_penalty",
-    ):
-        if name in kwargs:
-            kwargs[name] = float(kwargs[name])
-    if kwargs.get("logprobs") == 0:
-        kwargs["logprobs"] = None
-    if msg.stop:
-        kwargs["stop"] = tuple(msg.stop)
-    if msg.stop_token_ids:
-        kwargs["stop_token_ids"] = tuple(msg.stop_token_ids)
-    kwargs["ignore_eos"] = msg.ignore_eos
-    try:
-        return SamplingParams(**kwargs)
-    except (ValueError, TypeError) as exc:
-        raise bad_request(f"invalid sampling parameters: {exc}") from exc
+    """Engine SamplingParams from the wire message; unset fields take the defaults."""
+    values = {name: getattr(msg, name) for name in _SCALAR_FIELDS if msg.HasField(name)}
+    if values.get("logprobs") == 0:  # on this wire, 0 asks for no logprobs
+        values["logprobs"] = None
+    return engine_sampling(
+        limits,
+        "sampling",
+        stop=msg.stop,
+        stop_token_ids=msg.stop_token_ids,
+        ignore_eos=msg.ignore_eos,
+        **values,
+    )
 
 
 def check_prompt(prompt: common_pb2.Prompt, limits: Limits, what: str = "prompt") -> None:

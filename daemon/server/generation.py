@@ -7,12 +7,14 @@ from typing import Any
 
 from radixd_client._pb import generation_pb2, generation_pb2_grpc
 
-from radixd.daemon.engine.limits import check_context, check_token_ids
-from radixd.daemon.server.bounds import check_count, check_id
+from radixd.daemon.engine.limits import check_token_ids
+from radixd.daemon.engine.types import GenerateRequest
+from radixd.daemon.server.bounds import check_count
 from radixd.daemon.server.convert import prompt_tokens, sampling_params
 from radixd.daemon.server.handler import rpc
+from radixd.daemon.server.pipeline import RequestRegistry, abort, admit
 from radixd.daemon.server.state import ServerState
-from radixd.daemon.server.streaming import RequestRegistry, check_deadline, run_stream
+from radixd.daemon.server.streaming import run_stream
 
 FEATURES = ("sessions", "fork", "logprobs", "chat_template", "tenants", "cache_events", "n")
 
@@ -26,33 +28,19 @@ class GenerationServicer(generation_pb2_grpc.GenerationServiceServicer):
     async def Generate(self, request: generation_pb2.GenerateRequest, context: Any) -> None:
         arrival = time.monotonic()
         state = self.state
-        state.refuse_if_draining()
-        namespace = state.namespace(context)
-        check_deadline(context)
-        check_id("request_id", request.request_id)
+        namespace = admit(state, context, request.request_id)
         sampling = sampling_params(request.sampling, state.limits)
         ids = await prompt_tokens(state, request.prompt)
-        check_context(len(ids), sampling.max_tokens, state.limits.context_length)
-        with state.stream_slot():
-            await run_stream(
-                state,
-                self.registry,
-                context,
-                namespace=namespace,
-                client_id=request.request_id,
-                prompt_ids=ids,
-                sampling=sampling,
-                make=generation_pb2.GenerateResponse,
-                priority=request.priority,
-                arrival=arrival,
-            )
+        req = GenerateRequest(
+            "", ids, sampling, namespace=namespace, priority=request.priority, arrival_time=arrival
+        )
+        await run_stream(
+            state, self.registry, context, req, request.request_id, generation_pb2.GenerateResponse
+        )
 
     @rpc("Abort")
     async def Abort(self, request: generation_pb2.AbortRequest, context: Any) -> generation_pb2.AbortResponse:
-        namespace = self.state.namespace(context)
-        engine_id = self.registry.lookup(namespace, request.request_id)
-        if engine_id is not None:
-            self.state.engine.abort(engine_id)
+        abort(self.state, self.registry, self.state.namespace(context), request.request_id)
         return generation_pb2.AbortResponse()
 
     @rpc("Tokenize")

@@ -23,12 +23,14 @@ from radixd.daemon.engine.commands import (
 )
 from radixd.daemon.engine.limits import check_context
 from radixd.daemon.engine.sessions import SessionInfo
+from radixd.daemon.engine.types import GenerateRequest
 from radixd.daemon.server.bounds import MAX_FORK, MAX_SESSION_TTL_S, check_id, check_range, check_seconds
 from radixd.daemon.server.convert import prompt_tokens, sampling_params
 from radixd.daemon.server.errors import bad_request
 from radixd.daemon.server.handler import rpc
+from radixd.daemon.server.pipeline import RequestRegistry, admit
 from radixd.daemon.server.state import ServerState
-from radixd.daemon.server.streaming import RequestRegistry, check_deadline, run_stream
+from radixd.daemon.server.streaming import run_stream
 
 T = TypeVar("T")
 
@@ -86,31 +88,20 @@ class SessionServicer(session_pb2_grpc.SessionServiceServicer):
     async def Generate(self, request: session_pb2.SessionServiceGenerateRequest, context: Any) -> None:
         arrival = time.monotonic()
         state = self.state
-        state.refuse_if_draining()
-        ns = state.namespace(context)
-        check_deadline(context)
+        ns = admit(state, context, request.request_id)
         sid = check_id("session_id", request.session_id)
-        check_id("request_id", request.request_id)
         sampling = sampling_params(request.sampling, state.limits)
         info = await on_engine(state, GetSession(session_id_of(sid), ns))
         tail = state.tokenizer.decode(info.tokens[-4:]) if info.tokens else ""
         ids = await prompt_tokens(state, request.prompt, continuation=bool(info.tokens), context_tail=tail)
         if sampling.n != 1:
             raise bad_request(f"a session turn produces one reply; n must be 1, got {sampling.n}")
+        # NOTE: checked here too (the engine checks it on its thread) so a refused turn never holds
+        # the session: the same check and message as the engine's.
         check_context(info.num_tokens + len(ids), sampling.max_tokens, state.limits.context_length)
-        with state.stream_slot():
-            await run_stream(
-                state,
-                self.registry,
-                context,
-                namespace=ns,
-                client_id=request.request_id,
-                prompt_ids=ids,
-                sampling=sampling,
-                make=session_pb2.SessionServiceGenerateResponse,
-                session_id=sid,
-                arrival=arrival,
-            )
+        req = GenerateRequest("", ids, sampling, namespace=ns, session_id=sid, arrival_time=arrival)
+        make = session_pb2.SessionServiceGenerateResponse
+        await run_stream(state, self.registry, context, req, request.request_id, make)
 
     @rpc("ForkSession")
     async def ForkSession(

@@ -8,9 +8,9 @@ import contextlib
 import os
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Protocol
 
 import grpc
 
@@ -23,7 +23,29 @@ from radixd.daemon.server.metrics import Metrics
 
 if TYPE_CHECKING:
     from radixd.daemon.engine.engine import Engine
-    from radixd.daemon.server.convert import Tokenizing
+
+
+class Tokenizing(Protocol):
+    """What the server needs from the model's tokenizer (`radixd.daemon.tokenizer.TextTokenizer`)."""
+
+    @property
+    def vocab_size(self) -> int: ...
+
+    @property
+    def longest_token_chars(self) -> int: ...
+
+    def encode(self, text: str, add_special_tokens: bool = True) -> list[int]: ...
+
+    @property
+    def eos_token_ids(self) -> tuple[int, ...]: ...
+
+    def decode(self, ids: Sequence[int], skip_special_tokens: bool = False) -> str: ...
+
+    def id_to_token(self, token_id: int) -> str | None: ...
+
+    def apply_chat_template(
+        self, messages: Sequence[dict[str, Any]], add_generation_prompt: bool = True, **extra: Any
+    ) -> str: ...
 
 
 @dataclass(frozen=True)

@@ -11,25 +11,18 @@ values) mean "unset" here, as in vLLM's own servicer, and `n` 0 means 1.
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING
 
 from smg_grpc_proto.generated import vllm_engine_pb2
 
-from radixd.daemon.engine.limits import check_token_ids
-from radixd.daemon.sampling import SamplingParams
-from radixd.daemon.server.bounds import (
-    MAX_N,
-    MAX_STOP_CHARS,
-    MAX_STOP_STRINGS,
-    MAX_STOP_TOKEN_IDS,
-    check_count,
-    check_range,
-)
 from radixd.daemon.server.errors import bad_request
-from radixd.daemon.server.state import Limits
+from radixd.daemon.server.sampling import engine_sampling
+
+if TYPE_CHECKING:
+    from radixd.daemon.sampling import SamplingParams
+    from radixd.daemon.server.state import Limits
 
 MAX_LOGPROBS = 20
-_CONSTRAINTS = ("json_schema", "regex", "grammar", "structural_tag", "json_object", "choice")
 
 
 def _refuse(field: str, why: str) -> None:
@@ -49,48 +42,27 @@ def _refuse_unsupported(msg: vllm_engine_pb2.SamplingParams) -> None:
 
 
 def sampling_from_vllm(msg: vllm_engine_pb2.SamplingParams, limits: Limits) -> SamplingParams:
-    """The engine's SamplingParams for a vLLM request (sizes bounded before anything is built)."""
+    """The engine's SamplingParams for a vLLM request, after refusing what radixd cannot honour."""
     _refuse_unsupported(msg)
-    n = msg.n or 1
-    check_range("sampling_params.n", n, 1, MAX_N, "; ask for fewer completions per request")
-    check_count("sampling_params.stop", msg.stop, MAX_STOP_STRINGS)
-    for i, stop in enumerate(msg.stop):
-        if not stop or len(stop) > MAX_STOP_CHARS:
-            raise bad_request(
-                f"sampling_params.stop[{i}] has {len(stop)} characters; it needs 1 to {MAX_STOP_CHARS}"
-            )
-    check_count("sampling_params.stop_token_ids", msg.stop_token_ids, MAX_STOP_TOKEN_IDS)
-    check_token_ids(msg.stop_token_ids, limits.vocab_size, what="sampling_params.stop_token_ids")
-    max_tokens = limits.default_max_tokens
-    if msg.HasField("max_tokens"):
-        max_tokens = check_range(
-            "sampling_params.max_tokens",
-            msg.max_tokens,
-            1,
-            limits.context_length,
-            f" (prompt + max_tokens must fit the context length of {limits.context_length} tokens)",
-        )
-    kwargs: dict[str, Any] = {
-        "max_tokens": max_tokens,
-        "min_tokens": msg.min_tokens,
-        "temperature": float(msg.temperature) if msg.HasField("temperature") else 1.0,
-        "top_k": msg.top_k,
-        "top_p": float(msg.top_p) if msg.top_p else 1.0,
-        "min_p": float(msg.min_p),
-        "repetition_penalty": float(msg.repetition_penalty) if msg.repetition_penalty else 1.0,
-        "presence_penalty": float(msg.presence_penalty),
-        "frequency_penalty": float(msg.frequency_penalty),
-        "seed": msg.seed if msg.HasField("seed") else None,
-        "stop": tuple(msg.stop),
-        "stop_token_ids": tuple(msg.stop_token_ids),
-        "ignore_eos": msg.ignore_eos,
-        "logprobs": msg.logprobs if msg.HasField("logprobs") else None,
-        "n": n,
-    }
-    try:
-        return SamplingParams(**kwargs)
-    except (ValueError, TypeError) as exc:
-        raise bad_request(f"invalid sampling_params: {exc}") from exc
+    return engine_sampling(
+        limits,
+        "sampling_params",
+        n=msg.n or 1,
+        max_tokens=msg.max_tokens if msg.HasField("max_tokens") else None,
+        stop=msg.stop,
+        stop_token_ids=msg.stop_token_ids,
+        min_tokens=msg.min_tokens,
+        temperature=msg.temperature if msg.HasField("temperature") else 1.0,
+        top_k=msg.top_k,
+        top_p=msg.top_p or 1.0,
+        min_p=msg.min_p,
+        repetition_penalty=msg.repetition_penalty or 1.0,
+        presence_penalty=msg.presence_penalty,
+        frequency_penalty=msg.frequency_penalty,
+        seed=msg.seed if msg.HasField("seed") else None,
+        ignore_eos=msg.ignore_eos,
+        logprobs=msg.logprobs if msg.HasField("logprobs") else None,
+    )
 
 
 def truncate_prompt(ids: list[int], msg: vllm_engine_pb2.SamplingParams, limits: Limits) -> list[int]:

@@ -22,15 +22,15 @@ from radixd_client._pb import common_pb2 as radixd_common
 from smg_grpc_proto.generated import common_pb2, vllm_engine_pb2, vllm_engine_pb2_grpc
 from smg_grpc_proto.generated import vllm_engine_pb2 as pb
 
-from radixd.daemon.engine.limits import check_context, check_token_ids
-from radixd.daemon.engine.types import FlushMode
+from radixd.daemon.engine.limits import check_token_ids
+from radixd.daemon.engine.types import FlushMode, GenerateRequest
 from radixd.daemon.server.bounds import MAX_FLUSH_TIMEOUT_S, check_id, check_seconds
 from radixd.daemon.server.cache_feed import CacheFeed
 from radixd.daemon.server.convert import prompt_tokens
 from radixd.daemon.server.errors import RpcFailure, bad_request
 from radixd.daemon.server.handler import rpc
 from radixd.daemon.server.kv_events import KvEventLogs
-from radixd.daemon.server.streaming import RequestRegistry, check_deadline
+from radixd.daemon.server.pipeline import RequestRegistry, abort, admit
 from radixd.daemon.server.vllm.generate import run_generate
 from radixd.daemon.server.vllm.kv_stream import kv_event_stream
 from radixd.daemon.server.vllm.loads import LoadSampler
@@ -178,9 +178,7 @@ class VllmEngineServicer(vllm_engine_pb2_grpc.VllmEngineServicer):  # type: igno
     async def Abort(self, request: pb.AbortRequest, context: Any) -> pb.AbortResponse:
         namespace = self.state.namespace(context)
         for request_id in request.request_ids:
-            engine_id = self.registry.lookup(namespace, check_id("request_ids[]", request_id))
-            if engine_id is not None:
-                self.state.engine.abort(engine_id)
+            abort(self.state, self.registry, namespace, check_id("request_ids[]", request_id))
         return pb.AbortResponse()
 
     @rpc("vllm.Embed")
@@ -194,10 +192,7 @@ class VllmEngineServicer(vllm_engine_pb2_grpc.VllmEngineServicer):  # type: igno
         arrival = time.monotonic()
         self.last_receive = time.time()
         state = self.state
-        state.refuse_if_draining()
-        namespace = state.namespace(context)
-        check_deadline(context)
-        check_id("request_id", request.request_id)
+        namespace = admit(state, context, request.request_id)
         for name, what in _UNSUPPORTED_INPUTS:
             if request.HasField(name):
                 raise bad_request(f"{name} is not supported: radixd serves a text-only model without {what}")
@@ -208,21 +203,10 @@ class VllmEngineServicer(vllm_engine_pb2_grpc.VllmEngineServicer):  # type: igno
                 f"data_parallel_rank {request.data_parallel_rank} does not exist; radixd runs rank 0"
             )
         sampling = sampling_from_vllm(request.sampling_params, state.limits)
-        ids = await self._prompt(request)
-        ids = truncate_prompt(ids, request.sampling_params, state.limits)
-        check_context(len(ids), sampling.max_tokens, state.limits.context_length)
-        with state.stream_slot():
-            await run_generate(
-                state,
-                self.registry,
-                context,
-                namespace=namespace,
-                client_id=request.request_id,
-                prompt_ids=ids,
-                sampling=sampling,
-                stream=request.stream,
-                arrival=arrival,
-            )
+        ids = truncate_prompt(await self._prompt(request), request.sampling_params, state.limits)
+        # The gateway detokenizes: the engine computes no text for this request.
+        req = GenerateRequest("", ids, sampling, namespace=namespace, arrival_time=arrival, detokenize=False)
+        await run_generate(state, self.registry, context, req, request.request_id, request.stream)
 
     async def _prompt(self, request: pb.GenerateRequest) -> list[int]:
         kind = request.WhichOneof("input")

@@ -14,7 +14,7 @@ from smg_grpc_proto.generated import vllm_engine_pb2_grpc
 from radixd.daemon.log import get_logger
 from radixd.daemon.server.cache_feed import CacheFeed
 from radixd.daemon.server.kv_events import KvEventLogs, KvLogBridge
-from radixd.daemon.server.streaming import RequestRegistry
+from radixd.daemon.server.pipeline import RequestRegistry
 from radixd.daemon.server.vllm.service import VllmEngineServicer
 from radixd.daemon.server.vllm.tokenizer_bundle import build_bundle, write_dir
 
