@@ -150,3 +150,33 @@ def test_a_listener_is_added_once() -> None:
     assert kv.tree.listener is logs and len(logs.kv("").blocks) == 2
     kv.remove_listener(logs)
     assert not kv.listening
+
+
+def test_both_streams_share_one_listener_installed_once() -> None:
+    """radixd's stream and a vLLM subscriber read one log, fed by one listener: the second subscriber
+    installs nothing, and the install's replay already gave the KV log what was cached."""
+
+    async def main() -> None:
+        loop = asyncio.get_running_loop()
+        kv = kv_manager()
+        engine = KvEngine(kv)
+        events = CacheEvents(BS, schedule=loop.call_soon)
+        events.feed = CacheFeed(engine, events, loop)  # type: ignore[arg-type]
+        cache(kv.tree, list(range(8)))
+        admin = events.subscribe(0)
+        first = asyncio.ensure_future(admin.__anext__())
+        while events.num_subscribers == 0:
+            await asyncio.sleep(0)
+        model = RouterModel()
+        for batch in events.kv("").snapshot():
+            model.apply(batch)
+        assert model.blocks == expected_blocks(kv.tree)
+        async with events.subscribed():  # a vLLM subscriber
+            cache(kv.tree, list(range(8, 16)))
+            event = await asyncio.wait_for(first, 5)
+            assert list(event.token_ids) == list(range(8, 16)) and event.sequence == 1
+            assert engine.commands == ["AddCacheListener"]
+        await admin.aclose()
+        assert engine.commands == ["AddCacheListener", "RemoveCacheListener"] and not kv.listening
+
+    asyncio.run(main())
