@@ -29,8 +29,8 @@ log = get_logger("radixd.server.cache_feed")
 
 
 class Sink(CacheListener, Protocol):
-    """What the feed feeds, on the loop: the tree's changes, after the install (and its replay) was
-    applied `attached`, and `detached` once changes go unreported (or a failed install fed it)."""
+    """What the feed feeds, on the loop: the tree's changes; `attached` once the install (and its
+    replay) has been applied, `detached` once changes go unreported (or a failed install fed it)."""
 
     def attached(self) -> None: ...
 
