@@ -53,7 +53,6 @@ class CacheEvents:
     def __init__(
         self, block_size: int, schedule: Schedule | None = None, retain: int = 4096, buffer: int = 1024
     ) -> None:
-        self.block_size = block_size
         self.changes: EventLog[Event] = EventLog(
             "events", lambda _: "after_sequence set to the last sequence you saw", retain, buffer
         )
