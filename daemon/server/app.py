@@ -49,7 +49,7 @@ from radixd.daemon.server.admin import CacheAdminServicer, cache_stats
 from radixd.daemon.server.auth import Authenticator, load_api_keys
 from radixd.daemon.server.bounds import prompt_char_bound
 from radixd.daemon.server.cache_feed import CacheFeed
-from radixd.daemon.server.events import CacheEventHub, TreeEventBridge
+from radixd.daemon.server.events import CacheEvents
 from radixd.daemon.server.gateway_metrics import InferenceExtensionCollector
 from radixd.daemon.server.generation import GenerationServicer
 from radixd.daemon.server.health import PortHealth
@@ -188,7 +188,7 @@ def build_state(args: argparse.Namespace, built: BuiltEngine) -> ServerState:
             vocab_size=built.tokenizer.vocab_size,
             total_blocks=core.kv.usable_blocks(),
         ),
-        events=CacheEventHub(core.block_size),
+        events=CacheEvents(core.block_size, schedule=asyncio.get_running_loop().call_soon),
         model_name=str(args.model or "SmolLM2-135M-Instruct (embedded)"),
         block_size=core.block_size,
         eos_token_ids=tuple(core.eos_token_ids),
@@ -303,9 +303,8 @@ async def start(args: argparse.Namespace, built: BuiltEngine) -> Daemon:
     public, admin, health_servicer = _servers(state, args)
     loop = asyncio.get_running_loop()
     # The vLLM worker protocol (for gateways such as smg) beside radixd.v1 on the public port.
-    add_vllm_service(public, state, built, args, loop)
-    hub = state.events
-    hub.feed = CacheFeed(state.engine, TreeEventBridge(hub, loop), on_detach=hub.unobserved)
+    add_vllm_service(public, state, built, args)
+    state.events.feed = CacheFeed(state.engine, state.events, loop)
     port = _bind(public, args.host, args.port, creds)
     admin_port = _bind(admin, args.admin_host, args.admin_port, creds, "--admin-port")
     metrics_server, metrics_port = _start_metrics(state, args)

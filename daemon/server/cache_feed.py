@@ -1,16 +1,14 @@
-"""`CacheFeed`: a cache-event listener installed in the engine only while someone subscribes.
+"""`CacheFeed`: the daemon's one cache listener, installed in the engine only while someone subscribes.
 
-Translating tree changes into events (token paths, block chains, cross-thread posts) costs on every
-tree change, so a feed adds its listener to the engine (`AddCacheListener`) when its first
-subscriber arrives and removes it (`RemoveCacheListener`) when the last one leaves; with nobody
-subscribed a tree change costs one test of the tree's `listener`.
+The feed is the tree's listener on the engine thread and the one thread bridge: it posts each change
+to the event loop, where its sink (the cache-event log, events.py) applies it. The first subscriber
+installs it (`AddCacheListener`, replaying the cached content first: the sink keeps every live block)
+and the last one removes it, so with nobody subscribed a tree change costs one test of `listener`.
 
-NOTE: ordering. The listener posts each change to the event loop (`call_soon_threadsafe`) from the
-engine thread, and the engine resolves the command's future after that, so by the time `acquire` /
-`release` resume every change reported before the install / removal has been applied on the loop.
-`on_attach` / `on_detach` therefore run on a consistent view: the changes the feed saw are exactly
-those between the two commands. What changed while nobody listened is never reported: the owner's
-`on_detach` must make a later subscriber resynchronize (a gap in its sequence numbers).
+NOTE: ordering. The engine resolves a command's future after the listener posted what it reported, so
+when `acquire` / `release` resume, every change reported before the install / removal has been applied
+on the loop: the sink saw exactly the changes between `attached` and `detached`. What changed while
+nobody listened is never reported: `detached` must make a later subscriber resynchronize.
 """
 
 from __future__ import annotations
@@ -18,7 +16,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 from collections.abc import AsyncIterator, Callable
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Protocol
 
 from radixd.daemon.engine.commands import AddCacheListener, RemoveCacheListener
 from radixd.daemon.log import get_logger
@@ -30,32 +28,37 @@ if TYPE_CHECKING:
 log = get_logger("radixd.server.cache_feed")
 
 
+class Sink(CacheListener, Protocol):
+    """What the feed feeds, on the loop: the tree's changes; `attached` once the install (and its
+    replay) has been applied, `detached` once changes go unreported (or a failed install fed it)."""
+
+    def attached(self) -> None: ...
+
+    def detached(self) -> None: ...
+
+
 class CacheFeed:
-    """Counts subscribers; installs `listener` for the first and removes it after the last.
+    """Counts subscribers; installs itself as the tree's listener for the first and removes itself
+    after the last, handing every change in between to `sink` on `loop`."""
 
-    `replay`: the engine first reports the cached content as `stored` events (for an observer that
-    keeps the whole cached set, such as the vLLM KV-event logs). `on_attach` runs after the install
-    (and the replay) has been applied on the loop, `on_detach` after the removal.
-    """
-
-    def __init__(
-        self,
-        engine: Engine,
-        listener: CacheListener,
-        *,
-        replay: bool = False,
-        on_attach: Callable[[], None] = lambda: None,
-        on_detach: Callable[[], None] = lambda: None,
-    ) -> None:
-        self._engine = engine
-        self._listener = listener
-        self._replay = replay
-        self._on_attach = on_attach
-        self._on_detach = on_detach
+    def __init__(self, engine: Engine, sink: Sink, loop: asyncio.AbstractEventLoop) -> None:
+        self._engine, self._sink, self._loop = engine, sink, loop
         self._subscribers = 0
         self._lock = asyncio.Lock()
         self._undoing: set[asyncio.Task[None]] = set()
 
+    # ---- the tree's listener (engine thread) ----
+    def _post(self, apply: Callable[..., None], *args: object) -> None:
+        with contextlib.suppress(RuntimeError):  # the loop is closed: nobody is listening any more
+            self._loop.call_soon_threadsafe(apply, *args)
+
+    def stored(self, namespace: str, tokens: list[int], start: int, num_blocks: int) -> None:
+        self._post(self._sink.stored, namespace, tokens, start, num_blocks)
+
+    def removed(self, namespace: str, tokens: list[int], start: int, num_blocks: int, reason: str) -> None:
+        self._post(self._sink.removed, namespace, tokens, start, num_blocks, reason)
+
+    # ---- subscribers (event loop) ----
     @property
     def subscribers(self) -> int:
         return self._subscribers
@@ -75,13 +78,12 @@ class CacheFeed:
     async def _acquire(self) -> None:
         async with self._lock:
             if self._subscribers == 0:
-                cmd = AddCacheListener(self._listener, self._replay)
                 try:
-                    await asyncio.wrap_future(self._engine.execute(cmd))
+                    await asyncio.wrap_future(self._engine.execute(AddCacheListener(self, replay=True)))
                 except BaseException:
-                    self._on_detach()  # whatever a failed install (a partial replay) fed the owner is void
+                    self._sink.detached()  # whatever a failed install (a partial replay) fed is void
                     raise
-                self._on_attach()
+                self._sink.attached()
             self._subscribers += 1
 
     def _release_if_acquired(self, step: asyncio.Future[None]) -> None:
@@ -97,10 +99,10 @@ class CacheFeed:
             if self._subscribers > 0:
                 return
             try:
-                await asyncio.wrap_future(self._engine.execute(RemoveCacheListener(self._listener)))
+                await asyncio.wrap_future(self._engine.execute(RemoveCacheListener(self)))
             except Exception as exc:  # stopping or stopped: no more changes will come anyway
                 log.info("cache_feed.remove_failed", error=str(exc))
-            self._on_detach()
+            self._sink.detached()
 
     @contextlib.asynccontextmanager
     async def subscribed(self) -> AsyncIterator[None]:

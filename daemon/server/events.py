@@ -1,159 +1,153 @@
-"""Cache events for routers: stored / removed / cleared, with increasing sequence numbers.
+"""The daemon's cache-event log: the radix tree's changes, numbered for both cache-event streams.
 
-NOTE: the radix tree is the only source of events. `TreeEventBridge` is the tree's listener: it runs on
-the engine thread inside the tree's operations, so it only posts each change to the event loop, where
-`CacheEventHub` numbers it, keeps the recent ones for replay and fans it out. Every change is
-reported while someone subscribes, LRU evictions under memory pressure included, so a subscriber's
-map stays exact. The listener is installed only then (the hub's `feed`, see cache_feed.py): when the
-last subscriber leaves, the hub spends one sequence number on the unobserved stretch and drops what it
-retained, so a later resume from an older sequence is told to resynchronize instead of missing
-changes.
+NOTE: the radix tree is the only source of events. Its one listener, `CacheFeed` (cache_feed.py),
+installed while anyone subscribes to either stream, posts each change to the event loop, where
+`CacheEvents` applies it: to the namespace's `NamespaceKvLog` (full blocks in batches per loop tick, for
+the vLLM protocol's `SubscribeKvEvents`, rendered by vllm/kv_stream.py) and, while radixd's
+`SubscribeCacheEvents` has readers, to one log of node changes across namespaces (rendered here). Both
+are `EventLog`s (event_log.py). Every change is reported, LRU evictions under memory pressure included,
+so a subscriber's map stays exact. A log that stops recording (radixd's when its last reader leaves,
+every one when the listener is removed) leaves a gap in its numbers and forgets what it retained, so a
+later resume from an older sequence resynchronizes instead of missing changes.
 """
 
 from __future__ import annotations
 
-import asyncio
-import collections
 import contextlib
 import secrets
 import time
-from collections.abc import AsyncGenerator, AsyncIterator
+from collections.abc import AsyncIterator
+from contextlib import AbstractAsyncContextManager
+from typing import TYPE_CHECKING, Any
 
 import grpc
 from radixd_client._pb import cache_admin_pb2
 
 from radixd.daemon.server.auth import tenant_of
-from radixd.daemon.server.cache_feed import CacheFeed
 from radixd.daemon.server.errors import RpcFailure
+from radixd.daemon.server.event_log import EventLog
+from radixd.daemon.server.kv_events import NamespaceKvLog, Schedule
+
+if TYPE_CHECKING:
+    from radixd.daemon.server.cache_feed import CacheFeed
 
 Event = cache_admin_pb2.SubscribeCacheEventsResponse
+STORED, REMOVED = cache_admin_pb2.CACHE_EVENT_KIND_STORED, cache_admin_pb2.CACHE_EVENT_KIND_REMOVED
+RESYNC = "resync with LookupPrefix and subscribe with after_sequence=0"
 
 
-class CacheEventHub:
-    """Keeps the last `retain` events for replay and fans new ones out to bounded subscriber queues.
+def numbered(sequence: int, event: Event) -> Event:
+    """The retained `event` (shared by every reader) with its sequence number, as one reader gets it."""
+    out = Event(sequence=sequence)
+    out.MergeFrom(event)
+    return out
 
-    `feed`: installs the tree listener feeding this hub while anyone subscribes (None: the owner
-    keeps one installed, as unit tests do).
+
+class CacheEvents:
+    """Every namespace's KV log and radixd's change log, fed by the tree (the `CacheFeed`'s sink).
+
+    `feed`: installs the tree listener feeding this log while anyone subscribes (None: the owner keeps
+    one installed, as unit tests do). `schedule` batches a namespace's KV events per loop tick.
     """
 
-    def __init__(self, block_size: int, retain: int = 4096, subscriber_buffer: int = 1024) -> None:
-        self.block_size = block_size
-        self._seq = 0
-        self._recent: collections.deque[Event] = collections.deque(maxlen=retain)
-        self._subscribers: set[asyncio.Queue[Event | None]] = set()
-        self._buffer = subscriber_buffer
+    def __init__(
+        self, block_size: int, schedule: Schedule | None = None, retain: int = 4096, buffer: int = 1024
+    ) -> None:
+        self.changes: EventLog[Event] = EventLog(
+            "events", lambda _: "after_sequence set to the last sequence you saw", retain, buffer
+        )
+        self._kv: dict[str, NamespaceKvLog] = {}
+        self._kv_args = (block_size, schedule, retain, buffer)
         # Sequences restart at 1 with every daemon start; the id tells a restart from a gap.
         self.start_id = f"{int(time.time())}-{secrets.token_hex(4)}"
         self.feed: CacheFeed | None = None
 
     @property
     def sequence(self) -> int:
-        return self._seq
+        """The newest sequence number of radixd's stream."""
+        return self.changes.sequence
 
     @property
     def num_subscribers(self) -> int:
-        """Streams currently registered for new events."""
-        return len(self._subscribers)
+        """Streams currently registered for radixd's new events."""
+        return self.changes.num_subscribers
 
-    def _publish(
-        self, kind: int, namespace: str, tokens: list[int], blocks: int, start: int = 0, reason: str = ""
-    ) -> None:
-        self._seq += 1
-        event = Event(
-            sequence=self._seq,
-            kind=kind,  # type: ignore[arg-type]
-            namespace=tenant_of(namespace),
-            num_blocks=blocks,
-            token_ids=tokens,
-            timestamp=time.time(),
-            start=start,
-            reason=reason,
-        )
-        self._recent.append(event)
-        for q in list(self._subscribers):
-            try:
-                q.put_nowait(event)
-            except asyncio.QueueFull:
-                # A subscriber that cannot keep up is cut off (it resubscribes with after_sequence).
-                self._subscribers.discard(q)
-                q.get_nowait()
-                q.put_nowait(None)
+    def kv(self, namespace: str) -> NamespaceKvLog:
+        """The KV log of `namespace` (created empty on first use).
 
-    def stored(self, namespace: str, tokens: list[int], start: int, blocks: int) -> None:
-        self._publish(cache_admin_pb2.CACHE_EVENT_KIND_STORED, namespace, tokens, blocks, start)
+        NOTE: namespaces are kept apart: a vLLM subscriber reads the log of the namespace it
+        authenticated as, so a router fronting one tenant never learns another tenant's prefixes."""
+        log = self._kv.get(namespace)
+        if log is None:
+            log = self._kv[namespace] = NamespaceKvLog(namespace, *self._kv_args)
+        return log
 
-    def removed(self, namespace: str, tokens: list[int], start: int, blocks: int, reason: str) -> None:
-        self._publish(cache_admin_pb2.CACHE_EVENT_KIND_REMOVED, namespace, tokens, blocks, start, reason)
+    def subscribed(self) -> AbstractAsyncContextManager[None]:
+        """The tree's changes reach this log inside this block."""
+        return self.feed.subscribed() if self.feed is not None else contextlib.nullcontext()
 
-    def cleared(self) -> None:
-        self._publish(cache_admin_pb2.CACHE_EVENT_KIND_CLEARED, "", [], 0)
-
-    def unobserved(self) -> None:
-        """The listener is gone (the feed's last subscriber left): changes from now on go unreported,
-        so nothing retained can bring a resuming subscriber up to date any more. One sequence number
-        marks the gap: a resume from before it is refused (resync), new subscribers start after it."""
-        self._recent.clear()
-        self._seq += 1
-
-    async def subscribe(self, after_sequence: int) -> AsyncIterator[Event]:
-        """Replay retained events after `after_sequence` (0 = none), then stream new ones."""
-        feed = self.feed.subscribed() if self.feed is not None else contextlib.nullcontext()
-        async with feed, contextlib.aclosing(self._stream(after_sequence)) as events:
-            async for event in events:
-                yield event
-
-    async def _stream(self, after_sequence: int) -> AsyncGenerator[Event, None]:
-        q: asyncio.Queue[Event | None] = asyncio.Queue(self._buffer)
-        self._subscribers.add(q)
-        try:
-            if after_sequence > self._seq:
-                raise RpcFailure(
-                    grpc.StatusCode.OUT_OF_RANGE,
-                    f"after_sequence {after_sequence} is beyond the newest event ({self._seq}) of this"
-                    f" daemon (start id {self.start_id}): it restarted since you subscribed, so your map is"
-                    " stale; resync with LookupPrefix and subscribe with after_sequence=0",
-                )
-            if after_sequence:
-                oldest = self._recent[0].sequence if self._recent else self._seq + 1
-                if after_sequence + 1 < oldest:
-                    raise RpcFailure(
-                        grpc.StatusCode.OUT_OF_RANGE,
-                        f"events after {after_sequence} are no longer retained (oldest is {oldest}, newest"
-                        f" {self._seq}, daemon start id {self.start_id}); resync with LookupPrefix and"
-                        " subscribe with after_sequence=0",
-                    )
-            last = after_sequence if after_sequence else self._seq
-            for event in list(self._recent):
-                if event.sequence > last:
-                    last = event.sequence
-                    yield event
-            while True:
-                item = await q.get()
-                if item is None:
-                    raise RpcFailure(
-                        grpc.StatusCode.RESOURCE_EXHAUSTED,
-                        f"the subscriber fell more than {self._buffer} events behind; resubscribe with"
-                        " after_sequence set to the last sequence you saw",
-                    )
-                if item.sequence > last:
-                    last = item.sequence
-                    yield item
-        finally:
-            self._subscribers.discard(q)
-
-
-class TreeEventBridge:
-    """The radix tree's listener (``radixd.radix.CacheListener``): hands each change to the loop."""
-
-    def __init__(self, hub: CacheEventHub, loop: asyncio.AbstractEventLoop) -> None:
-        self._hub = hub
-        self._loop = loop
+    # ---- the tree's changes (event loop) ----
+    def _record(self, **fields: Any) -> None:
+        # NOTE: radixd's stream records only while it has readers (its events carry whole token paths):
+        # a new reader starts at the newest sequence, and the last one leaving leaves a gap (`subscribe`).
+        if self.changes.num_subscribers:
+            self.changes.append(Event(timestamp=time.time(), **fields))
 
     def stored(self, namespace: str, tokens: list[int], start: int, num_blocks: int) -> None:
-        self._loop.call_soon_threadsafe(self._hub.stored, namespace, tokens, start, num_blocks)
+        self._record(
+            kind=STORED, namespace=tenant_of(namespace), token_ids=tokens, start=start, num_blocks=num_blocks
+        )
+        self.kv(namespace).stored(tokens, start)
 
     def removed(self, namespace: str, tokens: list[int], start: int, num_blocks: int, reason: str) -> None:
-        self._loop.call_soon_threadsafe(self._hub.removed, namespace, tokens, start, num_blocks, reason)
+        self._record(
+            kind=REMOVED,
+            namespace=tenant_of(namespace),
+            token_ids=tokens,
+            start=start,
+            num_blocks=num_blocks,
+            reason=reason,
+        )
+        self.kv(namespace).removed(tokens, start)
 
-    def cleared(self) -> None:
-        self._loop.call_soon_threadsafe(self._hub.cleared)
+    def attached(self) -> None:
+        """The listener's install replayed the cached content: publish it (before any snapshot)."""
+        for log in self._kv.values():
+            log.publish()
+
+    def detached(self) -> None:
+        """The listener is gone: every KV log forgets its state (see `NamespaceKvLog.unobserved`)."""
+        for log in self._kv.values():
+            log.unobserved()
+
+    # ---- radixd's stream ----
+    async def subscribe(self, after: int) -> AsyncIterator[Event]:
+        """Replay retained events after `after` (0 = none), then stream new ones."""
+        log = self.changes
+        async with self.subscribed():
+            try:
+                with log.subscribed() as reader:
+                    kept = log.since(after) if after else []
+                    if kept is None:
+                        raise RpcFailure(grpc.StatusCode.OUT_OF_RANGE, self._refusal(after))
+                    last = after or log.sequence
+                    for last, event in kept:
+                        yield numbered(last, event)
+                    while (item := await reader.next(last)) is not None:
+                        last = item[0]
+                        yield numbered(*item)
+            finally:
+                if not log.num_subscribers:
+                    log.gap()
+
+    def _refusal(self, after: int) -> str:
+        seq, oldest = self.changes.sequence, self.changes.recent[0][0] if self.changes.recent else None
+        if after > seq:
+            return (
+                f"after_sequence {after} is beyond the newest event ({seq}) of this daemon (start id"
+                f" {self.start_id}): it restarted since you subscribed, so your map is stale; {RESYNC}"
+            )
+        return (
+            f"events after {after} are no longer retained (oldest is {oldest or seq + 1}, newest {seq},"
+            f" daemon start id {self.start_id}); {RESYNC}"
+        )

@@ -18,7 +18,7 @@ from radixd.daemon.engine.config import DEFAULT_BLOCK_SIZE
 from radixd.daemon.server.auth import Authenticator, AuthError
 from radixd.daemon.server.bounds import DEFAULT_MAX_SESSIONS
 from radixd.daemon.server.errors import RpcFailure
-from radixd.daemon.server.events import CacheEventHub
+from radixd.daemon.server.events import CacheEvents
 from radixd.daemon.server.metrics import Metrics
 
 if TYPE_CHECKING:
@@ -91,7 +91,7 @@ class ServerState:
     auth: Authenticator
     metrics: Metrics
     limits: Limits
-    events: CacheEventHub
+    events: CacheEvents
     model_name: str = ""
     block_size: int = DEFAULT_BLOCK_SIZE
     eos_token_ids: tuple[int, ...] = ()

@@ -1,7 +1,7 @@
 """Cache-event listeners exist only while someone subscribes, and a gap forces a resync.
 
 The engine is stood in for by its KV manager behind `execute` (the listener commands are all a feed
-sends); the tree is real, and so are the admin event hub and the vLLM KV-event logs.
+sends); the tree is real, and so is the cache-event log (radixd's stream and the vLLM KV-event logs).
 """
 
 from __future__ import annotations
@@ -19,8 +19,7 @@ from radixd.daemon.engine.config import EngineConfig
 from radixd.daemon.engine.kv import KVManager
 from radixd.daemon.server.cache_feed import CacheFeed
 from radixd.daemon.server.errors import RpcFailure
-from radixd.daemon.server.events import CacheEventHub, TreeEventBridge
-from radixd.daemon.server.kv_events import KvEventLogs, KvLogBridge
+from radixd.daemon.server.events import CacheEvents
 
 
 class KvEngine:
@@ -50,14 +49,8 @@ def test_no_listener_until_the_first_subscriber_and_none_after_the_last() -> Non
         loop = asyncio.get_running_loop()
         kv = kv_manager()
         engine = KvEngine(kv)
-        logs = KvEventLogs(BS, schedule=loop.call_soon)
-        feed = CacheFeed(
-            engine,  # type: ignore[arg-type]
-            KvLogBridge(logs, loop),
-            replay=True,
-            on_attach=logs.publish_pending,
-            on_detach=logs.unobserved,
-        )
+        logs = CacheEvents(BS, schedule=loop.call_soon)
+        feed = CacheFeed(engine, logs, loop)  # type: ignore[arg-type]
         cache(kv.tree, list(range(10)))  # cached before anyone listens: translated by nobody
         assert not kv.listening and kv.tree.listener is None
         async with feed.subscribed():
@@ -66,15 +59,15 @@ def test_no_listener_until_the_first_subscriber_and_none_after_the_last() -> Non
             assert kv.listening
             # The install replayed what was cached, so a snapshot now describes it.
             model = RouterModel()
-            for batch in logs.log("").snapshot():
+            for batch in logs.kv("").snapshot():
                 model.apply(batch)
             assert model.blocks == expected_blocks(kv.tree)
-            cursor = logs.log("").sequence + 1
+            cursor = logs.kv("").sequence + 1
         assert not kv.listening and kv.tree.listener is None
         assert engine.commands == ["AddCacheListener", "RemoveCacheListener"]
         cache(kv.tree, [7] * 12)  # unobserved
         async with feed.subscribed():
-            log = logs.log("")
+            log = logs.kv("")
             assert log.replay(cursor) is None  # the gap: a resume gets a snapshot, not a stale replay
             model = RouterModel()
             for batch in log.snapshot():
@@ -88,8 +81,8 @@ def test_the_admin_hub_listens_only_while_subscribed_and_refuses_a_resume_across
     async def main() -> None:
         loop = asyncio.get_running_loop()
         kv = kv_manager()
-        hub = CacheEventHub(BS)
-        hub.feed = CacheFeed(KvEngine(kv), TreeEventBridge(hub, loop), on_detach=hub.unobserved)  # type: ignore[arg-type]
+        hub = CacheEvents(BS)
+        hub.feed = CacheFeed(KvEngine(kv), hub, loop)  # type: ignore[arg-type]
         cache(kv.tree, list(range(8)))
         assert not kv.listening and hub.sequence == 0  # nobody subscribed: nothing translated
 
@@ -130,8 +123,7 @@ def test_a_subscriber_cancelled_while_the_listener_installs_leaves_none_behind()
                     return unanswered[0]
                 return super().execute(cmd)
 
-        hub = CacheEventHub(BS)
-        feed = CacheFeed(SlowEngine(kv), TreeEventBridge(hub, loop))  # type: ignore[arg-type]
+        feed = CacheFeed(SlowEngine(kv), CacheEvents(BS), loop)  # type: ignore[arg-type]
         subscriber = asyncio.ensure_future(feed.acquire())
         while not unanswered:
             await asyncio.sleep(0)
@@ -152,9 +144,39 @@ def test_a_subscriber_cancelled_while_the_listener_installs_leaves_none_behind()
 def test_a_listener_is_added_once() -> None:
     kv = kv_manager()
     cache(kv.tree, list(range(8)))
-    logs = KvEventLogs(BS)
+    logs = CacheEvents(BS)
     kv.add_listener(logs, replay=True)
     kv.add_listener(logs, replay=True)  # no second replay, no doubled events
-    assert kv.tree.listener is logs and len(logs.log("").blocks) == 2
+    assert kv.tree.listener is logs and len(logs.kv("").blocks) == 2
     kv.remove_listener(logs)
     assert not kv.listening
+
+
+def test_both_streams_share_one_listener_installed_once() -> None:
+    """radixd's stream and a vLLM subscriber read one log, fed by one listener: the second subscriber
+    installs nothing, and the install's replay already gave the KV log what was cached."""
+
+    async def main() -> None:
+        loop = asyncio.get_running_loop()
+        kv = kv_manager()
+        engine = KvEngine(kv)
+        events = CacheEvents(BS, schedule=loop.call_soon)
+        events.feed = CacheFeed(engine, events, loop)  # type: ignore[arg-type]
+        cache(kv.tree, list(range(8)))
+        admin = events.subscribe(0)
+        first = asyncio.ensure_future(admin.__anext__())
+        while events.num_subscribers == 0:
+            await asyncio.sleep(0)
+        model = RouterModel()
+        for batch in events.kv("").snapshot():
+            model.apply(batch)
+        assert model.blocks == expected_blocks(kv.tree)
+        async with events.subscribed():  # a vLLM subscriber
+            cache(kv.tree, list(range(8, 16)))
+            event = await asyncio.wait_for(first, 5)
+            assert list(event.token_ids) == list(range(8, 16)) and event.sequence == 1
+            assert engine.commands == ["AddCacheListener"]
+        await admin.aclose()
+        assert engine.commands == ["AddCacheListener", "RemoveCacheListener"] and not kv.listening
+
+    asyncio.run(main())

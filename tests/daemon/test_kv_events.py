@@ -7,12 +7,18 @@ must hold exactly the full blocks of every cached path, with the ids `block_hash
 
 from __future__ import annotations
 
+import asyncio
 import random
+from collections.abc import Iterator
 
+import grpc
 import pytest
 from smg_grpc_proto.generated import common_pb2
 
-from radixd.daemon.server.kv_events import KvEventLogs, block_hash, chain
+from radixd.daemon.server.errors import RpcFailure
+from radixd.daemon.server.event_log import Reader
+from radixd.daemon.server.events import CacheEvents
+from radixd.daemon.server.kv_events import KvEntry, NamespaceKvLog, block_hash, chain, to_batch
 from radixd.radix import BlockPool, BlockTable, RadixTree
 from radixd.radix.verify import iter_nodes
 
@@ -20,11 +26,21 @@ BS = 4
 
 
 class RouterModel:
-    """What a subscriber knows: block id -> (parent id, tokens); checks parents come first."""
+    """What a subscriber knows: block id -> (parent id, tokens); checks parents come first. With a
+    `reader`, reading `blocks` first applies every batch the log handed it since."""
 
-    def __init__(self) -> None:
-        self.blocks: dict[int, tuple[int | None, tuple[int, ...]]] = {}
+    def __init__(self, reader: Reader[KvEntry] | None = None) -> None:
+        self._blocks: dict[int, tuple[int | None, tuple[int, ...]]] = {}
         self.last = 0
+        self.reader = reader
+
+    @property
+    def blocks(self) -> dict[int, tuple[int | None, tuple[int, ...]]]:
+        while self.reader is not None and not self.reader.queue.empty():
+            item = self.reader.queue.get_nowait()
+            assert item is not None, "the reader was cut off"
+            self.apply(to_batch(item))
+        return self._blocks
 
     def apply(self, batch: common_pb2.KvEventBatch) -> None:
         assert batch.sequence_number > self.last or batch.HasField("snapshot")
@@ -32,18 +48,18 @@ class RouterModel:
         for event in batch.events:
             kind = event.WhichOneof("data")
             if kind == "cleared":
-                self.blocks.clear()
+                self._blocks.clear()
             elif kind == "removed":
                 for block_id in event.removed.block_hashes:
-                    assert block_id in self.blocks, "removal of a block never announced"
-                    del self.blocks[block_id]
+                    assert block_id in self._blocks, "removal of a block never announced"
+                    del self._blocks[block_id]
             else:
                 stored = event.stored
                 parent = stored.parent_block_hash if stored.HasField("parent_block_hash") else None
                 for block in stored.blocks:
                     assert len(block.token_ids) == BS == block.block_size
-                    assert parent is None or parent in self.blocks, "child announced before its parent"
-                    self.blocks[block.block_hash] = (parent, tuple(block.token_ids))
+                    assert parent is None or parent in self._blocks, "child announced before its parent"
+                    self._blocks[block.block_hash] = (parent, tuple(block.token_ids))
                     parent = block.block_hash
 
 
@@ -60,14 +76,19 @@ def expected_blocks(tree: RadixTree, namespace: str = "") -> dict[int, tuple[int
     return out
 
 
+def newest(log: NamespaceKvLog) -> common_pb2.KvEventBatch:
+    kept = log.replay(log.sequence)
+    assert kept
+    return kept[-1]
+
+
 @pytest.fixture
-def wired() -> tuple[RadixTree, KvEventLogs, RouterModel]:
+def wired() -> Iterator[tuple[RadixTree, CacheEvents, RouterModel]]:
     tree = RadixTree(BlockPool(48, BS))
-    logs = KvEventLogs(BS)  # publishes at once: one batch per tree event
+    logs = CacheEvents(BS)  # publishes at once: one batch per tree event
     tree.listener = logs
-    model = RouterModel()
-    logs.log("").subscribe(object(), lambda b: model.apply(b) is None)
-    return tree, logs, model
+    with logs.kv("").batches.subscribed() as reader:
+        yield tree, logs, RouterModel(reader)
 
 
 def cache(tree: RadixTree, tokens: list[int], ns: str = "") -> None:
@@ -81,7 +102,7 @@ def cache(tree: RadixTree, tokens: list[int], ns: str = "") -> None:
 
 
 def test_random_inserts_evictions_and_flushes_keep_the_router_exact(
-    wired: tuple[RadixTree, KvEventLogs, RouterModel],
+    wired: tuple[RadixTree, CacheEvents, RouterModel],
 ) -> None:
     tree, logs, model = wired
     rng = random.Random(7)
@@ -100,11 +121,11 @@ def test_random_inserts_evictions_and_flushes_keep_the_router_exact(
         else:
             tree.flush()
         assert model.blocks == expected_blocks(tree), f"step {step}"
-    assert logs.log("").sequence > 100
+    assert logs.kv("").sequence > 100
 
 
 def test_block_ids_are_a_stable_chain_and_partial_blocks_are_never_published(
-    wired: tuple[RadixTree, KvEventLogs, RouterModel],
+    wired: tuple[RadixTree, CacheEvents, RouterModel],
 ) -> None:
     tree, _, model = wired
     tokens = list(range(11))  # two full blocks and a partial one
@@ -113,9 +134,9 @@ def test_block_ids_are_a_stable_chain_and_partial_blocks_are_never_published(
     second = block_hash("", first, tokens[4:8])
     assert model.blocks == {first: (None, (0, 1, 2, 3)), second: (first, (4, 5, 6, 7))}
     # the same prefix in another process (a restart, another replica) gets the same ids
-    other = KvEventLogs(BS)
+    other = CacheEvents(BS)
     other.stored("", tokens, 0, 3)
-    stored = other.log("").history[-1].events[0].stored
+    stored = newest(other.kv("")).events[0].stored
     assert [b.block_hash for b in stored.blocks] == [first, second]
     # namespaces get different ids for the same tokens
     assert block_hash("t:alice", None, tokens[:4]) != first
@@ -123,35 +144,35 @@ def test_block_ids_are_a_stable_chain_and_partial_blocks_are_never_published(
 
 
 def test_a_flush_and_an_eviction_remove_leaf_blocks(
-    wired: tuple[RadixTree, KvEventLogs, RouterModel],
+    wired: tuple[RadixTree, CacheEvents, RouterModel],
 ) -> None:
     tree, logs, model = wired
     cache(tree, list(range(12)))
     cache(tree, [*range(8), 40, 41, 42, 43])
     assert len(model.blocks) == 4
     tree.evict(1)
-    last = logs.log("").history[-1].events[0]
+    last = newest(logs.kv("")).events[0]
     assert last.WhichOneof("data") == "removed" and len(last.removed.block_hashes) == 1
     assert len(model.blocks) == 3
     tree.flush()
-    assert logs.log("").history[-1].events[0].WhichOneof("data") == "removed"
+    assert newest(logs.kv("")).events[0].WhichOneof("data") == "removed"
     assert model.blocks == {}
 
 
 def test_tenant_blocks_stay_in_their_namespace_log() -> None:
     tree = RadixTree(BlockPool(32, BS))
-    logs = KvEventLogs(BS)
+    logs = CacheEvents(BS)
     tree.listener = logs
     cache(tree, list(range(8)), "t:alice")
     cache(tree, list(range(100, 108)), "")
-    alice, default = logs.log("t:alice"), logs.log("")
-    seen_alice = {b.block_hash for batch in alice.history for e in batch.events for b in e.stored.blocks}
-    seen_default = {b.block_hash for batch in default.history for e in batch.events for b in e.stored.blocks}
+    alice, default = logs.kv("t:alice").replay(1) or [], logs.kv("").replay(1) or []
+    seen_alice = {b.block_hash for batch in alice for e in batch.events for b in e.stored.blocks}
+    seen_default = {b.block_hash for batch in default for e in batch.events for b in e.stored.blocks}
     assert len(seen_alice) == 2 and len(seen_default) == 2
     assert not seen_alice & seen_default
     assert all(
         100 <= t < 108
-        for batch in default.history
+        for batch in default
         for e in batch.events
         for b in e.stored.blocks
         for t in b.token_ids
@@ -159,13 +180,13 @@ def test_tenant_blocks_stay_in_their_namespace_log() -> None:
 
 
 def test_snapshot_rebuilds_the_live_set_and_resume_replays_from_the_cursor(
-    wired: tuple[RadixTree, KvEventLogs, RouterModel],
+    wired: tuple[RadixTree, CacheEvents, RouterModel],
 ) -> None:
     tree, logs, model = wired
     for i in range(6):
         cache(tree, [i, *range(20, 31)])
     tree.evict(2)
-    log = logs.log("")
+    log = logs.kv("")
     fresh = RouterModel()
     snapshot = log.snapshot()
     assert snapshot[-1].sequence_number == log.sequence
@@ -181,11 +202,10 @@ def test_snapshot_rebuilds_the_live_set_and_resume_replays_from_the_cursor(
 
 
 def test_history_is_bounded_and_a_cursor_older_than_it_needs_a_snapshot() -> None:
-    logs = KvEventLogs(BS, retain=8)
-    log = logs.log("")
+    log = CacheEvents(BS, retain=8).kv("")
     for i in range(20):
         log.stored([i, i, i, i], 0)
-    assert len(log.history) == 8
+    assert len(log.batches.recent) == 8
     assert log.replay(5) is None
     assert log.replay(13) is not None
     assert len(log.snapshot()) == 1 and log.snapshot()[0].snapshot.blocks == 20
@@ -193,13 +213,12 @@ def test_history_is_bounded_and_a_cursor_older_than_it_needs_a_snapshot() -> Non
 
 def test_events_of_one_loop_tick_form_one_batch() -> None:
     scheduled: list[object] = []
-    logs = KvEventLogs(BS, schedule=scheduled.append)
-    log = logs.log("")
+    log = CacheEvents(BS, schedule=scheduled.append).kv("")
     log.stored(list(range(8)), 0)
     log.stored(list(range(12)), 8)
     assert log.sequence == 0 and len(scheduled) == 1
     log.publish()
-    assert log.sequence == 1 and len(log.history[0].events) == 2
+    assert log.sequence == 1 and len(newest(log).events) == 2
 
 
 def test_a_replay_into_a_late_listener_gives_it_the_cached_content() -> None:
@@ -209,12 +228,34 @@ def test_a_replay_into_a_late_listener_gives_it_the_cached_content() -> None:
     rng = random.Random(7)
     for _ in range(12):
         cache(tree, [rng.randrange(3) for _ in range(rng.randrange(1, 14))], rng.choice(["", "t"]))
-    logs = KvEventLogs(BS)
-    model = RouterModel()
-    logs.log("").subscribe(object(), lambda b: model.apply(b) is None)
-    assert tree.replay(logs) == tree.num_nodes
-    assert model.blocks == expected_blocks(tree)
-    tree.listener = logs
-    cache(tree, [9, 9, 9, 9, 9, 9, 9, 9, 1])
-    tree.evict(3)
-    assert model.blocks == expected_blocks(tree)
+    logs = CacheEvents(BS)
+    with logs.kv("").batches.subscribed() as reader:
+        model = RouterModel(reader)
+        assert tree.replay(logs) == tree.num_nodes
+        assert model.blocks == expected_blocks(tree)
+        tree.listener = logs
+        cache(tree, [9, 9, 9, 9, 9, 9, 9, 9, 1])
+        tree.evict(3)
+        assert model.blocks == expected_blocks(tree)
+
+
+def test_a_reader_that_falls_behind_is_cut_off_and_told_where_to_resume() -> None:
+    """Back-pressure: the tree never waits, so a reader whose queue is full gets nothing more and its
+    stream ends with RESOURCE_EXHAUSTED naming the cursor to resume from (still retained)."""
+
+    async def main() -> None:
+        log = CacheEvents(BS, buffer=2).kv("")
+        with log.batches.subscribed() as slow, log.batches.subscribed() as fast:
+            for i in range(3):
+                log.stored([i] * BS, 0)
+                assert await fast.next(i) is not None
+            assert log.batches.num_subscribers == 1  # the slow one is cut off after what it holds ...
+            held = [await slow.next(0), await slow.next(1)]
+            assert [item[0] for item in held if item] == [1, 2]
+            with pytest.raises(RpcFailure) as err:
+                await slow.next(2)
+            assert err.value.code == grpc.StatusCode.RESOURCE_EXHAUSTED
+            assert "start_sequence_number=3" in err.value.message
+            assert [b.sequence_number for b in log.replay(3) or []] == [3]  # ... and resumes losing none
+
+    asyncio.run(main())

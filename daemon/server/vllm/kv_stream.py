@@ -9,65 +9,25 @@ live batches follow without a gap. Load records ride on every batch, and on `loa
 
 from __future__ import annotations
 
-import asyncio
-import contextlib
 import time
-from collections.abc import AsyncGenerator, AsyncIterator
+from collections.abc import AsyncIterator
 
-import grpc
 from smg_grpc_proto.generated import common_pb2
 from smg_grpc_proto.generated.common_pb2 import KvEventBatch as Batch
 
-from radixd.daemon.server.cache_feed import CacheFeed
-from radixd.daemon.server.errors import RpcFailure
-from radixd.daemon.server.kv_events import NamespaceKvLog
+from radixd.daemon.server.events import CacheEvents
+from radixd.daemon.server.kv_events import to_batch
 from radixd.daemon.server.vllm.loads import LoadSample, LoadSampler
 
 # A load record goes out at least this often while the engine is idle (smg reads silence as trouble).
 HEARTBEAT_S = 2.0
-SUBSCRIBER_BUFFER = 1024
-
-
-def _catch_up(log: NamespaceKvLog, start: int) -> tuple[list[Batch], int]:
-    """The batches a new subscriber gets first, and the sequence it then stands at."""
-    replay = log.replay(start) if start > 0 else None
-    if replay is not None:
-        return replay, start - 1
-    return log.snapshot(), log.sequence
 
 
 async def kv_event_stream(
-    log: NamespaceKvLog,
-    feed: CacheFeed,
-    sampler: LoadSampler,
-    request: common_pb2.SubscribeKvEventsRequest,
+    events: CacheEvents, namespace: str, sampler: LoadSampler, request: common_pb2.SubscribeKvEventsRequest
 ) -> AsyncIterator[Batch]:
-    """The batches of one `SubscribeKvEvents` call, until the client goes away. `feed` keeps the tree
-    listener that feeds `log` installed meanwhile."""
-    async with feed.subscribed(), contextlib.aclosing(_stream(log, sampler, request)) as batches:
-        async for batch in batches:
-            yield batch
-
-
-async def _stream(
-    log: NamespaceKvLog, sampler: LoadSampler, request: common_pb2.SubscribeKvEventsRequest
-) -> AsyncGenerator[Batch, None]:
-    queue: asyncio.Queue[Batch | None] = asyncio.Queue(SUBSCRIBER_BUFFER)
-
-    def put(batch: Batch) -> bool:
-        try:
-            queue.put_nowait(batch)
-        except asyncio.QueueFull:
-            queue.get_nowait()
-            queue.put_nowait(None)  # cut off: the stream ends and the subscriber resumes
-            return False
-        return True
-
-    key = object()
-    # NOTE: subscribed and caught up in one synchronous stretch, so no batch falls between the two;
-    # whatever the queue also holds of the catch-up is skipped by its sequence number.
-    log.subscribe(key, put)
-    first, last = _catch_up(log, int(request.start_sequence_number))
+    """The batches of one `SubscribeKvEvents` call on `namespace`'s log, until the client goes away."""
+    log = events.kv(namespace)
     records = 0
     sent_core: tuple[int, int, int] | None = None
     sent_at = 0.0
@@ -78,40 +38,32 @@ async def _stream(
         sent_core, sent_at = sample.routing_core(), time.monotonic()
         return sampler.engine_load(sample, load_only, records)
 
-    try:
-        with sampler.listening():
+    # NOTE: subscribed and caught up in one synchronous stretch, so no batch falls between the two;
+    # whatever the reader also holds of the catch-up is skipped by its sequence number.
+    async with events.subscribed():
+        with log.batches.subscribed() as reader, sampler.listening():
+            start = int(request.start_sequence_number)
+            first = log.replay(start)
+            last = start - 1 if first is not None else log.sequence
+            first = first if first is not None else log.snapshot()
             sample = sampler.latest or await sampler.read()
             if request.load_records_before_first_batch and sample is not None:
                 yield Batch(sequence_number=0, timestamp=time.time(), load=record(sample, True))
-            for batch in first:
+            for out in first:
                 if sample is not None:
-                    batch.load.CopyFrom(record(sample, False))
-                last = max(last, batch.sequence_number)
-                yield batch
+                    out.load.CopyFrom(record(sample, False))
+                last = max(last, out.sequence_number)
+                yield out
             while True:
-                try:
-                    item: Batch | bool | None = await asyncio.wait_for(queue.get(), sampler.interval_s)
-                except TimeoutError:
-                    item = False
-                if item is None:
-                    raise RpcFailure(
-                        grpc.StatusCode.RESOURCE_EXHAUSTED,
-                        f"the subscriber fell more than {SUBSCRIBER_BUFFER} batches behind; resubscribe with"
-                        f" start_sequence_number={last + 1}",
-                    )
+                item = await reader.next(last, sampler.interval_s)
                 sample = sampler.latest
-                if isinstance(item, Batch):
-                    if item.sequence_number <= last:
-                        continue
-                    out = Batch()
-                    out.CopyFrom(item)  # the log's copy is shared by every subscriber
+                if item is not None:
+                    out = to_batch(item)
                     if sample is not None:
                         out.load.CopyFrom(record(sample, False))
-                    last = item.sequence_number
+                    last = item[0]
                     yield out
                 elif sample is not None and (
                     sample.routing_core() != sent_core or time.monotonic() - sent_at >= HEARTBEAT_S
                 ):
                     yield Batch(sequence_number=last, timestamp=time.time(), load=record(sample, True))
-    finally:
-        log.unsubscribe(key)

@@ -3,7 +3,7 @@
 Authentication: with API-key tenants on, every call but `HealthCheck` needs the same
 `authorization: Bearer <key>` metadata as `radixd.v1`, and maps to the same cache namespace; a
 gateway sends its own key with `smg --api-key`. `SubscribeKvEvents` streams only the blocks of the
-caller's namespace (see `kv_events.KvEventLogs`).
+caller's namespace (see `events.CacheEvents.kv`).
 
 NOTE: `FlushCache` empties a cache every client shares, so on this public port it needs the admin
 token (`authorization: Bearer <admin token>`), exactly like `CacheAdminService.Flush` on the admin
@@ -25,11 +25,9 @@ from smg_grpc_proto.generated import vllm_engine_pb2 as pb
 from radixd.daemon.engine.limits import check_token_ids
 from radixd.daemon.engine.types import FlushMode, GenerateRequest
 from radixd.daemon.server.bounds import MAX_FLUSH_TIMEOUT_S, check_id, check_seconds
-from radixd.daemon.server.cache_feed import CacheFeed
 from radixd.daemon.server.convert import prompt_tokens
 from radixd.daemon.server.errors import RpcFailure, bad_request
 from radixd.daemon.server.handler import rpc
-from radixd.daemon.server.kv_events import KvEventLogs
 from radixd.daemon.server.pipeline import RequestRegistry, abort, admit
 from radixd.daemon.server.vllm.generate import run_generate
 from radixd.daemon.server.vllm.kv_stream import kv_event_stream
@@ -59,8 +57,6 @@ class VllmEngineServicer(vllm_engine_pb2_grpc.VllmEngineServicer):  # type: igno
         self,
         state: ServerState,
         registry: RequestRegistry,
-        logs: KvEventLogs,
-        kv_feed: CacheFeed,
         *,
         config: ModelConfig,
         model_path: str,
@@ -72,8 +68,6 @@ class VllmEngineServicer(vllm_engine_pb2_grpc.VllmEngineServicer):  # type: igno
     ) -> None:
         self.state = state
         self.registry = registry
-        self.logs = logs
-        self.kv_feed = kv_feed
         self.config = config
         self.model_path = model_path
         self.served_model_name = served_model_name
@@ -160,7 +154,7 @@ class VllmEngineServicer(vllm_engine_pb2_grpc.VllmEngineServicer):  # type: igno
     @rpc("vllm.SubscribeKvEvents")
     async def SubscribeKvEvents(self, request: common_pb2.SubscribeKvEventsRequest, context: Any) -> None:
         namespace = self.state.namespace(context)
-        async for batch in kv_event_stream(self.logs.log(namespace), self.kv_feed, self.loads, request):
+        async for batch in kv_event_stream(self.state.events, namespace, self.loads, request):
             await context.write(batch)
 
     @rpc("vllm.FlushCache")

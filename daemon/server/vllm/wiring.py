@@ -1,10 +1,9 @@
-"""Put the vLLM worker service on the daemon's public server and feed its KV-event logs from the tree
-(while anyone subscribes: `CacheFeed`, with a replay of the cached content on install)."""
+"""Put the vLLM worker service on the daemon's public server (its KV events come from the daemon's one
+cache-event log, `ServerState.events`)."""
 
 from __future__ import annotations
 
 import argparse
-import asyncio
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -12,8 +11,6 @@ import grpc.aio
 from smg_grpc_proto.generated import vllm_engine_pb2_grpc
 
 from radixd.daemon.log import get_logger
-from radixd.daemon.server.cache_feed import CacheFeed
-from radixd.daemon.server.kv_events import KvEventLogs, KvLogBridge
 from radixd.daemon.server.pipeline import RequestRegistry
 from radixd.daemon.server.vllm.service import VllmEngineServicer
 from radixd.daemon.server.vllm.tokenizer_bundle import build_bundle, write_dir
@@ -43,27 +40,14 @@ def add_vllm_service(
     state: ServerState,
     built: BuiltEngine,
     args: argparse.Namespace,
-    loop: asyncio.AbstractEventLoop,
-) -> KvEventLogs:
-    """Register `VllmEngine` on `server`; -> its KV-event logs (fed by the engine while subscribed)."""
+) -> None:
+    """Register `VllmEngine` on `server`."""
     core = built.core
     bundle = build_bundle(built.tokenizer, built.loaded.config, state.limits.context_length)
     tokenizer_dir = write_dir(bundle, getattr(args, "tokenizer_dir", None))
-    logs = KvEventLogs(core.block_size, schedule=loop.call_soon)
-    # NOTE: the logs keep every live block (for snapshots), so the listener's install replays the
-    # cached content into them, and its removal makes them forget what would go stale.
-    feed = CacheFeed(
-        state.engine,
-        KvLogBridge(logs, loop),
-        replay=True,
-        on_attach=logs.publish_pending,
-        on_detach=logs.unobserved,
-    )
     servicer = VllmEngineServicer(
         state,
         RequestRegistry(),
-        logs,
-        feed,
         config=built.loaded.config,
         model_path=built.loaded.path,
         served_model_name=served_model_name(args),
@@ -79,4 +63,3 @@ def add_vllm_service(
         tokenizer_path=servicer.tokenizer_path,
         tokenizer_sha256=bundle.sha256,
     )
-    return logs

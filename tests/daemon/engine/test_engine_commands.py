@@ -120,9 +120,6 @@ class Recorder:
     def removed(self, namespace: str, tokens: list[int], start: int, num_blocks: int, reason: str) -> None:
         self.events.append(("removed", len(tokens)))
 
-    def cleared(self) -> None:
-        self.events.append(("cleared", 0))
-
 
 def test_cache_listeners_are_installed_by_command_and_only_while_added(
     engine: Engine, core: EngineCore
