@@ -186,6 +186,7 @@ def _run(args: argparse.Namespace, client: Client) -> int:
         stats = json_format.MessageToDict(
             client.cache_stats(), always_print_fields_with_no_presence=True, preserving_proto_field_name=True
         )
+        stats.pop("cached_blocks", None)  # deprecated: the same value as evictable_blocks
         load = json_format.MessageToDict(
             client.load(), always_print_fields_with_no_presence=True, preserving_proto_field_name=True
         )

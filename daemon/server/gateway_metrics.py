@@ -19,26 +19,26 @@ from typing import Any
 from prometheus_client.core import GaugeMetricFamily
 from prometheus_client.registry import Collector
 
+from radixd.daemon.engine.stats import EngineStats
+
 
 class InferenceExtensionCollector(Collector):
     """Reads the engine's stats (the same reader as the `radixd_*` collector) at every scrape."""
 
-    def __init__(self, read_stats: Callable[[], dict[str, Any] | None]) -> None:
+    def __init__(self, read_stats: Callable[[], EngineStats | None]) -> None:
         self._read = read_stats
 
     def collect(self) -> Iterator[Any]:
-        stats = self._read()
-        if stats is None:
+        s = self._read()
+        if s is None:
             return
-        waiting = float(stats.get("waiting", 0) + stats.get("swapped", 0))
-        total = float(stats.get("total_blocks", 0))
-        usage = float(stats.get("in_use_blocks", 0)) / total if total else 0.0
+        usage = s.in_use_blocks / s.total_blocks if s.total_blocks else 0.0
         yield GaugeMetricFamily(
-            "vllm:num_requests_waiting", "Requests waiting to be scheduled", value=waiting
+            "vllm:num_requests_waiting",
+            "Requests waiting to be scheduled",
+            value=float(s.waiting_seqs + s.swapped_seqs),
         )
-        yield GaugeMetricFamily(
-            "vllm:num_requests_running", "Requests running", value=float(stats.get("running", 0))
-        )
+        yield GaugeMetricFamily("vllm:num_requests_running", "Requests running", value=float(s.running_seqs))
         for name in ("vllm:kv_cache_usage_perc", "vllm:gpu_cache_usage_perc"):
             yield GaugeMetricFamily(
                 name, "KV blocks held by requests and sessions, fraction of the pool", usage
@@ -46,5 +46,5 @@ class InferenceExtensionCollector(Collector):
         info = GaugeMetricFamily(
             "vllm:cache_config_info", "KV cache shape", labels=["block_size", "num_gpu_blocks"]
         )
-        info.add_metric([str(stats.get("block_size", 0)), str(int(total))], 1.0)
+        info.add_metric([str(s.block_size), str(s.total_blocks)], 1.0)
         yield info
