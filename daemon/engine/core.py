@@ -48,6 +48,17 @@ T = TypeVar("T")
 
 log = structlog.get_logger("radixd.engine")
 
+# EngineStats' fields read under the same name from the tree's `CacheStats` and `SchedulerCounters`.
+_FROM_TREE = ("free_blocks", "evictable_blocks", "in_use_blocks", "cached_blocks", "pinned_blocks")
+_FROM_SCHEDULER = (
+    "hit_tokens",
+    "miss_tokens",
+    "preemptions_recompute",
+    "preemptions_swap",
+    "swap_fallbacks",
+    "held_for_shared_prefix",
+)
+
 _NO_BLOCKS: array[int] = array("i")  # a planned sequence with no table yet (the runner only reads it)
 
 
@@ -149,7 +160,9 @@ class EngineCore:
         """Every component's counts and gauges in one record (`GetStats`)."""
         sc, kv, req, swap = self.scheduler.counters, self.kv, self.requests, self.swap
         cache = kv.cache_stats()
+        same = {k: getattr(cache, k) for k in _FROM_TREE} | {k: getattr(sc, k) for k in _FROM_SCHEDULER}
         return EngineStats(
+            **same,
             taken_at=time.monotonic(),
             waiting_seqs=len(self.scheduler.waiting),
             running_seqs=len(self.scheduler.running),
@@ -160,17 +173,10 @@ class EngineCore:
             max_running=self.config.max_num_seqs,
             block_size=kv.block_size,
             total_blocks=cache.usable_blocks,
-            free_blocks=cache.free_blocks,
-            evictable_blocks=cache.evictable_blocks,
-            in_use_blocks=cache.in_use_blocks,
-            cached_blocks=cache.cached_blocks,
-            pinned_blocks=cache.pinned_blocks,
             active_blocks=self.admin.active_blocks(),
             peak_used_blocks=self.admin.peak_used_blocks,
             peak_active_blocks=self.admin.peak_active_blocks,
             cache_nodes=cache.nodes,
-            hit_tokens=sc.hit_tokens,
-            miss_tokens=sc.miss_tokens,
             requests_finished=req.finished,
             requests_aborted=req.aborted,
             requests_rejected=req.rejected,
@@ -180,10 +186,6 @@ class EngineCore:
             steps=self.steps,
             errors=self.errors,
             no_progress_reports=self.watchdog.reports,
-            preemptions_recompute=sc.preemptions_recompute,
-            preemptions_swap=sc.preemptions_swap,
-            swap_fallbacks=sc.swap_fallbacks,
-            held_for_shared_prefix=sc.held_for_shared_prefix,
             session_leases_shed=self.sessions.shed,
             evicted_blocks=kv.evicted_blocks,
             evictions=dict(cache.evicted_blocks),

@@ -51,7 +51,6 @@ from radixd.daemon.server.auth import Authenticator, load_api_keys
 from radixd.daemon.server.bounds import prompt_char_bound
 from radixd.daemon.server.cache_feed import CacheFeed
 from radixd.daemon.server.events import CacheEventHub, TreeEventBridge
-from radixd.daemon.server.gateway_metrics import InferenceExtensionCollector
 from radixd.daemon.server.generation import GenerationServicer
 from radixd.daemon.server.health import PortHealth
 from radixd.daemon.server.metrics import Metrics
@@ -237,7 +236,6 @@ def _start_metrics(state: ServerState, args: argparse.Namespace) -> tuple[Any, i
             return None
 
     state.metrics.add_engine_collector(read_stats)
-    state.metrics.registry.register(InferenceExtensionCollector(read_stats))
     try:
         server = state.metrics.serve(args.metrics_port, args.metrics_host)
     except OSError as exc:

@@ -16,6 +16,7 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 from prometheus_client.registry import Collector
 
 from radixd.daemon.engine.stats import EngineStats
+from radixd.daemon.server.gateway_metrics import gateway_families
 
 _LATENCY_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0)
 _ITL_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.02, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5)
@@ -51,7 +52,8 @@ class Metrics:
         )
 
     def add_engine_collector(self, read_stats: Callable[[], EngineStats | None]) -> None:
-        """Export cache state from `read_stats()` (the engine's stats; None = unavailable)."""
+        """Export cache state from `read_stats()` (the engine's stats; None = unavailable), as the
+        `radixd_*` series and the vLLM names gateways scrape (gateway_metrics.py)."""
         self.registry.register(_EngineCollector(read_stats))
 
     def serve(self, port: int, host: str = "127.0.0.1") -> Any:
@@ -110,3 +112,4 @@ class _EngineCollector(Collector):
             "Sequences preempted to host memory (--preemption-mode swap), waiting to resume",
             value=float(s.swapped_seqs),
         )
+        yield from gateway_families(s)

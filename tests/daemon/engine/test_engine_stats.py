@@ -11,7 +11,6 @@ from radixd.daemon.engine.engine import Engine
 from radixd.daemon.engine.types import GenerateRequest
 from radixd.daemon.loaders import LoadedModel
 from radixd.daemon.server.admin import cache_stats_response, load_response
-from radixd.daemon.server.gateway_metrics import InferenceExtensionCollector
 from radixd.daemon.server.metrics import Metrics
 from radixd.daemon.server.vllm.loads import LoadSampler
 
@@ -46,7 +45,6 @@ def test_every_surface_renders_the_same_stats(smollm: LoadedModel) -> None:
     load = load_response(s, draining=False)
     metrics = Metrics()
     metrics.add_engine_collector(lambda: s)
-    metrics.registry.register(InferenceExtensionCollector(lambda: s))
 
     def gauge(name: str, **labels: str) -> float | None:
         return metrics.registry.get_sample_value(name, labels)
