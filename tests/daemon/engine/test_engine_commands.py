@@ -21,6 +21,7 @@ from radixd.daemon.engine.commands import (
     ListSessions,
     LookupPrefix,
     RemoveCacheListener,
+    Submit,
 )
 from radixd.daemon.engine.core import EngineCore
 from radixd.daemon.engine.engine import Engine
@@ -90,6 +91,9 @@ def test_unknown_and_invalid_commands_are_refused_clearly(engine: Engine) -> Non
     assert refused.done()  # refused on the caller's thread, never queued
     with pytest.raises(InvalidRequest, match="takes an engine command"):
         refused.result(0)
+    unchecked = engine.execute(Submit(GenerateRequest("x", [1], greedy()), lambda out: None))
+    with pytest.raises(InvalidRequest, match="with Engine.submit"):  # checked and counted there only
+        unchecked.result(0)
     assert engine.running  # the engine goes on
 
 
