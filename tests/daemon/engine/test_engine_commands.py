@@ -92,7 +92,7 @@ def test_unknown_and_invalid_commands_are_refused_clearly(engine: Engine) -> Non
     with pytest.raises(InvalidRequest, match="takes an engine command"):
         refused.result(0)
     unchecked = engine.execute(Submit(GenerateRequest("x", [1], greedy()), lambda out: None))
-    with pytest.raises(InvalidRequest, match="with Engine.submit"):  # checked and counted there only
+    with pytest.raises(InvalidRequest, match=r"with Engine\.submit"):  # checked and counted there only
         unchecked.result(0)
     assert engine.running  # the engine goes on
 
