@@ -265,7 +265,7 @@ def measure(
 ) -> None:
     """Admit and prefill every request, then time `--steps` steps in which all of them decode."""
     for req in requests(args, core.vocab_size):
-        core.add_request(req, sinks.new())
+        core.requests.add(req, sinks.new())
     # Admit and prefill everything; measure only steps where all sequences decode.
     for _ in range(10_000):
         running = core.scheduler.running

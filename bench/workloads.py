@@ -64,7 +64,7 @@ class Driver:
             outs.setdefault((o.request_id, o.index), []).append(o)
 
         for r in reqs:
-            self.core.add_request(r, sink)
+            self.core.requests.add(r, sink)
         self.core.run_until_idle()
         result = []
         for k, r in enumerate(reqs):
@@ -193,14 +193,13 @@ def run_one(lm: LoadedModel, name: str, caching: bool, args: argparse.Namespace)
     tr = d.trace
     prompt_total = sum(len(p) for p in tr.prompts)
     gen_total = sum(len(o) for outs in tr.outputs for o in outs)
-    admin = core.admin
-    stats = admin.stats()
+    stats = core.stats()
     unshared = 8 * core.kv.blocks_for(1000 + args.gen) if name == "n8" else 0
     return Row(
         name, "on" if caching else "off", wall, gen_total, gen_total / wall,
         pct(tr.ttft, 0.5), pct(tr.ttft, 0.99), sum(tr.cached) / prompt_total,
-        theoretical_max(tr) / prompt_total, admin.peak_used_blocks, admin.peak_active_blocks, unshared,
-        int(stats["preemptions"]),
+        theoretical_max(tr) / prompt_total, stats.peak_used_blocks, stats.peak_active_blocks, unshared,
+        stats.preemptions,
     )  # fmt: skip
 
 

@@ -186,6 +186,9 @@ def _run(args: argparse.Namespace, client: Client) -> int:
         stats = json_format.MessageToDict(
             client.cache_stats(), always_print_fields_with_no_presence=True, preserving_proto_field_name=True
         )
+        # NOTE: cached_blocks is the deprecated name of evictable_blocks: the latter takes its place.
+        names = ["evictable_blocks" if k == "cached_blocks" else k for k in stats if k != "evictable_blocks"]
+        stats = {k: stats[k] for k in names}
         load = json_format.MessageToDict(
             client.load(), always_print_fields_with_no_presence=True, preserving_proto_field_name=True
         )

@@ -22,20 +22,22 @@ Semantics callers rely on:
   touched, as a finished output with finish_reason "error"; the engine goes on. Should its thread
   die anyway, every request in flight fails the same way and `Engine.on_fatal(error)` is called:
   the owner must stop serving (the daemon exits 1).
-- Admin / sessions are typed commands applied on the engine thread: `engine.execute(Evict(64))`
-  returns a `concurrent.futures.Future[int]`; likewise `EvictPrefix`, `EvictSession`,
-  `Flush(mode, timeout_s)` (also `engine.flush(mode, timeout_s)`), `Pin`, `Unpin`, `LookupPrefix`,
-  `GetStats`, `GetLoad`, `CreateSession`, `GetSession`, `ListSessions`, `ForkSession`,
+- Requests, admin and sessions are typed commands (commands.py) applied on the engine thread through
+  one table: `submit` / `abort` queue `Submit` / `Abort`; `engine.execute(Evict(64))` returns a
+  `concurrent.futures.Future[int]`; likewise `EvictPrefix`, `EvictSession`, `Flush(mode, timeout_s)`
+  (also `engine.flush(mode, timeout_s)`), `Pin`, `Unpin`, `LookupPrefix`, `GetStats` (the one stats
+  record, `EngineStats` in stats.py), `CreateSession`, `GetSession`, `ListSessions`, `ForkSession`,
   `CloseSession`. Anything else is refused with `InvalidRequest`. The engine never runs caller code.
 - Flush modes are the wire's: "evict_unlocked" (now), "refuse_if_busy" (`FlushRefused` while requests
   are in flight), "wait_for_idle" (`EngineTimeout` after `timeout_s`); each keeps leased and pinned
   blocks.
 
-Inside, `EngineCore` (core.py) is composed of components with explicit dependencies: `KVManager`
-(kv.py, the only module that calls the radix tree and the device block pool), `Scheduler`,
-`SessionManager`, `Forker` (forks.py), `BeamSearch` (beam.py), `Intake` (admission and aborts),
-`Outputs`, `Admin`, `Validator`, `CommandRunner` (dispatch.py), `Faults` and `Watchdog`. Tests and
-the offline CLI may drive a core on their own thread through them.
+Inside, `EngineCore` (core.py) is composed of components with explicit dependencies, each the one
+owner of its state: `KVManager` (kv.py, the only module that calls the radix tree and the device block
+pool), `Scheduler`, `SessionManager`, `Forker` (forks.py), `BeamSearch` (beam.py), `Requests` (the
+requests in flight: admission, aborts, endings, failures), `Outputs`, `Admin`, `Validator` and
+`Watchdog`; dispatch.py is the command table. Tests and the offline CLI may drive a core on their own
+thread through them.
 """
 
 from radixd.daemon.engine.config import EngineConfig

@@ -12,6 +12,7 @@ Outputs are sent once, at the end: the n best hypotheses, best first.
 from __future__ import annotations
 
 import time
+from collections.abc import Callable
 
 from radixd.daemon.engine.kv import KVManager
 from radixd.daemon.engine.outputs import Outputs
@@ -30,6 +31,7 @@ class BeamSearch:
         scheduler: Scheduler,
         kv: KVManager,
         outputs: Outputs,
+        finish: Callable[[RequestState], None],
         tokenizer: TextTokenizer,
         seq_ids: SeqIds,
         eos_token_ids: tuple[int, ...],
@@ -38,6 +40,7 @@ class BeamSearch:
         self.scheduler = scheduler
         self.kv = kv
         self.outputs = outputs
+        self.finish = finish  # ends a request whose hypotheses went out (`Requests.finish`)
         self.tokenizer = tokenizer
         self.seq_ids = seq_ids
         self.eos_token_ids = eos_token_ids
@@ -141,4 +144,4 @@ class BeamSearch:
                     matched_stop=last if h.reason == "stop" and last in p.stop_token_ids else None,
                 ),
             )
-        self.outputs.finish_request(r)
+        self.finish(r)

@@ -1,8 +1,10 @@
-"""Admin and session operations as typed commands, applied on the engine thread.
+"""Everything the engine is asked to do, as typed commands applied on the engine thread: requests
+(`Submit`, `Abort`), cache administration, stats and sessions.
 
 Another thread builds a command and hands it to `Engine.execute(cmd)`, which returns a
-`concurrent.futures.Future` of the command's result type (the `T` of `Command[T]`); the engine thread
-applies it between steps (`EngineCore.execute`). A command carries everything the operation needs,
+`concurrent.futures.Future` of the command's result type (the `T` of `Command[T]`; `Engine.submit` and
+`Engine.abort` queue theirs without one); the engine thread applies it between steps
+(`EngineCore.execute`, one table in dispatch.py). A command carries everything the operation needs,
 so the caller never touches engine state, and the engine never runs caller code.
 
 Namespaces: `namespace=None` on a session command means "any tenant" (the admin); a string limits the
@@ -14,10 +16,11 @@ command to that tenant's sessions, and another tenant's session reads as unknown
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any, Generic, TypeVar
+from typing import Generic, TypeVar
 
 from radixd.daemon.engine.sessions import SessionInfo
-from radixd.daemon.engine.types import FlushMode
+from radixd.daemon.engine.stats import EngineStats
+from radixd.daemon.engine.types import FlushMode, GenerateRequest, Sink
 from radixd.radix import CacheListener
 
 T = TypeVar("T")
@@ -27,29 +30,21 @@ class Command(Generic[T]):
     """Base of every engine command; `T` is its result type."""
 
 
+# ---- requests ------------------------------------------------------------------------------------
+@dataclass(frozen=True, eq=False)
+class Submit(Command[None]):
+    """Queue `req`; its outputs, or its rejection, go to `sink` (`Engine.submit` checks it first)."""
+
+    req: GenerateRequest
+    sink: Sink
+
+
 @dataclass(frozen=True)
-class EngineLoad:
-    """What `GetLoad` returns: queue lengths, blocks and the counters a router reads.
+class Abort(Command[bool]):
+    """Abort a request by id (idempotent; an id not seen yet ends its submit at once); -> whether a
+    request in flight was aborted."""
 
-    `active_blocks`: distinct blocks in running sequences' tables (the KV they hold, not the cache);
-    `taken_at`: `time.monotonic()` on the engine thread when it was read.
-    """
-
-    waiting: int
-    running: int
-    swapped: int
-    requests: int
-    free_blocks: int
-    total_blocks: int
-    active_blocks: int
-    block_size: int
-    sessions: int
-    max_waiting: int
-    max_running: int
-    generated_tokens: int
-    hit_tokens: int
-    miss_tokens: int
-    taken_at: float
+    request_id: str
 
 
 # ---- cache administration ------------------------------------------------------------------------
@@ -109,13 +104,8 @@ class LookupPrefix(Command[int]):
 
 
 @dataclass(frozen=True)
-class GetStats(Command[dict[str, Any]]):
-    """The engine's counters and gauges (`Admin.stats`)."""
-
-
-@dataclass(frozen=True)
-class GetLoad(Command[EngineLoad]):
-    """The engine's load (`EngineLoad`)."""
+class GetStats(Command[EngineStats]):
+    """The engine's statistics (stats.py), what every stats and load report renders."""
 
 
 @dataclass(frozen=True, eq=False)

@@ -1,12 +1,12 @@
 """`EngineCore`: the engine's state and one step of work, driven by a single thread.
 
-It is composed of components, each owning one concern and reached only through its public methods:
-`kv` (KVManager: the only engine module that calls the radix tree and the device pool),
+It is composed of components, each owning one concern and its state, reached only through their public
+methods: `kv` (KVManager: the only engine module that calls the radix tree and the device pool),
 `scheduler`, `sessions`, `forker` (a request's sequences and CoW forks), `beams` (beam search),
-`outputs` (token acceptance, streaming, endings), `admin` (eviction, flushes, pins, load, stats),
-`validator` (fixed limits), `intake` (admission and aborts, intake.py), `commands` (applies admin /
-session commands, commands.py), `faults` (what an unexpected error fails, faults.py) and `watchdog`
-(stalled work reported, watchdog.py).
+`outputs` (token acceptance, streaming, sequence endings), `requests` (the requests in flight: admission,
+aborts, endings, failures; requests.py), `admin` (eviction, flushes, peaks), `validator` (fixed limits)
+and `watchdog` (stalled work reported). Every command (commands.py: requests, administration, stats,
+sessions) goes through one table (dispatch.py) by `execute`; `stats()` reads them all into one record.
 
 `step()` asks the scheduler for a plan, applies copy-on-write copies, runs the model, then accepts
 sampled tokens: text deltas go to each request's sink, finished sequences insert their tokens into the
@@ -19,26 +19,25 @@ from __future__ import annotations
 import concurrent.futures
 import time
 from array import array
-from collections.abc import Callable
-from typing import TypeVar, cast
+from typing import Any, TypeVar, cast
 
 import structlog
 
-from radixd.daemon.engine.admin import Admin
+from radixd.daemon.engine.admin import Admin, WaitForIdle
 from radixd.daemon.engine.beam import BeamSearch
-from radixd.daemon.engine.commands import Command, Flush
+from radixd.daemon.engine.commands import Abort, Command, Submit
 from radixd.daemon.engine.config import EngineConfig
-from radixd.daemon.engine.dispatch import CommandRunner
-from radixd.daemon.engine.faults import Faults
+from radixd.daemon.engine.dispatch import command_table
 from radixd.daemon.engine.forks import Forker
-from radixd.daemon.engine.intake import Intake
 from radixd.daemon.engine.kv import KVManager
 from radixd.daemon.engine.outputs import Outputs
+from radixd.daemon.engine.requests import Requests
 from radixd.daemon.engine.scheduler import Planned, Scheduler, StepPlan
-from radixd.daemon.engine.sequence import RequestState, SeqIds, SeqStatus
+from radixd.daemon.engine.sequence import SeqIds, SeqStatus
 from radixd.daemon.engine.sessions import SessionManager
+from radixd.daemon.engine.stats import EngineStats
 from radixd.daemon.engine.swap import HostSwap
-from radixd.daemon.engine.types import GenerateRequest, Sink
+from radixd.daemon.engine.types import EngineError, InvalidRequest
 from radixd.daemon.engine.validation import Validator
 from radixd.daemon.engine.watchdog import Watchdog
 from radixd.daemon.runner import DecodeRows, ModelRunner, StepSeq
@@ -48,6 +47,17 @@ from radixd.daemon.tokenizer import TextTokenizer
 T = TypeVar("T")
 
 log = structlog.get_logger("radixd.engine")
+
+# EngineStats' fields read under the same name from the tree's `CacheStats` and `SchedulerCounters`.
+_FROM_TREE = ("free_blocks", "evictable_blocks", "in_use_blocks", "cached_blocks", "pinned_blocks")
+_FROM_SCHEDULER = (
+    "hit_tokens",
+    "miss_tokens",
+    "preemptions_recompute",
+    "preemptions_swap",
+    "swap_fallbacks",
+    "held_for_shared_prefix",
+)
 
 _NO_BLOCKS: array[int] = array("i")  # a planned sequence with no table yet (the runner only reads it)
 
@@ -78,81 +88,111 @@ class EngineCore:
         self.scheduler = Scheduler(cfg, self.kv, self.swap, self.forker)
         self.sessions = SessionManager(self.kv, cfg.session_ttl_s)
         self.validator = Validator(self.kv, self.max_model_len, self.vocab_size)
-        self.requests: dict[str, RequestState] = {}
-        self.counters: dict[str, int] = {
-            "requests_finished": 0,
-            "requests_aborted": 0,
-            "requests_rejected": 0,
-            "prompt_tokens": 0,
-            "cached_tokens": 0,
-            "generated_tokens": 0,
-            "steps": 0,
-            "no_progress_reports": 0,
-            "errors": 0,
-        }
-        self.outputs = Outputs(
-            self.requests,
-            self.scheduler,
-            self.kv,
-            self.swap,
-            self.sessions,
-            self.counters,
-            self.max_model_len,
-            self.config.stream_interval,
+        self.outputs = Outputs(self.scheduler, self.kv, self.swap, self.max_model_len, cfg.stream_interval)
+        self.watchdog = Watchdog(cfg.watchdog_s, self.scheduler, self.kv)
+        self.requests = Requests(
+            self.validator, self.sessions, self.forker, self.scheduler, self.outputs, self.watchdog.progressed
         )
         self.beams = BeamSearch(
-            self.scheduler, self.kv, self.outputs, tokenizer, seq_ids, self.eos_token_ids, self.max_model_len
-        )
-        self.admin = Admin(
-            cfg, self.requests, self.counters, self.scheduler, self.kv, self.sessions, self.swap
-        )
-        self.commands = CommandRunner(self.admin, self.sessions, self.validator, self.kv)
-        self.faults = Faults(self.requests, self.outputs, self.sessions)
-        self.watchdog = Watchdog(cfg.watchdog_s, self.scheduler, self.kv, self.counters)
-        self.intake = Intake(
-            self.requests,
-            self.counters,
-            self.validator,
-            self.sessions,
-            self.forker,
             self.scheduler,
+            self.kv,
             self.outputs,
-            on_first_work=self.watchdog.progressed,
+            self.requests.finish,
+            tokenizer,
+            seq_ids,
+            self.eos_token_ids,
+            self.max_model_len,
         )
-
-    @property
-    def on_request_done(self) -> Callable[[str], None]:
-        """Called with a request's id once it ended (every outcome, rejections included)."""
-        return self.outputs.on_request_done
-
-    @on_request_done.setter
-    def on_request_done(self, hook: Callable[[str], None]) -> None:
-        self.outputs.on_request_done = hook
+        self.admin = Admin(self.requests, self.scheduler, self.kv)
+        self._commands = command_table(
+            self.requests, self.admin, self.sessions, self.validator, self.kv, self.stats
+        )
+        self.steps = 0  # steps that computed tokens
+        self.generated_tokens = 0
+        self.errors = 0  # unexpected errors survived (a step, a command, a timer)
 
     # ---- commands --------------------------------------------------------------------------------
     def execute(self, cmd: Command[T]) -> T:
-        """Apply an admin / session command now (engine thread); -> its result. A "wait_for_idle"
-        flush of a busy engine needs the engine loop: `request_flush` (what `Engine.execute` uses)."""
-        return cast(T, self.commands.run(cmd))
+        """Apply any engine command now (engine thread); -> its result, or the error it raised. An
+        unknown command: InvalidRequest. A "wait_for_idle" flush of a busy engine needs the engine loop
+        (`apply`, what `Engine` uses): here it raises `WaitForIdle`, an InvalidRequest."""
+        handler = self._commands.get(type(cmd))
+        if handler is None:
+            names = ", ".join(sorted(k.__name__ for k in self._commands))
+            raise InvalidRequest(f"{type(cmd).__name__} is not an engine command; the engine runs {names}")
+        return cast(T, handler(cmd))
 
-    def request_flush(self, cmd: Flush, fut: concurrent.futures.Future[int]) -> None:
-        """Resolve `fut` with the flush `cmd`: now, or for "wait_for_idle" once no request is in flight."""
-        self.admin.request_flush(cmd.mode, cmd.timeout_s, fut)
-
-    # ---- requests --------------------------------------------------------------------------------
-    def add_request(self, req: GenerateRequest, sink: Sink) -> None:
-        """Queue a request, or reject it through `sink` with the reason (engine thread)."""
-        self.intake.add(req, sink)
-
-    def abort_request(self, request_id: str) -> bool:
-        """Abort by id: idempotent; an id not seen yet is remembered so a late submit ends at once."""
-        return self.intake.abort(request_id)
-
-    def abort_all(self, reason: str) -> None:
-        self.intake.abort_all(reason)
+    def apply(self, cmd: Command[Any], fut: concurrent.futures.Future[Any] | None) -> None:
+        """Run a queued command (the engine loop): its result or error goes to `fut` (None: `Submit` /
+        `Abort`, whose outcome reaches the request's sink). A "wait_for_idle" flush is answered by the
+        timers once no request is in flight. An unexpected error fails what the command was about (its
+        request, or its caller's future) and is counted; the engine goes on."""
+        if fut is not None and not fut.set_running_or_notify_cancel():
+            return
+        try:
+            result = self.execute(cmd)
+        except WaitForIdle as wait:
+            assert fut is not None  # only a Flush waits, and every Flush has a caller
+            self.admin.wait_for_idle(time.monotonic() + wait.timeout_s, fut)
+            return
+        except Exception as exc:
+            if fut is not None and isinstance(exc, EngineError):  # the caller's mistake, theirs to hear
+                fut.set_exception(exc)
+                return
+            self.errors += 1
+            rid = cmd.req.request_id if isinstance(cmd, Submit) else getattr(cmd, "request_id", None)
+            log.exception("engine.command_failed", command=type(cmd).__name__, request_id=rid)
+            if isinstance(cmd, Submit):
+                self.requests.fail_submit(cmd.req, cmd.sink, exc)
+            elif isinstance(cmd, Abort):
+                self.requests.fail(cmd.request_id, exc)
+            elif fut is not None:
+                fut.set_exception(exc)
+            return
+        if fut is not None:
+            fut.set_result(result)
 
     def has_work(self) -> bool:
         return self.scheduler.has_work()
+
+    # ---- stats -----------------------------------------------------------------------------------
+    def stats(self) -> EngineStats:
+        """Every component's counts and gauges in one record (`GetStats`)."""
+        sc, kv, req, swap = self.scheduler.counters, self.kv, self.requests, self.swap
+        cache = kv.cache_stats()
+        same = {k: getattr(cache, k) for k in _FROM_TREE} | {k: getattr(sc, k) for k in _FROM_SCHEDULER}
+        return EngineStats(
+            **same,
+            taken_at=time.monotonic(),
+            waiting_seqs=len(self.scheduler.waiting),
+            running_seqs=len(self.scheduler.running),
+            swapped_seqs=len(self.scheduler.swapped),
+            requests_in_flight=len(req),
+            sessions=len(self.sessions),
+            max_waiting=self.config.max_waiting,
+            max_running=self.config.max_num_seqs,
+            block_size=kv.block_size,
+            total_blocks=cache.usable_blocks,
+            active_blocks=self.admin.active_blocks(),
+            peak_used_blocks=self.admin.peak_used_blocks,
+            peak_active_blocks=self.admin.peak_active_blocks,
+            cache_nodes=cache.nodes,
+            requests_finished=req.finished,
+            requests_aborted=req.aborted,
+            requests_rejected=req.rejected,
+            prompt_tokens=req.prompt_tokens,
+            cached_tokens=req.cached_tokens,
+            generated_tokens=self.generated_tokens,
+            steps=self.steps,
+            errors=self.errors,
+            no_progress_reports=self.watchdog.reports,
+            session_leases_shed=self.sessions.shed,
+            evicted_blocks=kv.evicted_blocks,
+            evictions=dict(cache.evicted_blocks),
+            host_free_blocks=swap.num_free if swap is not None else 0,
+            swapped_out_blocks=swap.swapped_out_blocks if swap is not None else 0,
+            swapped_in_blocks=swap.swapped_in_blocks if swap is not None else 0,
+        )
 
     # ---- the step --------------------------------------------------------------------------------
     def step(self) -> bool:
@@ -177,7 +217,7 @@ class EngineCore:
             [s.sampling_at(s.num_computed + 1) for s in ds],
         )
         results = self.runner.run([self._step_seq(p) for p in plan.chunks], rows)
-        self.counters["steps"] += 1
+        self.steps += 1
         self.watchdog.progressed()
         self._after_step(plan, rows.positions, results)
         return True
@@ -226,13 +266,13 @@ class EngineCore:
         try:
             return self.step()
         except Exception as exc:
-            self.counters["errors"] += 1
-            log.exception("engine.step_failed", requests=list(self.requests))
+            self.errors += 1
+            log.exception("engine.step_failed", requests=list(self.requests.ids()))
             # NOTE: every request in flight fails, not only those in the step: a half-applied step
             # (slots appended, tokens not accepted, copies queued) leaves no state to trust, and a
             # request that breaks scheduling itself would otherwise fail every step after this one.
-            for rid in list(self.requests):
-                self.faults.fail_request(rid, exc)
+            for rid in self.requests.ids():
+                self.requests.fail(rid, exc)
             self.kv.take_copies()
             return False
 
@@ -258,7 +298,7 @@ class EngineCore:
         newly full blocks, accept the sampled tokens. `results`: the chunks', then the decodes'."""
         done = [(p.seq, p.start + p.n) for p in plan.chunks]
         done += zip(plan.decodes, [p + 1 for p in positions], strict=True)
-        kv, outputs = self.kv, self.outputs
+        kv, outputs, requests = self.kv, self.outputs, self.requests
         accepted = 0
         for (seq, computed), res in zip(done, results, strict=True):
             # NOTE: an earlier sequence's ending in this loop may have finished this one (a request's
@@ -274,9 +314,10 @@ class EngineCore:
                 if seq.request.req.beam_width:
                     self.beams.step(seq, res)
                 else:
-                    outputs.accept(seq, res)
+                    if outputs.accept(seq, res):
+                        requests.finish(seq.request)
                     accepted += 1
-        self.counters["generated_tokens"] += accepted
+        self.generated_tokens += accepted
 
     # ---- timers ----------------------------------------------------------------------------------
     def idle_wait_s(self) -> float:
@@ -289,5 +330,5 @@ class EngineCore:
         now = time.monotonic()
         self.sessions.expire(now)
         if self.admin.has_flush_waiters:
-            self.admin.serve_flush_waiters(now)
+            self.errors += self.admin.serve_flush_waiters(now)
         self.watchdog.check(now)

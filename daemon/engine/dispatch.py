@@ -1,4 +1,8 @@
-"""Apply an engine command (commands.py) to the components that own its state (engine thread only)."""
+"""The one command table: each engine command (commands.py) -> the component method that applies it.
+
+`EngineCore.execute` looks a command up here (engine thread only); requests, cache administration,
+stats and sessions alike, so a new command is one entry in one table.
+"""
 
 from __future__ import annotations
 
@@ -7,84 +11,80 @@ from typing import Any
 
 from radixd.daemon.engine.admin import Admin
 from radixd.daemon.engine.commands import (
+    Abort,
     AddCacheListener,
     CloseSession,
-    Command,
     CreateSession,
     Evict,
     EvictPrefix,
     EvictSession,
     Flush,
     ForkSession,
-    GetLoad,
     GetSession,
     GetStats,
     ListSessions,
     LookupPrefix,
     Pin,
     RemoveCacheListener,
+    Submit,
     Unpin,
 )
 from radixd.daemon.engine.kv import KVManager
+from radixd.daemon.engine.requests import Requests
 from radixd.daemon.engine.sessions import SessionInfo, SessionManager
-from radixd.daemon.engine.types import GenerateRequest, InvalidRequest
+from radixd.daemon.engine.stats import EngineStats
+from radixd.daemon.engine.types import GenerateRequest
 from radixd.daemon.engine.validation import Validator
 from radixd.daemon.sampling import SamplingParams
 
+Handler = Callable[[Any], object]
 
-class CommandRunner:
-    """Runs each command kind through the public methods of the admin, session and KV components."""
 
-    def __init__(self, admin: Admin, sessions: SessionManager, validator: Validator, kv: KVManager) -> None:
-        self.admin = admin
-        self.sessions = sessions
-        self.validator = validator
-        a, s = admin, sessions
-        self._handlers: dict[type[Any], Callable[[Any], object]] = {
-            Evict: lambda c: a.evict(c.n_blocks),
-            EvictPrefix: lambda c: a.evict_prefix(c.tokens, c.namespace),
-            EvictSession: lambda c: s.evict_cached(c.session_id),
-            Flush: lambda c: a.flush(c.mode),
-            Pin: lambda c: a.pin(c.tokens, c.namespace),
-            Unpin: lambda c: a.unpin(c.tokens, c.namespace),
-            LookupPrefix: lambda c: a.lookup_prefix(c.tokens, c.namespace),
-            GetStats: lambda c: a.stats(),
-            GetLoad: lambda c: a.load(),
-            CreateSession: self._create_session,
-            GetSession: lambda c: s.get(c.session_id, c.namespace),
-            ListSessions: lambda c: s.all(c.namespace),
-            ForkSession: self._fork_session,
-            CloseSession: self._close_session,
-            AddCacheListener: lambda c: kv.add_listener(c.listener, c.replay),
-            RemoveCacheListener: lambda c: kv.remove_listener(c.listener),
-        }
+def command_table(
+    requests: Requests,
+    admin: Admin,
+    sessions: SessionManager,
+    validator: Validator,
+    kv: KVManager,
+    stats: Callable[[], EngineStats],
+) -> dict[type[Any], Handler]:
+    """Every command kind and its handler, over the components' public methods."""
+    s = sessions
 
-    def kinds(self) -> tuple[type[Any], ...]:
-        """The command classes this runner applies."""
-        return tuple(self._handlers)
-
-    def run(self, cmd: Command[Any]) -> object:
-        """Apply `cmd`; its result, or the error it raised. An unknown command: InvalidRequest."""
-        handler = self._handlers.get(type(cmd))
-        if handler is None:
-            names = ", ".join(sorted(k.__name__ for k in self._handlers))
-            raise InvalidRequest(f"{type(cmd).__name__} is not an engine command; the engine runs {names}")
-        return handler(cmd)
-
-    def _create_session(self, c: CreateSession) -> SessionInfo:
-        self.sessions.check_room(1, c.max_sessions)
+    def create_session(c: CreateSession) -> SessionInfo:
+        s.check_room(1, c.max_sessions)
         if c.tokens:
             # NOTE: the context must leave room for the first reply token, in the context window and in
             # the pool, else every turn would be refused: the same check (and message) as a request's.
             probe = GenerateRequest("session-context", c.tokens, SamplingParams(max_tokens=1), c.namespace)
-            self.validator.check_fits(len(c.tokens), probe)
-        return self.sessions.create(c.session_id, c.namespace, c.tokens, c.ttl_s)
+            validator.check_fits(len(c.tokens), probe)
+        return s.create(c.session_id, c.namespace, c.tokens, c.ttl_s)
 
-    def _fork_session(self, c: ForkSession) -> list[SessionInfo]:
-        self.sessions.get(c.session_id, c.namespace)
-        self.sessions.check_room(c.count, c.max_sessions)
-        return self.sessions.fork(c.session_id, c.count, c.child_ids)
+    def fork_session(c: ForkSession) -> list[SessionInfo]:
+        s.get(c.session_id, c.namespace)
+        s.check_room(c.count, c.max_sessions)
+        return s.fork(c.session_id, c.count, c.child_ids)
 
-    def _close_session(self, c: CloseSession) -> int:
-        self.sessions.get(c.session_id, c.namespace)
-        return self.sessions.close(c.session_id, keep_cached=c.keep_cached)
+    def close_session(c: CloseSession) -> int:
+        s.get(c.session_id, c.namespace)
+        return s.close(c.session_id, keep_cached=c.keep_cached)
+
+    return {
+        Submit: lambda c: requests.add(c.req, c.sink),
+        Abort: lambda c: requests.abort(c.request_id),
+        Evict: lambda c: admin.evict(c.n_blocks),
+        EvictPrefix: lambda c: admin.evict_prefix(c.tokens, c.namespace),
+        EvictSession: lambda c: s.evict_cached(c.session_id),
+        Flush: lambda c: admin.flush(c.mode, c.timeout_s),
+        Pin: lambda c: kv.pin(c.tokens, c.namespace),
+        Unpin: lambda c: kv.unpin(c.tokens, c.namespace),
+        LookupPrefix: lambda c: kv.cached_len(c.tokens, c.namespace),
+        GetStats: lambda c: stats(),
+        CreateSession: create_session,
+        GetSession: lambda c: s.get(c.session_id, c.namespace),
+        ListSessions: lambda c: s.all(c.namespace),
+        ForkSession: fork_session,
+        CloseSession: close_session,
+        AddCacheListener: lambda c: kv.add_listener(c.listener, c.replay),
+        RemoveCacheListener: lambda c: kv.remove_listener(c.listener),
+    }

@@ -1,7 +1,8 @@
 """`Engine`: runs an `EngineCore` step loop on one dedicated thread.
 
-Callers on any thread talk to it only through a thread-safe command queue: `submit`, `abort` and
-`execute` (admin and session commands from commands.py, applied on the engine thread between steps).
+Callers on any thread talk to it only through a thread-safe queue of commands (commands.py): `submit`,
+`abort` and `execute` queue them, and the engine thread applies them between steps (`EngineCore.apply`,
+one table for every kind).
 Outputs leave through each request's sink, called on the engine thread.
 
 NOTE: the engine thread is the only owner of radix state (pool, tree, tables, leases); nothing here or
@@ -21,12 +22,11 @@ import queue
 import threading
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
 from typing import Any, TypeVar
 
 import structlog
 
-from radixd.daemon.engine.commands import Command, Flush
+from radixd.daemon.engine.commands import Abort, Command, Flush, Submit
 from radixd.daemon.engine.core import EngineCore
 from radixd.daemon.engine.types import (
     EngineStopped,
@@ -42,29 +42,8 @@ T = TypeVar("T")
 
 log = structlog.get_logger("radixd.engine")
 
-
-@dataclass
-class _Submit:
-    req: GenerateRequest
-    sink: Sink
-
-
-@dataclass
-class _Abort:
-    request_id: str
-
-
-@dataclass
-class _Execute:
-    command: Command[Any]
-    future: concurrent.futures.Future[Any]
-
-
-class _Stop:
-    pass
-
-
-_Command = _Submit | _Abort | _Execute | _Stop
+# A queued command and its caller's future (None: `Submit` / `Abort`); None alone stops the thread.
+_Queued = tuple[Command[Any], "concurrent.futures.Future[Any] | None"] | None
 
 
 class Engine:
@@ -78,7 +57,7 @@ class Engine:
 
     def __init__(self, core: EngineCore) -> None:
         self.core = core
-        self._queue: queue.SimpleQueue[_Command] = queue.SimpleQueue()
+        self._queue: queue.SimpleQueue[_Queued] = queue.SimpleQueue()
         self._thread: threading.Thread | None = None
         self._lock = threading.Lock()
         self._inflight = 0  # submitted and not yet finished; guarded by _lock
@@ -88,7 +67,7 @@ class Engine:
         self.on_fatal: Callable[[BaseException], None] | None = None
         self.fatal_error: BaseException | None = None
         self.heap = HeapReleaser()
-        core.on_request_done = self._request_done
+        core.requests.on_request_done = self._request_done
 
     # ---- lifecycle -------------------------------------------------------------------------------
     def start(self) -> None:
@@ -114,7 +93,7 @@ class Engine:
                 if self._inflight == 0:
                     break
             time.sleep(0.01)
-        self._queue.put(_Stop())
+        self._queue.put(None)
         thread.join()
         log.info("engine.stopped")
 
@@ -124,7 +103,10 @@ class Engine:
 
     # ---- thread-safe API -------------------------------------------------------------------------
     def submit(self, req: GenerateRequest, sink: Sink) -> None:
-        """Queue a request; outputs go to `sink` on the engine thread. Thread-safe."""
+        """Queue a request; outputs go to `sink` on the engine thread. Thread-safe.
+
+        NOTE: the request checks that need no engine state run here, once, so the caller hears them
+        as exceptions; the engine thread checks only what needs its state (a session's history)."""
         self.core.validator.validate(req)
         with self._lock:
             if not self._accepting or self._stopped.is_set():
@@ -137,11 +119,11 @@ class Engine:
             self._inflight += 1
             # NOTE: queued under the lock that the stopping thread takes before it answers what is
             # left in the queue, so no command can land in the queue after that and wait forever.
-            self._queue.put(_Submit(req, sink))
+            self._queue.put((Submit(req, sink), None))
 
     def abort(self, request_id: str) -> None:
         """Abort a request by id: idempotent, also before it was admitted. Thread-safe."""
-        self._queue.put(_Abort(request_id))
+        self._queue.put((Abort(request_id), None))
 
     def execute(self, cmd: Command[T]) -> concurrent.futures.Future[T]:
         """Apply an admin / session command (commands.py) on the engine thread between steps; its
@@ -154,7 +136,10 @@ class Engine:
                 InvalidRequest(f"engine.execute takes an engine command (commands.py), got {cmd!r}")
             )
             return fut
-        self._enqueue(_Execute(cmd, fut), fut)
+        if isinstance(cmd, Submit):  # a request is checked and counted on its way in
+            fut.set_exception(InvalidRequest("queue a request with Engine.submit, not execute"))
+            return fut
+        self._enqueue(cmd, fut)
         return fut
 
     def flush(
@@ -167,10 +152,10 @@ class Engine:
         freed."""
         return self.execute(Flush(mode, timeout_s))
 
-    def _enqueue(self, cmd: _Command, fut: concurrent.futures.Future[Any]) -> None:
+    def _enqueue(self, cmd: Command[Any], fut: concurrent.futures.Future[Any]) -> None:
         with self._lock:
             if self._thread is not None and not self._stopped.is_set():
-                self._queue.put(cmd)
+                self._queue.put((cmd, fut))
                 return
         fut.set_exception(EngineStopped("the engine is not running"))
 
@@ -203,9 +188,9 @@ class Engine:
             self._stopped.set()
         try:
             if error is None:
-                self.core.abort_all("engine stopped")
+                self.core.requests.abort_all("engine stopped")
             else:
-                self.core.faults.fail_all(error)
+                self.core.requests.fail_all(error)
         except BaseException as exc:
             log.critical("engine.stop_failed", exc_info=exc)
             error = error or exc
@@ -230,7 +215,7 @@ class Engine:
         try:
             self.core.tick()
         except Exception:
-            self.core.counters["errors"] += 1
+            self.core.errors += 1
             log.exception("engine.tick_failed")
 
     def _drain(self, block: bool) -> bool:
@@ -238,60 +223,29 @@ class Engine:
         timeout = self.core.idle_wait_s() if block else None
         while True:
             try:
-                cmd = self._queue.get(timeout=timeout) if timeout is not None else self._queue.get_nowait()
+                item = self._queue.get(timeout=timeout) if timeout is not None else self._queue.get_nowait()
             except queue.Empty:
                 return True
             timeout = None  # after the first command, only take what is already queued
-            if isinstance(cmd, _Stop):
+            if item is None:
                 return False
-            self._apply(cmd)
-
-    def _apply(self, cmd: _Command) -> None:
-        try:
-            if isinstance(cmd, _Submit):
-                self.core.add_request(cmd.req, cmd.sink)
-            elif isinstance(cmd, _Abort):
-                self.core.abort_request(cmd.request_id)
-            elif isinstance(cmd, _Execute):
-                if isinstance(cmd.command, Flush):  # "wait_for_idle" answers from the engine's timers
-                    self.core.request_flush(cmd.command, cmd.future)
-                    return
-                if not cmd.future.set_running_or_notify_cancel():
-                    return
-                try:
-                    cmd.future.set_result(self.core.execute(cmd.command))
-                except BaseException as exc:
-                    cmd.future.set_exception(exc)
-        except Exception as exc:
-            self._command_failed(cmd, exc)
-
-    def _command_failed(self, cmd: _Command, exc: Exception) -> None:
-        """A command raised unexpectedly: fail what it was about (its request or its caller's future)."""
-        self.core.counters["errors"] += 1
-        rid = cmd.req.request_id if isinstance(cmd, _Submit) else getattr(cmd, "request_id", None)
-        kind = (
-            type(cmd.command).__name__ if isinstance(cmd, _Execute) else type(cmd).__name__.strip("_").lower()
-        )
-        log.exception("engine.command_failed", command=kind, request_id=rid)
-        if isinstance(cmd, _Submit):
-            self.core.faults.fail_submit(cmd.req, cmd.sink, exc)
-        elif isinstance(cmd, _Abort):
-            self.core.faults.fail_request(cmd.request_id, exc)
-        elif isinstance(cmd, _Execute) and not cmd.future.done():
-            cmd.future.set_exception(exc)
+            self.core.apply(*item)
 
     def _fail_pending(self) -> None:
         """After stop: answer whatever is still queued so no caller waits forever."""
         while True:
             try:
-                cmd = self._queue.get_nowait()
+                item = self._queue.get_nowait()
             except queue.Empty:
                 return
+            if item is None:
+                continue
+            cmd, fut = item
             stopped = EngineStopped("the engine stopped before running this; retry on a live daemon")
             try:
-                if isinstance(cmd, _Submit):
-                    self.core.outputs.reject(cmd.req, cmd.sink, stopped)
-                elif isinstance(cmd, _Execute) and cmd.future.set_running_or_notify_cancel():
-                    cmd.future.set_exception(stopped)
+                if isinstance(cmd, Submit):
+                    self.core.requests.reject(cmd.req, cmd.sink, stopped)
+                elif fut is not None and fut.set_running_or_notify_cancel():
+                    fut.set_exception(stopped)
             except Exception:
-                log.exception("engine.refuse_failed", command=type(cmd).__name__.strip("_").lower())
+                log.exception("engine.refuse_failed", command=type(cmd).__name__)

@@ -192,7 +192,7 @@ def run(args: argparse.Namespace) -> int:
             return 2
         col = _Collected(req.request_id, p.n)
         results.append(col)
-        core.add_request(req, col.sink)
+        core.requests.add(req, col.sink)
     core.run_until_idle()
     failed = False
     for col in results:

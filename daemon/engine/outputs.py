@@ -1,84 +1,41 @@
-"""Outputs and endings: accept sampled tokens, stream them to sinks, finish sequences and requests.
+"""Outputs: accept sampled tokens, stream them to sinks, finish sequences.
 
 A finished sequence inserts every computed token into the tree (so the next turn hits) and frees its
-table, lease and host blocks; a finished request advances its session and tells the engine.
+table, lease and host blocks; once a request has no live sequence left, its owner (requests.py) ends it.
 """
 
 from __future__ import annotations
 
 import time
-from collections import Counter
-from collections.abc import Callable
 
 import structlog
 
 from radixd.daemon.engine.kv import KVManager
 from radixd.daemon.engine.scheduler import Scheduler
-from radixd.daemon.engine.sequence import RequestState, SeqStatus, Sequence
-from radixd.daemon.engine.sessions import SessionManager
+from radixd.daemon.engine.sequence import SeqStatus, Sequence
 from radixd.daemon.engine.swap import HostSwap
-from radixd.daemon.engine.types import (
-    EngineError,
-    EngineFault,
-    FinishReason,
-    GenerateRequest,
-    RequestOutput,
-    Sink,
-    TokenLogprob,
-)
+from radixd.daemon.engine.types import FinishReason, RequestOutput, Sink, TokenLogprob
 from radixd.daemon.sampling import SampleResult
 
 log = structlog.get_logger("radixd.engine")
 
 
-def error_output(
-    req: GenerateRequest, index: int, prompt_tokens: int, cached_tokens: int, message: str, code: str
-) -> RequestOutput:
-    """The final output of index `index` of `req` when it ends in an error (nothing generated)."""
-    return RequestOutput(
-        request_id=req.request_id,
-        index=index,
-        new_token_ids=[],
-        text_delta="",
-        logprobs=None,
-        prompt_tokens=prompt_tokens,
-        cached_tokens=cached_tokens,
-        completion_tokens=0,
-        finished=True,
-        finish_reason="error",
-        error=message,
-        error_code=code,
-        session_id=req.session_id,
-    )
-
-
 class Outputs:
-    """Token acceptance and request endings (engine thread only).
-
-    `requests` is the engine's table of requests in flight (shared with the core, which adds to it);
-    `counters` the engine's counters. `on_request_done(request_id)` runs once per request that ends.
-    """
+    """Token acceptance and sequence endings (engine thread only)."""
 
     def __init__(
         self,
-        requests: dict[str, RequestState],
         scheduler: Scheduler,
         kv: KVManager,
         swap: HostSwap | None,
-        sessions: SessionManager,
-        counters: dict[str, int],
         max_model_len: int,
         stream_interval: int,
     ) -> None:
-        self.requests = requests
         self.scheduler = scheduler
         self.kv = kv
         self.swap = swap
-        self.sessions = sessions
-        self.counters = counters
         self.max_model_len = max_model_len
         self.stream_interval = stream_interval
-        self.on_request_done: Callable[[str], None] = lambda _rid: None
 
     def emit(self, sink: Sink, out: RequestOutput) -> None:
         """Hand `out` to `sink`; a sink that raises is logged and ignored.
@@ -91,24 +48,9 @@ class Outputs:
         except Exception:  # a broken sink must not take the engine down
             log.exception("engine.sink_failed", request_id=out.request_id)
 
-    def reject(self, req: GenerateRequest, sink: Sink, exc: EngineError) -> None:
-        """Finish a request that never ran with an error output for each index."""
-        self.counters["requests_rejected"] += 1
-        log.info("engine.reject", request_id=req.request_id, error=str(exc), code=exc.code)
-        for i in range(max(req.sampling.n, 1)):
-            self.emit(sink, error_output(req, i, len(req.prompt_token_ids), 0, str(exc), exc.code))
-        self.on_request_done(req.request_id)
-
-    def emit_errors(self, r: RequestState, message: str) -> None:
-        """A final error output for each index of `r` that has not finished yet."""
-        ended = {s.index for s in r.seqs if s.finished and s.index >= 0}
-        for i in range(r.n):
-            if i not in ended:
-                out = error_output(r.req, i, r.prompt_len, r.cached_tokens or 0, message, EngineFault.code)
-                self.emit(r.sink, out)
-
-    def accept(self, seq: Sequence, res: SampleResult) -> None:
-        """Append the sampled token to `seq`, stream it, and finish the sequence when it ends.
+    def accept(self, seq: Sequence, res: SampleResult) -> bool:
+        """Append the sampled token to `seq`, stream it, and finish the sequence when it ends; -> whether
+        that ended its request's last live sequence (the caller ends the request: `Requests.finish`).
 
         NOTE: runs once per sequence per decode step (256 times a step at 256 sequences): attributes
         are read once into locals and nothing is computed that the step does not need.
@@ -147,14 +89,13 @@ class Outputs:
                     seq.pending_text += delta  # streamed with the next output
                 else:
                     self.send(seq, delta)
-                return
+                return False
             reason = "length"
         if text is not None:
             delta += text.finish()
         self.send(seq, delta, reason, None, stop)
         self.finish_seq(seq, reason, emit=False)
-        if not r.live_seqs:
-            self.finish_request(r)
+        return not r.live_seqs
 
     def send(
         self,
@@ -214,30 +155,3 @@ class Outputs:
         self.kv.release(seq)
         seq.status = SeqStatus.FINISHED
         seq.finish_reason = reason
-
-    def finish_request(self, r: RequestState) -> None:
-        """End a request whose sequences have all finished: advance its session, count it, tell the
-        engine (idempotent)."""
-        if r.done:
-            return
-        r.done = True
-        self.requests.pop(r.request_id, None)
-        self.counters["requests_finished"] += 1
-        self.counters["cached_tokens"] += r.cached_tokens or 0
-        ok = all(s.finish_reason in ("stop", "length") for s in r.seqs)
-        if r.req.session_id is not None:
-            best = next((s for s in r.seqs if s.index == 0), None)
-            self.sessions.end_turn(r.req.session_id, best.tokens if ok and best is not None else None)
-        log.info(
-            "engine.finished",
-            request_id=r.request_id,
-            reasons=dict(Counter(s.finish_reason or "none" for s in r.seqs)),  # n=64: one count, not 64
-            prompt_tokens=r.prompt_len,
-            cached_tokens=r.cached_tokens,
-            completion_tokens=sum(max(0, s.num_generated) for s in r.seqs),
-        )
-        # NOTE: a request and its sequences point at each other; dropping the list lets reference
-        # counting free them now. Left to the cyclic GC, an n = 64 request's 1.6 MB (token lists,
-        # generators, text streams) piled up until its next full pass.
-        r.seqs = []
-        self.on_request_done(r.request_id)

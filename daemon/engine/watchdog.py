@@ -20,11 +20,11 @@ log = structlog.get_logger("radixd.engine")
 class Watchdog:
     """Times pending work since its last progress (engine thread only)."""
 
-    def __init__(self, stall_s: float, scheduler: Scheduler, kv: KVManager, counters: dict[str, int]) -> None:
+    def __init__(self, stall_s: float, scheduler: Scheduler, kv: KVManager) -> None:
         self.stall_s = stall_s
         self.scheduler = scheduler
         self.kv = kv
-        self.counters = counters
+        self.reports = 0  # stalls reported since start
         self._last_progress = time.monotonic()
         self._reported = 0.0
 
@@ -39,7 +39,7 @@ class Watchdog:
         if not stalled or now - self._reported <= self.stall_s:
             return
         self._reported = now
-        self.counters["no_progress_reports"] += 1
+        self.reports += 1
         log.warning(
             "engine.no_progress",
             stalled_s=round(now - self._last_progress, 1),

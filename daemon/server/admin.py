@@ -16,12 +16,12 @@ from radixd.daemon.engine.commands import (
     Evict,
     EvictPrefix,
     EvictSession,
-    GetLoad,
     GetStats,
     LookupPrefix,
     Pin,
     Unpin,
 )
+from radixd.daemon.engine.stats import EngineStats
 from radixd.daemon.engine.types import FlushMode
 from radixd.daemon.server.auth import admin_namespace
 from radixd.daemon.server.bounds import MAX_FLUSH_TIMEOUT_S, check_id, check_range, check_seconds
@@ -40,30 +40,38 @@ _FLUSH: dict[int, FlushMode] = {
 DEFAULT_FLUSH_WAIT_S = 30.0
 
 
-def cache_stats(stats: dict[str, Any]) -> dict[str, Any]:
-    """GetCacheStats fields as a dict, from the engine's stats (`GetStats`); also feeds the
-    Prometheus collector.
+def cache_stats_response(s: EngineStats) -> cache_admin_pb2.GetCacheStatsResponse:
+    """GetCacheStats for the engine's stats. Hits and misses are counted per admitted request, not
+    per tree lookup: hit_tokens + miss_tokens = prompt tokens, and hit_tokens sums the requests'
+    `cached_tokens`. `cached_blocks` (deprecated) repeats `evictable_blocks` for older clients."""
+    return cache_admin_pb2.GetCacheStatsResponse(
+        block_size=s.block_size,
+        total_blocks=s.total_blocks,
+        free_blocks=s.free_blocks,
+        evictable_blocks=s.evictable_blocks,
+        cached_blocks=s.evictable_blocks,
+        in_use_blocks=s.in_use_blocks,
+        pinned_blocks=s.pinned_blocks,
+        nodes=s.cache_nodes,
+        hit_tokens=s.hit_tokens,
+        miss_tokens=s.miss_tokens,
+        evictions=dict(s.evictions),
+        preemptions=s.preemptions,
+    )
 
-    Hits and misses are counted per admitted request, not per tree lookup: hit_tokens + miss_tokens =
-    prompt tokens, and hit_tokens sums the requests' `cached_tokens`.
-    """
-    cache = stats["cache"]
-    return {
-        "block_size": cache.block_size,
-        "total_blocks": cache.usable_blocks,
-        "free_blocks": cache.free_blocks,
-        "cached_blocks": cache.evictable_blocks,
-        "in_use_blocks": cache.in_use_blocks,
-        "pinned_blocks": cache.pinned_blocks,
-        "nodes": cache.nodes,
-        "hit_tokens": stats["hit_tokens"],
-        "miss_tokens": stats["miss_tokens"],
-        "evictions": dict(cache.evicted_blocks),
-        "preemptions": stats.get("preemptions", 0),
-        "running": stats.get("running", 0),
-        "waiting": stats.get("waiting", 0),
-        "swapped": stats.get("swapped", 0),
-    }
+
+def load_response(s: EngineStats, draining: bool) -> cache_admin_pb2.GetLoadResponse:
+    """GetLoad for the engine's stats (its "requests" are the engine's sequences)."""
+    return cache_admin_pb2.GetLoadResponse(
+        running_requests=s.running_seqs,
+        waiting_requests=s.waiting_seqs,
+        swapped_requests=s.swapped_seqs,
+        max_queue=s.max_waiting,
+        free_blocks=s.free_blocks,
+        total_blocks=s.total_blocks,
+        sessions=s.sessions,
+        draining=draining,
+    )
 
 
 class CacheAdminServicer(cache_admin_pb2_grpc.CacheAdminServiceServicer):
@@ -143,10 +151,7 @@ class CacheAdminServicer(cache_admin_pb2_grpc.CacheAdminServiceServicer):
         self, request: cache_admin_pb2.GetCacheStatsRequest, context: Any
     ) -> cache_admin_pb2.GetCacheStatsResponse:
         self.state.check_admin(context)
-        stats = cache_stats(await on_engine(self.state, GetStats()))
-        for gauge in ("running", "waiting", "swapped"):  # GetLoad reports these
-            stats.pop(gauge)
-        return cache_admin_pb2.GetCacheStatsResponse(**stats)
+        return cache_stats_response(await on_engine(self.state, GetStats()))
 
     @rpc("LookupPrefix")
     async def LookupPrefix(
@@ -164,17 +169,7 @@ class CacheAdminServicer(cache_admin_pb2_grpc.CacheAdminServiceServicer):
     ) -> cache_admin_pb2.GetLoadResponse:
         state = self.state
         state.check_admin(context)
-        load = await on_engine(state, GetLoad())
-        return cache_admin_pb2.GetLoadResponse(
-            running_requests=load.running,
-            waiting_requests=load.waiting,
-            swapped_requests=load.swapped,
-            max_queue=load.max_waiting,
-            free_blocks=load.free_blocks,
-            total_blocks=load.total_blocks,
-            sessions=load.sessions,
-            draining=state.draining,
-        )
+        return load_response(await on_engine(state, GetStats()), state.draining)
 
     @rpc("SubscribeCacheEvents")
     async def SubscribeCacheEvents(

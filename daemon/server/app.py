@@ -42,15 +42,15 @@ from radixd_client._pb import (
 from radixd.daemon.engine.commands import GetStats
 from radixd.daemon.engine.config import EngineConfig
 from radixd.daemon.engine.factory import BuiltEngine, build_engine
+from radixd.daemon.engine.stats import EngineStats
 from radixd.daemon.host import startup_heap_frozen
 from radixd.daemon.loaders import ModelLoadError
 from radixd.daemon.log import get_logger
-from radixd.daemon.server.admin import CacheAdminServicer, cache_stats
+from radixd.daemon.server.admin import CacheAdminServicer
 from radixd.daemon.server.auth import Authenticator, load_api_keys
 from radixd.daemon.server.bounds import prompt_char_bound
 from radixd.daemon.server.cache_feed import CacheFeed
 from radixd.daemon.server.events import CacheEvents
-from radixd.daemon.server.gateway_metrics import InferenceExtensionCollector
 from radixd.daemon.server.generation import GenerationServicer
 from radixd.daemon.server.health import PortHealth
 from radixd.daemon.server.metrics import Metrics
@@ -229,14 +229,13 @@ def _start_metrics(state: ServerState, args: argparse.Namespace) -> tuple[Any, i
         return None, 0
     engine = state.engine
 
-    def read_stats() -> dict[str, Any] | None:
+    def read_stats() -> EngineStats | None:
         try:
-            return cache_stats(engine.execute(GetStats()).result(timeout=2.0))
+            return engine.execute(GetStats()).result(timeout=2.0)
         except Exception:  # a scrape must never fail the exporter (engine busy, stopping, ...)
             return None
 
     state.metrics.add_engine_collector(read_stats)
-    state.metrics.registry.register(InferenceExtensionCollector(read_stats))
     try:
         server = state.metrics.serve(args.metrics_port, args.metrics_host)
     except OSError as exc:

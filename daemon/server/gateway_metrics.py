@@ -13,38 +13,25 @@ every warm replica look saturated to the picker.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from typing import Any
 
 from prometheus_client.core import GaugeMetricFamily
-from prometheus_client.registry import Collector
+
+from radixd.daemon.engine.stats import EngineStats
 
 
-class InferenceExtensionCollector(Collector):
-    """Reads the engine's stats (the same reader as the `radixd_*` collector) at every scrape."""
-
-    def __init__(self, read_stats: Callable[[], dict[str, Any] | None]) -> None:
-        self._read = read_stats
-
-    def collect(self) -> Iterator[Any]:
-        stats = self._read()
-        if stats is None:
-            return
-        waiting = float(stats.get("waiting", 0) + stats.get("swapped", 0))
-        total = float(stats.get("total_blocks", 0))
-        usage = float(stats.get("in_use_blocks", 0)) / total if total else 0.0
-        yield GaugeMetricFamily(
-            "vllm:num_requests_waiting", "Requests waiting to be scheduled", value=waiting
-        )
-        yield GaugeMetricFamily(
-            "vllm:num_requests_running", "Requests running", value=float(stats.get("running", 0))
-        )
-        for name in ("vllm:kv_cache_usage_perc", "vllm:gpu_cache_usage_perc"):
-            yield GaugeMetricFamily(
-                name, "KV blocks held by requests and sessions, fraction of the pool", usage
-            )
-        info = GaugeMetricFamily(
-            "vllm:cache_config_info", "KV cache shape", labels=["block_size", "num_gpu_blocks"]
-        )
-        info.add_metric([str(stats.get("block_size", 0)), str(int(total))], 1.0)
-        yield info
+def gateway_families(s: EngineStats) -> Iterator[Any]:
+    """The gauges a gateway's endpoint picker reads, for the engine's stats (served by the engine
+    collector in metrics.py beside the `radixd_*` series)."""
+    usage = s.in_use_blocks / s.total_blocks if s.total_blocks else 0.0
+    waiting = float(s.waiting_seqs + s.swapped_seqs)
+    yield GaugeMetricFamily("vllm:num_requests_waiting", "Requests waiting to be scheduled", value=waiting)
+    yield GaugeMetricFamily("vllm:num_requests_running", "Requests running", value=float(s.running_seqs))
+    for name in ("vllm:kv_cache_usage_perc", "vllm:gpu_cache_usage_perc"):
+        yield GaugeMetricFamily(name, "KV blocks held by requests and sessions, fraction of the pool", usage)
+    info = GaugeMetricFamily(
+        "vllm:cache_config_info", "KV cache shape", labels=["block_size", "num_gpu_blocks"]
+    )
+    info.add_metric([str(s.block_size), str(s.total_blocks)], 1.0)
+    yield info

@@ -15,6 +15,9 @@ from prometheus_client import CollectorRegistry, Counter, Histogram, start_http_
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 from prometheus_client.registry import Collector
 
+from radixd.daemon.engine.stats import EngineStats
+from radixd.daemon.server.gateway_metrics import gateway_families
+
 _LATENCY_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0)
 _ITL_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.02, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5)
 
@@ -48,8 +51,9 @@ class Metrics:
             "radixd_slow_reader_aborts", "Streams aborted because the client read too slowly", registry=r
         )
 
-    def add_engine_collector(self, read_stats: Callable[[], dict[str, Any] | None]) -> None:
-        """Export cache state from `read_stats()` (a dict like GetCacheStats; None = unavailable)."""
+    def add_engine_collector(self, read_stats: Callable[[], EngineStats | None]) -> None:
+        """Export cache state from `read_stats()` (the engine's stats; None = unavailable), as the
+        `radixd_*` series and the vLLM names gateways scrape (gateway_metrics.py)."""
         self.registry.register(_EngineCollector(read_stats))
 
     def serve(self, port: int, host: str = "127.0.0.1") -> Any:
@@ -60,50 +64,52 @@ class Metrics:
 
 
 class _EngineCollector(Collector):
-    def __init__(self, read_stats: Callable[[], dict[str, Any] | None]) -> None:
+    def __init__(self, read_stats: Callable[[], EngineStats | None]) -> None:
         self._read = read_stats
 
     def collect(self) -> Iterator[Any]:
-        stats = self._read()
-        if stats is None:
+        s = self._read()
+        if s is None:
             return
-        blocks = GaugeMetricFamily("radixd_blocks", "KV blocks by state", labels=["state"])
-        for state in ("free", "cached", "in_use", "pinned"):
-            blocks.add_metric([state], float(stats.get(f"{state}_blocks", 0)))
-        yield blocks
-        yield GaugeMetricFamily(
-            "radixd_blocks_total", "KV blocks in the pool", value=float(stats.get("total_blocks", 0))
+        # NOTE: state "cached" is the evictable blocks (held only by the cache), as it always was here:
+        # the label stays for existing dashboards; free + cached + in_use = radixd_blocks_total.
+        blocks = GaugeMetricFamily(
+            "radixd_blocks",
+            "KV blocks by state (cached: held only by the cache, evictable)",
+            labels=["state"],
         )
-        yield GaugeMetricFamily("radixd_cache_nodes", "Radix tree nodes", value=float(stats.get("nodes", 0)))
+        by_state = {"free": s.free_blocks, "cached": s.evictable_blocks, "in_use": s.in_use_blocks}
+        for state, n in {**by_state, "pinned": s.pinned_blocks}.items():
+            blocks.add_metric([state], float(n))
+        yield blocks
+        yield GaugeMetricFamily("radixd_blocks_total", "KV blocks in the pool", value=float(s.total_blocks))
+        yield GaugeMetricFamily("radixd_cache_nodes", "Radix tree nodes", value=float(s.cache_nodes))
         evictions = CounterMetricFamily(
             "radixd_evicted_blocks", "Evicted blocks by reason", labels=["reason"]
         )
-        for reason, count in sorted(stats.get("evictions", {}).items()):
+        for reason, count in sorted(s.evictions.items()):
             evictions.add_metric([reason], float(count))
         yield evictions
-        yield CounterMetricFamily(
-            "radixd_preemptions", "Preempted sequences", value=float(stats.get("preemptions", 0))
-        )
+        yield CounterMetricFamily("radixd_preemptions", "Preempted sequences", value=float(s.preemptions))
         yield CounterMetricFamily(
             "radixd_cache_hit_tokens",
             "Prompt tokens served from the prefix cache, counted once per request at its first admission"
             " (the sum of cached_tokens); hit + miss = prompt tokens",
-            value=float(stats.get("hit_tokens", 0)),
+            value=float(s.hit_tokens),
         )
         yield CounterMetricFamily(
             "radixd_cache_miss_tokens",
             "Prompt tokens computed (prompt - cached, per request at its first admission; the last prompt"
             " token is always computed); hit + miss = prompt tokens",
-            value=float(stats.get("miss_tokens", 0)),
+            value=float(s.miss_tokens),
         )
+        yield GaugeMetricFamily("radixd_running_requests", "Running sequences", value=float(s.running_seqs))
         yield GaugeMetricFamily(
-            "radixd_running_requests", "Running requests", value=float(stats.get("running", 0))
-        )
-        yield GaugeMetricFamily(
-            "radixd_waiting_requests", "Waiting requests", value=float(stats.get("waiting", 0))
+            "radixd_waiting_requests", "Sequences waiting for admission", value=float(s.waiting_seqs)
         )
         yield GaugeMetricFamily(
             "radixd_swapped_requests",
-            "Requests preempted to host memory (--preemption-mode swap), waiting to resume",
-            value=float(stats.get("swapped", 0)),
+            "Sequences preempted to host memory (--preemption-mode swap), waiting to resume",
+            value=float(s.swapped_seqs),
         )
+        yield from gateway_families(s)

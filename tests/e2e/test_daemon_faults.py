@@ -67,7 +67,7 @@ def test_a_dead_engine_thread_turns_health_not_serving_and_refuses_work(
     """The step fails and so does the guard failing its requests: the engine thread is lost."""
     core = fresh.state.engine.core
     fail_once(monkeypatch, core, "step")
-    fail_once(monkeypatch, core.faults, "fail_request")
+    fail_once(monkeypatch, core.requests, "fail")
     with fresh.client() as c:
         with pytest.raises(grpc.RpcError) as err:
             c.complete(PROMPT, max_tokens=4)
@@ -97,7 +97,7 @@ def test_serve_exits_1_when_the_engine_thread_dies(
     args = serve_args(tmp_path, "--num-blocks", "64", "--ready-file", str(ready), "--grace-period", "5")
     built = build(loaded_model, args)
     fail_once(monkeypatch, built.core, "step")
-    fail_once(monkeypatch, built.core.faults, "fail_request")
+    fail_once(monkeypatch, built.core.requests, "fail")
     codes: list[grpc.StatusCode] = []
 
     def client() -> None:

@@ -107,10 +107,10 @@ def test_a_64_block_pool_finishes_the_load_like_an_uncontended_one(
     finally:
         stop_daemon(d)
     assert elapsed < TIMEOUT_S
-    assert stats["preemptions"] > 0, "the pool was not under pressure"
+    assert stats.preemptions > 0, "the pool was not under pressure"
     if mode == "swap":
         # A later turn was swapped out while its session locked its context (see `_workload`).
-        assert stats["preemptions_swap"] > 0 and stats["swap_fallbacks"] > 0, stats
+        assert stats.preemptions_swap > 0 and stats.swap_fallbacks > 0, stats
     assert outs == uncontended
     assert load.running_requests == load.waiting_requests == load.swapped_requests == 0
 

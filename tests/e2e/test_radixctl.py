@@ -39,7 +39,12 @@ def test_radixctl_session(
     )
     assert code == 0 and "completion=4" in out and "finish=length" in out
     code, out = ctl(daemon, capsys, "stats")
-    assert code == 0 and "cached_blocks:" in out and "running_requests:" in out
+    assert (
+        code == 0
+        and "evictable_blocks:" in out
+        and "cached_blocks:" not in out
+        and "running_requests:" in out
+    )
     long_prompt = "Pinned by radixctl: " + "the quick brown fox jumps over the lazy dog. " * 4
     assert ctl(daemon, capsys, "generate", long_prompt, "--max-tokens", "2")[0] == 0
     code, out = ctl(daemon, capsys, "pin", long_prompt)

@@ -93,7 +93,7 @@ class GetCacheStatsRequest(_message.Message):
     def __init__(self) -> None: ...
 
 class GetCacheStatsResponse(_message.Message):
-    __slots__ = ("block_size", "total_blocks", "free_blocks", "cached_blocks", "in_use_blocks", "pinned_blocks", "nodes", "hit_tokens", "miss_tokens", "evictions", "preemptions")
+    __slots__ = ("block_size", "total_blocks", "free_blocks", "cached_blocks", "in_use_blocks", "pinned_blocks", "nodes", "hit_tokens", "miss_tokens", "evictions", "preemptions", "evictable_blocks")
     class EvictionsEntry(_message.Message):
         __slots__ = ("key", "value")
         KEY_FIELD_NUMBER: _ClassVar[int]
@@ -112,6 +112,7 @@ class GetCacheStatsResponse(_message.Message):
     MISS_TOKENS_FIELD_NUMBER: _ClassVar[int]
     EVICTIONS_FIELD_NUMBER: _ClassVar[int]
     PREEMPTIONS_FIELD_NUMBER: _ClassVar[int]
+    EVICTABLE_BLOCKS_FIELD_NUMBER: _ClassVar[int]
     block_size: int
     total_blocks: int
     free_blocks: int
@@ -123,7 +124,8 @@ class GetCacheStatsResponse(_message.Message):
     miss_tokens: int
     evictions: _containers.ScalarMap[str, int]
     preemptions: int
-    def __init__(self, block_size: _Optional[int] = ..., total_blocks: _Optional[int] = ..., free_blocks: _Optional[int] = ..., cached_blocks: _Optional[int] = ..., in_use_blocks: _Optional[int] = ..., pinned_blocks: _Optional[int] = ..., nodes: _Optional[int] = ..., hit_tokens: _Optional[int] = ..., miss_tokens: _Optional[int] = ..., evictions: _Optional[_Mapping[str, int]] = ..., preemptions: _Optional[int] = ...) -> None: ...
+    evictable_blocks: int
+    def __init__(self, block_size: _Optional[int] = ..., total_blocks: _Optional[int] = ..., free_blocks: _Optional[int] = ..., cached_blocks: _Optional[int] = ..., in_use_blocks: _Optional[int] = ..., pinned_blocks: _Optional[int] = ..., nodes: _Optional[int] = ..., hit_tokens: _Optional[int] = ..., miss_tokens: _Optional[int] = ..., evictions: _Optional[_Mapping[str, int]] = ..., preemptions: _Optional[int] = ..., evictable_blocks: _Optional[int] = ...) -> None: ...
 
 class LookupPrefixRequest(_message.Message):
     __slots__ = ("prompt", "namespace")

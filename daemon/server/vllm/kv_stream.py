@@ -15,9 +15,10 @@ from collections.abc import AsyncIterator
 from smg_grpc_proto.generated import common_pb2
 from smg_grpc_proto.generated.common_pb2 import KvEventBatch as Batch
 
+from radixd.daemon.engine.stats import EngineStats
 from radixd.daemon.server.events import CacheEvents
 from radixd.daemon.server.kv_events import to_batch
-from radixd.daemon.server.vllm.loads import LoadSample, LoadSampler
+from radixd.daemon.server.vllm.loads import LoadSampler, routing_core
 
 # A load record goes out at least this often while the engine is idle (smg reads silence as trouble).
 HEARTBEAT_S = 2.0
@@ -32,10 +33,10 @@ async def kv_event_stream(
     sent_core: tuple[int, int, int] | None = None
     sent_at = 0.0
 
-    def record(sample: LoadSample, load_only: bool) -> common_pb2.EngineLoad:
+    def record(sample: EngineStats, load_only: bool) -> common_pb2.EngineLoad:
         nonlocal records, sent_core, sent_at
         records += 1
-        sent_core, sent_at = sample.routing_core(), time.monotonic()
+        sent_core, sent_at = routing_core(sample), time.monotonic()
         return sampler.engine_load(sample, load_only, records)
 
     # NOTE: subscribed and caught up in one synchronous stretch, so no batch falls between the two;
@@ -64,6 +65,6 @@ async def kv_event_stream(
                     last = item[0]
                     yield out
                 elif sample is not None and (
-                    sample.routing_core() != sent_core or time.monotonic() - sent_at >= HEARTBEAT_S
+                    routing_core(sample) != sent_core or time.monotonic() - sent_at >= HEARTBEAT_S
                 ):
                     yield Batch(sequence_number=last, timestamp=time.time(), load=record(sample, True))

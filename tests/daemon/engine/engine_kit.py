@@ -69,7 +69,7 @@ class Collector:
 def run(core: EngineCore, reqs: Iterable[GenerateRequest], col: Collector | None = None) -> Collector:
     col = col or Collector()
     for r in reqs:
-        core.add_request(r, col)
+        core.requests.add(r, col)
     core.run_until_idle()
     return col
 
@@ -79,6 +79,6 @@ def assert_all_free(core: EngineCore) -> None:
     assert not core.requests and not core.has_work()
     core.admin.flush("evict_unlocked")
     assert core.kv.pool.num_free == core.kv.usable_blocks(), (
-        f"{core.kv.usable_blocks() - core.kv.pool.num_free} blocks leaked: {core.admin.stats()}"
+        f"{core.kv.usable_blocks() - core.kv.pool.num_free} blocks leaked: {core.stats()}"
     )
     assert core.kv.tree.num_leases == 0

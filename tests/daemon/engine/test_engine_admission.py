@@ -7,6 +7,7 @@ import time
 import pytest
 from engine_kit import Collector, assert_all_free, greedy, make_core, run
 
+from radixd.daemon.engine.commands import CreateSession
 from radixd.daemon.engine.types import GenerateRequest, InvalidRequest, RequestTooLarge
 from radixd.daemon.loaders import LoadedModel
 from radixd.daemon.sampling import SamplingParams
@@ -23,9 +24,12 @@ def test_requests_that_can_never_fit_are_rejected(smollm: LoadedModel) -> None:
     with pytest.raises(RequestTooLarge, match="KV blocks"):
         core.validator.validate(GenerateRequest("c", [1] * 40, SamplingParams(max_tokens=30, n=4)))
     core.validator.validate(GenerateRequest("ok", [1] * 100, greedy(28)))  # exactly 8 blocks
-    # Found on the engine thread instead (e.g. session tokens count): reported through the sink.
+    # Found on the engine thread instead (a session's tokens count): reported through the sink.
+    core.execute(CreateSession(tokens=[1] * 60, session_id="s"))
+    turn = GenerateRequest("d", [1] * 10, greedy(60), session_id="s")
+    core.validator.validate(turn)  # the turn alone fits (what the caller's thread checks) ...
     col = Collector()
-    core.add_request(GenerateRequest("d", [1] * 100, greedy(100)), col)
+    core.requests.add(turn, col)  # ... the session's 60 tokens + the turn's 70 do not
     assert col.final("d").finish_reason == "error" and col.final("d").error_code == "invalid_argument"
     assert "pool has 8" in (col.final("d").error or "")
 
@@ -44,10 +48,10 @@ def test_invalid_requests(smollm: LoadedModel) -> None:
         with pytest.raises(InvalidRequest, match=msg):
             core.validator.validate(req)
     col = Collector()
-    core.add_request(GenerateRequest("s", [1, 2], greedy(), session_id="nope"), col)
+    core.requests.add(GenerateRequest("s", [1, 2], greedy(), session_id="nope"), col)
     assert col.final("s").error_code == "not_found" and "no open session" in (col.final("s").error or "")
-    core.add_request(GenerateRequest("dup", [1, 2, 3], greedy(4)), col)
-    core.add_request(GenerateRequest("dup", [1, 2, 3], greedy(4)), col)
+    core.requests.add(GenerateRequest("dup", [1, 2, 3], greedy(4)), col)
+    core.requests.add(GenerateRequest("dup", [1, 2, 3], greedy(4)), col)
     assert col.outs[("dup", 0)][0].error_code == "invalid_argument"  # the second one, rejected at once
     core.run_until_idle()
     assert col.final("dup").finish_reason == "length" and len(col.tokens("dup")) == 4
@@ -58,14 +62,14 @@ def test_requests_wait_for_memory_and_the_watchdog_reports_a_stall(smollm: Loade
     core = make_core(smollm, num_blocks=9, watchdog_s=0.05, pin_budget_fraction=0.25)  # 8 usable blocks
     pinned = [7] * 32
     run(core, [GenerateRequest("p", [*pinned, 8], greedy(1))])
-    core.admin.pin(pinned)  # 2 blocks exempt from eviction
+    core.kv.pin(pinned, "")  # 2 blocks exempt from eviction
     col = Collector()
-    core.add_request(GenerateRequest("w", [9] * 100, greedy(12)), col)  # fits the pool, not what is left
+    core.requests.add(GenerateRequest("w", [9] * 100, greedy(12)), col)  # fits the pool, not what is left
     assert not core.step()
     time.sleep(0.1)
     core.tick()
-    assert core.admin.stats()["no_progress_reports"] == 1 and core.admin.stats()["waiting"] == 1
-    core.admin.unpin(pinned)
+    assert core.stats().no_progress_reports == 1 and core.stats().waiting_seqs == 1
+    core.kv.unpin(pinned, "")
     core.run_until_idle()
     assert col.final("w").finish_reason == "length"
     assert_all_free(core)
@@ -78,7 +82,7 @@ def test_idle_session_leases_yield_to_waiting_requests(smollm: LoadedModel) -> N
     assert core.sessions.get("hog").resident_tokens == 91  # 6 blocks locked by the session
     col = run(core, [GenerateRequest("w", [6] * 60, greedy(8))])
     assert col.final("w").finish_reason == "length"
-    assert core.admin.stats()["session_leases_shed"] == 1
+    assert core.stats().session_leases_shed == 1
     assert core.sessions.get("hog").resident_tokens == 0  # open, but no longer pinned in memory
     core.sessions.close("hog")
     assert_all_free(core)
@@ -87,16 +91,16 @@ def test_idle_session_leases_yield_to_waiting_requests(smollm: LoadedModel) -> N
 def test_abort_before_admission_and_twice(smollm: LoadedModel) -> None:
     core = make_core(smollm, num_blocks=64, max_num_seqs=1)
     col = Collector()
-    core.abort_request("early")  # before it was submitted
-    core.add_request(GenerateRequest("early", [1, 2, 3], greedy(4)), col)
+    core.requests.abort("early")  # before it was submitted
+    core.requests.add(GenerateRequest("early", [1, 2, 3], greedy(4)), col)
     assert col.final("early").finish_reason == "abort"
-    core.add_request(GenerateRequest("a", [1, 2, 3], greedy(30)), col)
-    core.add_request(GenerateRequest("b", [4, 5, 6], greedy(30)), col)
+    core.requests.add(GenerateRequest("a", [1, 2, 3], greedy(30)), col)
+    core.requests.add(GenerateRequest("b", [4, 5, 6], greedy(30)), col)
     core.step()
     core.step()
-    assert core.abort_request("b")  # still waiting (one running sequence at a time)
-    assert core.abort_request("a")  # running
-    assert not core.abort_request("a")  # idempotent
+    assert core.requests.abort("b")  # still waiting (one running sequence at a time)
+    assert core.requests.abort("a")  # running
+    assert not core.requests.abort("a")  # idempotent
     assert col.final("a").finish_reason == "abort" and col.final("b").finish_reason == "abort"
     assert len(col.outs[("a", 0)]) == 3  # two tokens, then the abort
     assert not core.has_work()

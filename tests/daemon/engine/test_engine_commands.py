@@ -14,17 +14,18 @@ from radixd.daemon.engine.commands import (
     CloseSession,
     Command,
     CreateSession,
-    EngineLoad,
     Evict,
     ForkSession,
-    GetLoad,
     GetSession,
+    GetStats,
     ListSessions,
     LookupPrefix,
     RemoveCacheListener,
+    Submit,
 )
 from radixd.daemon.engine.core import EngineCore
 from radixd.daemon.engine.engine import Engine
+from radixd.daemon.engine.stats import EngineStats
 from radixd.daemon.engine.types import (
     GenerateRequest,
     InvalidRequest,
@@ -72,8 +73,8 @@ def test_a_command_runs_on_the_engine_thread_and_returns_its_result(
     info = engine.execute(CreateSession("alice", [1, 2, 3], session_id="s")).result(10)
     assert info.session_id == "s" and info.namespace == "alice" and info.tokens == (1, 2, 3)
     assert engine.execute(GetSession("s", "alice")).result(10).num_tokens == 3
-    load = engine.execute(GetLoad()).result(10)
-    assert isinstance(load, EngineLoad) and load.sessions == 1 and load.free_blocks == load.total_blocks
+    load = engine.execute(GetStats()).result(10)
+    assert isinstance(load, EngineStats) and load.sessions == 1 and load.free_blocks == load.total_blocks
     assert engine.execute(LookupPrefix([1, 2, 3], "alice")).result(10) == 0  # nothing computed yet
     children = engine.execute(ForkSession("s", 2, "alice")).result(10)
     assert [c.parent_id for c in children] == ["s", "s"]
@@ -90,6 +91,9 @@ def test_unknown_and_invalid_commands_are_refused_clearly(engine: Engine) -> Non
     assert refused.done()  # refused on the caller's thread, never queued
     with pytest.raises(InvalidRequest, match="takes an engine command"):
         refused.result(0)
+    unchecked = engine.execute(Submit(GenerateRequest("x", [1], greedy()), lambda out: None))
+    with pytest.raises(InvalidRequest, match=r"with Engine\.submit"):  # checked and counted there only
+        unchecked.result(0)
     assert engine.running  # the engine goes on
 
 

@@ -63,7 +63,7 @@ def test_a_failing_step_fails_its_requests_and_the_next_request_is_served(
         assert _failed(logs(), "victim")
     engine.submit(GenerateRequest("next", _prompt(smollm), greedy(4)), nxt)
     assert nxt.end().finish_reason == "length" and engine.running
-    assert engine.execute(GetStats()).result(10)["errors"] == 1
+    assert engine.execute(GetStats()).result(10).errors == 1
     engine.shutdown(drain_timeout_s=5.0)  # the thread is gone: this thread may read the core now
     assert_all_free(core)
 
@@ -100,13 +100,13 @@ def test_a_failing_command_fails_only_its_request(
 def test_flush_errors_reach_the_caller_and_the_engine_goes_on(
     engine: Engine, core: EngineCore, smollm: LoadedModel, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    fail_once(monkeypatch, core, "request_flush")
+    fail_once(monkeypatch, core.kv, "evict_unlocked")
     with pytest.raises(Injected):
         engine.flush("evict_unlocked").result(10)
     # A "wait_for_idle" flush is served by the engine's timers once the request below ends.
     w = Waiter()
     engine.submit(GenerateRequest("w", _prompt(smollm), greedy(8)), w)
-    fail_once(monkeypatch, core.admin, "flush")
+    fail_once(monkeypatch, core.kv, "evict_unlocked")
     waiting = engine.flush("wait_for_idle", timeout_s=60)
     assert w.end().finish_reason == "length"
     with pytest.raises(Injected):
@@ -115,7 +115,7 @@ def test_flush_errors_reach_the_caller_and_the_engine_goes_on(
     after = Waiter()
     engine.submit(GenerateRequest("after", [5, 6, 7], greedy(2)), after)
     assert after.end().finish_reason == "length"
-    assert engine.execute(GetStats()).result(10)["errors"] == 2
+    assert engine.execute(GetStats()).result(10).errors == 2
 
 
 def test_a_dead_engine_thread_fails_everything_and_calls_on_fatal(
@@ -123,7 +123,7 @@ def test_a_dead_engine_thread_fails_everything_and_calls_on_fatal(
 ) -> None:
     """The step fails and so does failing its requests (the guard itself): the thread is lost."""
     fail_once(monkeypatch, core, "step")
-    fail_once(monkeypatch, core.faults, "fail_request")
+    fail_once(monkeypatch, core.requests, "fail")
     fatal: list[BaseException] = []
     died = threading.Event()
     eng = Engine(core)

@@ -24,7 +24,7 @@ def test_seeded_n8_equals_eight_independent_runs(smollm: LoadedModel) -> None:
     forked = [col.tokens("fork", i) for i in range(8)]
     assert all(col.final("fork", i).finish_reason == "length" for i in range(8))
     assert len(set(map(tuple, forked))) > 1  # really sampled, not 8 copies
-    assert core.admin.stats()["peak_active_blocks"] < 8 * core.kv.blocks_for(len(prompt))  # prompt shared
+    assert core.stats().peak_active_blocks < 8 * core.kv.blocks_for(len(prompt))  # prompt shared
     assert_all_free(core)
     solo_core = make_core(smollm, prefix_caching=False)
     solo = run(

@@ -22,7 +22,7 @@ def test_pressure_keeps_a_running_sequences_fresh_path_cached(smollm: LoadedMode
     prompt = tok.encode(SYSTEM * 3)
     assert len(prompt) > 96
     col = run(core, [])  # a collector bound to nothing yet
-    core.add_request(GenerateRequest("a", prompt, greedy(40)), col)
+    core.requests.add(GenerateRequest("a", prompt, greedy(40)), col)
     while not core.requests["a"].seqs[0].num_computed >= len(prompt):
         assert core.step()
     cached = core.kv.cached_len(prompt, "")
@@ -33,7 +33,7 @@ def test_pressure_keeps_a_running_sequences_fresh_path_cached(smollm: LoadedMode
     assert core.kv.evicted_blocks == evicted and core.kv.tree.evictable_blocks() == 0
     assert core.kv.cached_len(prompt, "") == cached
     # A request with the same prefix, arriving while the first runs, shares its blocks.
-    core.add_request(GenerateRequest("b", [*prompt, 42], greedy(4)), col)
+    core.requests.add(GenerateRequest("b", [*prompt, 42], greedy(4)), col)
     core.run_until_idle()
     assert col.final("b").cached_tokens >= cached
     assert col.tokens("a") == run(make_core(smollm), [GenerateRequest("a", prompt, greedy(40))]).tokens("a")
@@ -45,7 +45,7 @@ def test_forked_children_lock_their_paths_from_an_empty_match(smollm: LoadedMode
     core = make_core(smollm, num_blocks=96)
     prompt = tok.encode("Write a list of fruits:")
     col = run(core, [])
-    core.add_request(GenerateRequest("n", prompt, greedy(40, n=3)), col)
+    core.requests.add(GenerateRequest("n", prompt, greedy(40, n=3)), col)
     for _ in range(30):
         core.step()
     seqs = [s for s in core.requests["n"].seqs if not s.finished]

@@ -55,10 +55,10 @@ def test_session_turns_report_cached_tokens(smollm: LoadedModel) -> None:
     # The session's lease keeps its prefix resident through a flush; closing releases it.
     core.admin.flush("evict_unlocked")
     tokens = list(core.sessions.get("chat").tokens)
-    assert core.admin.lookup_prefix(tokens) == len(tokens) - 1
+    assert core.kv.cached_len(tokens, "") == len(tokens) - 1
     # Closing with drop evicts the session's last cached node (its newest tokens), not shared ancestors.
     assert core.sessions.close("chat", keep_cached=False) > 0
-    assert len(turn1) <= core.admin.lookup_prefix(tokens) < len(tokens) - 1
+    assert len(turn1) <= core.kv.cached_len(tokens, "") < len(tokens) - 1
     assert_all_free(core)
 
 
@@ -106,7 +106,7 @@ def test_shared_uncached_prefix_is_computed_once(smollm: LoadedModel) -> None:
     assert finals[0].cached_tokens == 0
     full = shared - shared % core.block_size
     assert all(f.cached_tokens >= full for f in finals[1:]), [f.cached_tokens for f in finals]
-    assert core.admin.stats()["held_for_shared_prefix"] > 0
+    assert core.stats().held_for_shared_prefix > 0
     assert_all_free(core)
 
 
@@ -133,11 +133,11 @@ def test_hits_and_misses_add_up_to_the_prompt_tokens(smollm: LoadedModel) -> Non
     col = run(core, reqs)
     for turn in ("t1", "t2"):
         run(core, [GenerateRequest(turn, tok.encode(f"\nUser: {turn}?"), greedy(4), session_id="s")], col)
-        core.admin.lookup_prefix(prompts[1])
-    stats = core.admin.stats()
-    assert stats["preemptions"] > 0 and stats["cache"].hit_tokens > 0
+        core.kv.cached_len(prompts[1], "")
+    stats = core.stats()
+    assert stats.preemptions > 0 and core.kv.cache_stats().hit_tokens > 0
     finals = [col.final(rid) for rid in [r.request_id for r in reqs] + ["t1", "t2"]]
     cached = sum(f.cached_tokens for f in finals)
-    assert cached > 0 and stats["hit_tokens"] == cached
-    assert stats["hit_tokens"] + stats["miss_tokens"] == sum(f.prompt_tokens for f in finals)
-    assert stats["prompt_tokens"] == sum(f.prompt_tokens for f in finals)
+    assert cached > 0 and stats.hit_tokens == cached
+    assert stats.hit_tokens + stats.miss_tokens == sum(f.prompt_tokens for f in finals)
+    assert stats.prompt_tokens == sum(f.prompt_tokens for f in finals)

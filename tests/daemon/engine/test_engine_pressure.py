@@ -43,11 +43,11 @@ def test_small_pool_completes_everything_like_a_big_one(smollm: LoadedModel, mod
             assert col.tokens(r.request_id, i) == ref.tokens(r.request_id, i), (r.request_id, i)
             assert col.text(r.request_id, i) == ref.text(r.request_id, i)
             assert col.final(r.request_id, i).finish_reason == "length"
-    stats = small.admin.stats()
-    assert stats["preemptions"] > 0
+    stats = small.stats()
+    assert stats.preemptions > 0
     if mode == "swap":
-        assert stats["preemptions_swap"] > 0 and stats["swapped_in_blocks"] > 0
-        assert stats["host_free_blocks"] == 24
+        assert stats.preemptions_swap > 0 and stats.swapped_in_blocks > 0
+        assert stats.host_free_blocks == 24
     assert_all_free(small)
     assert_all_free(big)
 
@@ -69,16 +69,16 @@ def test_random_aborts_leak_nothing(smollm: LoadedModel) -> None:
             body = [rng.randrange(vocab) for _ in range(rng.randrange(1, 12))]
             prompt = (prefix if rng.random() < 0.5 else []) + body
             n = 2 if rng.random() < 0.15 else 1
-            core.add_request(
+            core.requests.add(
                 GenerateRequest(rid, prompt, sampled(seed=k, max_tokens=rng.randrange(1, 6), n=n)), col
             )
             submitted.append(rid)
         for _ in range(rng.randrange(20, 32)):
             roll = rng.random()
             if roll < 0.05:
-                core.abort_request(f"unknown-{issued}")  # never submitted: remembered, harmless
+                core.requests.abort(f"unknown-{issued}")  # never submitted: remembered, harmless
             else:
-                core.abort_request(rng.choice(submitted[-50:]))  # in flight, or already finished
+                core.requests.abort(rng.choice(submitted[-50:]))  # in flight, or already finished
             issued += 1
         core.step()
         assert core.kv.pool.num_free + core.kv.tree.evictable_blocks() <= core.kv.usable_blocks()
@@ -100,11 +100,11 @@ def _idle_lease_scenario(core: EngineCore) -> tuple[Collector, list[int]]:
     swapped-out count seen after every step."""
     core.sessions.create("sess")
     col = Collector()
-    core.add_request(
+    core.requests.add(
         GenerateRequest("t", [11 + i % 50 for i in range(96)], greedy(24), session_id="sess"), col
     )
     core.step()
-    core.add_request(GenerateRequest("b", [300 + i % 70 for i in range(130)], greedy(30)), col)
+    core.requests.add(GenerateRequest("b", [300 + i % 70 for i in range(130)], greedy(30)), col)
     return col, _drive(core)
 
 
@@ -115,9 +115,9 @@ def _busy_session_scenario(core: EngineCore) -> tuple[Collector, list[int]]:
     core.sessions.create("s")
     run(core, [GenerateRequest("t1", [11 + i % 50 for i in range(150)], greedy(1), session_id="s")])
     col = Collector()
-    core.add_request(GenerateRequest("r", [300 + i for i in range(40)], greedy(40)), col)
+    core.requests.add(GenerateRequest("r", [300 + i for i in range(40)], greedy(40)), col)
     core.step()
-    core.add_request(GenerateRequest("t2", [500 + i for i in range(10)], greedy(20), session_id="s"), col)
+    core.requests.add(GenerateRequest("t2", [500 + i for i in range(10)], greedy(20), session_id="s"), col)
     return col, _drive(core)
 
 
@@ -129,10 +129,8 @@ def _drive(core: EngineCore) -> list[int]:
             return swapped
         if not core.step():
             core.tick()
-            assert core.step(), (
-                f"stalled: {core.admin.load()}, {core.admin.stats()['evictable_blocks']} evictable"
-            )
-        swapped.append(core.admin.load().swapped)
+            assert core.step(), f"stalled: {core.stats()}"
+        swapped.append(core.stats().swapped_seqs)
     raise AssertionError("still busy after 10000 steps")
 
 
@@ -148,14 +146,14 @@ def test_preempted_requests_resume_while_session_leases_hold_the_pool(
     for key in ref.outs:
         assert col.tokens(*key) == ref.tokens(*key), key
         assert col.final(*key).finish_reason == "length"
-    stats = core.admin.stats()
+    stats = core.stats()
     if mode == "swap":
-        assert stats["preemptions_swap"] == 1 and max(swapped) == 1  # the load shows it while it waits
+        assert stats.preemptions_swap == 1 and max(swapped) == 1  # the load shows it while it waits
     else:
-        assert stats["preemptions_recompute"] == 1 and max(swapped) == 0
+        assert stats.preemptions_recompute == 1 and max(swapped) == 0
     if scenario is _busy_session_scenario:
-        assert core.sessions.shed == 0 and stats["swap_fallbacks"] == (mode == "swap")
+        assert core.sessions.shed == 0 and stats.swap_fallbacks == (mode == "swap")
     else:
-        assert core.sessions.shed == 1 and stats["swap_fallbacks"] == 0
+        assert core.sessions.shed == 1 and stats.swap_fallbacks == 0
     core.sessions.close("sess" if scenario is _idle_lease_scenario else "s")
     assert_all_free(core)

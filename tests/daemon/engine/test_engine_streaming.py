@@ -50,12 +50,12 @@ def test_a_stop_or_an_abort_flushes_what_the_interval_held(smollm: LoadedModel) 
     assert last.finished and last.finish_reason == "stop" and col.text("stop") == full[: full.index(".")]
 
     col = Collector()
-    core.add_request(GenerateRequest("a", prompt, greedy(30)), col)
+    core.requests.add(GenerateRequest("a", prompt, greedy(30)), col)
     for _ in range(4):  # one prefill step (its token streams at once), then three decodes held back
         core.step()
     (streamed,) = col.outs[("a", 0)]
     assert len(streamed.new_token_ids) == 1
-    assert core.abort_request("a")
+    assert core.requests.abort("a")
     final = col.final("a")
     assert final.finish_reason == "abort" and len(final.new_token_ids) == 3 and final.completion_tokens == 4
     assert col.text("a") == tok.decode(col.tokens("a"))

@@ -13,7 +13,6 @@ from radixd.daemon.engine.commands import (
     CreateSession,
     Evict,
     EvictPrefix,
-    GetLoad,
     GetStats,
     ListSessions,
     LookupPrefix,
@@ -77,8 +76,8 @@ def test_submit_abort_and_admin_from_other_threads(engine: Engine, smollm: Loade
     assert b.done.wait(30) and b.outs[-1].finish_reason == "abort"
     assert idle.result(30) >= 0
     stats = engine.execute(GetStats()).result(10)
-    assert stats["requests"] == 0 and stats["free_blocks"] == 127
-    assert stats["requests_aborted"] == 1 and stats["requests_finished"] == 2
+    assert stats.requests_in_flight == 0 and stats.free_blocks == 127
+    assert stats.requests_aborted == 1 and stats.requests_finished == 2
 
 
 def test_admin_commands(engine: Engine, smollm: LoadedModel) -> None:
@@ -93,7 +92,7 @@ def test_admin_commands(engine: Engine, smollm: LoadedModel) -> None:
     after_pin = engine.execute(LookupPrefix(prompt)).result(10)
     engine.execute(Unpin(prompt[:32])).result(10)
     by_prefix = engine.execute(EvictPrefix(prompt[:16])).result(10)
-    free = engine.execute(GetLoad()).result(10).free_blocks
+    free = engine.execute(GetStats()).result(10).free_blocks
     assert cached == len(prompt) + 2  # prompt + all but the last of the 3 generated tokens
     assert evicted > 0 and after_pin == 32 and by_prefix == 2 and free == 127
     with pytest.raises(InvalidRequest):

@@ -1,0 +1,272 @@
+"""The requests in flight: their table, admission, aborts, endings and failures (engine thread only).
+
+`Requests` is the one owner of the engine's request table and of the per-request counts. A request
+enters through `add` (`Submit`): the checks that need no engine state already ran on the caller's
+thread (`Engine.submit`, validation.py); here a session turn's full prompt is checked against the
+context and pool, then the request is registered and handed to the scheduler as its first sequence. A
+failing check rejects it with one error output per index. An abort ends every unfinished sequence; an
+abort for an id not seen yet is remembered, so a submit that races behind its own cancel ends at once.
+An unexpected error fails only the request it touched (finish_reason "error", code "internal", its id
+in the log); a dying engine thread fails them all (engine.py decides which applies).
+"""
+
+from __future__ import annotations
+
+from collections import Counter, deque
+from collections.abc import Callable, Iterator
+
+import structlog
+
+from radixd.daemon.engine.forks import Forker
+from radixd.daemon.engine.outputs import Outputs
+from radixd.daemon.engine.scheduler import Scheduler
+from radixd.daemon.engine.sequence import RequestState
+from radixd.daemon.engine.sessions import SessionManager
+from radixd.daemon.engine.types import (
+    EngineError,
+    EngineFault,
+    GenerateRequest,
+    InvalidRequest,
+    RequestOutput,
+    Sink,
+)
+from radixd.daemon.engine.validation import Validator
+
+log = structlog.get_logger("radixd.engine")
+
+# Aborts remembered for requests not submitted yet; the oldest are forgotten first.
+EARLY_ABORTS_KEPT = 4096
+
+
+def fault_message(exc: BaseException) -> str:
+    """What a request failed by an unexpected engine error is told."""
+    return (
+        f"internal engine error ({type(exc).__name__}: {exc}); the request was not completed."
+        " Retry it; if it keeps failing, report it with the request id from the daemon's log"
+    )
+
+
+def error_output(
+    req: GenerateRequest, index: int, prompt_tokens: int, cached_tokens: int, message: str, code: str
+) -> RequestOutput:
+    """The final output of index `index` of `req` when it ends in an error (nothing generated)."""
+    return RequestOutput(
+        request_id=req.request_id,
+        index=index,
+        new_token_ids=[],
+        text_delta="",
+        logprobs=None,
+        prompt_tokens=prompt_tokens,
+        cached_tokens=cached_tokens,
+        completion_tokens=0,
+        finished=True,
+        finish_reason="error",
+        error=message,
+        error_code=code,
+        session_id=req.session_id,
+    )
+
+
+class Requests:
+    """The table of requests in flight and what enters and leaves it.
+
+    `on_request_done(request_id)` runs once per request that ends (every outcome, rejections
+    included): the `Engine` counts its requests in flight with it.
+    """
+
+    def __init__(
+        self,
+        validator: Validator,
+        sessions: SessionManager,
+        forker: Forker,
+        scheduler: Scheduler,
+        outputs: Outputs,
+        on_first_work: Callable[[], None],
+    ) -> None:
+        self.validator = validator
+        self.sessions = sessions
+        self.forker = forker
+        self.scheduler = scheduler
+        self.outputs = outputs
+        # Called when a request arrives at an idle engine (the watchdog times only pending work).
+        self.on_first_work = on_first_work
+        self.on_request_done: Callable[[str], None] = lambda _rid: None
+        self._table: dict[str, RequestState] = {}
+        self._early_aborts: deque[str] = deque(maxlen=EARLY_ABORTS_KEPT)
+        self.finished = 0
+        self.aborted = 0
+        self.rejected = 0
+        self.prompt_tokens = 0  # of every request that entered the queue
+        self.cached_tokens = 0  # of every finished request
+
+    # ---- the table -------------------------------------------------------------------------------
+    def __len__(self) -> int:
+        return len(self._table)
+
+    def __getitem__(self, request_id: str) -> RequestState:
+        return self._table[request_id]
+
+    def ids(self) -> Iterator[str]:
+        """The ids in flight (a copy: safe while requests end)."""
+        return iter(list(self._table))
+
+    # ---- entering --------------------------------------------------------------------------------
+    def add(self, req: GenerateRequest, sink: Sink) -> None:
+        """Queue `req` as its first sequence, or reject it through `sink` with the reason."""
+        rid = req.request_id
+        if rid in self._early_aborts:
+            self._early_aborts.remove(rid)
+            self.aborted += 1
+            for i in range(max(req.sampling.n, 1)):
+                self.outputs.emit(
+                    sink, RequestOutput(rid, i, [], "", None, len(req.prompt_token_ids), 0, 0, True, "abort")
+                )
+            self.on_request_done(rid)
+            return
+        if rid in self._table:
+            self.reject(
+                req, sink, InvalidRequest(f"request id {rid!r} is already in flight; use a unique id")
+            )
+            return
+        prompt = list(req.prompt_token_ids)
+        if req.session_id is not None:
+            try:
+                prompt = self._session_prompt(req)
+            except EngineError as exc:
+                self.reject(req, sink, exc)
+                return
+        if not self.scheduler.has_work():
+            self.on_first_work()
+        # NOTE: arrival is when the caller made the request (the RPC's arrival), not when this thread
+        # picked it up between steps: queue time and TTFT include the step that was in progress.
+        r = RequestState(req=req, sink=sink, prompt=prompt, arrival=req.arrival_time)
+        self._table[rid] = r
+        self.prompt_tokens += len(prompt)
+        log.info(
+            "engine.request",
+            request_id=rid,
+            prompt_tokens=len(prompt),
+            n=req.sampling.n,
+            session_id=req.session_id,
+            beam_width=req.beam_width,
+        )
+        seq = self.forker.first(r)
+        r.seqs.append(seq)
+        self.scheduler.add(seq)
+
+    def _session_prompt(self, req: GenerateRequest) -> list[int]:
+        """A session turn's full prompt (the session's tokens first) once it fits; raises EngineError."""
+        prompt = self.sessions.begin_turn(req)
+        try:
+            self.validator.check_fits(len(prompt), req)
+        except EngineError:
+            self.sessions.end_turn(req.session_id or "", None)
+            raise
+        return prompt
+
+    def reject(self, req: GenerateRequest, sink: Sink, exc: EngineError) -> None:
+        """Finish a request that never ran with an error output for each index."""
+        self.rejected += 1
+        log.info("engine.reject", request_id=req.request_id, error=str(exc), code=exc.code)
+        for i in range(max(req.sampling.n, 1)):
+            self.outputs.emit(sink, error_output(req, i, len(req.prompt_token_ids), 0, str(exc), exc.code))
+        self.on_request_done(req.request_id)
+
+    # ---- leaving ---------------------------------------------------------------------------------
+    def finish(self, r: RequestState) -> None:
+        """End a request whose sequences have all finished: advance its session, count it, tell the
+        engine (idempotent)."""
+        if r.done:
+            return
+        r.done = True
+        self._table.pop(r.request_id, None)
+        self.finished += 1
+        self.cached_tokens += r.cached_tokens or 0
+        ok = all(s.finish_reason in ("stop", "length") for s in r.seqs)
+        if r.req.session_id is not None:
+            best = next((s for s in r.seqs if s.index == 0), None)
+            self.sessions.end_turn(r.req.session_id, best.tokens if ok and best is not None else None)
+        log.info(
+            "engine.finished",
+            request_id=r.request_id,
+            reasons=dict(Counter(s.finish_reason or "none" for s in r.seqs)),  # n=64: one count, not 64
+            prompt_tokens=r.prompt_len,
+            cached_tokens=r.cached_tokens,
+            completion_tokens=sum(max(0, s.num_generated) for s in r.seqs),
+        )
+        # NOTE: a request and its sequences point at each other; dropping the list lets reference
+        # counting free them now. Left to the cyclic GC, an n = 64 request's 1.6 MB (token lists,
+        # generators, text streams) piled up until its next full pass.
+        r.seqs = []
+        self.on_request_done(r.request_id)
+
+    def abort(self, request_id: str) -> bool:
+        """Abort by id: idempotent; an id not seen yet is remembered so a late submit ends at once.
+        -> whether a request in flight was aborted."""
+        r = self._table.get(request_id)
+        if r is None:
+            if request_id not in self._early_aborts:
+                self._early_aborts.append(request_id)
+            return False
+        self.aborted += 1
+        log.info("engine.abort", request_id=request_id)
+        for seq in list(r.seqs):
+            if not seq.finished:
+                self.outputs.finish_seq(seq, "abort", emit=True)
+        self.finish(r)
+        return True
+
+    def abort_all(self, reason: str) -> None:
+        """Abort every request in flight (the engine is stopping)."""
+        for rid in self.ids():
+            self.abort(rid)
+        if self._table:
+            log.warning("engine.abort_all_left", reason=reason, left=len(self._table))
+
+    # ---- failures --------------------------------------------------------------------------------
+    def fail(self, request_id: str, exc: BaseException) -> None:
+        """Fail an in-flight request: each unfinished output ends with finish_reason "error" and code
+        "internal", its blocks, lease and session turn are released, and the failure is logged with
+        the request id."""
+        r = self._table.get(request_id)
+        if r is None:
+            return
+        message = fault_message(exc)
+        log.error("engine.request_failed", request_id=request_id, error=message)
+        for seq in [seq for seq in r.seqs if not seq.finished]:
+            self.outputs.finish_seq(seq, "error", emit=True, error=message)
+        if not r.seqs:  # it failed before it got a sequence: nothing above reached its sink
+            self._emit_errors(r, message)
+        self.finish(r)
+
+    def fail_submit(self, req: GenerateRequest, sink: Sink, exc: BaseException) -> None:
+        """`add(req, sink)` raised unexpectedly: fail `req` in whatever state it got to."""
+        r = self._table.get(req.request_id)
+        if r is not None and r.req is req:
+            self.fail(req.request_id, exc)
+            return
+        if req.session_id is not None:
+            self.sessions.abandon_turn(req.session_id, req.request_id)
+        message = fault_message(exc)
+        log.error("engine.request_failed", request_id=req.request_id, error=message)
+        self.reject(req, sink, EngineFault(message))
+
+    def fail_all(self, exc: BaseException) -> None:
+        """The engine thread is dying: fail every request in flight. A request whose state is too
+        broken to finish properly still gets its error outputs."""
+        for rid, r in list(self._table.items()):
+            try:
+                self.fail(rid, exc)
+            except Exception:
+                log.exception("engine.request_fail_failed", request_id=rid)
+                self._table.pop(rid, None)
+                self._emit_errors(r, fault_message(exc))
+                self.on_request_done(rid)
+
+    def _emit_errors(self, r: RequestState, message: str) -> None:
+        """A final error output for each index of `r` that has not finished yet."""
+        ended = {s.index for s in r.seqs if s.finished and s.index >= 0}
+        for i in range(r.n):
+            if i not in ended:
+                out = error_output(r.req, i, r.prompt_len, r.cached_tokens or 0, message, EngineFault.code)
+                self.outputs.emit(r.sink, out)

@@ -1,0 +1,81 @@
+"""`EngineStats`: the engine's one statistics record, read on the engine thread (`GetStats`).
+
+Every surface renders this record and nothing else: GetCacheStats and GetLoad (server/admin.py), the
+Prometheus collectors (server/metrics.py, server/gateway_metrics.py), the vLLM-protocol load reports
+(server/vllm/loads.py) and, through the wire, radixctl. Each field means one thing and says which.
+
+Blocks: `free_blocks + evictable_blocks + in_use_blocks == total_blocks` (the pool less its null
+block); `cached_blocks`, `pinned_blocks` and `active_blocks` overlap those classes.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+
+
+@dataclass(frozen=True)
+class EngineStats:
+    """A snapshot of the engine: queues, blocks, counters since start.
+
+    Queue lengths count sequences (an n > 1 request runs n of them): `waiting_seqs` wait for
+    admission, `running_seqs` are scheduled each step, `swapped_seqs` wait in host memory to resume.
+    """
+
+    taken_at: float  # `time.monotonic()` on the engine thread when read
+    # ---- queues and limits
+    waiting_seqs: int
+    running_seqs: int
+    swapped_seqs: int
+    requests_in_flight: int  # submitted, admitted or not, and not finished
+    sessions: int  # open sessions
+    max_waiting: int  # requests in flight a submit may add to (`QueueFull` beyond)
+    max_running: int  # sequences a step may run
+    # ---- blocks (the radix pool and tree)
+    block_size: int  # tokens per KV block
+    total_blocks: int  # blocks a request may use: the pool less its null block
+    free_blocks: int  # unused
+    evictable_blocks: int  # held only by the prefix cache: unlocked, unpinned, evictable
+    in_use_blocks: int  # held by sequences' tables or locked by leases and pins
+    cached_blocks: int  # every block the prefix cache holds (evictable or locked)
+    pinned_blocks: int  # cached blocks exempt from eviction by a pin
+    active_blocks: int  # distinct blocks in running sequences' tables (the KV they hold)
+    peak_used_blocks: int  # most blocks not free at the end of any step
+    peak_active_blocks: int  # most `active_blocks` at the end of any step
+    cache_nodes: int  # radix tree nodes
+    # ---- prefix hits, counted once per request at its first admission
+    hit_tokens: int  # prompt tokens the prefix cache supplied (the sum of requests' cached_tokens)
+    miss_tokens: int  # prompt tokens computed; hit_tokens + miss_tokens = admitted prompt tokens
+    # ---- requests and tokens since start
+    requests_finished: int
+    requests_aborted: int
+    requests_rejected: int
+    prompt_tokens: int  # of every request that entered the queue (sessions: history + turn)
+    cached_tokens: int  # prompt tokens from the cache, of every finished request
+    generated_tokens: int  # tokens sampled and accepted into a sequence (beam search steps not counted)
+    steps: int  # steps that computed tokens
+    errors: int  # unexpected errors the engine survived (a failed step, command or timer)
+    no_progress_reports: int  # watchdog reports of pending work no step advanced
+    # ---- scheduling and memory pressure since start
+    preemptions_recompute: int
+    preemptions_swap: int
+    swap_fallbacks: int  # swapped-out sequences that could not swap back in and recomputed
+    held_for_shared_prefix: int  # admissions deferred until a running request published its prefix
+    session_leases_shed: int  # idle sessions' leases dropped early under memory pressure
+    evicted_blocks: int  # blocks freed by eviction under pressure or by admin evictions and flushes
+    evictions: Mapping[str, int] = field(default_factory=dict)  # blocks the tree evicted, by reason
+    # ---- host swap pool (--preemption-mode swap; 0 without one)
+    host_free_blocks: int = 0
+    swapped_out_blocks: int = 0
+    swapped_in_blocks: int = 0
+
+    @property
+    def preemptions(self) -> int:
+        """Sequences preempted, either way."""
+        return self.preemptions_recompute + self.preemptions_swap
+
+    @property
+    def hit_rate(self) -> float:
+        """hit_tokens / admitted prompt tokens (0 before any admission)."""
+        total = self.hit_tokens + self.miss_tokens
+        return self.hit_tokens / total if total else 0.0
