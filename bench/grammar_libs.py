@@ -239,11 +239,21 @@ class Lib:
     def compile(self, case: Case) -> Any:
         raise NotImplementedError
 
-    def from_cache(self, compiled: Any) -> Any:
+    def new_matcher(self, compiled: Any) -> Any:
+        """A fresh matcher from the cached compiled form (its first mask not yet computed)."""
         raise NotImplementedError
+
+    def from_cache(self, compiled: Any) -> Any:
+        m = self.new_matcher(compiled)
+        self.fill(m, _scratch_mask(), 0)
+        return m
 
     def clear_cache(self) -> None:
         raise NotImplementedError
+
+    def lookup(self, case: Case, compiled: Any) -> Any:
+        """The compiled form of a constraint seen before: ours, or the library's own cache's."""
+        return compiled
 
     def fill(self, m: Any, bitmask: torch.Tensor, row: int) -> None:
         raise NotImplementedError
@@ -261,9 +271,6 @@ class Lib:
         raise NotImplementedError
 
     def rollback(self, m: Any, n: int) -> None:
-        raise NotImplementedError
-
-    def reset(self, m: Any) -> None:
         raise NotImplementedError
 
     def apply(self, logits: torch.Tensor, bitmask: torch.Tensor) -> None:
@@ -327,10 +334,8 @@ class Llguidance(Lib):
         # NOTE: assume_special=False: this vocabulary has no <tool_call> token, the trigger is plain text.
         return self._matcher(llguidance.StructTag.to_grammar([tag], assume_special=False))
 
-    def from_cache(self, compiled: Any) -> Any:
-        m = compiled.deep_copy()
-        self.fill(m, _scratch_mask(), 0)
-        return m
+    def new_matcher(self, compiled: Any) -> Any:
+        return compiled.deep_copy()
 
     def clear_cache(self) -> None:
         pass
@@ -356,9 +361,6 @@ class Llguidance(Lib):
     def rollback(self, m: Any, n: int) -> None:
         if not m.rollback(n):
             raise RuntimeError(m.get_error())
-
-    def reset(self, m: Any) -> None:
-        m.reset()
 
     def apply(self, logits: torch.Tensor, bitmask: torch.Tensor) -> None:
         llg_torch.apply_token_bitmask_inplace(logits, bitmask)
@@ -404,7 +406,9 @@ class Xgrammar(Lib):
         raise ValueError(kind)
 
     def compile(self, case: Case) -> Any:
-        return self._first(self.compiled(case))
+        compiled = self.compiled(case)
+        self.from_cache(compiled)
+        return compiled
 
     def compile_structural_tag(self, schema: dict[str, Any]) -> Any:
         tag = {
@@ -424,18 +428,11 @@ class Xgrammar(Lib):
         }
         return xgr.GrammarMatcher(self.compiler.compile_structural_tag(json.dumps(tag)))
 
-    def _first(self, compiled: Any) -> Any:
-        m = xgr.GrammarMatcher(compiled)
-        self.fill(m, _scratch_mask(), 0)
-        return compiled
-
-    def from_cache(self, compiled: Any) -> Any:
-        m = xgr.GrammarMatcher(compiled)
-        self.fill(m, _scratch_mask(), 0)
-        return m
-
-    def matcher(self, compiled: Any) -> Any:
+    def new_matcher(self, compiled: Any) -> Any:
         return xgr.GrammarMatcher(compiled)
+
+    def lookup(self, case: Case, compiled: Any) -> Any:
+        return self.compiled(case)  # the compiler's cache answers
 
     def clear_cache(self) -> None:
         self.compiler.clear_cache()
@@ -461,16 +458,8 @@ class Xgrammar(Lib):
     def rollback(self, m: Any, n: int) -> None:
         m.rollback(n)
 
-    def reset(self, m: Any) -> None:
-        m.reset()
-
     def apply(self, logits: torch.Tensor, bitmask: torch.Tensor) -> None:
         xgr.apply_token_bitmask_inplace(logits, bitmask)
-
-
-def _new_matcher(lib: Lib, compiled: Any) -> Any:
-    """A fresh matcher from the cached compiled form, without computing its first mask."""
-    return compiled.deep_copy() if isinstance(lib, Llguidance) else xgr.GrammarMatcher(compiled)
 
 
 # ---- helpers -----------------------------------------------------------------------------------------
@@ -567,10 +556,7 @@ def bench_compile(lib: Lib, case: Case, cold_reps: int, warm_reps: int) -> tuple
     warm: list[float] = []
     for _ in range(warm_reps):
         t0 = time.perf_counter_ns()
-        if isinstance(lib, Xgrammar):
-            lib.from_cache(lib.compiled(case))  # the compiler's own cache answers
-        else:
-            lib.from_cache(compiled)
+        lib.from_cache(lib.lookup(case, compiled))
         warm.append(time.perf_counter_ns() - t0)
     return statistics.median(cold) / 1e6, statistics.median(warm) / 1e6, compiled
 
@@ -587,20 +573,25 @@ class Walker:
     m: Any = None
 
 
-def bench_steps(
-    lib: Lib, compiled: Any, docs: list[list[int]], eos: int, batch: int, threads: int, steps: int
-) -> tuple[list[float], list[float]]:
-    """Per-step mask (and consume) time in ns for `batch` requests replaying `docs`; a finished request
-    is replaced by a fresh one from the cache, as continuous batching would, outside the timed part."""
+def make_walkers(lib: Lib, compiled: Any, docs: list[list[int]], eos: int, batch: int) -> list[Walker]:
     walkers = []
     for i in range(batch):
         doc = [*docs[i % len(docs)], eos]
-        w = Walker(doc, m=_new_matcher(lib, compiled))
+        w = Walker(doc, m=lib.new_matcher(compiled))
         # NOTE: staggered starts, so the batch's matchers sit in different states at every step.
         for t in doc[: (i * 7) % (len(doc) - 1) if batch > 1 else 0]:
             lib.consume(w.m, t)
             w.pos += 1
         walkers.append(w)
+    return walkers
+
+
+def bench_steps(
+    lib: Lib, compiled: Any, docs: list[list[int]], eos: int, batch: int, threads: int, steps: int
+) -> tuple[list[float], list[float]]:
+    """Per-step mask (and consume) time in ns for `batch` requests replaying `docs`; a finished request
+    is replaced by a fresh one from the cache, as continuous batching would, outside the timed part."""
+    walkers = make_walkers(lib, compiled, docs, eos, batch)
     bitmask = _scratch_mask(batch)
     mask_ns: list[float] = []
     consume_ns: list[float] = []
@@ -624,7 +615,7 @@ def bench_steps(
         consume_ns.append((t2 - t1) / batch)
         for w in walkers:
             if w.pos == len(w.tokens):
-                w.m, w.pos = _new_matcher(lib, compiled), 0
+                w.m, w.pos = lib.new_matcher(compiled), 0
     return mask_ns, consume_ns
 
 
@@ -653,12 +644,15 @@ def bench_overlap(lib: Lib, compiled: Any, docs: list[list[int]], eos: int, batc
         x = torch.randn(batch, 576, generator=gen)
         steps = 60
 
+        fill_ns: list[float] = []
+
         def masks() -> None:
-            bench_steps(lib, compiled, docs, eos, batch, 1, steps)
+            fill_ns[:] = bench_steps(lib, compiled, docs, eos, batch, 1, steps)[0]
 
         t0 = time.perf_counter()
         masks()
         t_mask = time.perf_counter() - t0
+        fill_share = sum(fill_ns) / 1e9 / t_mask
         forward_like(x, ws)
         t0 = time.perf_counter()
         forward_like(x, ws)
@@ -679,7 +673,86 @@ def bench_overlap(lib: Lib, compiled: Any, docs: list[list[int]], eos: int, batc
     finally:
         torch.set_num_threads(torch_threads)
     overlap = (t_mask + t_fwd - t_both) / min(t_mask, t_fwd)
-    return {"mask": t_mask, "fwd": t_fwd, "fwd_conc": t_fwd_conc, "both": t_both, "overlap": overlap}
+    return {
+        "mask": t_mask,
+        "fill_share": fill_share,
+        "fwd": t_fwd,
+        "fwd_conc": t_fwd_conc,
+        "both": t_both,
+        "overlap": overlap,
+    }
+
+
+def gil_probe(call: Callable[[], None]) -> tuple[float, float]:
+    """Does `call` (one long C call) hold the GIL? A worker thread makes the call while this thread counts
+    in a Python loop. -> (call ms, this thread's progress during the call as a share of its solo rate).
+
+    A call that holds the GIL throughout freezes the counter (about 0); one that drops it leaves the
+    counter its share of a free core (1 with a core to itself, about 0.5 when sharing one). Unlike a
+    throughput comparison this stays readable when other processes load the machine."""
+    n, t0 = 0, time.perf_counter()
+    while time.perf_counter() - t0 < 0.05:
+        n += 1
+    solo_rate = n / (time.perf_counter() - t0)
+    span: list[float] = []
+
+    def worker() -> None:
+        a = time.perf_counter()
+        call()
+        span.extend((a, time.perf_counter()))
+
+    stamps: list[float] = []
+    th = threading.Thread(target=worker)
+    th.start()
+    while th.is_alive():
+        stamps.append(time.perf_counter())
+    th.join()
+    a, b = span
+    inside = sum(1 for s in stamps if a <= s <= b)
+    return (b - a) * 1e3, inside / (solo_rate * (b - a))
+
+
+def gil_rows(
+    libs: Sequence[Lib], compiled: dict[tuple[str, str], Any], docs: list[list[int]], eos: int
+) -> list[list[str]]:
+    """gil_probe on each library's batch fill (one library thread, batch grown until one call takes
+    about 30 ms) and on two references: a torch matmul (drops the GIL) and a C sort (holds it)."""
+    rows = []
+    torch_threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        for lib in libs:
+            c = compiled[lib.name, CASES[0].name]
+            batch = 64
+            while True:
+                ms = [w.m for w in make_walkers(lib, c, docs, eos, batch)]
+                bitmask = _scratch_mask(batch)
+                t0 = time.perf_counter()
+                lib.fill_batch(ms, bitmask, 1)
+                if time.perf_counter() - t0 > 0.03 or batch >= 16384:
+                    break
+                batch *= 4
+            ms_call, progress = gil_probe(functools.partial(lib.fill_batch, ms, bitmask, 1))
+            rows.append([f"{lib.name} batch fill ({batch} rows)", f"{ms_call:.0f}", f"{progress * 100:.0f}%"])
+        a, w = torch.randn(256, 2048), torch.randn(2048, 2048)
+        data = np.random.default_rng(0).standard_normal(400_000).tolist()
+
+        def matmuls() -> None:
+            for _ in range(4):
+                a @ w
+
+        def sort() -> None:
+            sorted(data)
+
+        for name, call in (
+            ("reference: torch matmul, 1 thread (drops the GIL)", matmuls),
+            ("reference: sorted() of 400k floats (holds the GIL)", sort),
+        ):
+            ms_call, progress = gil_probe(call)
+            rows.append([name, f"{ms_call:.0f}", f"{progress * 100:.0f}%"])
+    finally:
+        torch.set_num_threads(torch_threads)
+    return rows
 
 
 # ---- (c) applying the mask ---------------------------------------------------------------------------
@@ -715,7 +788,7 @@ class Correctness:
     valid_n: int = 0
     invalid_rejected: int = 0
     invalid_n: int = 0
-    eos_mismatch: int = 0  # prefixes where "EOS allowed" disagrees with "the prefix is a complete output"
+    eos_mismatch: int = 0  # steps where "EOS allowed" disagrees with "the text so far is a complete output"
     early_stop: int = 0  # prefixes reported terminated before the end
     walks: int = 0
     walks_done: int = 0
@@ -754,7 +827,7 @@ def check_case(
         """-> (all tokens accepted with EOS allowed exactly where the prefix is complete, and at the end
         termination reported; whether the matcher rejected the text)."""
         ids = tok.encode(text, add_special_tokens=False)
-        m = _new_matcher(lib, compiled)
+        m = lib.new_matcher(compiled)
         good = True
         for k, t in enumerate(ids):
             a = mask_of(m)
@@ -795,11 +868,14 @@ def check_case(
     blank = np.array([bool(p) and not p.strip() for p in pieces], dtype=bool)
     for seed in range(walks):
         rng = np.random.default_rng(seed)
-        m = _new_matcher(lib, compiled)
+        m = lib.new_matcher(compiled)
         ids: list[int] = []
         res.walks += 1
         for step in range(400):
             a = mask_of(m)
+            text = _decode(pieces, ids)
+            if bool(a[eos_idx].any()) != (text is not None and case.check(text)):
+                res.eos_mismatch += 1
             logits = rng.standard_normal(VOCAB).astype(np.float32)
             logits += closing * max(0.0, (step - 12) * 0.4) - blank * 4.0
             # An invalid choice must be refused (tried on a fork: a refused token may spoil the state).
@@ -814,7 +890,6 @@ def check_case(
                 break
             if t in eos:
                 res.walks_done += 1
-                text = _decode(pieces, ids)
                 if lib.terminated(m) and text is not None and case.check(text):
                     res.walks_valid += 1
                 elif len(res.notes) < 2:
@@ -833,7 +908,7 @@ def mask_diff(
     only: tuple[set[int], set[int]] = (set(), set())
     masks = [_scratch_mask() for _ in libs]
     for ids in docs:
-        ms = [_new_matcher(lib, c) for lib, c in zip(libs, compiled, strict=True)]
+        ms = [lib.new_matcher(c) for lib, c in zip(libs, compiled, strict=True)]
         for t in [*ids, None]:
             got = []
             for lib, m, bm in zip(libs, ms, masks, strict=True):
@@ -981,8 +1056,8 @@ def feature_row(lib: Lib, tok: TextTokenizer, schema: dict[str, Any], good: str,
         compiled = lib.compile_schema(schema)
     except Exception as e:
         return f"error: {type(e).__name__}"
-    ok_good = accepts(lib, _new_matcher(lib, compiled), tok, good)
-    ok_bad = accepts(lib, _new_matcher(lib, compiled), tok, bad)
+    ok_good = accepts(lib, lib.new_matcher(compiled), tok, good)
+    ok_bad = accepts(lib, lib.new_matcher(compiled), tok, bad)
     if ok_good:
         return "enforced" if not ok_bad else "not enforced (invalid accepted)"
     return "valid instance rejected" + (", invalid accepted" if ok_bad else "")
@@ -995,7 +1070,7 @@ def capability_rows(lib: Lib, tok: TextTokenizer, compiled: Any) -> dict[str, st
     bm0, bm1 = _scratch_mask(), _scratch_mask()
     # Rollback: 10 tokens in, 5 back: the mask must equal the one seen after 5.
     try:
-        m = _new_matcher(lib, compiled)
+        m = lib.new_matcher(compiled)
         for t in ids[:5]:
             lib.consume(m, t)
         lib.fill(m, bm0, 0)
@@ -1009,7 +1084,7 @@ def capability_rows(lib: Lib, tok: TextTokenizer, compiled: Any) -> dict[str, st
     except Exception as e:
         out["rollback(n)"] = f"error: {e}"
     # Fork: the fork advances differently; the original's state must not move.
-    m = _new_matcher(lib, compiled)
+    m = lib.new_matcher(compiled)
     for t in ids[:8]:
         lib.consume(m, t)
     lib.fill(m, bm0, 0)
@@ -1053,7 +1128,7 @@ def timing_docs(
     """The valid documents every library accepts (the timings replay the same tokens for each)."""
     out = []
     for text in case.valid:
-        if all(accepts(lib, _new_matcher(lib, compiled[lib.name, case.name]), tok, text) for lib in libs):
+        if all(accepts(lib, lib.new_matcher(compiled[lib.name, case.name]), tok, text) for lib in libs):
             out.append(tok.encode(text, add_special_tokens=False))
     return out
 
@@ -1169,7 +1244,7 @@ def main() -> None:
         rows.append(
             [
                 lib.name,
-                f"{o['mask'] * 1e3:.0f}",
+                f"{o['mask'] * 1e3:.0f} ({o['fill_share'] * 100:.0f}% in fill)",
                 f"{o['fwd'] * 1e3:.0f}",
                 f"{o['fwd_conc'] * 1e3:.0f}",
                 f"{o['both'] * 1e3:.0f}",
@@ -1178,21 +1253,29 @@ def main() -> None:
         )
     print("masks alone (60 steps, 1 library thread; on a worker thread when together), a 30-layer MLP")
     print("stack alone (1 torch thread) for as long, then both at once; overlap 100% = fully parallel,")
-    print("0% = serialised\n")
+    print("0% = serialised. Needs two idle cores to read as a GIL test: see the probe below\n")
     print(table(["library", "masks ms", "forward ms", "forward ms (together)", "both ms", "overlap"], rows))
+    print("\nGIL probe: one long batch-fill call on a worker thread while this thread counts in Python;")
+    print("progress = the counter's rate during the call / its solo rate (0% = the call holds the GIL)\n")
+    print(table(["call", "ms", "progress"], gil_rows(libs, compiled, docs, eos)))
 
     # (c)
     print("\n## (c) applying a bitmask to [batch, 49152] float32 logits (CPU), median µs\n")
     reps = 20 if quick else 200
     rows = []
+    apply_masks: dict[int, torch.Tensor] = {}
     for batch in (1, args.batch):
         bm = _scratch_mask(batch)
-        mats = [_new_matcher(xg, compiled[xg.name, CASES[0].name]) for _ in range(batch)]
+        # Masks of requests at different points of the tool schema, as a real batch would have.
+        docs = timing_docs(libs, compiled, CASES[0], tok)
+        mats = [w.m for w in make_walkers(xg, compiled[xg.name, CASES[0].name], docs, eos, batch)]
         xg.fill_batch(mats, bm, 1)
         sub = torch.arange(0, batch, 8)
+        apply_masks[batch] = bm
+        # NOTE: llguidance's kernel (torch.compile) runs last, at the very end: once it ran, plain torch
+        # ops in this process got 10-100x slower on this 2-core machine (inductor's OpenMP threads).
         fns: list[tuple[str, Callable[[torch.Tensor, torch.Tensor], None]]] = [
             ("xgrammar apply_token_bitmask_inplace", xg.apply),
-            ("llguidance apply_token_bitmask_inplace (torch.compile)", llg.apply),
             ("plain torch (unpack + masked_fill_)", apply_plain),
             (
                 f"xgrammar, indices = 1 row in 8 ({len(sub)} rows)",
@@ -1209,6 +1292,7 @@ def main() -> None:
             except Exception as e:
                 rows.append([name, str(batch), f"error: {type(e).__name__}", ""])
     print(table(["method", "batch", "median", "first call"], rows))
+    apply_rows = rows
 
     # (d)
     print("\n## (d) correctness on the same cases\n")
@@ -1273,7 +1357,7 @@ def main() -> None:
     )
 
     raw = Xgrammar(tok, threads=args.threads, blank_control=False)
-    m = raw.matcher(
+    m = raw.new_matcher(
         raw.compiler.compile_json_schema('{"type": "object", "properties": {"a": {"type": "string"}}}')
     )
     for t in tok.encode('{"a": "x', add_special_tokens=False):
@@ -1304,6 +1388,19 @@ def main() -> None:
         ["speculative drafts", "fill_..._par_with_draft_tokens", "traverse_draft_tree"],
     ]
     print(table(["capability", "llguidance", "xgrammar"], rows))
+
+    print("\n## (c') llguidance's apply_token_bitmask_inplace (torch.compile), run last\n")
+    rows = []
+    for batch, bm in apply_masks.items():
+        first, med = bench_apply(llg.apply, batch, bm, reps)
+        rows.append(
+            ["llguidance apply_token_bitmask_inplace (torch.compile)", str(batch), fmt_us(med), fmt_us(first)]
+        )
+    for batch, bm in apply_masks.items():
+        before = next(r[2] for r in apply_rows if r[0].startswith("plain torch (") and r[1] == str(batch))
+        _, med = bench_apply(apply_plain, batch, bm, reps)
+        rows.append([f"plain torch again, after it (before: {before})", str(batch), fmt_us(med), ""])
+    print(table(["method", "batch", "median", "first call"], rows))
 
 
 if __name__ == "__main__":
