@@ -762,7 +762,21 @@ def bench_apply(
     fn: Callable[[torch.Tensor, torch.Tensor], None], batch: int, bitmask: torch.Tensor, reps: int
 ) -> tuple[float, float]:
     """(first call µs, median µs) to apply `bitmask` to fresh [batch, 49152] float32 logits (copy excluded);
-    the first call carries any kernel compilation."""
+    the first call carries any kernel compilation.
+
+    One torch thread: with two, every op over a 49k-float row is an OpenMP parallel region, and on this
+    shared 2-core machine a region waits whole scheduler ticks for a core (16 ms for a 0.2 ms op)."""
+    torch_threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        return _bench_apply(fn, batch, bitmask, reps)
+    finally:
+        torch.set_num_threads(torch_threads)
+
+
+def _bench_apply(
+    fn: Callable[[torch.Tensor, torch.Tensor], None], batch: int, bitmask: torch.Tensor, reps: int
+) -> tuple[float, float]:
     base = torch.randn(batch, VOCAB)
     logits = base.clone()
     t0 = time.perf_counter_ns()
@@ -1133,12 +1147,23 @@ def timing_docs(
     return out
 
 
+SECTIONS = ("steps", "gil", "apply", "correctness", "coverage")
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--quick", action="store_true", help="fewer repetitions (a smoke run)")
     ap.add_argument("--threads", type=int, default=os.cpu_count() or 1, help="library threads at batch 64")
     ap.add_argument("--batch", type=int, default=64)
+    ap.add_argument(
+        "--sections",
+        default=",".join(SECTIONS),
+        help=f"comma-separated subset of {','.join(SECTIONS)} (compile always runs: the rest needs it)",
+    )
     args = ap.parse_args()
+    sections = set(args.sections.split(","))
+    if not sections <= set(SECTIONS):
+        ap.error(f"unknown sections: {sorted(sections - set(SECTIONS))}")
     quick = args.quick
     cold_reps, warm_reps, steps, walks = (2, 5, 20, 2) if quick else (7, 30, 150, 8)
 
@@ -1195,212 +1220,233 @@ def main() -> None:
         )
     )
 
-    # (b)
-    print(f"\n## (b) mask per step: median / p99 / mean (batch {args.batch}: the whole batch's fill)\n")
-    rows = []
-    for case in CASES:
-        docs = timing_docs(libs, compiled, case, tok)
-        for batch, threads in ((1, 1), (args.batch, 1), (args.batch, args.threads)):
-            if batch > 1 and threads == 1 and args.threads == 1:
-                continue
-            got = []
-            for lib in libs:
-                mask_ns, consume_ns = bench_steps(
-                    lib, compiled[lib.name, case.name], docs, eos, batch, threads, steps
+    if "steps" in sections:
+        # (b)
+        print(f"\n## (b) mask per step: median / p99 / mean (batch {args.batch}: the whole batch's fill)\n")
+        rows = []
+        for case in CASES:
+            docs = timing_docs(libs, compiled, case, tok)
+            for batch, threads in ((1, 1), (args.batch, 1), (args.batch, args.threads)):
+                if batch > 1 and threads == 1 and args.threads == 1:
+                    continue
+                got = []
+                for lib in libs:
+                    mask_ns, consume_ns = bench_steps(
+                        lib, compiled[lib.name, case.name], docs, eos, batch, threads, steps
+                    )
+                    got.append((ns_stats(mask_ns), statistics.median(consume_ns) / 1e3))
+                ((lm, lp, lmean), lcons), ((xm, xp, xmean), xcons) = got
+                rows.append(
+                    [
+                        case.name,
+                        f"{batch} × {threads} thr",
+                        f"{fmt_us(lm)} / {fmt_us(lp)} / {fmt_us(lmean)}",
+                        f"{fmt_us(xm)} / {fmt_us(xp)} / {fmt_us(xmean)}",
+                        ratio(xm, lm),
+                        f"{fmt_us(lcons)} / {fmt_us(xcons)}",
+                    ]
                 )
-                got.append((ns_stats(mask_ns), statistics.median(consume_ns) / 1e3))
-            ((lm, lp, lmean), lcons), ((xm, xp, xmean), xcons) = got
-            rows.append(
+        print(
+            table(
                 [
-                    case.name,
-                    f"{batch} × {threads} thr",
-                    f"{fmt_us(lm)} / {fmt_us(lp)} / {fmt_us(lmean)}",
-                    f"{fmt_us(xm)} / {fmt_us(xp)} / {fmt_us(xmean)}",
-                    ratio(xm, lm),
-                    f"{fmt_us(lcons)} / {fmt_us(xcons)}",
-                ]
+                    "case",
+                    "batch × threads",
+                    "llg mask",
+                    "xgr mask",
+                    "ratio (median)",
+                    "consume per row llg / xgr",
+                ],
+                rows,
             )
-    print(
-        table(
-            [
-                "case",
-                "batch × threads",
-                "llg mask",
-                "xgr mask",
-                "ratio (median)",
-                "consume per row llg / xgr",
-            ],
-            rows,
         )
-    )
 
-    # (b') GIL
-    print(f"\n## (b') mask computation against a GIL-releasing forward (tool schema, batch {args.batch})\n")
-    case = CASES[0]
-    docs = timing_docs(libs, compiled, case, tok)
-    rows = []
-    for lib in libs:
-        o = bench_overlap(lib, compiled[lib.name, case.name], docs, eos, args.batch)
-        rows.append(
-            [
-                lib.name,
-                f"{o['mask'] * 1e3:.0f} ({o['fill_share'] * 100:.0f}% in fill)",
-                f"{o['fwd'] * 1e3:.0f}",
-                f"{o['fwd_conc'] * 1e3:.0f}",
-                f"{o['both'] * 1e3:.0f}",
-                f"{o['overlap'] * 100:.0f}%",
-            ]
+    if "gil" in sections:
+        # (b') GIL
+        print(
+            f"\n## (b') mask computation against a GIL-releasing forward (tool schema, batch {args.batch})\n"
         )
-    print("masks alone (60 steps, 1 library thread; on a worker thread when together), a 30-layer MLP")
-    print("stack alone (1 torch thread) for as long, then both at once; overlap 100% = fully parallel,")
-    print("0% = serialised. Needs two idle cores to read as a GIL test: see the probe below\n")
-    print(table(["library", "masks ms", "forward ms", "forward ms (together)", "both ms", "overlap"], rows))
-    print("\nGIL probe: one long batch-fill call on a worker thread while this thread counts in Python;")
-    print("progress = the counter's rate during the call / its solo rate (0% = the call holds the GIL)\n")
-    print(table(["call", "ms", "progress"], gil_rows(libs, compiled, docs, eos)))
-
-    # (c)
-    print("\n## (c) applying a bitmask to [batch, 49152] float32 logits (CPU), median µs\n")
-    reps = 20 if quick else 200
-    rows = []
-    apply_masks: dict[int, torch.Tensor] = {}
-    for batch in (1, args.batch):
-        bm = _scratch_mask(batch)
-        # Masks of requests at different points of the tool schema, as a real batch would have.
-        docs = timing_docs(libs, compiled, CASES[0], tok)
-        mats = [w.m for w in make_walkers(xg, compiled[xg.name, CASES[0].name], docs, eos, batch)]
-        xg.fill_batch(mats, bm, 1)
-        sub = torch.arange(0, batch, 8)
-        apply_masks[batch] = bm
-        # NOTE: llguidance's kernel (torch.compile) runs last, at the very end: in one trial here, plain
-        # torch ops right after it were 10-100x slower (spinning OpenMP threads on a 2-core machine).
-        fns: list[tuple[str, Callable[[torch.Tensor, torch.Tensor], None]]] = [
-            ("xgrammar apply_token_bitmask_inplace", xg.apply),
-            ("plain torch (unpack + masked_fill_)", apply_plain),
-            (
-                f"xgrammar, indices = 1 row in 8 ({len(sub)} rows)",
-                functools.partial(xgr.apply_token_bitmask_inplace, indices=sub.tolist()),
-            ),
-            (f"plain torch, 1 row in 8 ({len(sub)} rows)", functools.partial(apply_plain, rows=sub)),
-        ]
-        for name, fn in fns:
-            if batch == 1 and "1 row in 8" in name:
-                continue
-            try:
-                first, med = bench_apply(fn, batch, bm, reps)
-                rows.append([name, str(batch), fmt_us(med), fmt_us(first)])
-            except Exception as e:
-                rows.append([name, str(batch), f"error: {type(e).__name__}", ""])
-    print(table(["method", "batch", "median", "first call"], rows))
-    apply_rows = rows
-
-    # (d)
-    print("\n## (d) correctness on the same cases\n")
-    rows = []
-    notes = []
-    for case in CASES:
+        case = CASES[0]
+        docs = timing_docs(libs, compiled, case, tok)
+        rows = []
         for lib in libs:
-            r = check_case(lib, compiled[lib.name, case.name], case, tok, pieces, walks)
+            o = bench_overlap(lib, compiled[lib.name, case.name], docs, eos, args.batch)
             rows.append(
                 [
-                    case.name,
                     lib.name,
-                    f"{r.valid_ok}/{r.valid_n}",
-                    f"{r.invalid_rejected}/{r.invalid_n}",
-                    str(r.eos_mismatch),
-                    str(r.early_stop),
-                    f"{r.walks_valid}/{r.walks_done}/{r.walks}",
-                    str(r.mask_consume_mismatch),
-                    str(r.control_leaks),
+                    f"{o['mask'] * 1e3:.0f} ({o['fill_share'] * 100:.0f}% in fill)",
+                    f"{o['fwd'] * 1e3:.0f}",
+                    f"{o['fwd_conc'] * 1e3:.0f}",
+                    f"{o['both'] * 1e3:.0f}",
+                    f"{o['overlap'] * 100:.0f}%",
                 ]
             )
-            notes += [f"{case.name}, {lib.name}: {n}" for n in r.notes]
-    print("valid: accepted with EOS allowed exactly where the prefix is complete and termination at the end;")
-    print("walks: seeded greedy over random logits under the mask, valid / ended / run (400 steps at most);")
-    print("mask≠consume: allowed token refused or refused token (random, on a fork) accepted; control leaks:")
-    print("masks allowing a control token (<|im_start|> ...) other than the ends of turn\n")
-    print(
-        table(
-            [
-                "case",
-                "library",
-                "valid",
-                "invalid rejected",
-                "EOS≠complete",
-                "early stop",
-                "walks",
-                "mask≠consume",
-                "control leaks",
-            ],
-            rows,
+        print("masks alone (60 steps, 1 library thread; on a worker thread when together), a 30-layer MLP")
+        print("stack alone (1 torch thread) for as long, then both at once; overlap 100% = fully parallel,")
+        print("0% = serialised. Needs two idle cores to read as a GIL test: see the probe below\n")
+        print(
+            table(["library", "masks ms", "forward ms", "forward ms (together)", "both ms", "overlap"], rows)
         )
-    )
-    for n in notes:
-        print(f"- walk output not valid: {n}")
+        print("\nGIL probe: one long batch-fill call on a worker thread while this thread counts in Python;")
+        print("progress = the counter's rate during the call / its solo rate (0% = the call holds the GIL)\n")
+        print(table(["call", "ms", "progress"], gil_rows(libs, compiled, docs, eos)))
 
-    rows = []
-    for case in CASES:
-        n, d, a, b = mask_diff(
-            libs, [compiled[lib.name, case.name] for lib in libs], timing_docs(libs, compiled, case, tok)
+    apply_masks: dict[int, torch.Tensor] = {}
+    apply_rows: list[list[str]] = []
+    reps = 20 if quick else 200
+    if "apply" in sections:
+        # (c)
+        print(
+            "\n## (c) applying a bitmask to [batch, 49152] float32 logits (CPU, 1 torch thread), median µs\n"
+        )
+        rows = []
+        for batch in (1, args.batch):
+            bm = _scratch_mask(batch)
+            # Masks of requests at different points of the tool schema, as a real batch would have.
+            docs = timing_docs(libs, compiled, CASES[0], tok)
+            mats = [w.m for w in make_walkers(xg, compiled[xg.name, CASES[0].name], docs, eos, batch)]
+            xg.fill_batch(mats, bm, 1)
+            sub = torch.arange(0, batch, 8)
+            apply_masks[batch] = bm
+            # NOTE: llguidance's kernel (torch.compile) runs last, at the very end: in one trial here, plain
+            # torch ops right after it were 10-100x slower (spinning OpenMP threads on a 2-core machine).
+            fns: list[tuple[str, Callable[[torch.Tensor, torch.Tensor], None]]] = [
+                ("xgrammar apply_token_bitmask_inplace", xg.apply),
+                ("plain torch (unpack + masked_fill_)", apply_plain),
+                (
+                    f"xgrammar, indices = 1 row in 8 ({len(sub)} rows)",
+                    functools.partial(xgr.apply_token_bitmask_inplace, indices=sub.tolist()),
+                ),
+                (f"plain torch, 1 row in 8 ({len(sub)} rows)", functools.partial(apply_plain, rows=sub)),
+            ]
+            for name, fn in fns:
+                if batch == 1 and "1 row in 8" in name:
+                    continue
+                try:
+                    first, med = bench_apply(fn, batch, bm, reps)
+                    rows.append([name, str(batch), fmt_us(med), fmt_us(first)])
+                except Exception as e:
+                    rows.append([name, str(batch), f"error: {type(e).__name__}", ""])
+        print(table(["method", "batch", "median", "first call"], rows))
+        apply_rows = rows
+
+    if "correctness" in sections:
+        # (d)
+        print("\n## (d) correctness on the same cases\n")
+        rows = []
+        notes = []
+        for case in CASES:
+            for lib in libs:
+                r = check_case(lib, compiled[lib.name, case.name], case, tok, pieces, walks)
+                rows.append(
+                    [
+                        case.name,
+                        lib.name,
+                        f"{r.valid_ok}/{r.valid_n}",
+                        f"{r.invalid_rejected}/{r.invalid_n}",
+                        str(r.eos_mismatch),
+                        str(r.early_stop),
+                        f"{r.walks_valid}/{r.walks_done}/{r.walks}",
+                        str(r.mask_consume_mismatch),
+                        str(r.control_leaks),
+                    ]
+                )
+                notes += [f"{case.name}, {lib.name}: {n}" for n in r.notes]
+        print("valid: accepted with EOS allowed exactly where the prefix is complete, and termination")
+        print("at the end; walks: seeded greedy over random logits under the mask, valid / ended / run")
+        print("(400 steps at most); mask≠consume: allowed token refused or refused token (random, on a")
+        print("fork) accepted; control leaks: masks allowing a control token (<|im_start|> ...) other")
+        print("than the ends of turn\n")
+        print(
+            table(
+                [
+                    "case",
+                    "library",
+                    "valid",
+                    "invalid rejected",
+                    "EOS≠complete",
+                    "early stop",
+                    "walks",
+                    "mask≠consume",
+                    "control leaks",
+                ],
+                rows,
+            )
+        )
+        for n in notes:
+            print(f"- walk output not valid: {n}")
+
+        rows = []
+        for case in CASES:
+            n, d, a, b = mask_diff(
+                libs, [compiled[lib.name, case.name] for lib in libs], timing_docs(libs, compiled, case, tok)
+            )
+
+            def some(ids: set[int]) -> str:
+                return (
+                    f"{len(ids)}: " + " ".join(repr(pieces[i])[1:] for i in sorted(ids)[:5]) if ids else "0"
+                )
+
+            rows.append([case.name, f"{d}/{n}", some(a), some(b)])
+        print("\nmasks compared along the valid documents both accept:\n")
+        print(
+            table(
+                ["case", "steps where masks differ", "tokens only llguidance allows", "only xgrammar allows"],
+                rows,
+            )
         )
 
-        def some(ids: set[int]) -> str:
-            return f"{len(ids)}: " + " ".join(repr(pieces[i])[1:] for i in sorted(ids)[:5]) if ids else "0"
-
-        rows.append([case.name, f"{d}/{n}", some(a), some(b)])
-    print("\nmasks compared along the valid documents both accept:\n")
-    print(
-        table(
-            ["case", "steps where masks differ", "tokens only llguidance allows", "only xgrammar allows"],
-            rows,
+        raw = Xgrammar(tok, threads=args.threads, blank_control=False)
+        m = raw.new_matcher(
+            raw.compiler.compile_json_schema('{"type": "object", "properties": {"a": {"type": "string"}}}')
         )
-    )
-
-    raw = Xgrammar(tok, threads=args.threads, blank_control=False)
-    m = raw.new_matcher(
-        raw.compiler.compile_json_schema('{"type": "object", "properties": {"a": {"type": "string"}}}')
-    )
-    for t in tok.encode('{"a": "x', add_special_tokens=False):
-        raw.consume(m, t)
-    bm = _scratch_mask()
-    raw.fill(m, bm, 0)
-    leaked = [tok.id_to_token(i) for i in range(17) if allowed(bm)[i] and i not in tok.eos_token_ids]
-    print(
-        f"\nxgrammar given the vocabulary as is (control tokens not blanked): inside a JSON string it allows "
-        f"{len(leaked)} control tokens, e.g. {leaked[:3]}\n"
-    )
-
-    # coverage
-    print("## feature coverage\n")
-    rows = []
-    for feat, schema, good, bad in FEATURES:
-        rows.append([feat, *(feature_row(lib, tok, schema, good, bad) for lib in libs)])
-    print(table(["json_schema feature", "llguidance", "xgrammar"], rows))
-    caps = [capability_rows(lib, tok, compiled[lib.name, CASES[0].name]) for lib in libs]
-    print()
-    rows = [[k, caps[0][k], caps[1][k]] for k in caps[0]]
-    rows += [
-        ["regex", "native (Rust regex syntax)", "native"],
-        ["Lark", "native", "compile_lark"],
-        ["GBNF", "converted to Lark (grammar_from('gbnf'))", "native (compile_grammar)"],
-        ["choice", "via Lark alternation", "via EBNF alternation"],
-        ["batch mask API", "LLExecutor (fill_next_token_bitmask_par)", "BatchGrammarMatcher"],
-        ["speculative drafts", "fill_..._par_with_draft_tokens", "traverse_draft_tree"],
-    ]
-    print(table(["capability", "llguidance", "xgrammar"], rows))
-
-    print("\n## (c') llguidance's apply_token_bitmask_inplace (torch.compile), run last\n")
-    rows = []
-    for batch, bm in apply_masks.items():
-        first, med = bench_apply(llg.apply, batch, bm, reps)
-        rows.append(
-            ["llguidance apply_token_bitmask_inplace (torch.compile)", str(batch), fmt_us(med), fmt_us(first)]
+        for t in tok.encode('{"a": "x', add_special_tokens=False):
+            raw.consume(m, t)
+        bm = _scratch_mask()
+        raw.fill(m, bm, 0)
+        leaked = [tok.id_to_token(i) for i in range(17) if allowed(bm)[i] and i not in tok.eos_token_ids]
+        print(
+            f"\nxgrammar given the vocabulary as is (control tokens not blanked): inside a JSON string it "
+            f"allows {len(leaked)} control tokens, e.g. {leaked[:3]}\n"
         )
-    for batch, bm in apply_masks.items():
-        before = next(r[2] for r in apply_rows if r[0].startswith("plain torch (") and r[1] == str(batch))
-        _, med = bench_apply(apply_plain, batch, bm, reps)
-        rows.append([f"plain torch again, after it (before: {before})", str(batch), fmt_us(med), ""])
-    print(table(["method", "batch", "median", "first call"], rows))
+
+    if "coverage" in sections:
+        # coverage
+        print("## feature coverage\n")
+        rows = []
+        for feat, schema, good, bad in FEATURES:
+            rows.append([feat, *(feature_row(lib, tok, schema, good, bad) for lib in libs)])
+        print(table(["json_schema feature", "llguidance", "xgrammar"], rows))
+        caps = [capability_rows(lib, tok, compiled[lib.name, CASES[0].name]) for lib in libs]
+        print()
+        rows = [[k, caps[0][k], caps[1][k]] for k in caps[0]]
+        rows += [
+            ["regex", "native (Rust regex syntax)", "native"],
+            ["Lark", "native", "compile_lark"],
+            ["GBNF", "converted to Lark (grammar_from('gbnf'))", "native (compile_grammar)"],
+            ["choice", "via Lark alternation", "via EBNF alternation"],
+            ["batch mask API", "LLExecutor (fill_next_token_bitmask_par)", "BatchGrammarMatcher"],
+            ["speculative drafts", "fill_..._par_with_draft_tokens", "traverse_draft_tree"],
+        ]
+        print(table(["capability", "llguidance", "xgrammar"], rows))
+
+    if "apply" in sections:
+        print("\n## (c') llguidance's apply_token_bitmask_inplace (torch.compile), run last\n")
+        rows = []
+        for batch, bm in apply_masks.items():
+            first, med = bench_apply(llg.apply, batch, bm, reps)
+            rows.append(
+                [
+                    "llguidance apply_token_bitmask_inplace (torch.compile)",
+                    str(batch),
+                    fmt_us(med),
+                    fmt_us(first),
+                ]
+            )
+        for batch, bm in apply_masks.items():
+            before = next(r[2] for r in apply_rows if r[0].startswith("plain torch (") and r[1] == str(batch))
+            _, med = bench_apply(apply_plain, batch, bm, reps)
+            rows.append([f"plain torch again, after it (before: {before})", str(batch), fmt_us(med), ""])
+        print(table(["method", "batch", "median", "first call"], rows))
 
 
 if __name__ == "__main__":
