@@ -1307,8 +1307,8 @@ def main() -> None:
             xg.fill_batch(mats, bm, 1)
             sub = torch.arange(0, batch, 8)
             apply_masks[batch] = bm
-            # NOTE: llguidance's kernel (torch.compile) runs last, at the very end: in one trial here, plain
-            # torch ops right after it were 10-100x slower (spinning OpenMP threads on a 2-core machine).
+            # NOTE: llguidance's kernel (torch.compile) is timed last, at the very end: its first calls
+            # compile for seconds in inductor's worker processes, which should disturb no other figure.
             fns: list[tuple[str, Callable[[torch.Tensor, torch.Tensor], None]]] = [
                 ("xgrammar apply_token_bitmask_inplace", xg.apply),
                 ("plain torch (unpack + masked_fill_)", apply_plain),
