@@ -18,6 +18,8 @@ from dataclasses import dataclass
 
 import torch
 
+from radixd.daemon.structured.spec import Constraint
+
 # A large finite negative instead of -inf keeps softmax free of NaN when a row is fully masked.
 _NEG = -1e30
 
@@ -44,6 +46,7 @@ class SamplingParams:
     theirs. repetition_penalty (> 0, 1.0 = off) rescales logits of every token seen in prompt or output;
     presence/frequency penalties ([-2, 2]) subtract from logits of tokens already generated.
     logprobs=None returns no logprobs; logprobs=n returns the chosen token's logprob and the top n.
+    constraint: the output must match it (JSON schema, regex, grammar, choice; `structured.spec`).
     """
 
     max_tokens: int = 16
@@ -61,6 +64,7 @@ class SamplingParams:
     ignore_eos: bool = False
     logprobs: int | None = None
     n: int = 1
+    constraint: Constraint | None = None
 
     def __post_init__(self) -> None:
         _check_int("max_tokens", self.max_tokens, 1)
