@@ -1,6 +1,7 @@
 """`radixctl`: command line for a running radixd daemon.
 
     radixctl generate "The capital of France is" --max-tokens 16
+    radixctl generate "Pick one:" --choice yes,no     # structured output (see constraint_flags.py)
     radixctl chat                       # interactive REPL over a session
     radixctl --admin-token T stats      # admin calls go to --admin-address (loopback by default)
     radixctl --ready-file ready.json --admin-token T stats   # addresses from `radixd serve --ready-file`
@@ -23,6 +24,7 @@ import grpc
 from google.protobuf import json_format
 
 from radixd_client.client import Client, GenerationStream
+from radixd_client.constraint_flags import add_constraint_flags, constraint_options
 from radixd_client.types import FLUSH_MODES, Chunk, End, SamplingOptions, Start
 
 DEFAULT_ADDRESS = "127.0.0.1:50051"
@@ -125,6 +127,7 @@ def _sampling_flags(p: argparse.ArgumentParser, max_tokens: int = 64) -> None:
     p.add_argument("--top-k", type=int)
     p.add_argument("--seed", type=int)
     p.add_argument("--stop", action="append", default=[], help="stop string (repeatable)")
+    add_constraint_flags(p)
 
 
 def _sampling(args: argparse.Namespace) -> SamplingOptions:
@@ -139,6 +142,7 @@ def _sampling(args: argparse.Namespace) -> SamplingOptions:
         opts["seed"] = args.seed
     if args.stop:
         opts["stop"] = args.stop
+    constraint_options(args, opts)
     return opts
 
 

@@ -7,9 +7,10 @@ A generation stream is a sequence of events: one `Start` (prompt and cached toke
 
 from __future__ import annotations
 
+import json
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import TypedDict
+from typing import Any, TypedDict
 
 from radixd_client._pb import cache_admin_pb2, common_pb2
 
@@ -30,7 +31,22 @@ PromptLike = str | Sequence[int] | Sequence[Mapping[str, str]]
 
 
 class SamplingOptions(TypedDict, total=False):
-    """Sampling keyword arguments accepted by every generate call (unset = daemon default)."""
+    """Sampling keyword arguments accepted by every generate call (unset = daemon default).
+
+    At most one constraint (structured output) per call; each completion then matches it:
+
+    - ``json_schema``: a JSON Schema, as a dict or as JSON text; the output is JSON that validates;
+    - ``json_object``: True = any JSON object;
+    - ``regex``: a regular expression the whole output matches;
+    - ``grammar``: a context-free grammar, Lark (llguidance's dialect, start rule ``start``) or GBNF
+      (llama.cpp's, recognized by its ``::=`` rules, start rule ``root``);
+    - ``choice``: the output is exactly one of these strings;
+    - ``structural_tag``: a structural-tag JSON document (free text until a trigger, then the tag's
+      schema).
+
+    Two constraints in one call raise ValueError before anything is sent; one the daemon cannot
+    compile (a bad schema, regex or grammar) is INVALID_ARGUMENT with the compiler's message.
+    """
 
     max_tokens: int
     min_tokens: int
@@ -47,6 +63,12 @@ class SamplingOptions(TypedDict, total=False):
     ignore_eos: bool
     logprobs: int
     n: int
+    json_schema: Mapping[str, Any] | str
+    json_object: bool
+    regex: str
+    grammar: str
+    choice: Sequence[str]
+    structural_tag: str
 
 
 @dataclass(frozen=True)
@@ -141,17 +163,40 @@ def to_prompt(prompt: PromptLike) -> common_pb2.Prompt:
     )
 
 
+# The constraint options (the proto's `oneof constraint`), in the order error messages list them.
+CONSTRAINT_OPTIONS = ("json_schema", "json_object", "regex", "grammar", "choice", "structural_tag")
+
+
 def to_sampling(options: SamplingOptions) -> common_pb2.SamplingParams:
-    """Build the wire `SamplingParams`, leaving unset options unset."""
+    """Build the wire `SamplingParams`, leaving unset options unset (ValueError for two constraints)."""
     msg = common_pb2.SamplingParams()
     for key, value in options.items():
-        if value is None:
+        if value is None or key in CONSTRAINT_OPTIONS:
             continue
         if key in ("stop", "stop_token_ids"):
             getattr(msg, key).extend(value)
         else:
             setattr(msg, key, value)
+    _set_constraint(msg, options)
     return msg
+
+
+def _set_constraint(msg: common_pb2.SamplingParams, options: SamplingOptions) -> None:
+    given = [k for k in CONSTRAINT_OPTIONS if options.get(k) is not None and options.get(k) is not False]
+    if len(given) > 1:
+        raise ValueError(
+            f"set at most one constraint ({', '.join(CONSTRAINT_OPTIONS)}); got {' and '.join(given)}"
+        )
+    schema = options.get("json_schema")
+    choice = options.get("choice")
+    if schema is not None:
+        msg.json_schema = schema if isinstance(schema, str) else json.dumps(schema)
+    elif choice is not None:
+        if isinstance(choice, str):
+            raise TypeError("choice must be a sequence of strings, not one string")
+        msg.choice.choices.extend(choice)
+    elif given:
+        setattr(msg, given[0], options[given[0]])  # type: ignore[literal-required]
 
 
 def from_response(

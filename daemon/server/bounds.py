@@ -2,14 +2,17 @@
 
 NOTE: each check here is O(1) in the size of the field it guards (`len()` of an already parsed
 repeated field, a comparison), so a request asking for 2**31 samples or a 10 MB prompt is refused
-before the daemon allocates, tokenizes or queues anything for it. The proto comments state the same
+before the daemon allocates, tokenizes or queues anything for it. The one exception is a JSON schema:
+after its size bound it is parsed and walked once (at most 64 KiB), because the grammar compilers
+recurse on its nesting. The proto comments state the same
 bounds; `Limits` (state.py) carries the ones that depend on the model and the pool.
 """
 
 from __future__ import annotations
 
+import json
 import math
-from collections.abc import Sized
+from collections.abc import Sequence, Sized
 
 from radixd.daemon.server.errors import bad_request
 
@@ -31,6 +34,13 @@ MAX_SESSION_TTL_S = 7 * 24 * 3600.0
 MAX_FLUSH_TIMEOUT_S = 3600.0
 # Sessions open at once per daemon (each holds a lease on its cached context).
 DEFAULT_MAX_SESSIONS = 10_000
+# Structured outputs: the text of a json_schema, regex, grammar or structural_tag constraint (UTF-8
+# bytes); a choice's entries and the bytes of each; how deep a JSON schema's objects and arrays nest.
+MAX_CONSTRAINT_BYTES = 64 * 1024
+MAX_CHOICES = 256
+MAX_CHOICE_BYTES = 1024
+MAX_SCHEMA_DEPTH = 32
+_JSON_NAMES = {list: "array", str: "string", int: "number", float: "number", bool: "boolean"}
 # Texts at most this long are tokenized on the event loop (microseconds); longer ones on a worker.
 INLINE_TOKENIZE_CHARS = 4096
 
@@ -70,3 +80,84 @@ def prompt_char_bound(longest_token_chars: int, context_length: int) -> int:
     """Characters beyond which a text can never fit the context: no token covers more than
     `longest_token_chars` characters, so a longer text has more than `context_length` tokens."""
     return max(1, longest_token_chars) * context_length
+
+
+def utf8_bytes_over(text: str, bound: int) -> int:
+    """The UTF-8 size of `text` when it exceeds `bound`, else 0 (encoded only when the character count
+    cannot decide: a character is 1 to 4 bytes)."""
+    if len(text) > bound:
+        return len(text.encode("utf-8", "surrogatepass"))
+    if 4 * len(text) <= bound:
+        return 0
+    size = len(text.encode("utf-8", "surrogatepass"))
+    return size if size > bound else 0
+
+
+def check_constraint_text(name: str, text: str) -> str:
+    """The text of a json_schema / regex / grammar / structural_tag constraint: 1 byte to 64 KiB."""
+    if not text:
+        raise bad_request(f"{name} is empty; send its text or leave the constraint unset")
+    size = utf8_bytes_over(text, MAX_CONSTRAINT_BYTES)
+    if size:
+        raise bad_request(
+            f"{name} is {size} bytes; at most {MAX_CONSTRAINT_BYTES} (64 KiB) are allowed: shorten it"
+        )
+    return text
+
+
+def check_choices(name: str, choices: Sequence[str]) -> tuple[str, ...]:
+    """A choice constraint: 1 to MAX_CHOICES strings of 1 to MAX_CHOICE_BYTES bytes each."""
+    if not choices:
+        raise bad_request(f"{name} is empty; send at least one string to choose from")
+    check_count(name, choices, MAX_CHOICES)
+    for i, c in enumerate(choices):
+        if not c:
+            raise bad_request(f"{name}[{i}] is empty; every choice needs at least one character")
+        size = utf8_bytes_over(c, MAX_CHOICE_BYTES)
+        if size:
+            raise bad_request(f"{name}[{i}] is {size} bytes; at most {MAX_CHOICE_BYTES} are allowed a choice")
+    return tuple(choices)
+
+
+def check_json_schema(name: str, text: str) -> str:
+    """A JSON schema constraint: within the text bound, valid JSON, a JSON object at the top, its
+    objects and arrays nested at most MAX_SCHEMA_DEPTH deep. Whether it is a schema the compiler
+    supports is the compiler's to say."""
+    check_constraint_text(name, text)
+    try:
+        doc = json.loads(text)
+    except json.JSONDecodeError as exc:
+        raise bad_request(
+            f"{name} is not valid JSON: {exc.msg} at line {exc.lineno}, column {exc.colno}"
+            " (send a JSON Schema document)"
+        ) from exc
+    except RecursionError as exc:  # the parser's own nesting limit, far beyond ours
+        raise bad_request(f"{name} nests deeper than {MAX_SCHEMA_DEPTH} levels; flatten the schema") from exc
+    if not isinstance(doc, dict):
+        raise bad_request(
+            f'{name} must be a JSON object (a JSON Schema document such as {{"type": "object"}}),'
+            f" got a JSON {_JSON_NAMES.get(type(doc), 'null')}"
+        )
+    if _json_depth(doc) > MAX_SCHEMA_DEPTH:
+        raise bad_request(
+            f"{name} nests objects and arrays deeper than {MAX_SCHEMA_DEPTH} levels; flatten the schema"
+            " (for example with $defs and $ref)"
+        )
+    return text
+
+
+def _json_depth(doc: object) -> int:
+    """How deep objects and arrays nest in a parsed JSON document (a scalar is 0); iterative, and it
+    stops descending once past MAX_SCHEMA_DEPTH."""
+    deepest = 0
+    stack: list[tuple[object, int]] = [(doc, 1)]
+    while stack:
+        node, depth = stack.pop()
+        children = node.values() if isinstance(node, dict) else node if isinstance(node, list) else None
+        if children is None:
+            continue
+        deepest = max(deepest, depth)
+        if depth > MAX_SCHEMA_DEPTH:
+            return depth
+        stack.extend((child, depth + 1) for child in children)
+    return deepest

@@ -13,6 +13,7 @@ from radixd_client._pb import common_pb2
 from radixd.daemon.engine.limits import check_token_ids
 from radixd.daemon.sampling import SamplingParams
 from radixd.daemon.server.bounds import INLINE_TOKENIZE_CHARS, MAX_CHAT_MESSAGES, check_count
+from radixd.daemon.server.constraint import wire_constraint
 from radixd.daemon.server.errors import bad_request
 from radixd.daemon.server.sampling import engine_sampling
 
@@ -56,6 +57,7 @@ def sampling_params(msg: common_pb2.SamplingParams, limits: Limits) -> SamplingP
         stop=msg.stop,
         stop_token_ids=msg.stop_token_ids,
         ignore_eos=msg.ignore_eos,
+        constraint=wire_constraint(msg, "sampling"),
         **values,
     )
 

@@ -5,6 +5,13 @@ value, is refused with INVALID_ARGUMENT naming the field, never silently ignored
 options (`skip_special_tokens`, `spaces_between_special_tokens`, `include_stop_str_in_output`) are
 accepted: the worker returns token ids, and the gateway detokenizes and applies them itself.
 
+The `constraint` oneof (json_schema, regex, grammar, structural_tag, json_object, choice) maps to the
+engine's `Constraint` by `server.constraint`. smg sets `grammar_from_first_token` on a constraint it
+shaped itself (OpenAI `response_format`, `tools` with tool_choice required or a named function) to say
+the constraint starts at the first generated token even for an engine whose reasoning parser would
+hold it back until the model's thinking closes. radixd runs no reasoning parser: every constraint
+starts at the first generated token, so the flag is accepted either way and changes nothing.
+
 NOTE: proto3 scalars cannot tell "unset" from 0, so `top_p` 0 and `repetition_penalty` 0 (never valid
 values) mean "unset" here, as in vLLM's own servicer, and `n` 0 means 1.
 """
@@ -15,6 +22,7 @@ from typing import TYPE_CHECKING
 
 from smg_grpc_proto.generated import vllm_engine_pb2
 
+from radixd.daemon.server.constraint import wire_constraint
 from radixd.daemon.server.errors import bad_request
 from radixd.daemon.server.sampling import engine_sampling
 
@@ -30,9 +38,6 @@ def _refuse(field: str, why: str) -> None:
 
 
 def _refuse_unsupported(msg: vllm_engine_pb2.SamplingParams) -> None:
-    constraint = msg.WhichOneof("constraint")
-    if constraint is not None:
-        _refuse(constraint, "structured outputs are not implemented; leave the constraint unset")
     if msg.logit_bias:
         _refuse("logit_bias", "per-token logit biases are not implemented; send the request without it")
     if msg.HasField("prompt_logprobs"):
@@ -62,6 +67,7 @@ def sampling_from_vllm(msg: vllm_engine_pb2.SamplingParams, limits: Limits) -> S
         seed=msg.seed if msg.HasField("seed") else None,
         ignore_eos=msg.ignore_eos,
         logprobs=msg.logprobs if msg.HasField("logprobs") else None,
+        constraint=wire_constraint(msg, "sampling_params"),
     )
 
 
