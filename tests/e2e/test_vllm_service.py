@@ -117,8 +117,8 @@ def test_vllm_n_samples_stop_ids_stop_strings_and_logprobs(
     ("sampling", "field"),
     [
         ({"logit_bias": {5: 1.0}}, "sampling_params.logit_bias"),
-        ({"json_schema": "{}"}, "sampling_params.json_schema"),
-        ({"regex": "a+"}, "sampling_params.regex"),
+        ({"json_schema": "[]"}, "sampling_params.json_schema must be a JSON object"),
+        ({"regex": ""}, "sampling_params.regex is empty"),
         ({"prompt_logprobs": 1}, "sampling_params.prompt_logprobs"),
         ({"logprobs": -1}, "sampling_params.logprobs"),
         ({"top_p": 1.5}, "top_p"),
