@@ -30,6 +30,7 @@ from radixd_client._pb import (
     session_pb2,
     session_pb2_grpc,
 )
+from smg_grpc_proto.generated import vllm_engine_pb2
 
 from radixd.daemon.loaders import LoadedModel
 
@@ -57,6 +58,45 @@ FLOATS = [0.0, -0.0, 0.5, 1.0, 2.0, -1.0, 1e-45, 1e30, -1e30, math.nan, math.inf
 # Texts include the largest that can fit (tokenized, then refused for length) and one beyond every
 # bound the daemon sets (refused without tokenizing), plus one over the gRPC message limit.
 TEXTS = ["", "a", "Hello there.", "\x00\ud7ff", "🙂" * 50, "x" * 300, "word " * 40_000]
+
+
+# Structured-output constraints (the `oneof constraint` of both wires' SamplingParams, by field name):
+# documents that compile, that do not, that are unsatisfiable or expensive, and ones at and over the
+# bounds. A string field of these names draws from these as well as from the texts above.
+_KIB = 64 * 1024
+_DEEP = '{"items": ' * 40 + '{"type": "string"}' + "}" * 40
+CONSTRAINT_TEXTS: dict[str, list[str]] = {
+    "json_schema": [
+        '{"type": "object"}',
+        '{"type": "object", "properties": {"a": {"type": "integer"}, "b": {"enum": ["x", "y"]}},'
+        ' "required": ["a", "b"], "additionalProperties": false}',
+        '{"type": "string", "maxLength": 3}',
+        '{"type": "array", "items": {"type": "number"}, "minItems": 2, "maxItems": 2}',
+        '{"enum": []}',
+        '{"type": "bogus"}',
+        '{"$ref": "#/$defs/missing"}',
+        '{"type": "string", "pattern": "("}',
+        "{",
+        "[]",
+        "null",
+        _DEEP,
+        "[" * 50_000,
+        '{"description": "' + "d" * _KIB + '"}',
+    ],
+    "regex": ["[0-9]{3}", "(yes|no)", ".*", "(a*)*b", "a{1000000}", "(", "\\p{Greek}+", "x" * (_KIB + 1)],
+    "grammar": [
+        'start: "yes" | "no"',
+        'start: start "a" | "a"',
+        'root ::= "a" root | "b"',
+        "root ::= missing",
+        "start: missing",
+        "start: /(/",
+        "%%% not a grammar",
+        "y" * (_KIB + 1),
+    ],
+    "structural_tag": ["{}", "not json", '{"type": "structural_tag"}'],
+    "choices": ["yes", "no", "é" * 600, "z" * 1025],
+}
 
 
 def _sized_texts(daemon: RunningDaemon) -> list[str]:
@@ -104,7 +144,11 @@ def _scalar(f: pbd.FieldDescriptor, strings: list[str], depth: int) -> st.Search
     if t == f.TYPE_BOOL:
         return st.booleans()
     if t == f.TYPE_STRING:
-        return st.sampled_from(strings) | st.text(max_size=20)
+        texts = st.sampled_from(strings) | st.text(max_size=20)
+        special = CONSTRAINT_TEXTS.get(f.name)
+        return st.sampled_from(special) | texts if special else texts
+    if t == f.TYPE_BYTES:
+        return st.binary(max_size=64)
     raise AssertionError(f"no strategy for field {f.full_name} of type {t}")
 
 
@@ -141,7 +185,11 @@ SERVICES = [
     (session_pb2.DESCRIPTOR.services_by_name["SessionService"], session_pb2_grpc, False),
     (cache_admin_pb2.DESCRIPTOR.services_by_name["CacheAdminService"], cache_admin_pb2_grpc, True),
 ]
+# The vLLM-protocol servicer's Generate (smg's wire, with its own spelling of the sampling fields and
+# constraints) on the public port.
+VLLM = vllm_engine_pb2.DESCRIPTOR.services_by_name["VllmEngine"]
 METHODS = [(svc, m, admin) for svc, _mod, admin in SERVICES for m in svc.methods]
+METHODS.append((VLLM, VLLM.methods_by_name["Generate"], False))
 CODES: collections.Counter[str] = collections.Counter()
 CALLS: collections.Counter[str] = collections.Counter()
 
