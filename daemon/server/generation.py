@@ -16,7 +16,16 @@ from radixd.daemon.server.pipeline import RequestRegistry, abort, admit
 from radixd.daemon.server.state import ServerState
 from radixd.daemon.server.streaming import run_stream
 
-FEATURES = ("sessions", "fork", "logprobs", "chat_template", "tenants", "cache_events", "n")
+FEATURES = (
+    "sessions",
+    "fork",
+    "logprobs",
+    "chat_template",
+    "tenants",
+    "cache_events",
+    "n",
+    "structured_outputs",
+)
 
 
 class GenerationServicer(generation_pb2_grpc.GenerationServiceServicer):
