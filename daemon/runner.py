@@ -8,7 +8,8 @@ out after them and attending through `paged_decode`. `step(seqs)` takes any mix 
 the same path. Only the last position of sequences that sample is projected to logits.
 
 NOTE: a step never mutates a `SamplingState`'s history; the engine calls `state.append(token_id)` for
-each token it accepts, before the next step.
+each token it accepts, before the next step. A constrained row's grammar mask is filled while the
+forward pass runs and applied to that row's logits before sampling (structured/masks.py).
 """
 
 from __future__ import annotations
@@ -26,6 +27,7 @@ from radixd.daemon.engine.limits import check_token_ids
 from radixd.daemon.host import configure_threads
 from radixd.daemon.model import AttentionMetadata, LlamaModel, ModelConfig
 from radixd.daemon.sampling import SampleResult, SamplingState, sample
+from radixd.daemon.structured.masks import StepMasks
 
 
 @dataclass(slots=True)
@@ -145,6 +147,7 @@ class ModelRunner:
             torch.zeros(shape, dtype=self.dtype, device=self.device) for _ in range(cfg.num_layers)
         ]
         self.kv_bytes_per_block = kv_bytes_per_block(cfg, block_size, self.dtype)
+        self._step_masks: StepMasks | None = None  # built on the first step with a constrained row
 
     def copy_blocks(self, ops: Sequence[tuple[int, int, int]]) -> None:
         """Apply copy-on-write copies (src_block, dst_block, n_tokens) in every layer, in order; call
@@ -301,10 +304,19 @@ class ModelRunner:
         if not chunks and not rows.seq_ids:
             return []
         states = [s.sample for s in chunks] + rows.samples
-        hidden, last = self._forward(chunks, rows)
+        # Constrained rows: their masks are computed while the forward pass runs (structured/masks.py).
+        masks = self._masks().start(states) if self._constrained(states) else None
+        try:
+            hidden, last = self._forward(chunks, rows)
+        except BaseException:
+            if masks is not None:
+                masks.wait()
+            raise
         if None not in states:  # every row samples (a decode step): no row bookkeeping
             idx = torch.tensor(last, dtype=torch.int64, device=self.device)
             logits = self.model.logits(hidden.index_select(0, idx))
+            if masks is not None:
+                logits = masks.apply(logits)
             return cast("list[SampleResult | None]", sample(logits, cast("list[SamplingState]", states)))
         results: list[SampleResult | None] = [None] * len(states)
         sampling = [i for i, st in enumerate(states) if st is not None]
@@ -313,9 +325,21 @@ class ModelRunner:
         chosen = [st for st in states if st is not None]
         idx = torch.tensor([last[i] for i in sampling], dtype=torch.int64, device=self.device)
         logits = self.model.logits(hidden.index_select(0, idx))
+        if masks is not None:
+            logits = masks.apply(logits)
         for i, r in zip(sampling, sample(logits, chosen), strict=True):
             results[i] = r
         return results
+
+    @staticmethod
+    def _constrained(states: list[SamplingState | None]) -> bool:
+        # NOTE: the one cost of structured outputs to a step without them: this scan (a few us at 256).
+        return any(st is not None and st.grammar is not None for st in states)
+
+    def _masks(self) -> StepMasks:
+        if self._step_masks is None:
+            self._step_masks = StepMasks(self.config.vocab_size)
+        return self._step_masks
 
     def step(self, seqs: Sequence[StepSeq]) -> list[SampleResult | None]:
         """`run` for a list of sequences in any order: one-token ones become decode rows; -> results

@@ -15,10 +15,14 @@ from __future__ import annotations
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 import torch
 
 from radixd.daemon.structured.spec import Constraint
+
+if TYPE_CHECKING:
+    from radixd.daemon.structured.matcher import Matcher
 
 # A large finite negative instead of -inf keeps softmax free of NaN when a row is fully masked.
 _NEG = -1e30
@@ -131,6 +135,8 @@ class SamplingState:
 
     `eos_token_ids` are the model's end tokens: masked while fewer than min_tokens were generated, and
     they finish the request unless ignore_eos. The engine appends each accepted token with `append`.
+    `grammar`: the request's constraint matcher (set by the engine once it compiled), which every
+    appended token advances; the runner masks the row with it before sampling.
     """
 
     def __init__(
@@ -149,6 +155,7 @@ class SamplingState:
         self.plain = (
             params.greedy and not params.uses_penalties and params.logprobs is None and not params.min_tokens
         )
+        self.grammar: Matcher | None = None
         self.generator = torch.Generator(device="cpu")
         if self.seed is None:
             self.generator.seed()
@@ -156,7 +163,13 @@ class SamplingState:
             self.generator.manual_seed(self.seed)
 
     def append(self, token_id: int) -> None:
-        """Record a generated token (penalties and min_tokens read the history)."""
+        """Record a generated token (penalties and min_tokens read the history) and advance the grammar
+        by it; raises `GrammarRefused` (nothing recorded) when the grammar forbids it.
+
+        NOTE: the grammar has consumed exactly `output_token_ids`, so forks and preemption keep it right.
+        """
+        if self.grammar is not None:
+            self.grammar.consume(token_id)
         self.output_token_ids.append(token_id)
 
     def finish_reason(self, token_id: int) -> str | None:
@@ -170,6 +183,8 @@ class SamplingState:
                 return "stop"
             if not self.params.ignore_eos and token_id in self.eos_token_ids:
                 return "stop"
+        if self.grammar is not None and self.grammar.stopped:  # complete: only an end could follow
+            return "stop"
         if n_out >= self.params.max_tokens:
             return "length"
         return None
@@ -180,6 +195,7 @@ class SamplingState:
         if seed is None and self.seed is None:
             child.generator.seed()
         child.output_token_ids = list(self.output_token_ids)
+        child.grammar = self.grammar.fork() if self.grammar is not None else None
         return child
 
 

@@ -20,6 +20,7 @@ from radixd.daemon.engine.scheduler import Scheduler
 from radixd.daemon.engine.sequence import BeamState, Hypothesis, RequestState, SeqIds, Sequence
 from radixd.daemon.engine.types import RequestOutput
 from radixd.daemon.sampling import SampleResult
+from radixd.daemon.structured.masks import MASKED_LOGIT
 from radixd.daemon.tokenizer import TextTokenizer
 
 
@@ -54,7 +55,9 @@ class BeamSearch:
             return
         if r.first_token_at is None:
             r.first_token_at = time.monotonic()
-        st.candidates[seq.seq_id] = list(res.top_logprobs) or [(res.token_id, res.logprob or 0.0)]
+        # NOTE: a token the sampler masked (a grammar's, or min_tokens' ends) is never a candidate.
+        top = [c for c in res.top_logprobs if c[1] > MASKED_LOGIT / 2]
+        st.candidates[seq.seq_id] = top or [(res.token_id, res.logprob or 0.0)]
         live = r.live_seqs
         if all(s.seq_id in st.candidates for s in live):
             self._select(r, st, live)
@@ -92,7 +95,10 @@ class BeamSearch:
                 self.outputs.finish_seq(b, "stop", emit=False)
                 continue
             base_tokens = list(b.tokens)
+            # NOTE: every extension forks the parent's sampler before any of them appends its token,
+            # so each history (and grammar) holds the parent's tokens plus its own one.
             base_state = b.sampling
+            states = [base_state] + [base_state.fork(None) for _ in chosen[1:]] if base_state else []
             for j, (tok, score) in enumerate(chosen):
                 if j == 0:
                     child = b
@@ -101,8 +107,8 @@ class BeamSearch:
                     self.kv.fork(b, [child])
                     self.scheduler.add_running(child)
                     r.seqs.append(child)
-                if base_state is not None:
-                    child.sampling = base_state.fork(None) if j else base_state
+                if states:
+                    child.sampling = states[j]
                     child.sampling.append(tok)
                 child.tokens.append(tok)
                 child.score = score

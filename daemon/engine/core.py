@@ -4,9 +4,11 @@ It is composed of components, each owning one concern and its state, reached onl
 methods: `kv` (KVManager: the only engine module that calls the radix tree and the device pool),
 `scheduler`, `sessions`, `forker` (a request's sequences and CoW forks), `beams` (beam search),
 `outputs` (token acceptance, streaming, sequence endings), `requests` (the requests in flight: admission,
-aborts, endings, failures; requests.py), `admin` (eviction, flushes, peaks), `validator` (fixed limits)
-and `watchdog` (stalled work reported). Every command (commands.py: requests, administration, stats,
-sessions) goes through one table (dispatch.py) by `execute`; `stats()` reads them all into one record.
+aborts, endings, failures; requests.py, with those waiting for their grammar to compile: grammars.py),
+`admin` (eviction, flushes, peaks), `validator` (fixed limits), `watchdog` (stalled work reported) and
+`grammars` (constraints compiled off this thread: structured/cache.py). Every command (commands.py:
+requests, administration, stats, sessions) goes through one table (dispatch.py) by `execute`; `stats()`
+reads them all into one record.
 
 `step()` asks the scheduler for a plan, applies copy-on-write copies, runs the model, then accepts
 sampled tokens: text deltas go to each request's sink, finished sequences insert their tokens into the
@@ -17,6 +19,7 @@ CLI may drive it directly with `run_until_idle()` and the components' methods.
 from __future__ import annotations
 
 import concurrent.futures
+import functools
 import time
 from array import array
 from typing import Any, TypeVar, cast
@@ -29,6 +32,7 @@ from radixd.daemon.engine.commands import Abort, Command, Submit
 from radixd.daemon.engine.config import EngineConfig
 from radixd.daemon.engine.dispatch import command_table
 from radixd.daemon.engine.forks import Forker
+from radixd.daemon.engine.grammars import GrammarWait
 from radixd.daemon.engine.kv import KVManager
 from radixd.daemon.engine.outputs import Outputs
 from radixd.daemon.engine.requests import Requests
@@ -42,6 +46,9 @@ from radixd.daemon.engine.validation import Validator
 from radixd.daemon.engine.watchdog import Watchdog
 from radixd.daemon.runner import DecodeRows, ModelRunner, StepSeq
 from radixd.daemon.sampling import SampleResult
+from radixd.daemon.structured.cache import GrammarCache
+from radixd.daemon.structured.matcher import GrammarRefused
+from radixd.daemon.structured.tokenizer import llg_tokenizer
 from radixd.daemon.tokenizer import TextTokenizer
 
 T = TypeVar("T")
@@ -71,6 +78,7 @@ class EngineCore:
         tokenizer: TextTokenizer,
         config: EngineConfig | None = None,
         eos_token_ids: tuple[int, ...] = (),
+        grammars: GrammarCache | None = None,
     ) -> None:
         self.config = config or EngineConfig()
         self.runner = runner
@@ -88,10 +96,22 @@ class EngineCore:
         self.scheduler = Scheduler(cfg, self.kv, self.swap, self.forker)
         self.sessions = SessionManager(self.kv, cfg.session_ttl_s)
         self.validator = Validator(self.kv, self.max_model_len, self.vocab_size)
+        # Constraints compile off this thread, once per canonical form, over this model's tokenizer.
+        if grammars is None:
+            grammars = GrammarCache(
+                functools.partial(llg_tokenizer, tokenizer, self.vocab_size, self.eos_token_ids)
+            )
+        self.grammars = grammars
         self.outputs = Outputs(self.scheduler, self.kv, self.swap, self.max_model_len, cfg.stream_interval)
         self.watchdog = Watchdog(cfg.watchdog_s, self.scheduler, self.kv)
         self.requests = Requests(
-            self.validator, self.sessions, self.forker, self.scheduler, self.outputs, self.watchdog.progressed
+            self.validator,
+            GrammarWait(self.grammars),
+            self.sessions,
+            self.forker,
+            self.scheduler,
+            self.outputs,
+            self.watchdog.progressed,
         )
         self.beams = BeamSearch(
             self.scheduler,
@@ -153,7 +173,7 @@ class EngineCore:
             fut.set_result(result)
 
     def has_work(self) -> bool:
-        return self.scheduler.has_work()
+        return self.scheduler.has_work() or bool(self.requests.grammars)
 
     # ---- stats -----------------------------------------------------------------------------------
     def stats(self) -> EngineStats:
@@ -197,6 +217,8 @@ class EngineCore:
     # ---- the step --------------------------------------------------------------------------------
     def step(self) -> bool:
         """Schedule and run one step; -> whether any token was computed."""
+        if self.requests.grammars:
+            self.requests.admit_compiled()
         plan = self.scheduler.schedule()
         # NOTE: pending work that plans nothing is stalled on memory, and nothing else would free it
         # before a session lease lapses (the TTL, 600 s by default): free room until something fits.
@@ -285,6 +307,9 @@ class EngineCore:
             if self.step():
                 idle_steps = 0
                 continue
+            if self.requests.grammars:  # nothing to run until a grammar compiles (off this thread)
+                self.requests.grammars.wait(1.0)
+                continue
             self.tick()
             idle_steps += 1
             if idle_steps > 2 and self.has_work():
@@ -311,18 +336,24 @@ class EngineCore:
                 if seq.remaining == 0:
                     self.scheduler.fork_root(seq)
             elif res is not None:
-                if seq.request.req.beam_width:
-                    self.beams.step(seq, res)
-                else:
-                    if outputs.accept(seq, res):
-                        requests.finish(seq.request)
-                    accepted += 1
+                try:
+                    if seq.request.req.beam_width:
+                        self.beams.step(seq, res)
+                    else:
+                        if outputs.accept(seq, res):
+                            requests.finish(seq.request)
+                        accepted += 1
+                except GrammarRefused as exc:  # a token the mask should have forbidden: this request
+                    self.errors += 1
+                    requests.fail(seq.request.request_id, exc)
         self.generated_tokens += accepted
 
     # ---- timers ----------------------------------------------------------------------------------
     def idle_wait_s(self) -> float:
         """How long the engine thread may block on its queue: short while work is pending (a stalled
         step retries soon) or a flush waits for idle, longer when there is nothing to do."""
+        if self.requests.grammars:  # a compile may finish any moment: its request starts soon after
+            return 0.002
         return 0.01 if self.has_work() or self.admin.has_flush_waiters else 0.25
 
     def tick(self) -> None:

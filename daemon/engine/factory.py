@@ -9,6 +9,7 @@ from radixd.daemon.engine.core import EngineCore
 from radixd.daemon.engine.engine import Engine
 from radixd.daemon.loaders import LoadedModel, load_model
 from radixd.daemon.runner import ModelRunner, num_blocks_for_budget
+from radixd.daemon.structured.cache import GrammarCache
 from radixd.daemon.tokenizer import TextTokenizer
 
 
@@ -29,8 +30,10 @@ def build_core(
     kv_cache_gb: float | None = None,
     block_size: int = DEFAULT_BLOCK_SIZE,
     device: str = "cpu",
+    grammars: GrammarCache | None = None,
 ) -> EngineCore:
-    """An `EngineCore` over an already loaded model. Pool size: `num_blocks` if given, else what
+    """An `EngineCore` over an already loaded model (`grammars`: its constraint compile cache, by
+    default one over the model's tokenizer). Pool size: `num_blocks` if given, else what
     `kv_cache_gb` holds (default `DEFAULT_KV_CACHE_GB`) in blocks of the model's KV dtype (bf16 blocks take
     half of fp32's bytes, so the same budget holds twice as many)."""
     if num_blocks is None:
@@ -38,7 +41,9 @@ def build_core(
         num_blocks = num_blocks_for_budget(loaded.config, block_size, budget, loaded.model.dtype)
     runner = ModelRunner(loaded.model, num_blocks=num_blocks, block_size=block_size, device=device)
     eos = tuple(loaded.tokenizer.eos_token_ids) or tuple(loaded.config.eos_token_ids)
-    return EngineCore(runner, loaded.tokenizer, config, eos_token_ids=eos)
+    core = EngineCore(runner, loaded.tokenizer, config, eos_token_ids=eos, grammars=grammars)
+    core.grammars.prepare()  # llguidance's tokenizer, built in the background (once per model)
+    return core
 
 
 def build_engine(

@@ -3,7 +3,8 @@
 n == 1 without beam search: one sequence samples from the start. Otherwise a *root* prefills the
 prompt but its last token, then `fork` turns it into n sampling children (or, for beam search, the
 first beam), each on a fork of the root's block table; the root's lease goes to the first child and
-the others get clones, so the shared prefix stays locked exactly as long as one of them runs.
+the others get clones, so the shared prefix stays locked exactly as long as one of them runs. A
+constrained request's samplers each walk their own copy of its grammar (a deep copy when one forks).
 """
 
 from __future__ import annotations
@@ -13,7 +14,7 @@ import dataclasses
 from radixd.daemon.engine.kv import KVManager
 from radixd.daemon.engine.sequence import BeamState, RequestState, SeqIds, SeqStatus, Sequence
 from radixd.daemon.engine.textstream import TextStream
-from radixd.daemon.sampling import SamplingState
+from radixd.daemon.sampling import SamplingParams, SamplingState
 from radixd.daemon.tokenizer import TextTokenizer
 
 
@@ -29,8 +30,14 @@ class Forker:
         self.eos_token_ids = eos_token_ids
         TextStream.prepare(tokenizer)
 
-    def sampling_state(self, r: RequestState, seed: int | None) -> SamplingState:
-        return SamplingState(r.req.sampling, r.prompt, self.eos_token_ids, seed=seed)
+    def sampling_state(
+        self, r: RequestState, seed: int | None, params: SamplingParams | None = None
+    ) -> SamplingState:
+        """A fresh sampler for `r` (`params`: other than the request's), at its grammar's start."""
+        st = SamplingState(params or r.req.sampling, r.prompt, self.eos_token_ids, seed=seed)
+        if r.grammar is not None:
+            st.grammar = r.grammar.matcher()
+        return st
 
     def text(self, r: RequestState) -> TextStream | None:
         """The output's text stream; none when the reader takes ids only and no stop string needs text."""
@@ -83,7 +90,5 @@ class Forker:
         width = r.req.beam_width
         params = dataclasses.replace(r.req.sampling, temperature=0.0, logprobs=min(2 * width, 20), n=1)
         r.beam = BeamState(width)
-        beam = Sequence(
-            self.seq_ids.next(), r, 0, list(root.tokens), SamplingState(params, r.prompt, self.eos_token_ids)
-        )
+        beam = Sequence(self.seq_ids.next(), r, 0, list(root.tokens), self.sampling_state(r, None, params))
         return beam

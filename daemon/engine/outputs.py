@@ -57,16 +57,16 @@ class Outputs:
         """
         r = seq.request
         tok = res.token_id
-        tokens = seq.tokens
-        tokens.append(tok)
         reason: FinishReason | None = None
         stop: str | int | None = None  # what ended the sequence, when it stops (`matched_stop`)
         sampling = seq.sampling
         if sampling is not None:
-            sampling.append(tok)
+            sampling.append(tok)  # first: a token its grammar refuses raises before it is kept anywhere
             reason = sampling.finish_reason(tok)  # type: ignore[assignment]
             if reason == "stop" and tok in sampling.params.stop_token_ids:
                 stop = tok
+        tokens = seq.tokens
+        tokens.append(tok)
         if r.first_token_at is None:
             r.first_token_at = time.monotonic()
         seq.pending_tokens.append(tok)

@@ -2,8 +2,9 @@
 
 `Requests` is the one owner of the engine's request table and of the per-request counts. A request
 enters through `add` (`Submit`): the checks that need no engine state already ran on the caller's
-thread (`Engine.submit`, validation.py); here a session turn's full prompt is checked against the
-context and pool, then the request is registered and handed to the scheduler as its first sequence. A
+thread (`Engine.submit`, validation.py); a request with a constraint first waits, off the schedule, for
+its grammar to compile (grammars.py); then a session turn's full prompt is checked against the context
+and pool, and the request is registered and handed to the scheduler as its first sequence. A
 failing check rejects it with one error output per index. An abort ends every unfinished sequence; an
 abort for an id not seen yet is remembered, so a submit that races behind its own cancel ends at once.
 An unexpected error fails only the request it touched (finish_reason "error", code "internal", its id
@@ -18,6 +19,7 @@ from collections.abc import Callable, Iterator
 import structlog
 
 from radixd.daemon.engine.forks import Forker
+from radixd.daemon.engine.grammars import Compiled, GrammarWait
 from radixd.daemon.engine.outputs import Outputs
 from radixd.daemon.engine.scheduler import Scheduler
 from radixd.daemon.engine.sequence import RequestState
@@ -31,6 +33,7 @@ from radixd.daemon.engine.types import (
     Sink,
 )
 from radixd.daemon.engine.validation import Validator
+from radixd.daemon.structured.grammar import GrammarError
 
 log = structlog.get_logger("radixd.engine")
 
@@ -77,6 +80,7 @@ class Requests:
     def __init__(
         self,
         validator: Validator,
+        grammars: GrammarWait,
         sessions: SessionManager,
         forker: Forker,
         scheduler: Scheduler,
@@ -84,6 +88,7 @@ class Requests:
         on_first_work: Callable[[], None],
     ) -> None:
         self.validator = validator
+        self.grammars = grammars
         self.sessions = sessions
         self.forker = forker
         self.scheduler = scheduler
@@ -101,33 +106,72 @@ class Requests:
 
     # ---- the table -------------------------------------------------------------------------------
     def __len__(self) -> int:
-        return len(self._table)
+        return len(self._table) + len(self.grammars)
 
     def __getitem__(self, request_id: str) -> RequestState:
         return self._table[request_id]
 
     def ids(self) -> Iterator[str]:
-        """The ids in flight (a copy: safe while requests end)."""
-        return iter(list(self._table))
+        """The ids in flight, those waiting for their grammar included (a copy: safe while requests
+        end)."""
+        return iter([*self._table, *self.grammars.ids()])
 
     # ---- entering --------------------------------------------------------------------------------
     def add(self, req: GenerateRequest, sink: Sink) -> None:
-        """Queue `req` as its first sequence, or reject it through `sink` with the reason."""
+        """Queue `req` as its first sequence, or reject it through `sink` with the reason. A request
+        whose constraint is still compiling waits for it (`grammars`, taken back by `admit_compiled`)."""
         rid = req.request_id
         if rid in self._early_aborts:
             self._early_aborts.remove(rid)
-            self.aborted += 1
-            for i in range(max(req.sampling.n, 1)):
-                self.outputs.emit(
-                    sink, RequestOutput(rid, i, [], "", None, len(req.prompt_token_ids), 0, 0, True, "abort")
-                )
-            self.on_request_done(rid)
+            self._emit_aborted(req, sink)
             return
-        if rid in self._table:
+        if rid in self._table or rid in self.grammars:
             self.reject(
                 req, sink, InvalidRequest(f"request id {rid!r} is already in flight; use a unique id")
             )
             return
+        if req.sampling.constraint is None:
+            self._enter(req, sink, None)
+            return
+        compiled = self.grammars.compile(req)
+        if compiled.done():
+            self._enter(req, sink, compiled)
+            return
+        log.info("engine.grammar_wait", request_id=rid, kind=req.sampling.constraint.kind)
+        self.grammars.park(req, sink, compiled)
+
+    def admit_compiled(self) -> None:
+        """Queue the waiting requests whose grammar compiled, reject those whose grammar failed."""
+        for p in self.grammars.ready():
+            try:
+                self._enter(p.req, p.sink, p.compiled)
+            except Exception as exc:  # out of the wait, not yet in the table: only its sink can hear
+                self.fail_submit(p.req, p.sink, exc)
+
+    def _emit_aborted(self, req: GenerateRequest, sink: Sink) -> None:
+        """End a request that never entered the table with an "abort" output for each index."""
+        self.aborted += 1
+        rid = req.request_id
+        for i in range(max(req.sampling.n, 1)):
+            self.outputs.emit(
+                sink, RequestOutput(rid, i, [], "", None, len(req.prompt_token_ids), 0, 0, True, "abort")
+            )
+        self.on_request_done(rid)
+
+    def _enter(self, req: GenerateRequest, sink: Sink, compiled: Compiled | None) -> None:
+        """Queue `req` (its grammar compiled, when it has a constraint) as its first sequence."""
+        grammar = None
+        if compiled is not None:
+            exc = compiled.exception()
+            if exc is not None:
+                if isinstance(exc, GrammarError):
+                    self.reject(req, sink, InvalidRequest(str(exc)))
+                else:
+                    log.error("engine.grammar_failed", request_id=req.request_id, error=repr(exc))
+                    self.reject(req, sink, EngineFault(fault_message(exc)))
+                return
+            grammar = compiled.result()
+        rid = req.request_id
         prompt = list(req.prompt_token_ids)
         if req.session_id is not None:
             try:
@@ -139,7 +183,7 @@ class Requests:
             self.on_first_work()
         # NOTE: arrival is when the caller made the request (the RPC's arrival), not when this thread
         # picked it up between steps: queue time and TTFT include the step that was in progress.
-        r = RequestState(req=req, sink=sink, prompt=prompt, arrival=req.arrival_time)
+        r = RequestState(req=req, sink=sink, prompt=prompt, arrival=req.arrival_time, grammar=grammar)
         self._table[rid] = r
         self.prompt_tokens += len(prompt)
         log.info(
@@ -205,6 +249,11 @@ class Requests:
         -> whether a request in flight was aborted."""
         r = self._table.get(request_id)
         if r is None:
+            parked = self.grammars.take(request_id)
+            if parked is not None:
+                log.info("engine.abort", request_id=request_id)
+                self._emit_aborted(parked.req, parked.sink)
+                return True
             if request_id not in self._early_aborts:
                 self._early_aborts.append(request_id)
             return False
@@ -254,6 +303,10 @@ class Requests:
     def fail_all(self, exc: BaseException) -> None:
         """The engine thread is dying: fail every request in flight. A request whose state is too
         broken to finish properly still gets its error outputs."""
+        for rid in self.grammars.ids():
+            parked = self.grammars.take(rid)
+            if parked is not None:
+                self.reject(parked.req, parked.sink, EngineFault(fault_message(exc)))
         for rid, r in list(self._table.items()):
             try:
                 self.fail(rid, exc)

@@ -28,6 +28,7 @@ from radixd.radix import TOKEN_BYTES, TokenKey
 if TYPE_CHECKING:
     from radixd.daemon.engine.textstream import TextStream
     from radixd.daemon.sampling import SamplingState
+    from radixd.daemon.structured.matcher import CompiledGrammar
     from radixd.radix import BlockTable, Lease
 
 
@@ -153,6 +154,7 @@ class RequestState:
     done: bool = False
     forked: bool = False
     beam: BeamState | None = None
+    grammar: CompiledGrammar | None = None  # the constraint, compiled: each sequence walks a copy
 
     @property
     def request_id(self) -> str:

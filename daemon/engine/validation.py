@@ -47,4 +47,15 @@ class Validator:
             raise InvalidRequest(f"beam_width must be in [0, 10], got {req.beam_width}")
         if req.beam_width and req.sampling.n > req.beam_width:
             raise InvalidRequest(f"n ({req.sampling.n}) must not exceed beam_width ({req.beam_width})")
+        c = req.sampling.constraint
+        if c is not None and req.sampling.ignore_eos:
+            raise InvalidRequest(
+                f"ignore_eos cannot be combined with a {c.kind} constraint: the output ends where the"
+                " constraint is complete; drop ignore_eos"
+            )
+        if c is not None and req.sampling.min_tokens:
+            raise InvalidRequest(
+                f"min_tokens cannot be combined with a {c.kind} constraint: the output ends where the"
+                " constraint is complete; drop min_tokens"
+            )
         self.check_fits(len(ids), req)

@@ -1,0 +1,127 @@
+"""A `Constraint` as llguidance grammar text, and its canonical form (the compile cache's key).
+
+llguidance takes one grammar language (Lark, possibly wrapping JSON schemas); every constraint kind maps
+onto it: `json_schema` through `grammar_from_json_schema` (`json_object` is the schema
+`{"type": "object"}`), `regex` through `grammar_from_regex`, `grammar` as Lark, or as GBNF (llama.cpp's
+dialect, converted by llguidance) when it is written with `::=` rules, `choice` as a Lark alternation
+of JSON-quoted literals, `structural_tag` (vLLM's shape: `{"structures": [{"begin", "schema", "end"}],
+"triggers": [...]}`) through llguidance's `StructTag`.
+
+A constraint that cannot be turned into a grammar raises `GrammarError` with a message that says what to
+fix; syntax inside the grammar is checked by llguidance when the matcher is built (compiler.py).
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from typing import Any
+
+import llguidance
+
+from radixd.daemon.structured.spec import Constraint
+
+# A GBNF rule starts a line: `name ::= ...` (Lark writes `name: ...`).
+_GBNF_RULE = re.compile(r"^\s*[A-Za-z_][\w.-]*\s*::=", re.MULTILINE)
+
+_ANY_OBJECT = '{"type": "object"}'
+
+
+class GrammarError(ValueError):
+    """A constraint that does not compile: a bad schema, regex or grammar, or one over the limits. The
+    message is llguidance's (or says what to fix); the engine reports it as an invalid argument."""
+
+
+def _json(kind: str, text: str) -> Any:
+    try:
+        return json.loads(text)
+    except ValueError as exc:
+        raise GrammarError(f"the {kind} constraint is not valid JSON: {exc}") from None
+
+
+def canonical(c: Constraint) -> str:
+    """The constraint's cache key: equal for constraints that compile to the same grammar.
+
+    NOTE: a schema is re-serialised without whitespace but keeps its key order: llguidance emits an
+    object's properties in the schema's order, so two schemas that differ only in that order constrain
+    the output differently and must not share a compiled grammar.
+    """
+    if c.kind == "json_schema":
+        try:
+            text = json.dumps(json.loads(c.text), separators=(",", ":"), ensure_ascii=False)
+        except ValueError:
+            text = c.text  # compiling it reports the error
+    elif c.kind == "choice":
+        text = json.dumps(list(c.choices), ensure_ascii=False)
+    else:
+        text = c.text
+    return f"{c.kind}\x00{text}"
+
+
+def grammar_source(c: Constraint, tokenizer: llguidance.LLTokenizer) -> str:
+    """The llguidance grammar of `c`; raises GrammarError when `c` cannot be expressed as one."""
+    kind = c.kind
+    try:
+        if kind == "json_schema":
+            schema = _json(kind, c.text)
+            if not isinstance(schema, dict):
+                raise GrammarError("a json_schema constraint must be a JSON object (a JSON Schema document)")
+            return str(llguidance.LLMatcher.grammar_from_json_schema(schema))
+        if kind == "json_object":
+            return str(llguidance.LLMatcher.grammar_from_json_schema(_ANY_OBJECT))
+        if kind == "regex":
+            return str(llguidance.LLMatcher.grammar_from_regex(c.text))
+        if kind == "choice":
+            alternatives = " | ".join(json.dumps(choice, ensure_ascii=False) for choice in c.choices)
+            return str(llguidance.LLMatcher.grammar_from_lark(f"start: {alternatives}"))
+        if kind == "grammar":
+            if _GBNF_RULE.search(c.text):
+                return str(llguidance.grammar_from("gbnf", c.text))
+            return str(llguidance.LLMatcher.grammar_from_lark(c.text))
+        return _structural_tag(c.text, tokenizer)
+    except GrammarError:
+        raise
+    except (ValueError, TypeError, AssertionError) as exc:
+        raise GrammarError(f"invalid {kind} constraint: {exc}") from None
+
+
+def _structural_tag(text: str, tokenizer: llguidance.LLTokenizer) -> str:
+    """vLLM's structural tag: free text until one of `triggers`, then a structure whose `begin` starts
+    with that trigger, its `schema` (JSON Schema) and its `end`, any number of times."""
+    spec = _json("structural_tag", text)
+    if not isinstance(spec, dict) or not isinstance(spec.get("structures"), list):
+        raise GrammarError(
+            'a structural_tag constraint must be a JSON object {"structures": [{"begin": ..., "schema": '
+            '..., "end": ...}], "triggers": [...]} (vLLM\'s shape); other shapes are not supported'
+        )
+    triggers = spec.get("triggers")
+    if not isinstance(triggers, list) or not triggers or not all(isinstance(t, str) and t for t in triggers):
+        raise GrammarError("a structural_tag constraint needs a non-empty list of non-empty trigger strings")
+    tags: list[llguidance.StructTag] = []
+    for i, s in enumerate(spec["structures"]):
+        if (
+            not isinstance(s, dict)
+            or not isinstance(s.get("begin"), str)
+            or not isinstance(s.get("end"), str)
+        ):
+            raise GrammarError(f"structural_tag structure {i} needs string 'begin' and 'end' and a 'schema'")
+        schema = s.get("schema", {})
+        if not isinstance(schema, dict):
+            raise GrammarError(f"structural_tag structure {i}: 'schema' must be a JSON Schema object")
+        trigger = next((t for t in triggers if s["begin"].startswith(t)), None)
+        if trigger is None:
+            raise GrammarError(
+                f"structural_tag structure {i}: its begin {s['begin']!r} starts with no trigger"
+            )
+        tags.append(llguidance.StructTag(trigger=trigger, begin=s["begin"], grammar=schema, end=s["end"]))
+    if not tags:
+        raise GrammarError("a structural_tag constraint needs at least one structure")
+    # NOTE: a `<...>` trigger is matched as a special token only where the vocabulary has it as one
+    # (Qwen's `<tool_call>`); elsewhere it is plain text the model spells out.
+    special = all(_is_special(t, tokenizer) for t in triggers if t.startswith("<") and t.endswith(">"))
+    return llguidance.StructTag.to_grammar(tags, assume_special=special)
+
+
+def _is_special(text: str, tokenizer: llguidance.LLTokenizer) -> bool:
+    ids = tokenizer.tokenize_str(text, parse_special=True)
+    return len(ids) == 1 and tokenizer.is_special_token(ids[0])
