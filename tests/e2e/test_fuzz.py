@@ -25,6 +25,7 @@ from hypothesis import strategies as st
 from radixd_client._pb import (
     cache_admin_pb2,
     cache_admin_pb2_grpc,
+    common_pb2,
     generation_pb2,
     generation_pb2_grpc,
     session_pb2,
@@ -293,6 +294,56 @@ def test_fuzz_rpc(
         assert code in ALLOWED, f"{method.name}({str(request)[:300]}) -> {code}"
 
     check()
+
+
+CONSTRAINED: collections.Counter[str] = collections.Counter()
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("wire", ["radixd", "vllm"])
+def test_fuzz_constraints(
+    fuzz_daemon: RunningDaemon, channels: tuple[grpc.Channel, grpc.Channel], baseline: list[int], wire: str
+) -> None:
+    """A valid prompt with any one constraint from CONSTRAINT_TEXTS (or any text), so every request
+    reaches the bounds and most reach the compiler and the engine's masking."""
+    pub = channels[0]
+    fields = ["json_schema", "regex", "grammar", "structural_tag", "choice", "json_object"]
+    texts = st.sampled_from([t for v in CONSTRAINT_TEXTS.values() for t in v]) | st.text(max_size=20)
+    ids = [1, 504, 3575, 282]
+
+    @settings(max_examples=EXAMPLES_PER_RPC, deadline=None, derandomize=True, database=None)
+    @given(
+        field=st.sampled_from(fields), text=texts, choices=st.lists(texts, max_size=4), n=st.integers(1, 4)
+    )
+    def check(field: str, text: str, choices: list[str], n: int) -> None:
+        constraint: dict[str, Any] = {field: text}
+        if field == "json_object":
+            constraint = {field: bool(text)}
+        if wire == "radixd":
+            if field == "choice":
+                constraint = {field: common_pb2.ChoiceConstraint(choices=choices)}
+            sampling = common_pb2.SamplingParams(max_tokens=8, n=n, seed=n, **constraint)
+            svc = generation_pb2.DESCRIPTOR.services_by_name["GenerationService"]
+            request: Any = generation_pb2.GenerateRequest(
+                prompt=common_pb2.Prompt(token_ids=common_pb2.TokenIds(ids=ids)), sampling=sampling
+            )
+        else:
+            if field == "choice":
+                constraint = {field: vllm_engine_pb2.ChoiceConstraint(choices=choices)}
+            svc = VLLM
+            request = vllm_engine_pb2.GenerateRequest(
+                request_id=f"fuzz-{CALLS['constraints']}",
+                tokenized=vllm_engine_pb2.TokenizedInput(input_ids=ids),
+                sampling_params=vllm_engine_pb2.SamplingParams(max_tokens=8, n=n, seed=n, **constraint),
+            )
+        code = call(pub, svc, svc.methods_by_name["Generate"], request, False)
+        CALLS["constraints"] += 1
+        CODES[code.name] += 1
+        CONSTRAINED[code.name] += 1
+        assert code in ALLOWED, f"{wire} {field}={str(constraint)[:300]} -> {code}"
+
+    check()
+    assert {"OK", "INVALID_ARGUMENT"} <= set(CONSTRAINED), CONSTRAINED
 
 
 @pytest.mark.slow
