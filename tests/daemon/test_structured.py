@@ -134,22 +134,30 @@ def test_structural_tag_in_vllms_shape(smollm: LoadedModel, llg: llguidance.LLTo
 
 @pytest.mark.slow
 def test_matcher_forks_walk_apart_and_the_state_tracks_its_history(llg: llguidance.LLTokenizer) -> None:
-    compiled = compile_constraint(Constraint("choice", choices=("yes", "no")), llg)
-    state = SamplingState(
-        SamplingParams(max_tokens=8, constraint=Constraint("choice", choices=("yes", "no")))
-    )
+    choice = Constraint("choice", choices=("yes", "no"))
+    compiled = compile_constraint(choice, llg)
+    yes, no = llg.tokenize_str("yes"), llg.tokenize_str("no")
+    state = SamplingState(SamplingParams(max_tokens=8, constraint=choice), eos_token_ids=(2,))
     state.grammar = compiled.matcher()
     child = state.fork(seed=1)
-    yes, no = llg.tokenize_str("yes"), llg.tokenize_str("no")
     for t in yes:
         state.append(t)
-    assert state.finish_reason(yes[-1]) == "stop"
+    assert state.grammar.stopped and state.finish_reason(yes[-1]) is None  # the end of turn comes next
+    probe = state.fork(seed=2)  # a refused token breaks its matcher: probe on a copy
     with pytest.raises(GrammarRefused):
-        state.append(no[0])
-    assert state.output_token_ids == yes  # a refused token is not recorded
+        probe.append(no[0])
+    assert probe.output_token_ids == yes  # a refused token is not recorded
+    state.append(2)
+    assert state.finish_reason(2) == "stop"
     for t in no:
         child.append(t)
-    assert child.finish_reason(no[-1]) == "stop"
+    assert child.output_token_ids == no and child.grammar is not None and child.grammar.stopped
+    # Complete exactly at max_tokens: a whole document, so "stop" rather than "length".
+    short = SamplingState(SamplingParams(max_tokens=len(no), constraint=choice), eos_token_ids=(2,))
+    short.grammar = compiled.matcher()
+    for t in no:
+        short.append(t)
+    assert short.finish_reason(no[-1]) == "stop"
 
 
 @pytest.mark.slow
