@@ -14,6 +14,7 @@ forward pass runs and applied to that row's logits before sampling (structured/m
 
 from __future__ import annotations
 
+import contextlib
 import operator
 from array import array
 from collections.abc import Sequence
@@ -309,8 +310,9 @@ class ModelRunner:
         try:
             hidden, last = self._forward(chunks, rows)
         except BaseException:
-            if masks is not None:
-                masks.wait()
+            if masks is not None:  # no fill outlives its step (the engine may touch the matchers next)
+                with contextlib.suppress(Exception):
+                    masks.wait()
             raise
         if None not in states:  # every row samples (a decode step): no row bookkeeping
             idx = torch.tensor(last, dtype=torch.int64, device=self.device)

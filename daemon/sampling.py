@@ -183,10 +183,9 @@ class SamplingState:
                 return "stop"
             if not self.params.ignore_eos and token_id in self.eos_token_ids:
                 return "stop"
-        if self.grammar is not None and self.grammar.stopped:  # complete: only an end could follow
-            return "stop"
         if n_out >= self.params.max_tokens:
-            return "length"
+            # A grammar complete at the last token is a whole document, cut short of nothing.
+            return "stop" if self.grammar is not None and self.grammar.stopped else "length"
         return None
 
     def fork(self, seed: int | None) -> SamplingState:

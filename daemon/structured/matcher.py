@@ -44,7 +44,8 @@ class Matcher:
 
     @property
     def stopped(self) -> bool:
-        """The grammar is complete and admits nothing more (only an end-of-turn token)."""
+        """The grammar is complete and admits nothing more: its next mask allows only the ends of turn,
+        so the sequence ends with "stop" on the next token, which closes the turn as any output does."""
         return bool(self.raw.is_stopped())
 
     def fork(self) -> Matcher:

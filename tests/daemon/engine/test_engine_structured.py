@@ -62,8 +62,10 @@ def test_every_kind_yields_valid_output_and_stops(smollm: LoadedModel) -> None:
     assert col.text("choice") in ANSWERS
     assert is_expression(col.text("lark")), col.text("lark")
     assert is_expression(col.text("gbnf")), col.text("gbnf")
-    # A finished grammar ends the output itself: no end-of-turn token is sampled or shown.
-    assert not set(col.tokens("json")) & set(core.eos_token_ids)
+    # A complete grammar allows only an end of turn, which closes the output as usual.
+    for r in reqs:
+        assert col.tokens(r.request_id)[-1] in core.eos_token_ids
+    assert "<|im_end|>" not in col.text("json")
     assert_all_free(core)
 
 
@@ -217,4 +219,20 @@ def test_resent_schema_hits_the_compile_cache(smollm: LoadedModel) -> None:
         jsonschema.validate(json.loads(col.text(f"t{i}")), PERSON)
     hits, misses = cache.counts.hits - before[0], cache.counts.misses - before[1]
     assert misses <= 1 and hits >= 2
+    assert_all_free(core)
+
+
+def test_a_constrained_turn_is_cached_for_the_next(smollm: LoadedModel) -> None:
+    core = make_core(smollm)
+    core.sessions.create("chat", tokens=[])
+    turn1 = chat(smollm, "Describe a person as JSON.")
+    col = run(core, [GenerateRequest("t1", turn1, constrained(person()), session_id="chat")])
+    out1 = col.tokens("t1")
+    jsonschema.validate(json.loads(col.text("t1")), PERSON)
+    assert list(core.sessions.get("chat").tokens) == turn1 + out1
+    turn2 = smollm.tokenizer.encode("<|im_start|>user\nAnd another?<|im_end|>\n<|im_start|>assistant\n")
+    col = run(core, [GenerateRequest("t2", turn2, constrained(person()), session_id="chat")], col)
+    assert col.final("t2").cached_tokens == len(turn1) + len(out1) - 1
+    jsonschema.validate(json.loads(col.text("t2")), PERSON)
+    core.sessions.close("chat", keep_cached=False)
     assert_all_free(core)
