@@ -152,6 +152,16 @@ def test_a_constraint_the_library_cannot_compile_is_invalid_argument_with_its_me
             c.complete("Hello", max_tokens=4, **sampling)
         assert err.value.code() == grpc.StatusCode.INVALID_ARGUMENT, err.value.details()
         assert needle in (err.value.details() or ""), err.value.details()
+        session = c.create_session("You are terse.")
+        try:
+            with pytest.raises(grpc.RpcError) as serr:
+                list(session.send("Hello", max_tokens=4, **sampling))
+            assert serr.value.code() == grpc.StatusCode.INVALID_ARGUMENT, serr.value.details()
+            assert needle in (serr.value.details() or ""), serr.value.details()
+            # the refused turn left the session as it was: the next turn runs
+            assert session.send("Hello", max_tokens=2, temperature=0.0).collect().completion_tokens == 2
+        finally:
+            c.close_session(session.id)
         with grpc.insecure_channel(daemon.address) as channel:
             req = vllm_pb.GenerateRequest(
                 request_id="uncompilable",
