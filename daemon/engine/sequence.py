@@ -27,6 +27,7 @@ from radixd.radix import TOKEN_BYTES, TokenKey
 
 if TYPE_CHECKING:
     from radixd.daemon.engine.textstream import TextStream
+    from radixd.daemon.prompt_logprobs import PromptLogprobs
     from radixd.daemon.sampling import SamplingState
     from radixd.radix import BlockTable, Lease
 
@@ -153,6 +154,8 @@ class RequestState:
     done: bool = False
     forked: bool = False
     beam: BeamState | None = None
+    # Set when the request asks for prompt logprobs; None again once they went out (Outputs).
+    prompt_logprobs: PromptLogprobs | None = None
 
     @property
     def request_id(self) -> str:
