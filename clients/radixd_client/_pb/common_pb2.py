@@ -24,15 +24,17 @@ _sym_db = _symbol_database.Default()
 
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x16radixd/v1/common.proto\x12\tradixd.v1\"s\n\x06Prompt\x12\x0e\n\x04text\x18\x01 \x01(\tH\x00\x12(\n\ttoken_ids\x18\x02 \x01(\x0b\x32\x13.radixd.v1.TokenIdsH\x00\x12\'\n\x04\x63hat\x18\x03 \x01(\x0b\x32\x17.radixd.v1.ChatMessagesH\x00\x42\x06\n\x04kind\"\x17\n\x08TokenIds\x12\x0b\n\x03ids\x18\x01 \x03(\x05\",\n\x0b\x43hatMessage\x12\x0c\n\x04role\x18\x01 \x01(\t\x12\x0f\n\x07\x63ontent\x18\x02 \x01(\t\"W\n\x0c\x43hatMessages\x12(\n\x08messages\x18\x01 \x03(\x0b\x32\x16.radixd.v1.ChatMessage\x12\x1d\n\x15\x61\x64\x64_generation_prompt\x18\x02 \x01(\x08\"\x96\x04\n\x0eSamplingParams\x12\x18\n\x0btemperature\x18\x01 \x01(\x02H\x00\x88\x01\x01\x12\x12\n\x05top_k\x18\x02 \x01(\x05H\x01\x88\x01\x01\x12\x12\n\x05top_p\x18\x03 \x01(\x02H\x02\x88\x01\x01\x12\x12\n\x05min_p\x18\x04 \x01(\x02H\x03\x88\x01\x01\x12\x1f\n\x12repetition_penalty\x18\x05 \x01(\x02H\x04\x88\x01\x01\x12\x1d\n\x10presence_penalty\x18\x06 \x01(\x02H\x05\x88\x01\x01\x12\x1e\n\x11\x66requency_penalty\x18\x07 \x01(\x02H\x06\x88\x01\x01\x12\x11\n\x04seed\x18\x08 \x01(\x04H\x07\x88\x01\x01\x12\x17\n\nmax_tokens\x18\t \x01(\x05H\x08\x88\x01\x01\x12\x17\n\nmin_tokens\x18\n \x01(\x05H\t\x88\x01\x01\x12\x0c\n\x04stop\x18\x0b \x03(\t\x12\x16\n\x0estop_token_ids\x18\x0c \x03(\x05\x12\x12\n\nignore_eos\x18\r \x01(\x08\x12\x15\n\x08logprobs\x18\x0e \x01(\x05H\n\x88\x01\x01\x12\x0e\n\x01n\x18\x0f \x01(\x05H\x0b\x88\x01\x01\x42\x0e\n\x0c_temperatureB\x08\n\x06_top_kB\x08\n\x06_top_pB\x08\n\x06_min_pB\x15\n\x13_repetition_penaltyB\x13\n\x11_presence_penaltyB\x14\n\x12_frequency_penaltyB\x07\n\x05_seedB\r\n\x0b_max_tokensB\r\n\x0b_min_tokensB\x0b\n\t_logprobsB\x04\n\x02_n\"g\n\x0fGenerationStart\x12\x12\n\nrequest_id\x18\x01 \x01(\t\x12\x15\n\rprompt_tokens\x18\x02 \x01(\r\x12\x15\n\rcached_tokens\x18\x03 \x01(\r\x12\x12\n\nsession_id\x18\x04 \x01(\t\"1\n\x0cTokenLogprob\x12\x10\n\x08token_id\x18\x01 \x01(\x05\x12\x0f\n\x07logprob\x18\x02 \x01(\x02\"S\n\x08Logprobs\x12\x10\n\x08token_id\x18\x01 \x01(\x05\x12\x0f\n\x07logprob\x18\x02 \x01(\x02\x12$\n\x03top\x18\x03 \x03(\x0b\x32\x17.radixd.v1.TokenLogprob\"h\n\x0fGenerationChunk\x12\r\n\x05index\x18\x01 \x01(\r\x12\x11\n\ttoken_ids\x18\x02 \x03(\x05\x12\x0c\n\x04text\x18\x03 \x01(\t\x12%\n\x08logprobs\x18\x04 \x03(\x0b\x32\x13.radixd.v1.Logprobs\"P\n\x05Usage\x12\x15\n\rprompt_tokens\x18\x01 \x01(\r\x12\x15\n\rcached_tokens\x18\x02 \x01(\r\x12\x19\n\x11\x63ompletion_tokens\x18\x03 \x01(\r\";\n\x07Timings\x12\x0f\n\x07queue_s\x18\x01 \x01(\x01\x12\x0e\n\x06ttft_s\x18\x02 \x01(\x01\x12\x0f\n\x07total_s\x18\x03 \x01(\x01\"\xa3\x01\n\rGenerationEnd\x12\r\n\x05index\x18\x01 \x01(\r\x12.\n\rfinish_reason\x18\x02 \x01(\x0e\x32\x17.radixd.v1.FinishReason\x12\r\n\x05\x65rror\x18\x03 \x01(\t\x12\x1f\n\x05usage\x18\x04 \x01(\x0b\x32\x10.radixd.v1.Usage\x12#\n\x07timings\x18\x05 \x01(\x0b\x32\x12.radixd.v1.Timings*\x91\x01\n\x0c\x46inishReason\x12\x1d\n\x19\x46INISH_REASON_UNSPECIFIED\x10\x00\x12\x16\n\x12\x46INISH_REASON_STOP\x10\x01\x12\x18\n\x14\x46INISH_REASON_LENGTH\x10\x02\x12\x17\n\x13\x46INISH_REASON_ABORT\x10\x03\x12\x17\n\x13\x46INISH_REASON_ERROR\x10\x04\x62\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x16radixd/v1/common.proto\x12\tradixd.v1\"s\n\x06Prompt\x12\x0e\n\x04text\x18\x01 \x01(\tH\x00\x12(\n\ttoken_ids\x18\x02 \x01(\x0b\x32\x13.radixd.v1.TokenIdsH\x00\x12\'\n\x04\x63hat\x18\x03 \x01(\x0b\x32\x17.radixd.v1.ChatMessagesH\x00\x42\x06\n\x04kind\"\x17\n\x08TokenIds\x12\x0b\n\x03ids\x18\x01 \x03(\x05\",\n\x0b\x43hatMessage\x12\x0c\n\x04role\x18\x01 \x01(\t\x12\x0f\n\x07\x63ontent\x18\x02 \x01(\t\"W\n\x0c\x43hatMessages\x12(\n\x08messages\x18\x01 \x03(\x0b\x32\x16.radixd.v1.ChatMessage\x12\x1d\n\x15\x61\x64\x64_generation_prompt\x18\x02 \x01(\x08\"\xb8\x05\n\x0eSamplingParams\x12\x18\n\x0btemperature\x18\x01 \x01(\x02H\x00\x88\x01\x01\x12\x12\n\x05top_k\x18\x02 \x01(\x05H\x01\x88\x01\x01\x12\x12\n\x05top_p\x18\x03 \x01(\x02H\x02\x88\x01\x01\x12\x12\n\x05min_p\x18\x04 \x01(\x02H\x03\x88\x01\x01\x12\x1f\n\x12repetition_penalty\x18\x05 \x01(\x02H\x04\x88\x01\x01\x12\x1d\n\x10presence_penalty\x18\x06 \x01(\x02H\x05\x88\x01\x01\x12\x1e\n\x11\x66requency_penalty\x18\x07 \x01(\x02H\x06\x88\x01\x01\x12\x11\n\x04seed\x18\x08 \x01(\x04H\x07\x88\x01\x01\x12\x17\n\nmax_tokens\x18\t \x01(\x05H\x08\x88\x01\x01\x12\x17\n\nmin_tokens\x18\n \x01(\x05H\t\x88\x01\x01\x12\x0c\n\x04stop\x18\x0b \x03(\t\x12\x16\n\x0estop_token_ids\x18\x0c \x03(\x05\x12\x12\n\nignore_eos\x18\r \x01(\x08\x12\x15\n\x08logprobs\x18\x0e \x01(\x05H\n\x88\x01\x01\x12\x0e\n\x01n\x18\x0f \x01(\x05H\x0b\x88\x01\x01\x12<\n\nlogit_bias\x18\x18 \x03(\x0b\x32(.radixd.v1.SamplingParams.LogitBiasEntry\x12\x1c\n\x0fprompt_logprobs\x18\x19 \x01(\x05H\x0c\x88\x01\x01\x1a\x30\n\x0eLogitBiasEntry\x12\x0b\n\x03key\x18\x01 \x01(\x05\x12\r\n\x05value\x18\x02 \x01(\x02:\x02\x38\x01\x42\x0e\n\x0c_temperatureB\x08\n\x06_top_kB\x08\n\x06_top_pB\x08\n\x06_min_pB\x15\n\x13_repetition_penaltyB\x13\n\x11_presence_penaltyB\x14\n\x12_frequency_penaltyB\x07\n\x05_seedB\r\n\x0b_max_tokensB\r\n\x0b_min_tokensB\x0b\n\t_logprobsB\x04\n\x02_nB\x12\n\x10_prompt_logprobs\"\x95\x01\n\x0fGenerationStart\x12\x12\n\nrequest_id\x18\x01 \x01(\t\x12\x15\n\rprompt_tokens\x18\x02 \x01(\r\x12\x15\n\rcached_tokens\x18\x03 \x01(\r\x12\x12\n\nsession_id\x18\x04 \x01(\t\x12,\n\x0fprompt_logprobs\x18\x05 \x03(\x0b\x32\x13.radixd.v1.Logprobs\"1\n\x0cTokenLogprob\x12\x10\n\x08token_id\x18\x01 \x01(\x05\x12\x0f\n\x07logprob\x18\x02 \x01(\x02\"S\n\x08Logprobs\x12\x10\n\x08token_id\x18\x01 \x01(\x05\x12\x0f\n\x07logprob\x18\x02 \x01(\x02\x12$\n\x03top\x18\x03 \x03(\x0b\x32\x17.radixd.v1.TokenLogprob\"h\n\x0fGenerationChunk\x12\r\n\x05index\x18\x01 \x01(\r\x12\x11\n\ttoken_ids\x18\x02 \x03(\x05\x12\x0c\n\x04text\x18\x03 \x01(\t\x12%\n\x08logprobs\x18\x04 \x03(\x0b\x32\x13.radixd.v1.Logprobs\"P\n\x05Usage\x12\x15\n\rprompt_tokens\x18\x01 \x01(\r\x12\x15\n\rcached_tokens\x18\x02 \x01(\r\x12\x19\n\x11\x63ompletion_tokens\x18\x03 \x01(\r\";\n\x07Timings\x12\x0f\n\x07queue_s\x18\x01 \x01(\x01\x12\x0e\n\x06ttft_s\x18\x02 \x01(\x01\x12\x0f\n\x07total_s\x18\x03 \x01(\x01\"\xa3\x01\n\rGenerationEnd\x12\r\n\x05index\x18\x01 \x01(\r\x12.\n\rfinish_reason\x18\x02 \x01(\x0e\x32\x17.radixd.v1.FinishReason\x12\r\n\x05\x65rror\x18\x03 \x01(\t\x12\x1f\n\x05usage\x18\x04 \x01(\x0b\x32\x10.radixd.v1.Usage\x12#\n\x07timings\x18\x05 \x01(\x0b\x32\x12.radixd.v1.Timings*\x91\x01\n\x0c\x46inishReason\x12\x1d\n\x19\x46INISH_REASON_UNSPECIFIED\x10\x00\x12\x16\n\x12\x46INISH_REASON_STOP\x10\x01\x12\x18\n\x14\x46INISH_REASON_LENGTH\x10\x02\x12\x17\n\x13\x46INISH_REASON_ABORT\x10\x03\x12\x17\n\x13\x46INISH_REASON_ERROR\x10\x04\x62\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
 _builder.BuildTopDescriptorsAndMessages(DESCRIPTOR, 'radixd.v1.common_pb2', _globals)
 if not _descriptor._USE_C_DESCRIPTORS:
   DESCRIPTOR._loaded_options = None
-  _globals['_FINISHREASON']._serialized_start=1508
-  _globals['_FINISHREASON']._serialized_end=1653
+  _globals['_SAMPLINGPARAMS_LOGITBIASENTRY']._loaded_options = None
+  _globals['_SAMPLINGPARAMS_LOGITBIASENTRY']._serialized_options = b'8\001'
+  _globals['_FINISHREASON']._serialized_start=1717
+  _globals['_FINISHREASON']._serialized_end=1862
   _globals['_PROMPT']._serialized_start=37
   _globals['_PROMPT']._serialized_end=152
   _globals['_TOKENIDS']._serialized_start=154
@@ -42,19 +44,21 @@ if not _descriptor._USE_C_DESCRIPTORS:
   _globals['_CHATMESSAGES']._serialized_start=225
   _globals['_CHATMESSAGES']._serialized_end=312
   _globals['_SAMPLINGPARAMS']._serialized_start=315
-  _globals['_SAMPLINGPARAMS']._serialized_end=849
-  _globals['_GENERATIONSTART']._serialized_start=851
-  _globals['_GENERATIONSTART']._serialized_end=954
-  _globals['_TOKENLOGPROB']._serialized_start=956
-  _globals['_TOKENLOGPROB']._serialized_end=1005
-  _globals['_LOGPROBS']._serialized_start=1007
-  _globals['_LOGPROBS']._serialized_end=1090
-  _globals['_GENERATIONCHUNK']._serialized_start=1092
-  _globals['_GENERATIONCHUNK']._serialized_end=1196
-  _globals['_USAGE']._serialized_start=1198
-  _globals['_USAGE']._serialized_end=1278
-  _globals['_TIMINGS']._serialized_start=1280
-  _globals['_TIMINGS']._serialized_end=1339
-  _globals['_GENERATIONEND']._serialized_start=1342
-  _globals['_GENERATIONEND']._serialized_end=1505
+  _globals['_SAMPLINGPARAMS']._serialized_end=1011
+  _globals['_SAMPLINGPARAMS_LOGITBIASENTRY']._serialized_start=773
+  _globals['_SAMPLINGPARAMS_LOGITBIASENTRY']._serialized_end=821
+  _globals['_GENERATIONSTART']._serialized_start=1014
+  _globals['_GENERATIONSTART']._serialized_end=1163
+  _globals['_TOKENLOGPROB']._serialized_start=1165
+  _globals['_TOKENLOGPROB']._serialized_end=1214
+  _globals['_LOGPROBS']._serialized_start=1216
+  _globals['_LOGPROBS']._serialized_end=1299
+  _globals['_GENERATIONCHUNK']._serialized_start=1301
+  _globals['_GENERATIONCHUNK']._serialized_end=1405
+  _globals['_USAGE']._serialized_start=1407
+  _globals['_USAGE']._serialized_end=1487
+  _globals['_TIMINGS']._serialized_start=1489
+  _globals['_TIMINGS']._serialized_end=1548
+  _globals['_GENERATIONEND']._serialized_start=1551
+  _globals['_GENERATIONEND']._serialized_end=1714
 # @@protoc_insertion_point(module_scope)

@@ -33,12 +33,9 @@ def _refuse_unsupported(msg: vllm_engine_pb2.SamplingParams) -> None:
     constraint = msg.WhichOneof("constraint")
     if constraint is not None:
         _refuse(constraint, "structured outputs are not implemented; leave the constraint unset")
-    if msg.logit_bias:
-        _refuse("logit_bias", "per-token logit biases are not implemented; send the request without it")
-    if msg.HasField("prompt_logprobs"):
-        _refuse("prompt_logprobs", "prompt logprobs are not computed; leave it unset")
-    if msg.HasField("logprobs") and msg.logprobs < 0:
-        _refuse("logprobs", f"-1 (every token) is not served; ask for at most {MAX_LOGPROBS}")
+    for name in ("logprobs", "prompt_logprobs"):
+        if msg.HasField(name) and getattr(msg, name) < 0:
+            _refuse(name, f"-1 (every token) is not served; ask for at most {MAX_LOGPROBS}")
 
 
 def sampling_from_vllm(msg: vllm_engine_pb2.SamplingParams, limits: Limits) -> SamplingParams:
@@ -62,6 +59,8 @@ def sampling_from_vllm(msg: vllm_engine_pb2.SamplingParams, limits: Limits) -> S
         seed=msg.seed if msg.HasField("seed") else None,
         ignore_eos=msg.ignore_eos,
         logprobs=msg.logprobs if msg.HasField("logprobs") else None,
+        prompt_logprobs=msg.prompt_logprobs if msg.HasField("prompt_logprobs") else None,
+        logit_bias=msg.logit_bias,
     )
 
 
