@@ -12,6 +12,8 @@ import torch
 from engine_kit import QUESTIONS, SYSTEM, Collector, assert_all_free, greedy, make_core, run, sampled
 
 from radixd.daemon.engine.core import EngineCore
+from radixd.daemon.engine.prompt_scoring import scoring
+from radixd.daemon.engine.sequence import Sequence
 from radixd.daemon.engine.types import GenerateRequest, RequestOutput, TokenLogprob
 from radixd.daemon.loaders import LoadedModel
 from radixd.daemon.runner import ModelRunner, StepSeq
@@ -168,3 +170,34 @@ def test_a_logit_bias_id_outside_the_vocabulary_is_refused(smollm: LoadedModel) 
     core.requests.add(GenerateRequest("y", prompt(smollm), greedy(2)), col)
     core.run_until_idle()
     assert col.final("y").finish_reason == "length"
+
+
+@pytest.mark.parametrize("mode", ["recompute", "swap"])
+def test_prompt_logprobs_survive_preemption_mid_prefill(smollm: LoadedModel, mode: str) -> None:
+    """A pool far smaller than the load: sequences are preempted while their prompt is being scored,
+    and resume from no more of the cache than they scored."""
+    extra = {"preemption_mode": "swap", "num_host_blocks": 24} if mode == "swap" else {}
+    core = make_core(smollm, num_blocks=16, max_num_batched_tokens=24, **extra)
+    reqs = []
+    for i, q in enumerate(QUESTIONS):
+        p = smollm.tokenizer.encode(SYSTEM[: 60 + 20 * i] + "\nUser: " + q + "\nAssistant:")
+        reqs.append(
+            GenerateRequest(f"r{i}", p, sampled(seed=i, max_tokens=12, prompt_logprobs=1), priority=-i)
+        )
+    reqs.append(GenerateRequest("n2", reqs[-1].prompt_token_ids, greedy(8, n=2, prompt_logprobs=1)))
+    refs = {r.request_id: reference(core, r.prompt_token_ids) for r in reqs}
+    preempted_scoring: list[bool] = []
+    preempt = core.scheduler.preempt
+
+    def watch(seq: Sequence) -> None:
+        preempted_scoring.append(scoring(seq) is not None)
+        preempt(seq)
+
+    core.scheduler.preempt = watch  # type: ignore[method-assign]
+    col = run(core, reqs)
+    assert any(preempted_scoring), "no sequence was preempted while scoring its prompt"
+    for r in reqs:
+        got = [lp for i in range(r.sampling.n) for lp in carried(col.outs[(r.request_id, i)])]
+        assert len(got) == 1, r.request_id
+        check(got[0], r.prompt_token_ids, refs[r.request_id], 1)
+    assert_all_free(core)
