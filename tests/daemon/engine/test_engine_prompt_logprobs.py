@@ -82,13 +82,9 @@ def test_prompt_logprobs_under_chunked_prefill(smollm: LoadedModel, chunk: int) 
     p = prompt(smollm, 1)
     p = p[: (len(p) - 2) // chunk * chunk + 2]  # the root computes len - 1 = k * chunk + 1 tokens
     ref = reference(core, p)
-    col = run(
-        core,
-        [
-            GenerateRequest("one", p, greedy(3, prompt_logprobs=2)),
-            GenerateRequest("two", p, sampled(7, 3, n=2, prompt_logprobs=2)),
-        ],
-    )
+    # Alone, so the root's chunks are exactly chunk, chunk, ..., 1 (the last one a scored position).
+    col = run(core, [GenerateRequest("two", p, sampled(7, 3, n=2, prompt_logprobs=2))])
+    col = run(core, [GenerateRequest("one", p, greedy(3, prompt_logprobs=2))], col)
     check(carried(col.outs[("one", 0)])[0], p, ref, 2)
     got = carried(col.outs[("two", 0)]) + carried(col.outs[("two", 1)])
     assert len(got) == 1  # once per request, whichever index spoke first
