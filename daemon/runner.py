@@ -27,6 +27,7 @@ from radixd import kernels
 from radixd.daemon.engine.limits import check_token_ids
 from radixd.daemon.host import configure_threads
 from radixd.daemon.model import AttentionMetadata, LlamaModel, ModelConfig
+from radixd.daemon.prompt_logprobs import PromptLogprobs, score_chunk
 from radixd.daemon.sampling import SampleResult, SamplingState, sample
 from radixd.daemon.structured.masks import StepMasks
 
@@ -40,6 +41,8 @@ class StepSeq:
     start_pos: int  # tokens of this sequence already in KV (position of token_ids[0])
     block_table: Sequence[int]  # physical blocks covering [0, start_pos + len(token_ids)); array('i')
     sample: SamplingState | None  # None for a non-final prefill chunk (compute KV only)
+    # Set while the request scores its prompt: the chunk's positions are scored into it (`run`).
+    prompt_logprobs: PromptLogprobs | None = None
 
 
 @dataclass(slots=True)
@@ -301,7 +304,8 @@ class ModelRunner:
     @torch.inference_mode()
     def run(self, chunks: Sequence[StepSeq], rows: DecodeRows) -> list[SampleResult | None]:
         """Compute a step: multi-token `chunks` (prefill), then one-token decode `rows`; sample where
-        a sampling state is set. -> one result per chunk, then one per decode row."""
+        a sampling state is set; a chunk carrying `prompt_logprobs` has its positions scored into it.
+        -> one result per chunk, then one per decode row."""
         if not chunks and not rows.seq_ids:
             return []
         states = [s.sample for s in chunks] + rows.samples
@@ -309,6 +313,12 @@ class ModelRunner:
         masks = self._masks().start(states) if self._constrained(states) else None
         try:
             hidden, last = self._forward(chunks, rows)
+            for i, s in enumerate(chunks):
+                if s.prompt_logprobs is not None:
+                    first = last[i] - len(s.token_ids) + 1
+                    score_chunk(
+                        hidden, first, s.start_pos, len(s.token_ids), s.prompt_logprobs, self.model.logits
+                    )
         except BaseException:
             if masks is not None:  # no fill outlives its step (the engine may touch the matchers next)
                 with contextlib.suppress(Exception):

@@ -13,7 +13,7 @@ with anything else, and on any device.
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
@@ -26,6 +26,10 @@ if TYPE_CHECKING:
 
 # A large finite negative instead of -inf keeps softmax free of NaN when a row is fully masked.
 _NEG = -1e30
+# `logit_bias` values, as OpenAI and vLLM: -100 bans a token in practice, +100 all but forces it.
+MAX_ABS_LOGIT_BIAS = 100.0
+# Top alternatives `logprobs` and `prompt_logprobs` may ask for per token.
+MAX_TOP_LOGPROBS = 20
 
 
 def _check_finite(name: str, value: float) -> None:
@@ -51,6 +55,13 @@ class SamplingParams:
     presence/frequency penalties ([-2, 2]) subtract from logits of tokens already generated.
     logprobs=None returns no logprobs; logprobs=n returns the chosen token's logprob and the top n.
     constraint: the output must match it (JSON schema, regex, grammar, choice; `structured.spec`).
+    logit_bias: (token id, bias) pairs (a mapping is accepted and stored sorted), each bias in
+    [-100, 100] added to that token's logit before penalties and sampling, as OpenAI / vLLM; ids are
+    checked against the vocabulary by the engine's validator. Logprobs describe the biased
+    distribution (see `sample`).
+    prompt_logprobs=None computes none; k >= 0 returns each prompt token's logprob under the model
+    (the raw distribution: no bias, penalty or temperature, as vLLM) and the top k; see
+    `RequestOutput.prompt_logprobs`.
     """
 
     max_tokens: int = 16
@@ -69,6 +80,8 @@ class SamplingParams:
     logprobs: int | None = None
     n: int = 1
     constraint: Constraint | None = None
+    logit_bias: tuple[tuple[int, float], ...] = ()
+    prompt_logprobs: int | None = None
 
     def __post_init__(self) -> None:
         _check_int("max_tokens", self.max_tokens, 1)
@@ -104,11 +117,14 @@ class SamplingParams:
         for t in self.stop_token_ids:
             _check_int("stop_token_ids entry", t, 0)
         object.__setattr__(self, "stop_token_ids", tuple(self.stop_token_ids))
-        if self.logprobs is not None:
-            _check_int("logprobs", self.logprobs, 0)
-            if self.logprobs > 20:
-                raise ValueError(f"logprobs must be <= 20, got {self.logprobs}")
+        for name in ("logprobs", "prompt_logprobs"):
+            value = getattr(self, name)
+            if value is not None:
+                _check_int(name, value, 0)
+                if value > MAX_TOP_LOGPROBS:
+                    raise ValueError(f"{name} must be <= {MAX_TOP_LOGPROBS}, got {value}")
         _check_int("n", self.n, 1)
+        object.__setattr__(self, "logit_bias", _logit_bias(self.logit_bias))
 
     @property
     def greedy(self) -> bool:
@@ -117,6 +133,26 @@ class SamplingParams:
     @property
     def uses_penalties(self) -> bool:
         return self.repetition_penalty != 1.0 or self.presence_penalty != 0.0 or self.frequency_penalty != 0.0
+
+
+def _logit_bias(value: object) -> tuple[tuple[int, float], ...]:
+    """`logit_bias` as sorted (token id, bias) pairs; ValueError naming the bad entry."""
+    pairs = list(value.items()) if isinstance(value, Mapping) else value
+    if isinstance(pairs, str) or not isinstance(pairs, Sequence):
+        raise ValueError(f"logit_bias must map token ids to biases, got {value!r}")
+    out: dict[int, float] = {}
+    for pair in pairs:
+        if not isinstance(pair, tuple | list) or len(pair) != 2:
+            raise ValueError(f"logit_bias entries must be (token id, bias) pairs, got {pair!r}")
+        tid, bias = pair
+        _check_int("logit_bias token id", tid, 0)
+        _check_finite(f"logit_bias[{tid}]", bias)
+        if not -MAX_ABS_LOGIT_BIAS <= bias <= MAX_ABS_LOGIT_BIAS:
+            raise ValueError(f"logit_bias[{tid}] must be in [-100, 100], got {bias}")
+        if tid in out:
+            raise ValueError(f"logit_bias names token id {tid} twice")
+        out[tid] = float(bias)
+    return tuple(sorted(out.items()))
 
 
 @dataclass(slots=True)
@@ -153,9 +189,18 @@ class SamplingState:
         self.seed = params.seed if seed is None else seed
         # Greedy with nothing to apply or report: the sampler's fast path (one argmax for the batch).
         self.plain = (
-            params.greedy and not params.uses_penalties and params.logprobs is None and not params.min_tokens
+            params.greedy
+            and not params.uses_penalties
+            and params.logprobs is None
+            and not params.min_tokens
+            and not params.logit_bias
         )
         self.grammar: Matcher | None = None
+        # The bias as (ids, values) tensors, built once per request (see `_apply_logit_bias`).
+        self.bias: tuple[torch.Tensor, torch.Tensor] | None = None
+        if params.logit_bias:
+            ids, values = zip(*params.logit_bias, strict=True)
+            self.bias = (torch.tensor(ids, dtype=torch.long), torch.tensor(values, dtype=torch.float32))
         self.generator = torch.Generator(device="cpu")
         if self.seed is None:
             self.generator.seed()
@@ -196,6 +241,16 @@ class SamplingState:
         child.output_token_ids = list(self.output_token_ids)
         child.grammar = self.grammar.fork() if self.grammar is not None else None
         return child
+
+
+def _apply_logit_bias(logits: torch.Tensor, states: Sequence[SamplingState]) -> None:
+    """In place, only rows with a bias: add each listed token's bias to its logit (row-local)."""
+    for row, st in enumerate(states):
+        if st.bias is None:
+            continue
+        ids, values = st.bias
+        # NOTE: ids were checked against the vocabulary (engine validator); the sampler trusts them.
+        logits[row].index_add_(0, ids.to(logits.device), values.to(logits.device, logits.dtype))
 
 
 def _apply_penalties(logits: torch.Tensor, states: Sequence[SamplingState]) -> None:
@@ -334,10 +389,11 @@ def sample(logits: torch.Tensor, states: Sequence[SamplingState]) -> list[Sample
     logits = logits.float()
     if all(s.plain for s in states):
         return [SampleResult(t) for t in greedy_argmax(logits).tolist()]
-    if any(s.params.uses_penalties for s in states) or any(
+    if any(s.params.uses_penalties or s.bias is not None for s in states) or any(
         len(s.output_token_ids) < s.params.min_tokens for s in states
     ):
         logits = logits.clone()
+        _apply_logit_bias(logits, states)
         _apply_penalties(logits, states)
         _apply_min_tokens(logits, states)
     sampled_rows = [i for i, s in enumerate(states) if not s.params.greedy]
@@ -354,7 +410,10 @@ def sample(logits: torch.Tensor, states: Sequence[SamplingState]) -> list[Sample
     results = [SampleResult(token_id=t) for t in chosen_list]
     lp_rows = [i for i, s in enumerate(states) if s.params.logprobs is not None]
     if lp_rows:
-        # Logprobs describe the model's distribution after penalties, before temperature/truncation.
+        # Logprobs describe the model's distribution after logit bias and penalties, before
+        # temperature / truncation: the distribution a greedy pick maximizes (vLLM v1 reports the raw
+        # one by default, its `logprobs_mode="raw_logprobs"`; radixd keeps its processed one, so a
+        # greedy token is always the top logprob).
         idx = torch.tensor(lp_rows, device=logits.device)
         lp = torch.log_softmax(logits.index_select(0, idx), dim=1)
         chosen_lp = lp.gather(1, chosen.index_select(0, idx).unsqueeze(1)).squeeze(1).tolist()

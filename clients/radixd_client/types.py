@@ -10,7 +10,7 @@ from __future__ import annotations
 import json
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any, TypedDict
+from typing import Any, TypedDict, cast
 
 from radixd_client._pb import cache_admin_pb2, common_pb2
 
@@ -69,6 +69,14 @@ class SamplingOptions(TypedDict, total=False):
     grammar: str
     choice: Sequence[str]
     structural_tag: str
+    # Token id -> bias in [-100, 100] added to its logit (at most 300 entries).
+    logit_bias: Mapping[int, float]
+    # Top alternatives per prompt token (0 = the prompt tokens' own logprobs only): see Start.
+    prompt_logprobs: int
+
+
+# (token_id, logprob, [(top_token_id, logprob), ...]): one token's logprob and its top alternatives.
+TokenLogprobs = tuple[int, float, list[tuple[int, float]]]
 
 
 @dataclass(frozen=True)
@@ -77,6 +85,8 @@ class Start:
     prompt_tokens: int
     cached_tokens: int
     session_id: str = ""
+    # With prompt_logprobs: prompt tokens 2 .. prompt_tokens (the first has no logprob), in order.
+    prompt_logprobs: list[TokenLogprobs] = field(default_factory=list)
 
 
 @dataclass(frozen=True)
@@ -84,8 +94,8 @@ class Chunk:
     index: int
     token_ids: list[int]
     text: str
-    # (token_id, logprob, [(top_token_id, logprob), ...]) per token when logprobs were requested.
-    logprobs: list[tuple[int, float, list[tuple[int, float]]]] = field(default_factory=list)
+    # One entry per token when logprobs were requested.
+    logprobs: list[TokenLogprobs] = field(default_factory=list)
 
 
 @dataclass(frozen=True)
@@ -114,6 +124,7 @@ class Completion:
     texts: dict[int, str] = field(default_factory=dict)
     token_ids: dict[int, list[int]] = field(default_factory=dict)
     ends: dict[int, End] = field(default_factory=dict)
+    prompt_logprobs: list[TokenLogprobs] = field(default_factory=list)
 
     @property
     def text(self) -> str:
@@ -133,6 +144,7 @@ class Completion:
             self.request_id = event.request_id
             self.prompt_tokens = event.prompt_tokens
             self.cached_tokens = event.cached_tokens
+            self.prompt_logprobs = event.prompt_logprobs
         elif isinstance(event, Chunk):
             self.texts[event.index] = self.texts.get(event.index, "") + event.text
             self.token_ids.setdefault(event.index, []).extend(event.token_ids)
@@ -175,6 +187,8 @@ def to_sampling(options: SamplingOptions) -> common_pb2.SamplingParams:
             continue
         if key in ("stop", "stop_token_ids"):
             getattr(msg, key).extend(value)
+        elif key == "logit_bias":
+            msg.logit_bias.update(cast("Mapping[int, float]", value))
         else:
             setattr(msg, key, value)
     _set_constraint(msg, options)
@@ -199,6 +213,10 @@ def _set_constraint(msg: common_pb2.SamplingParams, options: SamplingOptions) ->
         setattr(msg, given[0], options[given[0]])  # type: ignore[literal-required]
 
 
+def _logprobs(entries: Iterable[common_pb2.Logprobs]) -> list[TokenLogprobs]:
+    return [(lp.token_id, lp.logprob, [(t.token_id, t.logprob) for t in lp.top]) for lp in entries]
+
+
 def from_response(
     msg: object,
 ) -> Event:
@@ -206,11 +224,12 @@ def from_response(
     kind = msg.WhichOneof("event")  # type: ignore[attr-defined]
     if kind == "start":
         s = msg.start  # type: ignore[attr-defined]
-        return Start(s.request_id, s.prompt_tokens, s.cached_tokens, s.session_id)
+        return Start(
+            s.request_id, s.prompt_tokens, s.cached_tokens, s.session_id, _logprobs(s.prompt_logprobs)
+        )
     if kind == "chunk":
         c = msg.chunk  # type: ignore[attr-defined]
-        lps = [(lp.token_id, lp.logprob, [(t.token_id, t.logprob) for t in lp.top]) for lp in c.logprobs]
-        return Chunk(c.index, list(c.token_ids), c.text, lps)
+        return Chunk(c.index, list(c.token_ids), c.text, _logprobs(c.logprobs))
     if kind == "end":
         e = msg.end  # type: ignore[attr-defined]
         return End(

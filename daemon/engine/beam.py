@@ -16,6 +16,7 @@ from collections.abc import Callable
 
 from radixd.daemon.engine.kv import KVManager
 from radixd.daemon.engine.outputs import Outputs
+from radixd.daemon.engine.prompt_scoring import take_prompt_logprobs
 from radixd.daemon.engine.scheduler import Scheduler
 from radixd.daemon.engine.sequence import BeamState, Hypothesis, RequestState, SeqIds, Sequence
 from radixd.daemon.engine.types import RequestOutput
@@ -148,6 +149,7 @@ class BeamSearch:
                     finish_reason=h.reason,
                     ttft_s=(r.first_token_at - r.arrival) if r.first_token_at is not None else None,
                     matched_stop=last if h.reason == "stop" and last in p.stop_token_ids else None,
+                    prompt_logprobs=take_prompt_logprobs(r) if r.prompt_logprobs is not None else None,
                 ),
             )
         self.finish(r)

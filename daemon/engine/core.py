@@ -35,6 +35,7 @@ from radixd.daemon.engine.forks import Forker
 from radixd.daemon.engine.grammars import GrammarWait
 from radixd.daemon.engine.kv import KVManager
 from radixd.daemon.engine.outputs import Outputs
+from radixd.daemon.engine.prompt_scoring import plan_scoring, scoring
 from radixd.daemon.engine.requests import Requests
 from radixd.daemon.engine.scheduler import Planned, Scheduler, StepPlan
 from radixd.daemon.engine.sequence import SeqIds, SeqStatus
@@ -228,6 +229,8 @@ class EngineCore:
         if not plan:
             return False
         self.runner.copy_blocks(self.kv.take_copies())
+        if self.requests.scoring:
+            plan_scoring(plan, self.requests.scoring)
         ds = plan.decodes
         # NOTE: one-token rows are built a column at a time (not a root's last prompt token, nor a
         # one-token prefill chunk, samples: `Sequence.sampling_at`).
@@ -250,7 +253,9 @@ class EngineCore:
         seq = p.seq
         end = p.start + p.n
         blocks = seq.table.blocks if seq.table is not None else _NO_BLOCKS
-        return StepSeq(seq.seq_id, seq.tokens[p.start : end], p.start, blocks, seq.sampling_at(end))
+        return StepSeq(
+            seq.seq_id, seq.tokens[p.start : end], p.start, blocks, seq.sampling_at(end), scoring(seq)
+        )
 
     def _unstall(self) -> bool:
         """Free room for stalled work, one move at a time; -> whether anything changed.

@@ -11,6 +11,7 @@ import time
 import structlog
 
 from radixd.daemon.engine.kv import KVManager
+from radixd.daemon.engine.prompt_scoring import take_prompt_logprobs
 from radixd.daemon.engine.scheduler import Scheduler
 from radixd.daemon.engine.sequence import SeqStatus, Sequence
 from radixd.daemon.engine.swap import HostSwap
@@ -137,6 +138,8 @@ class Outputs:
             req.session_id,  # session_id
             stop,  # matched_stop
         )
+        if r.prompt_logprobs is not None:
+            out.prompt_logprobs = take_prompt_logprobs(r)
         seq.pending_tokens = []
         seq.pending_logprobs = []
         self.emit(r.sink, out)

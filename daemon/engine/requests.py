@@ -33,6 +33,7 @@ from radixd.daemon.engine.types import (
     Sink,
 )
 from radixd.daemon.engine.validation import Validator
+from radixd.daemon.prompt_logprobs import PromptLogprobs
 from radixd.daemon.structured.grammar import GrammarError
 
 log = structlog.get_logger("radixd.engine")
@@ -97,6 +98,8 @@ class Requests:
         self.on_first_work = on_first_work
         self.on_request_done: Callable[[str], None] = lambda _rid: None
         self._table: dict[str, RequestState] = {}
+        # Requests whose prefill still scores its prompt (`prompt_scoring.plan_scoring` reads it).
+        self.scoring: set[RequestState] = set()
         self._early_aborts: deque[str] = deque(maxlen=EARLY_ABORTS_KEPT)
         self.finished = 0
         self.aborted = 0
@@ -184,6 +187,9 @@ class Requests:
         # NOTE: arrival is when the caller made the request (the RPC's arrival), not when this thread
         # picked it up between steps: queue time and TTFT include the step that was in progress.
         r = RequestState(req=req, sink=sink, prompt=prompt, arrival=req.arrival_time, grammar=grammar)
+        if req.sampling.prompt_logprobs is not None:
+            r.prompt_logprobs = PromptLogprobs(prompt, req.sampling.prompt_logprobs)
+            self.scoring.add(r)
         self._table[rid] = r
         self.prompt_tokens += len(prompt)
         log.info(

@@ -241,8 +241,13 @@ class Scheduler:
         for seq in order:
             if budget <= 0 or len(self.running) >= cfg.max_num_seqs:
                 return
-            hit = self.kv.match(seq.key(len(seq.tokens) - 1), seq.request.req.namespace)
-            if self.kv.shares_prefixes:
+            # NOTE: a request scoring its prompt reads no more of the cache than it scored (see
+            # prompt_scoring.py), and waits for no one to publish a prefix it would not read.
+            limit = len(seq.tokens) - 1
+            if seq.request.prompt_logprobs is not None:
+                limit = min(limit, seq.request.prompt_logprobs.cached_prefix_limit())
+            hit = self.kv.match(seq.key(limit), seq.request.req.namespace)
+            if self.kv.shares_prefixes and limit == len(seq.tokens) - 1:
                 producers = [s for s in self.running if s.num_computed < s.request.prompt_len]
                 if shares_pending_prefix(seq, hit.num_tokens, producers, bs) is not None:
                     hit.release()

@@ -27,6 +27,7 @@ from radixd.radix import TOKEN_BYTES, TokenKey
 
 if TYPE_CHECKING:
     from radixd.daemon.engine.textstream import TextStream
+    from radixd.daemon.prompt_logprobs import PromptLogprobs
     from radixd.daemon.sampling import SamplingState
     from radixd.daemon.structured.matcher import CompiledGrammar
     from radixd.radix import BlockTable, Lease
@@ -155,6 +156,8 @@ class RequestState:
     forked: bool = False
     beam: BeamState | None = None
     grammar: CompiledGrammar | None = None  # the constraint, compiled: each sequence walks a copy
+    # Set when the request asks for prompt logprobs; None again once they went out (Outputs).
+    prompt_logprobs: PromptLogprobs | None = None
 
     @property
     def request_id(self) -> str:

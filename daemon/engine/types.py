@@ -133,6 +133,9 @@ class RequestOutput:
     `finish_reason`; the request is complete when every index has finished. `error_code` mirrors
     `EngineError.code` when `finish_reason == "error"`. `matched_stop`: what ended an output whose
     `finish_reason` is "stop" (the stop string or the stop token id; None for EOS, as in vLLM).
+    `prompt_logprobs` (requests with `SamplingParams.prompt_logprobs` set): on the request's first
+    output only (whichever index), one entry per prompt token (the full prompt, session tokens
+    included), None for the first token, which has no logprob.
 
     NOTE: not frozen: one is built per sequence per decode step, and a frozen dataclass's
     field-by-field `object.__setattr__` costs 3.3x a plain slotted one (3.6 vs 1.1 us here). The
@@ -156,6 +159,7 @@ class RequestOutput:
     error_code: str | None = None
     session_id: str | None = None
     matched_stop: str | int | None = None
+    prompt_logprobs: list[TokenLogprob | None] | None = None
 
 
 Sink = Callable[[RequestOutput], None]

@@ -43,6 +43,8 @@ class Validator:
         if not ids and req.session_id is None:
             raise InvalidRequest("the prompt is empty; send at least one token")
         check_token_ids(ids, self.vocab_size)
+        if req.sampling.logit_bias:
+            check_token_ids([t for t, _ in req.sampling.logit_bias], self.vocab_size, what="logit_bias")
         if req.beam_width < 0 or req.beam_width > 10:
             raise InvalidRequest(f"beam_width must be in [0, 10], got {req.beam_width}")
         if req.beam_width and req.sampling.n > req.beam_width:

@@ -25,6 +25,10 @@ MAX_STOP_STRINGS = 16
 MAX_STOP_CHARS = 256
 # Stop token ids per request.
 MAX_STOP_TOKEN_IDS = 64
+# `logit_bias` entries per request. NOTE: vLLM sets no bound (only ids in the vocabulary and, in its
+# OpenAI layer, values clamped to [-100, 100]); OpenAI's API refuses more than 300, and so does radixd:
+# enough to ban or force any word list a client biases, and the sampler's per-step cost stays small.
+MAX_LOGIT_BIAS = 300
 # Client-chosen ids (request, session, tenant namespace, page token): logged and kept as map keys.
 MAX_ID_CHARS = 256
 # Chat messages per prompt (the characters of all of them together are bounded like a text prompt).

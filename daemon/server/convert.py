@@ -6,7 +6,8 @@ Every check here raises `RpcFailure(INVALID_ARGUMENT)` with a message naming the
 from __future__ import annotations
 
 import asyncio
-from typing import TYPE_CHECKING
+from collections.abc import Iterable
+from typing import TYPE_CHECKING, Any
 
 from radixd_client._pb import common_pb2
 
@@ -18,7 +19,7 @@ from radixd.daemon.server.errors import bad_request
 from radixd.daemon.server.sampling import engine_sampling
 
 if TYPE_CHECKING:
-    from radixd.daemon.engine.types import RequestOutput
+    from radixd.daemon.engine.types import RequestOutput, TokenLogprob
     from radixd.daemon.server.state import Limits, ServerState, Tokenizing
 
 FINISH = {
@@ -40,6 +41,7 @@ _SCALAR_FIELDS = (
     "min_tokens",
     "logprobs",
     "n",
+    "prompt_logprobs",
 )
 # A neutral first message for rendering chat deltas (see `prompt_ids`): it keeps templates from
 # injecting their default system prompt into every turn.
@@ -58,6 +60,7 @@ def sampling_params(msg: common_pb2.SamplingParams, limits: Limits) -> SamplingP
         stop_token_ids=msg.stop_token_ids,
         ignore_eos=msg.ignore_eos,
         constraint=wire_constraint(msg, "sampling"),
+        logit_bias=msg.logit_bias,
         **values,
     )
 
@@ -192,20 +195,30 @@ def _chat_delta(tok: Tokenizing, messages: list[dict[str, str]], add_gen: bool, 
 
 
 def start_message(request_id: str, out: RequestOutput, session_id: str = "") -> common_pb2.GenerationStart:
-    return common_pb2.GenerationStart(
+    start = common_pb2.GenerationStart(
         request_id=request_id,
         prompt_tokens=out.prompt_tokens,
         cached_tokens=out.cached_tokens,
         session_id=session_id,
     )
+    if out.prompt_logprobs:
+        # The first prompt token has no logprob (None): the wire's list starts at the second.
+        _add_logprobs(start.prompt_logprobs, [lp for lp in out.prompt_logprobs if lp is not None])
+    return start
+
+
+def _add_logprobs(field: Any, logprobs: Iterable[TokenLogprob]) -> None:
+    """Append `logprobs` to a repeated `Logprobs` field."""
+    for lp in logprobs:
+        entry = field.add(token_id=lp.token_id, logprob=lp.logprob)
+        for tid, value in lp.top:
+            entry.top.add(token_id=tid, logprob=value)
 
 
 def chunk_message(out: RequestOutput) -> common_pb2.GenerationChunk:
     chunk = common_pb2.GenerationChunk(index=out.index, token_ids=out.new_token_ids, text=out.text_delta)
-    for lp in out.logprobs or ():
-        entry = chunk.logprobs.add(token_id=lp.token_id, logprob=lp.logprob)
-        for tid, value in lp.top:
-            entry.top.add(token_id=tid, logprob=value)
+    if out.logprobs:
+        _add_logprobs(chunk.logprobs, out.logprobs)
     return chunk
 
 

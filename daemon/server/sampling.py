@@ -8,12 +8,13 @@ every other value is checked by `SamplingParams` itself. Every refusal is INVALI
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
 from radixd.daemon.engine.limits import check_token_ids
 from radixd.daemon.sampling import SamplingParams
 from radixd.daemon.server.bounds import (
+    MAX_LOGIT_BIAS,
     MAX_N,
     MAX_STOP_CHARS,
     MAX_STOP_STRINGS,
@@ -35,10 +36,11 @@ def engine_sampling(
     max_tokens: int | None = None,
     stop: Sequence[str] = (),
     stop_token_ids: Sequence[int] = (),
+    logit_bias: Mapping[int, float] | None = None,
     **values: Any,
 ) -> SamplingParams:
     """The engine's SamplingParams; `n` / `max_tokens` None take the defaults, `values` are the other
-    `SamplingParams` fields the wire set."""
+    `SamplingParams` fields the wire set. `logit_bias`: token id -> bias (at most MAX_LOGIT_BIAS)."""
     if n is not None:
         check_range(f"{what}.n", n, 1, MAX_N, "; ask for fewer completions per request")
     if max_tokens is not None:
@@ -55,6 +57,10 @@ def engine_sampling(
             raise bad_request(f"{what}.stop[{i}] has {len(s)} characters; it needs 1 to {MAX_STOP_CHARS}")
     check_count(f"{what}.stop_token_ids", stop_token_ids, MAX_STOP_TOKEN_IDS)
     check_token_ids(stop_token_ids, limits.vocab_size, what=f"{what}.stop_token_ids")
+    if logit_bias:
+        check_count(f"{what}.logit_bias", logit_bias, MAX_LOGIT_BIAS)
+        check_token_ids(list(logit_bias), limits.vocab_size, what=f"{what}.logit_bias")
+        values["logit_bias"] = tuple(logit_bias.items())
     try:
         return SamplingParams(
             n=n or 1,

@@ -158,7 +158,14 @@ def _field_strategy(f: pbd.FieldDescriptor, strings: list[str], depth: int) -> s
     if not f.is_repeated:
         return one
     if f.message_type is not None and f.message_type.GetOptions().map_entry:
-        return st.just([])
+        # Small maps of extreme keys and values (ids out of the vocabulary, NaN biases), or one far
+        # beyond its bound (a logit_bias of 100,000 entries).
+        key = _scalar(f.message_type.fields_by_name["key"], strings, depth)
+        value = _scalar(f.message_type.fields_by_name["value"], strings, depth)
+        huge = f.message_type.fields_by_name["key"].type == f.TYPE_INT32
+        return st.dictionaries(key, value, max_size=6) | st.just(
+            dict.fromkeys(range(100_000 if huge else 0), 1)
+        )
     # Short lists of extreme values, or one huge list (a prompt of 300,000 ids).
     huge = st.just([1] * 300_000) if f.type in (f.TYPE_INT32, f.TYPE_UINT32) else st.just([])
     return st.lists(one, max_size=6) | huge
@@ -167,7 +174,9 @@ def _field_strategy(f: pbd.FieldDescriptor, strings: list[str], depth: int) -> s
 def _set(msg: pbm.Message, f: pbd.FieldDescriptor, value: Any) -> None:
     if value is None:
         return
-    if f.is_repeated:
+    if isinstance(value, dict):  # a map field
+        getattr(msg, f.name).update(value)
+    elif f.is_repeated:
         container = getattr(msg, f.name)
         if f.type == f.TYPE_MESSAGE:
             for v in value:

@@ -116,10 +116,10 @@ def test_vllm_n_samples_stop_ids_stop_strings_and_logprobs(
 @pytest.mark.parametrize(
     ("sampling", "field"),
     [
-        ({"logit_bias": {5: 1.0}}, "sampling_params.logit_bias"),
+        ({"logit_bias": {5: 200.0}}, "sampling_params: logit_bias[5] must be in [-100, 100]"),
         ({"json_schema": "[]"}, "sampling_params.json_schema must be a JSON object"),
         ({"regex": ""}, "sampling_params.regex is empty"),
-        ({"prompt_logprobs": 1}, "sampling_params.prompt_logprobs"),
+        ({"prompt_logprobs": -1}, "sampling_params.prompt_logprobs"),
         ({"logprobs": -1}, "sampling_params.logprobs"),
         ({"top_p": 1.5}, "top_p"),
         ({"n": 1000}, "sampling_params.n"),

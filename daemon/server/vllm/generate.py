@@ -3,7 +3,9 @@
 Streaming: one `GenerateStreamChunk` per engine step with the new token ids of one output index, then
 one `GenerateComplete` per index with its finish reason (and no ids: they were all streamed).
 Not streaming: one `GenerateComplete` per index with every output id. `n > 1` gives one complete per
-index. Token counts and `cached_tokens` ride on every message. The request asks for no text (the
+index. Token counts and `cached_tokens` ride on every message. Prompt logprobs (the engine hands
+them out once per request) ride, as in vLLM's servicer, on each index's first chunk and on every
+complete (`input_logprobs`). The request asks for no text (the
 gateway detokenizes), so the engine runs no detokenizer for it unless stop strings need one.
 """
 
@@ -14,7 +16,7 @@ from typing import Any
 
 from smg_grpc_proto.generated import vllm_engine_pb2 as pb
 
-from radixd.daemon.engine.types import GenerateRequest, RequestOutput
+from radixd.daemon.engine.types import GenerateRequest, RequestOutput, TokenLogprob
 from radixd.daemon.server.pipeline import RequestRegistry, failure, open_request
 from radixd.daemon.server.state import ServerState
 
@@ -39,6 +41,25 @@ def _logprobs(out: RequestOutput) -> pb.OutputLogProbs | None:
             for lp in out.logprobs
         ],
     )
+
+
+def _input_logprobs(
+    prompt: list[int], prompt_logprobs: list[TokenLogprob | None], top: bool
+) -> pb.InputLogProbs:
+    """vLLM's `InputLogProbs`: one entry per prompt token, the first without a value; the top
+    alternatives only when the request asked for some (as vLLM's servicer)."""
+    msg = pb.InputLogProbs(token_ids=prompt)
+    for lp in prompt_logprobs:
+        if lp is None:
+            msg.token_logprobs.add()
+        else:
+            msg.token_logprobs.add(value=lp.logprob)
+        if top:
+            msg.top_logprobs.add(
+                values=[] if lp is None else [v for _, v in lp.top],
+                token_ids=[] if lp is None else [t for t, _ in lp.top],
+            )
+    return msg
 
 
 def _matched_stop(out: RequestOutput) -> dict[str, Any]:
@@ -77,12 +98,17 @@ async def run_generate(
     """Run `req` and write its responses to `context`; raises RpcFailure for engine errors."""
     acc = {i: _Output() for i in range(req.sampling.n)}
     logprobs = req.sampling.logprobs is not None
+    top = bool(req.sampling.prompt_logprobs)
+    prompt_lps: pb.InputLogProbs | None = None
+    first_chunk = set(acc)  # the indexes whose first chunk is still to come
     async with open_request(state, registry, req, client_id) as outputs:
         async for out in outputs:
             if out.finish_reason == "error":
                 # Before or after output: the call fails with the engine's status, so the gateway
                 # reports an error instead of a truncated answer.
                 raise failure(out)
+            if out.prompt_logprobs is not None:
+                prompt_lps = _input_logprobs(req.prompt_token_ids, out.prompt_logprobs, top)
             mine = acc[out.index]
             if out.new_token_ids:
                 mine.ids.extend(out.new_token_ids)
@@ -100,7 +126,12 @@ async def run_generate(
                     )
                     if lps is not None:
                         chunk.output_logprobs.CopyFrom(lps)
+                    if prompt_lps is not None and out.index in first_chunk:
+                        chunk.input_logprobs.CopyFrom(prompt_lps)
+                    first_chunk.discard(out.index)
                     await context.write(pb.GenerateResponse(chunk=chunk))
             if out.finished:
                 complete = _complete(out, mine, stream, logprobs)
+                if prompt_lps is not None:
+                    complete.input_logprobs.CopyFrom(prompt_lps)
                 await context.write(pb.GenerateResponse(complete=complete))

@@ -38,12 +38,9 @@ def _refuse(field: str, why: str) -> None:
 
 
 def _refuse_unsupported(msg: vllm_engine_pb2.SamplingParams) -> None:
-    if msg.logit_bias:
-        _refuse("logit_bias", "per-token logit biases are not implemented; send the request without it")
-    if msg.HasField("prompt_logprobs"):
-        _refuse("prompt_logprobs", "prompt logprobs are not computed; leave it unset")
-    if msg.HasField("logprobs") and msg.logprobs < 0:
-        _refuse("logprobs", f"-1 (every token) is not served; ask for at most {MAX_LOGPROBS}")
+    for name in ("logprobs", "prompt_logprobs"):
+        if msg.HasField(name) and getattr(msg, name) < 0:
+            _refuse(name, f"-1 (every token) is not served; ask for at most {MAX_LOGPROBS}")
 
 
 def sampling_from_vllm(msg: vllm_engine_pb2.SamplingParams, limits: Limits) -> SamplingParams:
@@ -68,6 +65,8 @@ def sampling_from_vllm(msg: vllm_engine_pb2.SamplingParams, limits: Limits) -> S
         ignore_eos=msg.ignore_eos,
         logprobs=msg.logprobs if msg.HasField("logprobs") else None,
         constraint=wire_constraint(msg, "sampling_params"),
+        prompt_logprobs=msg.prompt_logprobs if msg.HasField("prompt_logprobs") else None,
+        logit_bias=msg.logit_bias,
     )
 
 
