@@ -4,8 +4,8 @@ NOTE: each check here is O(1) in the size of the field it guards (`len()` of an 
 repeated field, a comparison), so a request asking for 2**31 samples or a 10 MB prompt is refused
 before the daemon allocates, tokenizes or queues anything for it. The one exception is a JSON schema:
 after its size bound it is parsed and walked once (at most 64 KiB), because the grammar compilers
-recurse on its nesting. The proto comments state the same
-bounds; `Limits` (state.py) carries the ones that depend on the model and the pool.
+recurse on its nesting. The proto comments state the same bounds; `Limits` (state.py) carries the
+ones that depend on the model and the pool.
 """
 
 from __future__ import annotations
@@ -119,7 +119,9 @@ def check_choices(name: str, choices: Sequence[str]) -> tuple[str, ...]:
             raise bad_request(f"{name}[{i}] is empty; every choice needs at least one character")
         size = utf8_bytes_over(c, MAX_CHOICE_BYTES)
         if size:
-            raise bad_request(f"{name}[{i}] is {size} bytes; at most {MAX_CHOICE_BYTES} are allowed a choice")
+            raise bad_request(
+                f"{name}[{i}] is {size} bytes; at most {MAX_CHOICE_BYTES} are allowed per choice: shorten it"
+            )
     return tuple(choices)
 
 

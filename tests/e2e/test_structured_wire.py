@@ -138,3 +138,16 @@ def test_the_daemon_serves_after_refusals_and_accepts_constraints_at_the_bounds(
         assert call(channel, json_schema=_nested(bounds.MAX_SCHEMA_DEPTH)), wire
         # json_object false is no constraint at all: free text.
         assert call(channel, json_object=False), wire
+
+
+@pytest.mark.parametrize("wire", sorted(WIRES))
+def test_ignore_eos_or_min_tokens_with_a_constraint_are_refused(channel: grpc.Channel, wire: str) -> None:
+    call, _ = WIRES[wire]
+    for extra, needle in (
+        ({"ignore_eos": True}, "ignore_eos cannot"),
+        ({"min_tokens": 1}, "min_tokens cannot"),
+    ):
+        with pytest.raises(grpc.RpcError) as err:
+            call(channel, regex="[0-9]+", **extra)
+        assert err.value.code() == grpc.StatusCode.INVALID_ARGUMENT, err.value.details()
+        assert needle in (err.value.details() or ""), err.value.details()
