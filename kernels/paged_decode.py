@@ -69,9 +69,7 @@ def plan_for(
 ) -> DecodePlan:
     """The torch twin's plan for a decode step over pools shaped like ``k_cache`` (any layer)."""
     _, b, hkv, d = k_cache.shape
-    return plan_decode(
-        block_tables, seq_lens, b, 2 * b * hkv * d * k_cache.element_size(), k_cache.dtype, chunk_bytes
-    )
+    return plan_decode(block_tables, seq_lens, b, hkv, 2 * b * hkv * d * k_cache.element_size(), chunk_bytes)
 
 
 def decode_step_plan(

@@ -7,17 +7,25 @@ plain prefill (empty prefix), chunked prefill and prefix-cache hits.
 Triton: one program per (query tile, sequence, query head); an fp32 online softmax walks KV tiles
 through the block table up to the tile's last causal position.
 Torch twin: queries padded to [S, Hkv, G*Qmax, D] (the G heads of a kv head stacked as rows), one
-block gather, one SDPA call with a causal-and-length mask.
+gather, one :func:`~radixd.kernels.split_attention.split_attention` (the decode twin's arithmetic:
+a prefill row equals the decode of its position bit for bit, split_attention.py).
 """
 
 from __future__ import annotations
 
 import torch
-import torch.nn.functional as F
 
 from radixd.kernels.checks import check_block_tables, check_cache, check_int_vector, check_query
 from radixd.kernels.dispatch import LazyKernel, check_same_device, resolve_backend
-from radixd.kernels.paging import gather_kv, length_chunks
+from radixd.kernels.paging import length_chunks
+from radixd.kernels.split_attention import (
+    gather_split_kv,
+    key_mask,
+    num_splits,
+    padded_rows,
+    split_attention,
+    split_index,
+)
 
 try:
     import triton
@@ -104,29 +112,33 @@ def _prefill_chunk(
     scale: float,
     out: torch.Tensor,
 ) -> None:
-    """One padded SDPA over a chunk of sequences: queries [n, Hkv, G*Qmax, D] vs gathered K/V."""
+    """One :func:`split_attention` over a chunk of sequences: rows [n, Hkv, G*Qmax, D], each at its
+    own position, exactly as a decode of that position would attend."""
     _, hq, d = q.shape
     _, b, hkv, _ = k_cache.shape
     group = hq // hkv
     n = seq_idx.shape[0]
     dev = q.device
     q_max = int(q_lens.max())
-    nb = (int(lens[0]) + b - 1) // b
-    length = nb * b
     rows = torch.arange(q_max)
     valid = rows[None, :] < q_lens[:, None]  # [n, Qmax]
     tok = torch.where(valid, starts[:, None] + rows[None, :], 0).to(dev)
-    # Pad queries: [n, Qmax, Hkv, G, D] -> [n, Hkv, G*Qmax, D] (group heads as extra query rows).
+    # Rows [n, Hkv, G*Qmax, D] (group heads as extra query rows), padded to an allowed count (padded_rows).
     qp = q[tok].view(n, q_max, hkv, group, d).permute(0, 2, 3, 1, 4).reshape(n, hkv, group * q_max, d)
+    # Padding rows sit at position 0: they see key 0 only, and are dropped.
+    pos = torch.where(valid, (lens - q_lens)[:, None] + rows[None, :], 0)
+    pos = pos[:, None, :].expand(n, group, q_max).reshape(n, group * q_max)
+    m = padded_rows(group * q_max)
+    if m != group * q_max:
+        qp = torch.nn.functional.pad(qp, (0, 0, 0, m - group * q_max))
+        pos = torch.nn.functional.pad(pos, (0, m - group * q_max))
+    splits = num_splits(int(lens[0]))
     tables = block_tables.index_select(0, seq_idx.to(block_tables.device))
-    kg = gather_kv(k_cache, tables, nb).transpose(1, 2)
-    vg = gather_kv(v_cache, tables, nb).transpose(1, 2)
-    q_pos = (lens - q_lens)[:, None] + rows[None, :]  # [n, Qmax]
-    k_pos = torch.arange(length)
-    mask = (k_pos[None, None, :] <= q_pos[:, :, None]) & (k_pos[None, None, :] < lens[:, None, None])
-    mask = mask[:, None].expand(n, group, q_max, length).reshape(n, 1, group * q_max, length).to(dev)
-    o = F.scaled_dot_product_attention(qp.to(k_cache.dtype), kg, vg, attn_mask=mask, scale=scale)
-    o = o.view(n, hkv, group, q_max, d).permute(0, 3, 1, 2, 4).reshape(n, q_max, hq, d)
+    index = split_index(tables, b, hkv, splits)
+    kg = gather_split_kv(k_cache, index)
+    vg = gather_split_kv(v_cache, index)
+    o = split_attention(qp.to(torch.float32), kg, vg, key_mask(pos.to(dev), splits), scale)
+    o = o[:, :, : group * q_max].view(n, hkv, group, q_max, d).permute(0, 3, 1, 2, 4).reshape(n, q_max, hq, d)
     valid_dev = valid.to(dev)
     out[tok[valid_dev]] = o[valid_dev].to(out.dtype)
 
