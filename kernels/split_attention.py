@@ -67,7 +67,9 @@ def split_index(tables: torch.Tensor, block_size: int, num_kv_heads: int, splits
     return (slot * num_kv_heads + heads).reshape(-1)
 
 
-def gather_split_kv(cache: torch.Tensor, index: torch.Tensor, out: torch.Tensor | None = None) -> torch.Tensor:
+def gather_split_kv(
+    cache: torch.Tensor, index: torch.Tensor, out: torch.Tensor | None = None
+) -> torch.Tensor:
     """Gather the rows of ``index`` (:func:`split_index`) in one copy: float32 [J*n*Hkv*S, D].
 
     The (split, sequence, head)-major order is what lets one ``bmm`` batch span all three; a 16-bit

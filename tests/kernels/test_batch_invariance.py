@@ -26,15 +26,27 @@ HQ, HKV, D = 9, 3, 64
 DTYPES = [torch.float32, torch.bfloat16]
 
 
-def _decode(q: torch.Tensor, pool_k: torch.Tensor, pool_v: torch.Tensor, tables: torch.Tensor, lens: list[int],
-            chunk_bytes: int | None = None) -> torch.Tensor:
+def _decode(
+    q: torch.Tensor,
+    pool_k: torch.Tensor,
+    pool_v: torch.Tensor,
+    tables: torch.Tensor,
+    lens: list[int],
+    chunk_bytes: int | None = None,
+) -> torch.Tensor:
     seq_lens = torch.tensor(lens, dtype=torch.int32)
     plan = plan_for(tables, seq_lens, pool_k, chunk_bytes=chunk_bytes)
     return paged_decode(q, pool_k, pool_v, tables, seq_lens, D**-0.5, backend="torch", plan=plan)
 
 
-def _prefill(q: torch.Tensor, pool_k: torch.Tensor, pool_v: torch.Tensor, tables: torch.Tensor,
-             q_lens: list[int], lens: list[int]) -> torch.Tensor:
+def _prefill(
+    q: torch.Tensor,
+    pool_k: torch.Tensor,
+    pool_v: torch.Tensor,
+    tables: torch.Tensor,
+    q_lens: list[int],
+    lens: list[int],
+) -> torch.Tensor:
     cu = torch.tensor([0, *torch.tensor(q_lens).cumsum(0).tolist()], dtype=torch.int32)
     return paged_prefill(
         q, pool_k, pool_v, tables, cu, torch.tensor(lens, dtype=torch.int32), D**-0.5, backend="torch"
@@ -86,7 +98,7 @@ def test_prefill_rows_equal_decode_rows(dtype: torch.dtype, seed: int) -> None:
         step += 1
     # Decode: each position p of each sequence as one row of a random batch of other positions.
     for i in range(n_seq):
-        for p in sorted(rng.sample(range(lens[i]), min(lens[i], 12)) + [lens[i] - 1]):
+        for p in sorted([*rng.sample(range(lens[i]), min(lens[i], 12)), lens[i] - 1]):
             others = [(j, rng.randrange(lens[j])) for j in rng.choices(range(n_seq), k=rng.randint(0, 9))]
             batch = [*others[: len(others) // 2], (i, p), *others[len(others) // 2 :]]
             slot = len(others) // 2
@@ -111,7 +123,9 @@ def test_decode_row_independent_of_batch(dtype: torch.dtype) -> None:
         rng.shuffle(idx)
         slot = idx.index(0)
         for chunk_bytes in (None, 1, 64 << 10):
-            out = _decode(q_all[idx], pool.k, pool.v, pool.block_tables[idx], [lens[i] for i in idx], chunk_bytes)
+            out = _decode(
+                q_all[idx], pool.k, pool.v, pool.block_tables[idx], [lens[i] for i in idx], chunk_bytes
+            )
             assert torch.equal(out[slot], alone[0]), f"batch {size}, chunk_bytes {chunk_bytes}"
 
 
@@ -128,9 +142,9 @@ def test_decode_rows_of_a_batch_equal_their_single_decodes() -> None:
 
 
 def test_gemm_row_bits_do_not_depend_on_row_count() -> None:
-    """The premise: a row of float32 bmm's [M, K] @ [K, N] has the same bits for every row count padded_rows allows, at
-    any slot and batch size, for both of split_attention's GEMMs (K = head dim, N = split; K = split,
-    N = D). (A 16-bit pool is widened first: every GEMM runs in float32.)"""
+    """The premise: a row of float32 bmm's [M, K] @ [K, N] has the same bits for every row count
+    padded_rows allows, at any slot and batch size, for both of split_attention's GEMMs (K = head dim,
+    N = split; K = split, N = D). (A 16-bit pool is widened first: every GEMM runs in float32.)"""
     g = torch.Generator().manual_seed(0)
     for k_dim, n_dim in ((D, SPLIT_TOKENS), (SPLIT_TOKENS, D)):
         a = torch.randn(600, k_dim, generator=g)
@@ -139,7 +153,9 @@ def test_gemm_row_bits_do_not_depend_on_row_count() -> None:
         for m in sorted({padded_rows(r) for r in (1, 3, 4, 5, 8, 9, 12, 13, 16, 31, 64, 100, 257)}):
             for off in (0, 3, 50):
                 for batch in (1, 3, 40):
-                    got = torch.bmm(a[off : off + m][None].expand(batch, m, k_dim), w[None].expand(batch, k_dim, n_dim))
+                    got = torch.bmm(
+                        a[off : off + m][None].expand(batch, m, k_dim), w[None].expand(batch, k_dim, n_dim)
+                    )
                     assert torch.equal(got[batch - 1], want[off : off + m]), (k_dim, n_dim, m, off, batch)
 
 
