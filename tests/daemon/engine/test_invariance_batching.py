@@ -41,10 +41,10 @@ def _run_in_waves(core: EngineCore, reqs: list[GenerateRequest], waves: tuple[in
 
 
 def test_alone_vs_batches_of_mixed_lengths(rig: Rig) -> None:
-    """Requests arriving in waves run in steps of 1 up to all of them (64, or 14 where bf16 is
-    emulated), prefill chunks beside decode rows: each answers what it answers alone.
-    NOTE: short prompts and answers: the cost here is the tokens computed, the reference runs each
-    request alone, and 64 requests still make every batch size from 1 to 64 rows."""
+    """Requests arriving in waves of 1, 15 and 48 (1, 3 and 10 where bf16 is emulated) share steps of
+    1, 16, 64, 63 and 48 requests, prefill chunks beside decode rows: each answers what it answers
+    alone. NOTE: short prompts and answers keep it cheap (the cost is the tokens computed, twice: the
+    reference runs each request alone); the shapes of the steps are what matters."""
     reqs, waves = _mixed_requests(rig)
     core = make_core(rig.lm, num_blocks=256, prefix_caching=False, max_num_batched_tokens=1024)
     shapes = record_shapes(core)
