@@ -18,7 +18,7 @@ from radixd.daemon.loaders import load_model
 
 pytestmark = pytest.mark.slow
 
-TOPICS = ["rivers", "volcanoes", "bread", "chess", "owls", "glass", "tides", "bees", "clocks", "salt"]
+TOPICS = ["rivers", "volcanoes", "bread", "chess", "owls", "glass"]
 PROMPTS = [f"Write one sentence about {t}." for t in TOPICS] + [
     "You are a careful assistant. Answer briefly and precisely.\nUser: Why is the sky blue?\nAssistant:",
     "List three prime numbers:",
@@ -40,9 +40,9 @@ def auto_daemon(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RunningDae
 
 def _ask(d: RunningDaemon, prompt: str) -> Reply:
     with d.client() as c:
-        stream = c.generate(prompt, max_tokens=8, temperature=0.0, ignore_eos=True, logprobs=1)
+        stream = c.generate(prompt, max_tokens=6, temperature=0.0, ignore_eos=True, logprobs=1)
         pairs = tuple((tid, lp) for e in stream if isinstance(e, Chunk) for tid, lp, _ in e.logprobs)
-    assert len(pairs) == 8, pairs
+    assert len(pairs) == 6, pairs
     return pairs
 
 
