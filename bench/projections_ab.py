@@ -15,6 +15,10 @@ Designs:
   every row count (the new default); `gemm` = the bf16 GEMM over the dequantized weights always.
 
     .venv/bin/python bench/projections_ab.py --mode float32 --rounds 5 --threads 2
+
+`--projections-only` times just the projections of one forward (every layer's four and the lm_head) at
+each row count of `--rows` instead: what the designs change, at a fraction of the cost (the whole-model
+measurement did not finish one round in 30 minutes on the loaded 2-core machine of issue 25).
 """
 
 from __future__ import annotations
@@ -22,6 +26,7 @@ from __future__ import annotations
 import argparse
 import statistics
 import sys
+import time
 from pathlib import Path
 
 import torch
@@ -106,6 +111,50 @@ def designs(model: LlamaModel) -> dict[str, Design]:
     }
 
 
+def projections_only(model: LlamaModel, ds: dict[str, Design], rows: list[int], rounds: int) -> None:
+    """Median seconds of one pass over every projection at each row count (the lm_head at most 8 rows
+    above 64: it sees one row per sampled sequence), designs interleaved."""
+    dt, hidden = model.dtype, model.config.hidden_size
+    xs = {(m, k): torch.randn(m, k).to(dt) for m in rows for k in (hidden, model.config.intermediate_size)}
+    secs: dict[tuple[int, str], list[float]] = {(m, d): [] for m in rows for d in ds}
+    with torch.inference_mode():
+        for r in range(rounds):
+            names = list(ds)
+            names = names[r % len(names) :] + names[: r % len(names)]
+            for m in rows:
+                for name in names:
+                    ops, head = ds[name]
+                    t0 = time.perf_counter()
+                    for lo in ops:
+                        for o in (lo.qkv, lo.o_proj, lo.gate_up, lo.down):
+                            o(xs[(m, o.weight.shape[1])])
+                    head(xs[(min(m, 8) if m > 64 else m, hidden)])
+                    secs[(m, name)].append(time.perf_counter() - t0)
+            print(f"round {r + 1} done", flush=True)
+    print(
+        f"\n| {model.precision.name} projections, ms (median of {rounds}) | "
+        + " | ".join(ds)
+        + " | "
+        + " | ".join(f"{d} speed / old" for d in ds if d != "old")
+        + " |"
+    )
+    print("|---" * (2 * len(ds)) + "|")
+    for m in rows:
+        med = {d: statistics.median(secs[(m, d)]) * 1e3 for d in ds}
+        ratios = [
+            statistics.median(o / n for n, o in zip(secs[(m, d)], secs[(m, "old")], strict=True))
+            for d in ds
+            if d != "old"
+        ]
+        print(
+            f"| {m} rows | "
+            + " | ".join(f"{med[d]:.1f}" for d in ds)
+            + " | "
+            + " | ".join(f"{x:.0%}" for x in ratios)
+            + " |"
+        )
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--mode", default="float32", help="float32 or int4")
@@ -116,6 +165,8 @@ def main() -> int:
     ap.add_argument("--prefill-len", type=int, default=128)
     ap.add_argument("--rounds", type=int, default=5)
     ap.add_argument("--threads", type=int, default=None)
+    ap.add_argument("--projections-only", action="store_true", help="time the projections alone")
+    ap.add_argument("--rows", default="1,8,64,512", help="row counts of --projections-only")
     args = ap.parse_args()
     if args.threads:
         torch.set_num_threads(args.threads)
@@ -123,6 +174,9 @@ def main() -> int:
     lm = load_model(dtype=args.mode)
     model = lm.model
     ds = designs(model)
+    if args.projections_only:
+        projections_only(model, ds, [int(m) for m in args.rows.split(",")], args.rounds)
+        return 0
     max_len = max(args.prompt_len + args.decode_tokens, args.prefill_len) + 1
     side = RadixdSide(lm, max(max(batches), args.prefill_batch), max_len)
     vocab = model.config.vocab_size
