@@ -1,7 +1,9 @@
 """The model's projections (`y = x W^T + b`) in the layout and kernel each precision runs fastest.
 
-- fp32: weights kept [in, out] and run as `x @ W`: CPU GEMMs with a few rows (decode batches) run up
-  to 2x faster in that layout than `F.linear`'s [out, in] in fp32.
+- fp32 (CPU with oneDNN, torch's default build): oneDNN's inner product over the weights packed once
+  at load into its blocked layout (`PackedLinear`): one kernel for every row count, no packing per call.
+- fp32 otherwise: weights kept [in, out] and run as `x @ W` (`InOutLinear`): CPU GEMMs with a few rows
+  ran up to 2x faster in that layout than `F.linear`'s [out, in].
 - bf16 (and other 16-bit floats): [out, in] through `F.linear`, which reaches oneDNN's bf16 kernels
   (AVX512-BF16); `x @ W` with [in, out] bf16 weights measured up to 1.5x slower.
 - int8: int8 weights [out, in] with an fp32 scale per 32 inputs of a row (symmetric, round to nearest),
