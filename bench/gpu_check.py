@@ -30,7 +30,7 @@ if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
 from radixd.kernels import copy_blocks, paged_decode, paged_prefill, store_kv  # noqa: E402
-from radixd.kernels.paged_decode import DECODE_CONFIG, default_num_splits  # noqa: E402
+from radixd.kernels.paged_decode import DECODE_CONFIG, SPLIT_TOKENS  # noqa: E402
 
 TOL = {
     torch.float32: (1e-4, 1e-4),
@@ -148,8 +148,10 @@ def check_decode(
     seq_lens = torch.tensor(lens, dtype=torch.int32, device=dev)
     want = ref_attention(q[:, None], k, v, tables, (seq_lens - 1).long()[:, None], seq_lens)[:, 0]
     rows = []
-    for splits in (None, 1, 4, 8) if dev.type == "cuda" else (None, 4):
-        got = paged_decode(q, k, v, tables, seq_lens, 1.0 / math.sqrt(d), num_splits=splits, backend="triton")
+    for splits in (None, 64, 128, 512) if dev.type == "cuda" else (None, 64):
+        got = paged_decode(
+            q, k, v, tables, seq_lens, 1.0 / math.sqrt(d), split_tokens=splits, backend="triton"
+        )
         what = f"Hq{hq}/Hkv{hkv} D{d} B{b} lens={_short(lens)} splits={splits or 'auto'}{label}"
         rows.append(_err_row("decode", dtype, what, got, want))
     return rows
@@ -400,7 +402,7 @@ def _bench_one(
     lens = torch.full((batch,), ctx, dtype=torch.int32, device=dev)
     q = torch.randn(batch, hq, d, dtype=dtype, device=dev)
     scale = 1.0 / math.sqrt(d)
-    splits = default_num_splits(batch, hkv, nb * page, dev)
+    splits = -(-nb * page // SPLIT_TOKENS)
     t16 = bench_ms(lambda: paged_decode(q, k, v, tables, lens, scale, backend="triton"), dry)
     # One block per sequence spanning the context: the same storage viewed as [batch, ctx, Hkv, D].
     k1 = k[1:].view(batch, ctx, hkv, d)

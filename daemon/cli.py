@@ -20,7 +20,13 @@ def build_parser() -> argparse.ArgumentParser:
         prog="radixd", description="A prefix-caching LLM serving daemon (paged KV blocks in a radix tree)."
     )
     sub = parser.add_subparsers(dest="command", required=True, metavar="{serve,generate,cluster}")
-    serve = sub.add_parser("serve", help="serve a model over gRPC", description="Serve a model over gRPC.")
+    serve = sub.add_parser(
+        "serve",
+        help="serve a model over gRPC",
+        description="Serve a model over gRPC. A greedy request's tokens and logprobs do not depend on the "
+        "load: bitwise the same alone, batched, cached, chunked or preempted, in every mode --dtype auto "
+        "picks, on one machine, build and thread count (docs/batch-invariance.md).",
+    )
     server_main.add_arguments(serve)
     serve.set_defaults(run=server_main.run)
     generate = sub.add_parser(

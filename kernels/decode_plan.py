@@ -1,13 +1,17 @@
 """The CPU decode twin's work split, planned once per step and replayed by every layer.
 
 All layers of a decode step attend through the same block tables and lengths, so everything that
-depends only on them (length sort, chunk boundaries, the flat gather indices, the padding masks) is
-computed once by :func:`plan_decode`; each layer then only gathers K/V and runs SDPA per chunk.
+depends only on them (length sort, chunk boundaries, the flat gather indices, the key masks) is
+computed once by :func:`plan_decode`; each layer then only gathers K/V and runs
+:func:`~radixd.kernels.split_attention.split_attention` per chunk.
 
 Chunks hold sequences of similar length whose gathered K+V fit in about ``TARGET_CHUNK_BYTES``, so
-the freshly gathered chunk is still in the core's L2 when SDPA reads it back. Between two layers the
-weights stream through the caches, so a layer's pool comes from memory; gathering a big batch at once
-would make SDPA read every gathered byte from memory a second time.
+the freshly gathered chunk is still in the core's L2 when the attention reads it back. Between two
+layers the weights stream through the caches, so a layer's pool comes from memory; gathering a big
+batch at once would make the attention read every gathered byte from memory a second time.
+
+NOTE: chunking changes no row's result: a row's arithmetic depends only on its own position and keys
+(split_attention.py), so the chunk it lands in, and how far that chunk pads it, are invisible.
 """
 
 from __future__ import annotations
@@ -15,7 +19,15 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 import torch
-import torch.nn.functional as F
+
+from radixd.kernels.split_attention import (
+    SPLIT_TOKENS,
+    gather_split_kv,
+    key_mask,
+    padded_rows,
+    split_attention,
+    split_index,
+)
 
 # Gathered K+V bytes per chunk: one core's L2 (2 MiB on this project's CPUs). Measured over whole
 # 30-layer decode steps with cold pools (bench/decode_chunks.py, docs/bench-kernels.md): 0.5-2 MiB
@@ -25,13 +37,13 @@ TARGET_CHUNK_BYTES = 2 << 20
 
 @dataclass(frozen=True)
 class DecodeChunk:
-    """Rows ``[start, end)`` of the length-sorted batch, padded to ``num_blocks`` blocks."""
+    """Rows ``[start, end)`` of the length-sorted batch, gathered over ``splits`` splits each."""
 
     start: int
     end: int
-    num_blocks: int
-    block_ids: torch.Tensor  # [(end - start) * num_blocks] pool block of each gathered slot
-    mask: torch.Tensor | None  # additive [n, 1, 1, num_blocks * B], None when no row is padded
+    splits: int
+    index: torch.Tensor  # int64 [splits * n * Hkv * S] pool row of each gathered key (split_index)
+    mask: torch.Tensor  # additive [splits, n, 1, 1, S]: -inf on keys past each row's position
 
 
 @dataclass(frozen=True)
@@ -42,15 +54,15 @@ class DecodePlan:
     block_size: int
     order: torch.Tensor | None  # sorted position -> sequence (only non-empty ones); None: identity
     chunks: tuple[DecodeChunk, ...]
-    max_chunk_blocks: int  # largest chunk, in gathered blocks: sizes the reusable K/V buffers
+    max_chunk_rows: int  # largest chunk, in gathered pool rows: sizes the reusable K/V buffers
 
 
 def plan_decode(
     block_tables: torch.Tensor,
     seq_lens: torch.Tensor,
     block_size: int,
+    num_kv_heads: int,
     bytes_per_block: int,
-    dtype: torch.dtype,
     chunk_bytes: int | None = None,
 ) -> DecodePlan:
     """Split a decode batch into length-sorted chunks of about ``chunk_bytes`` gathered K+V.
@@ -61,21 +73,22 @@ def plan_decode(
     target = TARGET_CHUNK_BYTES if chunk_bytes is None else chunk_bytes
     s = block_tables.shape[0]
     lens = seq_lens.long().cpu()
-    nblocks = (lens + block_size - 1) // block_size
-    if s > 0 and bool((lens > 0).all()) and s * int(nblocks.max()) * bytes_per_block <= target:
+    nsplits = torch.clamp((lens + SPLIT_TOKENS - 1) // SPLIT_TOKENS, min=1)
+    split_bytes = SPLIT_TOKENS * bytes_per_block // block_size
+    if s > 0 and bool((lens > 0).all()) and s * int(nsplits.max()) * split_bytes <= target:
         order: torch.Tensor | None = None
-        sorted_lens, sorted_nb, counts = lens, nblocks, [s]
+        sorted_lens, sorted_ns, counts = lens, nsplits, [s]
     else:
         perm = torch.argsort(lens, descending=True, stable=True)
         perm = perm[lens[perm] > 0]
-        sorted_lens, sorted_nb = lens[perm], nblocks[perm]
+        sorted_lens, sorted_ns = lens[perm], nsplits[perm]
         # Greedy cut: a chunk grows while its padded size (rows x longest row) stays in the target.
         counts = []
-        nb_list = sorted_nb.tolist()
+        ns_list = sorted_ns.tolist()
         a = 0
-        while a < len(nb_list):
-            per_row = max(nb_list[a], 1) * bytes_per_block
-            n = max(1, min(len(nb_list) - a, target // per_row))
+        while a < len(ns_list):
+            per_row = max(ns_list[a] * split_bytes, 1)
+            n = max(1, min(len(ns_list) - a, target // per_row))
             counts.append(n)
             a += n
         order = perm.to(block_tables.device)
@@ -83,24 +96,19 @@ def plan_decode(
     chunks = []
     a = 0
     for n in counts:
-        nb = int(sorted_nb[a : a + n].max())
-        chunk_lens = sorted_lens[a : a + n]
-        length = nb * block_size
-        mask = None
-        if bool((chunk_lens != length).any()):
-            # An additive float mask: SDPA would turn a boolean one into this anyway, one op later.
-            pos = torch.arange(length)
-            mask = torch.where(pos[None, :] < chunk_lens[:, None], 0.0, float("-inf")).to(dtype)
-            mask = mask.view(n, 1, 1, length).to(block_tables.device)
-        if nb > tables.shape[1]:
+        j = int(sorted_ns[a : a + n].max())
+        need = -(-int(sorted_lens[a : a + n].max()) // block_size)
+        if need > tables.shape[1]:
             raise ValueError(
-                f"block_tables has {tables.shape[1]} columns but a sequence length needs {nb} blocks of "
+                f"block_tables has {tables.shape[1]} columns but a sequence length needs {need} blocks of "
                 f"{block_size} tokens: the table must cover every position below seq_len"
             )
-        ids = tables[a : a + n, :nb].reshape(-1)
-        chunks.append(DecodeChunk(a, a + n, nb, ids, mask))
+        index = split_index(tables[a : a + n], block_size, num_kv_heads, j)
+        # A decode row sits at position len - 1 and sees every key of its sequence.
+        mask = key_mask((sorted_lens[a : a + n] - 1)[:, None].to(block_tables.device), j)
+        chunks.append(DecodeChunk(a, a + n, j, index, mask))
         a += n
-    biggest = max((c.num_blocks * (c.end - c.start) for c in chunks), default=0)
+    biggest = max((c.index.numel() for c in chunks), default=0)
     return DecodePlan(s, block_size, order, tuple(chunks), biggest)
 
 
@@ -109,41 +117,36 @@ def decode_with_plan(
 ) -> torch.Tensor:
     """Run the torch twin of ``paged_decode`` for one layer along ``plan``: q [S, Hq, D] -> [S, Hq, D].
 
-    Per chunk: one ``index_select`` per pool into a reused buffer, then one SDPA in which the G
-    query heads of a kv head act as G query rows (no K/V repeat).
+    Per chunk: one gather per pool into a reused float32 buffer, then :func:`split_attention`, in
+    which the G query heads of a kv head act as G query rows (padded, :func:`padded_rows`).
     """
     s, hq, d = q.shape
     _, b, hkv, _ = k_cache.shape
     group = hq // hkv
+    rows = padded_rows(group)
     if plan.num_seqs != s or plan.block_size != b:
         raise ValueError(
             f"paged_decode: the plan was made for {plan.num_seqs} sequences of {plan.block_size}-token "
             f"blocks, called with {s} and {b}"
         )
-    qg = q.view(s, hkv, group, d).to(k_cache.dtype)
+    qg = q.view(s, hkv, group, d).to(torch.float32)
     if plan.order is not None:
         qg = qg.index_select(0, plan.order)
-    slots = plan.max_chunk_blocks * b * hkv * d
-    k_buf = torch.empty(slots, dtype=k_cache.dtype, device=k_cache.device)
-    v_buf = torch.empty(slots, dtype=k_cache.dtype, device=k_cache.device)
+    if rows != group:
+        qg = torch.nn.functional.pad(qg, (0, 0, 0, rows - group))
+    k_buf = v_buf = None
+    if len(plan.chunks) > 1 and k_cache.dtype == torch.float32:
+        k_buf = torch.empty(plan.max_chunk_rows, d, dtype=torch.float32, device=k_cache.device)
+        v_buf = torch.empty(plan.max_chunk_rows, d, dtype=torch.float32, device=k_cache.device)
     outs = []
     for c in plan.chunks:
-        n, m = c.end - c.start, c.block_ids.numel()
-        kg = torch.index_select(k_cache, 0, c.block_ids, out=k_buf[: m * b * hkv * d].view(m, b, hkv, d))
-        vg = torch.index_select(v_cache, 0, c.block_ids, out=v_buf[: m * b * hkv * d].view(m, b, hkv, d))
-        length = c.num_blocks * b
-        outs.append(
-            F.scaled_dot_product_attention(
-                qg[c.start : c.end],
-                kg.view(n, length, hkv, d).transpose(1, 2),
-                vg.view(n, length, hkv, d).transpose(1, 2),
-                attn_mask=c.mask,
-                scale=scale,
-            )
-        )
-    got = outs[0] if len(outs) == 1 else torch.cat(outs) if outs else qg[:0]
+        kg = gather_split_kv(k_cache, c.index, k_buf)
+        vg = gather_split_kv(v_cache, c.index, v_buf)
+        outs.append(split_attention(qg[c.start : c.end], kg, vg, c.mask, scale))
+    got = outs[0] if len(outs) == 1 else torch.cat(outs) if outs else qg[:0].float()
+    got = got[:, :, :group]
     if plan.order is None:
-        return got.to(q.dtype).view(s, hq, d)
+        return got.to(q.dtype).reshape(s, hq, d)
     # NOTE: sequences of length 0 are in no chunk; the contract gives them zero rows.
     out = torch.empty(s, hkv, group, d, dtype=q.dtype, device=q.device)
     if plan.order.numel() < s:

@@ -1,9 +1,13 @@
 """paged_decode: one query token per sequence attends to its KV through a block table.
 
-Triton: split-K flash decoding. Stage 1 runs one program per (sequence, kv head, split); the query
-heads of the GQA group are packed into one tile (padded to 16 rows for ``tl.dot``) and an fp32 online
-softmax runs over KV tiles gathered through the block table. Stage 2 merges the splits by log-sum-exp:
-``O = sum_k l_k exp(m_k - m) O_k / sum_k l_k exp(m_k - m)``. With one split stage 1 writes the output.
+Triton: split-K flash decoding with splits fixed by position: split ``j`` holds keys
+``[j * split_tokens, (j + 1) * split_tokens)`` whatever the batch. Stage 1 runs one program per
+(sequence, kv head, split); the query heads of the GQA group are packed into one ``ROW_TILE``-row tile
+(the prefill kernel's tile height, so ``tl.dot`` sees the same shape) and an fp32 online softmax runs
+over ``block_n``-key tiles gathered through the block table. Stage 2 folds a sequence's own splits in
+order with :func:`_fold_split`, the very arithmetic the prefill kernel folds its splits with: a decode
+row equals the prefill row of its position where the GPU's ``tl.dot`` gives a row the same bits in
+both tiles (under TRITON_INTERPRET=1 it does, tests/kernels/test_batch_invariance_triton.py).
 
 Torch twin (the daemon's CPU path, ``decode_plan.py``): per chunk of length-sorted sequences, one
 gather of the needed blocks and one SDPA call in which the G query heads of a kv head play the role of
@@ -16,7 +20,7 @@ import torch
 
 from radixd.kernels.checks import check_block_tables, check_cache, check_int_vector, check_query
 from radixd.kernels.decode_plan import DecodePlan, decode_with_plan, plan_decode
-from radixd.kernels.dispatch import LazyKernel, check_same_device, resolve_backend
+from radixd.kernels.dispatch import LazyKernel, check_same_device, interpreting, resolve_backend
 
 try:  # triton is a hard dependency, but keep the torch path importable without it
     import triton
@@ -32,7 +36,7 @@ def paged_decode(
     block_tables: torch.Tensor,
     seq_lens: torch.Tensor,
     scale: float,
-    num_splits: int | None = None,
+    split_tokens: int | None = None,
     backend: str | None = None,
     plan: DecodePlan | None = None,
 ) -> torch.Tensor:
@@ -40,8 +44,9 @@ def paged_decode(
 
     q [S, Hq, D] (one token per sequence); k_cache/v_cache [N, B, Hkv, D]; block_tables int32
     [S, max_blocks] (unused entries 0); seq_lens int32 [S], KV length incl. the current token
-    (already stored); a length of 0 yields a zero output row. ``num_splits`` sets the split-K
-    partitions of the Triton kernel (None = heuristic; the torch twin is exact and ignores it).
+    (already stored); a length of 0 yields a zero output row. ``split_tokens``: the Triton kernel's
+    keys per split (a multiple of its ``block_n``; None = ``SPLIT_TOKENS``); the torch twin splits by
+    its own fixed size and ignores it. Neither derives a split from the batch.
     ``plan``: the torch twin's work split from :func:`plan_for`, made once per step and shared by
     every layer (the Triton kernel ignores it); without one the twin plans the call itself.
     Returns [S, Hq, D] in q's dtype.
@@ -52,11 +57,15 @@ def paged_decode(
     check_int_vector(op, "seq_lens", seq_lens, s)
     max_blocks = check_block_tables(op, block_tables, s)
     dev = check_same_device(op, q, k_cache, v_cache, block_tables, seq_lens)
-    if num_splits is not None and num_splits < 1:
-        raise ValueError(f"{op}: num_splits must be >= 1 or None, got {num_splits}")
+    block_n = DECODE_CONFIG["block_n"]
+    if split_tokens is not None and (split_tokens < block_n or split_tokens % block_n):
+        raise ValueError(
+            f"{op}: split_tokens must be a positive multiple of {block_n} or None, got {split_tokens}"
+        )
     if resolve_backend(backend, dev) == "torch":
         return paged_decode_torch(q, k_cache, v_cache, block_tables, seq_lens, scale, plan)
-    return paged_decode_triton(q, k_cache, v_cache, block_tables, seq_lens, scale, num_splits, max_blocks)
+    split = SPLIT_TOKENS if split_tokens is None else split_tokens
+    return paged_decode_triton(q, k_cache, v_cache, block_tables, seq_lens, scale, split, max_blocks)
 
 
 # ----------------------------------------------------------------------------------------------
@@ -69,9 +78,7 @@ def plan_for(
 ) -> DecodePlan:
     """The torch twin's plan for a decode step over pools shaped like ``k_cache`` (any layer)."""
     _, b, hkv, d = k_cache.shape
-    return plan_decode(
-        block_tables, seq_lens, b, 2 * b * hkv * d * k_cache.element_size(), k_cache.dtype, chunk_bytes
-    )
+    return plan_decode(block_tables, seq_lens, b, hkv, 2 * b * hkv * d * k_cache.element_size(), chunk_bytes)
 
 
 def decode_step_plan(
@@ -104,22 +111,27 @@ def paged_decode_torch(
 # Triton
 # ----------------------------------------------------------------------------------------------
 
-# Tile sizes: KV tokens per inner step and the padded GQA group (tl.dot needs >= 16 on a GPU).
-# DECODE_CONFIG is read at every launch so bench/gpu_check.py can sweep it on a real GPU.
+# Tile sizes: KV tokens per inner step, shared with the prefill kernel (their rows must see the same
+# tiles). DECODE_CONFIG is read at every launch so bench/gpu_check.py can sweep it on a real GPU.
 DECODE_CONFIG: dict[str, int] = {"block_n": 64, "num_warps": 4, "num_stages": 2}
-_MIN_GROUP_TILE = 16
-# A split should cover at least this many tokens, or its fixed cost dominates.
-_MIN_TOKENS_PER_SPLIT = 256
-_MAX_SPLITS = 64
+# Query rows per tile in both kernels: prefill's query block, decode's padded GQA group.
+ROW_TILE = 64
+# NOTE: ROWWISE_DOT (set under TRITON_INTERPRET=1 only): the interpreter runs tl.dot as numpy's BLAS
+# matmul, whose bits for a row depend on the row's slot in the tile (a decode row sits at slot g, the
+# same row of a prefill tile elsewhere). There the kernels multiply and tl.sum instead, which gives every
+# row the same bits, so the interpreter can check everything else about the order bit for bit. On a GPU
+# tl.dot runs, whose per-row bits are the hardware's to keep (bench/gpu_check.py is where to check).
+# Keys per split, fixed by position (a multiple of block_n): the split of a key never depends on the
+# batch, so neither does the order a row's keys are reduced in.
+SPLIT_TOKENS = 256
 
 
-def default_num_splits(num_seqs: int, num_kv_heads: int, max_len: int, device: torch.device) -> int:
-    """Split-K heuristic: ~4 programs per SM (loads in flight to saturate HBM), splits >= 256 tokens."""
-    sms = torch.cuda.get_device_properties(device).multi_processor_count if device.type == "cuda" else 4
-    programs = max(1, num_seqs * num_kv_heads)
-    want = -(-4 * sms // programs)
-    cap = max(1, -(-max_len // _MIN_TOKENS_PER_SPLIT))
-    return int(max(1, min(want, cap, _MAX_SPLITS)))
+# NOTE: the fold of a split into a row's running (max, weight, output) is written out in both kernels
+# (a module-level @triton.jit helper would freeze the interpreted/compiled mode at import, dispatch.py),
+# and must stay the same expression in both:
+#     m_new = max(M, m_j); m_safe = m_new == -inf ? 0 : m_new; a = exp(M - m_safe)
+#     w_j = l_j * exp(m_j - m_safe); W = W * a + w_j; O = O * a + o_j * w_j; M = m_new
+# An empty split (m_j = -inf, l_j = 0, o_j = 0) leaves (M, W, O) bit for bit unchanged.
 
 
 def _decode_stage1(
@@ -128,7 +140,6 @@ def _decode_stage1(
     v_ptr: tl.tensor,
     bt_ptr: tl.tensor,
     lens_ptr: tl.tensor,
-    out_ptr: tl.tensor,
     part_o_ptr: tl.tensor,
     part_ml_ptr: tl.tensor,
     scale: tl.tensor,
@@ -137,8 +148,6 @@ def _decode_stage1(
     stride_kn: tl.tensor,
     stride_vn: tl.tensor,
     stride_bts: tl.tensor,
-    stride_os: tl.tensor,
-    stride_oh: tl.tensor,
     max_blocks: tl.tensor,
     num_splits: tl.tensor,
     GROUP: tl.constexpr,
@@ -148,18 +157,17 @@ def _decode_stage1(
     NUM_KV_HEADS: tl.constexpr,
     BLOCK_SIZE: tl.constexpr,
     BLOCK_N: tl.constexpr,
-    WRITE_OUT: tl.constexpr,
+    SPLIT: tl.constexpr,
     FP32_DOT: tl.constexpr,
+    ROWWISE_DOT: tl.constexpr,
 ) -> None:
     seq = tl.program_id(0).to(tl.int64)
     kvh = tl.program_id(1).to(tl.int64)
     split = tl.program_id(2)
     seq_len = tl.load(lens_ptr + seq).to(tl.int32)
-    # Each split takes a whole number of BLOCK_N tiles of this sequence.
-    tiles = tl.cdiv(seq_len, BLOCK_N)
-    tiles_per_split = tl.cdiv(tiles, num_splits)
-    lo = split * tiles_per_split * BLOCK_N
-    hi = tl.minimum(lo + tiles_per_split * BLOCK_N, seq_len)
+    # Split `split` holds keys [split * SPLIT, (split + 1) * SPLIT): fixed by position, not by the batch.
+    lo = split * SPLIT
+    hi = tl.minimum(lo + SPLIT, seq_len)
 
     g = tl.arange(0, GROUP_TILE)
     dd = tl.arange(0, D_TILE)
@@ -178,52 +186,55 @@ def _decode_stage1(
     acc = tl.zeros([GROUP_TILE, D_TILE], tl.float32)
     n = tl.arange(0, BLOCK_N)
     row_stride = NUM_KV_HEADS * HEAD_DIM  # token stride inside a dense block
+    # NOTE: the tile body below is the prefill kernel's, expression for expression.
     for start in range(lo, hi, BLOCK_N):
         pos = start + n
         n_mask = pos < hi
         logical = pos // BLOCK_SIZE
         phys = tl.load(bt_ptr + seq * stride_bts + logical, mask=n_mask & (logical < max_blocks), other=0)
-        tok = phys.to(tl.int64) * stride_kn + (pos % BLOCK_SIZE).to(tl.int64) * row_stride + kvh * HEAD_DIM
+        in_blk = (pos % BLOCK_SIZE).to(tl.int64) * row_stride + kvh * HEAD_DIM
         kv_mask = n_mask[:, None] & d_mask[None, :]
-        k = tl.load(k_ptr + tok[:, None] + dd[None, :], mask=kv_mask, other=0.0)
-        if FP32_DOT:  # noqa: SIM108 (constexpr branch, kept explicit for the Triton frontend)
+        k = tl.load(
+            k_ptr + (phys.to(tl.int64) * stride_kn + in_blk)[:, None] + dd[None, :], mask=kv_mask, other=0.0
+        )
+        if ROWWISE_DOT:  # the interpreter: see ROWWISE_DOT in paged_decode.py
+            sc = tl.sum(q.to(tl.float32)[:, None, :] * k.to(tl.float32)[None, :, :], 2)
+        elif FP32_DOT:
             sc = tl.dot(q, tl.trans(k), input_precision="ieee")
         else:
             sc = tl.dot(q, tl.trans(k))
         sc = tl.where(n_mask[None, :], sc, float("-inf"))
         m_new = tl.maximum(m_i, tl.max(sc, 1))
-        alpha = tl.exp(m_i - m_new)
-        p = tl.exp(sc - m_new[:, None])
+        m_safe = tl.where(m_new == float("-inf"), 0.0, m_new)
+        alpha = tl.exp(m_i - m_safe)
+        p = tl.exp(sc - m_safe[:, None])
         l_i = l_i * alpha + tl.sum(p, 1)
-        vtok = phys.to(tl.int64) * stride_vn + (pos % BLOCK_SIZE).to(tl.int64) * row_stride + kvh * HEAD_DIM
-        v = tl.load(v_ptr + vtok[:, None] + dd[None, :], mask=kv_mask, other=0.0)
-        if FP32_DOT:
+        v = tl.load(
+            v_ptr + (phys.to(tl.int64) * stride_vn + in_blk)[:, None] + dd[None, :], mask=kv_mask, other=0.0
+        )
+        if ROWWISE_DOT:
+            pv = tl.sum(p.to(v.dtype).to(tl.float32)[:, :, None] * v.to(tl.float32)[None, :, :], 1)
+            acc = acc * alpha[:, None] + pv
+        elif FP32_DOT:
             acc = acc * alpha[:, None] + tl.dot(p, v, input_precision="ieee")
         else:
             acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v)
         m_i = m_new
 
-    # Empty split (or length 0): l = 0, m = -inf; the output/merge treats it as weight 0.
-    safe_l = tl.where(l_i > 0, l_i, 1.0)
-    o = acc / safe_l[:, None]
+    # Empty split (past the sequence's end): l = 0, m = -inf, o = 0, which the fold ignores exactly.
+    o = acc / tl.where(l_i > 0, l_i, 1.0)[:, None]
     gd_mask = g_mask[:, None] & d_mask[None, :]
-    if WRITE_OUT:  # one split: no merge pass
-        tl.store(
-            out_ptr + seq * stride_os + qh[:, None] * stride_oh + dd[None, :],
-            o.to(out_ptr.dtype.element_ty),
-            mask=gd_mask,
-        )
-    else:
-        # partial buffers: o [S, Hq, num_splits, D_TILE], ml [S, Hq, num_splits, 2] (fp32, contiguous)
-        row = (seq * NUM_KV_HEADS * GROUP + qh) * num_splits + split
-        tl.store(part_o_ptr + row[:, None] * D_TILE + dd[None, :], o, mask=gd_mask)
-        tl.store(part_ml_ptr + row * 2, m_i, mask=g_mask)
-        tl.store(part_ml_ptr + row * 2 + 1, l_i, mask=g_mask)
+    # partial buffers: o [S, Hq, num_splits, D_TILE], ml [S, Hq, num_splits, 2] (fp32, contiguous)
+    row = (seq * NUM_KV_HEADS * GROUP + qh) * num_splits + split
+    tl.store(part_o_ptr + row[:, None] * D_TILE + dd[None, :], o, mask=gd_mask)
+    tl.store(part_ml_ptr + row * 2, m_i, mask=g_mask)
+    tl.store(part_ml_ptr + row * 2 + 1, l_i, mask=g_mask)
 
 
 def _decode_stage2(
     part_o_ptr: tl.tensor,
     part_ml_ptr: tl.tensor,
+    lens_ptr: tl.tensor,
     out_ptr: tl.tensor,
     stride_os: tl.tensor,
     stride_oh: tl.tensor,
@@ -231,26 +242,37 @@ def _decode_stage2(
     NUM_Q_HEADS: tl.constexpr,
     HEAD_DIM: tl.constexpr,
     D_TILE: tl.constexpr,
-    SPLIT_TILE: tl.constexpr,
+    SPLIT: tl.constexpr,
 ) -> None:
     seq = tl.program_id(0).to(tl.int64)
     head = tl.program_id(1).to(tl.int64)
-    k = tl.arange(0, SPLIT_TILE)
     dd = tl.arange(0, D_TILE)
-    k_mask = k < num_splits
-    row = (seq * NUM_Q_HEADS + head) * num_splits + k
-    m = tl.load(part_ml_ptr + row * 2, mask=k_mask, other=float("-inf"))
-    l_k = tl.load(part_ml_ptr + row * 2 + 1, mask=k_mask, other=0.0)
-    m_g = tl.max(m, 0)
-    m_g = tl.where(m_g == float("-inf"), 0.0, m_g)
-    w = tl.where(l_k > 0, l_k * tl.exp(m - m_g), 0.0)
-    l_g = tl.sum(w, 0)
     d_mask = dd < HEAD_DIM
-    o = tl.load(
-        part_o_ptr + row[:, None] * D_TILE + dd[None, :], mask=k_mask[:, None] & d_mask[None, :], other=0.0
+    seq_len = tl.load(lens_ptr + seq).to(tl.int32)
+    # One row kept as a [1, D] tile so that the fold is the prefill kernel's expression, shape for shape.
+    one = tl.arange(0, 1)
+    big_m = tl.full([1], float("-inf"), tl.float32)
+    big_w = tl.zeros([1], tl.float32)
+    big_o = tl.zeros([1, D_TILE], tl.float32)
+    # The sequence's own splits, in order (a row's fold never depends on the batch's widest table).
+    for j in range(0, tl.cdiv(seq_len, SPLIT)):
+        row = (seq * NUM_Q_HEADS + head) * num_splits + j + one
+        m_j = tl.load(part_ml_ptr + row * 2)
+        l_j = tl.load(part_ml_ptr + row * 2 + 1)
+        o_j = tl.load(part_o_ptr + row[:, None] * D_TILE + dd[None, :])
+        m_new = tl.maximum(big_m, m_j)
+        m_safe = tl.where(m_new == float("-inf"), 0.0, m_new)
+        a = tl.exp(big_m - m_safe)
+        w_j = l_j * tl.exp(m_j - m_safe)
+        big_w = big_w * a + w_j
+        big_o = big_o * a[:, None] + o_j * w_j[:, None]
+        big_m = m_new
+    res = big_o / tl.where(big_w > 0, big_w, 1.0)[:, None]
+    tl.store(
+        out_ptr + seq * stride_os + head * stride_oh + one[:, None] * 0 + dd[None, :],
+        res.to(out_ptr.dtype.element_ty),
+        mask=d_mask[None, :],
     )
-    res = tl.sum(o * w[:, None], 0) / tl.where(l_g > 0, l_g, 1.0)
-    tl.store(out_ptr + seq * stride_os + head * stride_oh + dd, res.to(out_ptr.dtype.element_ty), mask=d_mask)
 
 
 _stage1 = LazyKernel(_decode_stage1, do_not_specialize=("max_blocks", "num_splits"))
@@ -264,7 +286,7 @@ def paged_decode_triton(
     block_tables: torch.Tensor,
     seq_lens: torch.Tensor,
     scale: float,
-    num_splits: int | None,
+    split_tokens: int,
     max_blocks: int,
 ) -> torch.Tensor:
     """Launch the split-K Triton decode (inputs already validated by :func:`paged_decode`)."""
@@ -278,23 +300,20 @@ def paged_decode_triton(
         q = q.contiguous()
     if block_tables.stride(1) != 1:
         block_tables = block_tables.contiguous()
-    if num_splits is None:
-        # NOTE: the heuristic uses the table width, not max(seq_lens), so it never syncs the host.
-        num_splits = default_num_splits(s, hkv, max_blocks * b, q.device)
+    # NOTE: the grid covers the table's width (no host sync for max(seq_lens)); programs past a
+    # sequence's end write empty partials that its fold never reads.
+    num_splits = max(1, triton.cdiv(max_blocks * b, split_tokens))
     d_tile = max(16, triton.next_power_of_2(d))
-    group_tile = max(_MIN_GROUP_TILE, triton.next_power_of_2(group))
-    if num_splits > 1:
-        part_o = torch.empty(s, hq, num_splits, d_tile, dtype=torch.float32, device=q.device)
-        part_ml = torch.empty(s, hq, num_splits, 2, dtype=torch.float32, device=q.device)
-    else:
-        part_o = part_ml = out  # unused
+    if group > ROW_TILE:
+        raise ValueError(f"paged_decode: a GQA group of {group} query heads exceeds the {ROW_TILE}-row tile")
+    part_o = torch.empty(s, hq, num_splits, d_tile, dtype=torch.float32, device=q.device)
+    part_ml = torch.empty(s, hq, num_splits, 2, dtype=torch.float32, device=q.device)
     _stage1[(s, hkv, num_splits)](
         q,
         k_cache,
         v_cache,
         block_tables,
         seq_lens,
-        out,
         part_o,
         part_ml,
         float(scale),
@@ -303,34 +322,33 @@ def paged_decode_triton(
         k_cache.stride(0),
         v_cache.stride(0),
         block_tables.stride(0),
-        out.stride(0),
-        out.stride(1),
         max_blocks,
         num_splits,
         GROUP=group,
-        GROUP_TILE=group_tile,
+        GROUP_TILE=ROW_TILE,
         HEAD_DIM=d,
         D_TILE=d_tile,
         NUM_KV_HEADS=hkv,
         BLOCK_SIZE=b,
         BLOCK_N=DECODE_CONFIG["block_n"],
-        WRITE_OUT=num_splits == 1,
+        SPLIT=split_tokens,
         FP32_DOT=k_cache.dtype == torch.float32,
+        ROWWISE_DOT=interpreting(),
         num_warps=DECODE_CONFIG["num_warps"],
         num_stages=DECODE_CONFIG["num_stages"],
     )
-    if num_splits > 1:
-        _stage2[(s, hq)](
-            part_o,
-            part_ml,
-            out,
-            out.stride(0),
-            out.stride(1),
-            num_splits,
-            NUM_Q_HEADS=hq,
-            HEAD_DIM=d,
-            D_TILE=d_tile,
-            SPLIT_TILE=triton.next_power_of_2(num_splits),
-            num_warps=4,
-        )
+    _stage2[(s, hq)](
+        part_o,
+        part_ml,
+        seq_lens,
+        out,
+        out.stride(0),
+        out.stride(1),
+        num_splits,
+        NUM_Q_HEADS=hq,
+        HEAD_DIM=d,
+        D_TILE=d_tile,
+        SPLIT=split_tokens,
+        num_warps=1,
+    )
     return out

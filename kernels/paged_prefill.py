@@ -4,20 +4,30 @@ New token i of sequence s sits at position ``seq_lens[s] - q_len[s] + i`` and at
 position <= its own; its own K/V (and the prefix's) are already in the pool. This one op serves
 plain prefill (empty prefix), chunked prefill and prefix-cache hits.
 
-Triton: one program per (query tile, sequence, query head); an fp32 online softmax walks KV tiles
-through the block table up to the tile's last causal position.
+Triton: one program per (query tile, sequence, query head); keys up to the tile's last causal
+position are taken in the decode kernel's fixed splits, each reduced by an fp32 online softmax over KV
+tiles gathered through the block table and folded in order exactly as the decode kernel folds them.
 Torch twin: queries padded to [S, Hkv, G*Qmax, D] (the G heads of a kv head stacked as rows), one
-block gather, one SDPA call with a causal-and-length mask.
+gather, one :func:`~radixd.kernels.split_attention.split_attention` (the decode twin's arithmetic:
+a prefill row equals the decode of its position bit for bit, split_attention.py).
 """
 
 from __future__ import annotations
 
 import torch
-import torch.nn.functional as F
 
 from radixd.kernels.checks import check_block_tables, check_cache, check_int_vector, check_query
-from radixd.kernels.dispatch import LazyKernel, check_same_device, resolve_backend
-from radixd.kernels.paging import gather_kv, length_chunks
+from radixd.kernels.dispatch import LazyKernel, check_same_device, interpreting, resolve_backend
+from radixd.kernels.paged_decode import DECODE_CONFIG, ROW_TILE, SPLIT_TOKENS
+from radixd.kernels.paging import length_chunks
+from radixd.kernels.split_attention import (
+    gather_split_kv,
+    key_mask,
+    num_splits,
+    padded_rows,
+    split_attention,
+    split_index,
+)
 
 try:
     import triton
@@ -104,29 +114,33 @@ def _prefill_chunk(
     scale: float,
     out: torch.Tensor,
 ) -> None:
-    """One padded SDPA over a chunk of sequences: queries [n, Hkv, G*Qmax, D] vs gathered K/V."""
+    """One :func:`split_attention` over a chunk of sequences: rows [n, Hkv, G*Qmax, D], each at its
+    own position, exactly as a decode of that position would attend."""
     _, hq, d = q.shape
     _, b, hkv, _ = k_cache.shape
     group = hq // hkv
     n = seq_idx.shape[0]
     dev = q.device
     q_max = int(q_lens.max())
-    nb = (int(lens[0]) + b - 1) // b
-    length = nb * b
     rows = torch.arange(q_max)
     valid = rows[None, :] < q_lens[:, None]  # [n, Qmax]
     tok = torch.where(valid, starts[:, None] + rows[None, :], 0).to(dev)
-    # Pad queries: [n, Qmax, Hkv, G, D] -> [n, Hkv, G*Qmax, D] (group heads as extra query rows).
+    # Rows [n, Hkv, G*Qmax, D] (group heads as extra query rows), padded to an allowed count (padded_rows).
     qp = q[tok].view(n, q_max, hkv, group, d).permute(0, 2, 3, 1, 4).reshape(n, hkv, group * q_max, d)
+    # Padding rows sit at position 0: they see key 0 only, and are dropped.
+    pos = torch.where(valid, (lens - q_lens)[:, None] + rows[None, :], 0)
+    pos = pos[:, None, :].expand(n, group, q_max).reshape(n, group * q_max)
+    m = padded_rows(group * q_max)
+    if m != group * q_max:
+        qp = torch.nn.functional.pad(qp, (0, 0, 0, m - group * q_max))
+        pos = torch.nn.functional.pad(pos, (0, m - group * q_max))
+    splits = num_splits(int(lens[0]))
     tables = block_tables.index_select(0, seq_idx.to(block_tables.device))
-    kg = gather_kv(k_cache, tables, nb).transpose(1, 2)
-    vg = gather_kv(v_cache, tables, nb).transpose(1, 2)
-    q_pos = (lens - q_lens)[:, None] + rows[None, :]  # [n, Qmax]
-    k_pos = torch.arange(length)
-    mask = (k_pos[None, None, :] <= q_pos[:, :, None]) & (k_pos[None, None, :] < lens[:, None, None])
-    mask = mask[:, None].expand(n, group, q_max, length).reshape(n, 1, group * q_max, length).to(dev)
-    o = F.scaled_dot_product_attention(qp.to(k_cache.dtype), kg, vg, attn_mask=mask, scale=scale)
-    o = o.view(n, hkv, group, q_max, d).permute(0, 3, 1, 2, 4).reshape(n, q_max, hq, d)
+    index = split_index(tables, b, hkv, splits)
+    kg = gather_split_kv(k_cache, index)
+    vg = gather_split_kv(v_cache, index)
+    o = split_attention(qp.to(torch.float32), kg, vg, key_mask(pos.to(dev), splits), scale)
+    o = o[:, :, : group * q_max].view(n, hkv, group, q_max, d).permute(0, 3, 1, 2, 4).reshape(n, q_max, hq, d)
     valid_dev = valid.to(dev)
     out[tok[valid_dev]] = o[valid_dev].to(out.dtype)
 
@@ -155,7 +169,9 @@ def _prefill_kernel(
     BLOCK_SIZE: tl.constexpr,
     BLOCK_M: tl.constexpr,
     BLOCK_N: tl.constexpr,
+    SPLIT: tl.constexpr,
     FP32_DOT: tl.constexpr,
+    ROWWISE_DOT: tl.constexpr,
 ) -> None:
     m_tile = tl.program_id(0)
     seq = tl.program_id(1).to(tl.int64)
@@ -178,50 +194,73 @@ def _prefill_kernel(
     hi = tl.minimum(seq_len, ctx + first + BLOCK_M)
     hi = tl.where(first < q_len, hi, 0)
 
-    m_i = tl.full([BLOCK_M], float("-inf"), tl.float32)
-    l_i = tl.zeros([BLOCK_M], tl.float32)
-    acc = tl.zeros([BLOCK_M, D_TILE], tl.float32)
     n = tl.arange(0, BLOCK_N)
     row_stride = NUM_KV_HEADS * HEAD_DIM
-    for start in range(0, hi, BLOCK_N):
-        pos = start + n
-        n_mask = pos < hi
-        logical = pos // BLOCK_SIZE
-        phys = tl.load(bt_ptr + seq * stride_bts + logical, mask=n_mask & (logical < max_blocks), other=0)
-        in_blk = (pos % BLOCK_SIZE).to(tl.int64) * row_stride + kvh * HEAD_DIM
-        kv_mask = n_mask[:, None] & d_mask[None, :]
-        k = tl.load(
-            k_ptr + (phys.to(tl.int64) * stride_kn + in_blk)[:, None] + dd[None, :], mask=kv_mask, other=0.0
-        )
-        if FP32_DOT:  # noqa: SIM108 (constexpr branch, kept explicit for the Triton frontend)
-            sc = tl.dot(q, tl.trans(k), input_precision="ieee")
-        else:
-            sc = tl.dot(q, tl.trans(k))
-        keep = n_mask[None, :] & (pos[None, :] <= q_pos[:, None])
-        sc = tl.where(keep, sc, float("-inf"))
-        m_new = tl.maximum(m_i, tl.max(sc, 1))
-        # NOTE: padded rows may see only -inf; a finite stand-in max keeps exp() NaN-free.
+    big_m = tl.full([BLOCK_M], float("-inf"), tl.float32)
+    big_w = tl.zeros([BLOCK_M], tl.float32)
+    big_o = tl.zeros([BLOCK_M, D_TILE], tl.float32)
+    # Splits of SPLIT keys fixed by position, each reduced alone and folded in order: the decode
+    # kernel's split and fold (paged_decode.py), so a row here equals the decode of its position.
+    for lo in range(0, hi, SPLIT):
+        split_hi = tl.minimum(lo + SPLIT, hi)
+        m_i = tl.full([BLOCK_M], float("-inf"), tl.float32)
+        l_i = tl.zeros([BLOCK_M], tl.float32)
+        acc = tl.zeros([BLOCK_M, D_TILE], tl.float32)
+        # NOTE: the tile body below is the decode kernel's stage 1, expression for expression.
+        for start in range(lo, split_hi, BLOCK_N):
+            pos = start + n
+            n_mask = pos < split_hi
+            logical = pos // BLOCK_SIZE
+            phys = tl.load(bt_ptr + seq * stride_bts + logical, mask=n_mask & (logical < max_blocks), other=0)
+            in_blk = (pos % BLOCK_SIZE).to(tl.int64) * row_stride + kvh * HEAD_DIM
+            kv_mask = n_mask[:, None] & d_mask[None, :]
+            k = tl.load(
+                k_ptr + (phys.to(tl.int64) * stride_kn + in_blk)[:, None] + dd[None, :],
+                mask=kv_mask,
+                other=0.0,
+            )
+            if ROWWISE_DOT:  # the interpreter: see ROWWISE_DOT in paged_decode.py
+                sc = tl.sum(q.to(tl.float32)[:, None, :] * k.to(tl.float32)[None, :, :], 2)
+            elif FP32_DOT:
+                sc = tl.dot(q, tl.trans(k), input_precision="ieee")
+            else:
+                sc = tl.dot(q, tl.trans(k))
+            sc = tl.where(n_mask[None, :] & (pos[None, :] <= q_pos[:, None]), sc, float("-inf"))
+            m_new = tl.maximum(m_i, tl.max(sc, 1))
+            # NOTE: a row may see only -inf in a tile; a finite stand-in max keeps exp() NaN-free.
+            m_safe = tl.where(m_new == float("-inf"), 0.0, m_new)
+            alpha = tl.exp(m_i - m_safe)
+            p = tl.exp(sc - m_safe[:, None])
+            l_i = l_i * alpha + tl.sum(p, 1)
+            v = tl.load(
+                v_ptr + (phys.to(tl.int64) * stride_vn + in_blk)[:, None] + dd[None, :],
+                mask=kv_mask,
+                other=0.0,
+            )
+            if ROWWISE_DOT:
+                pv = tl.sum(p.to(v.dtype).to(tl.float32)[:, :, None] * v.to(tl.float32)[None, :, :], 1)
+                acc = acc * alpha[:, None] + pv
+            elif FP32_DOT:
+                acc = acc * alpha[:, None] + tl.dot(p, v, input_precision="ieee")
+            else:
+                acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v)
+            m_i = m_new
+        o_j = acc / tl.where(l_i > 0, l_i, 1.0)[:, None]
+        # The fold (paged_decode.py's NOTE): a split past a row's position is empty and changes nothing.
+        m_new = tl.maximum(big_m, m_i)
         m_safe = tl.where(m_new == float("-inf"), 0.0, m_new)
-        alpha = tl.exp(m_i - m_safe)
-        p = tl.exp(sc - m_safe[:, None])
-        l_i = l_i * alpha + tl.sum(p, 1)
-        v = tl.load(
-            v_ptr + (phys.to(tl.int64) * stride_vn + in_blk)[:, None] + dd[None, :], mask=kv_mask, other=0.0
-        )
-        if FP32_DOT:
-            acc = acc * alpha[:, None] + tl.dot(p, v, input_precision="ieee")
-        else:
-            acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v)
-        m_i = m_new
+        a = tl.exp(big_m - m_safe)
+        w_j = l_i * tl.exp(m_i - m_safe)
+        big_w = big_w * a + w_j
+        big_o = big_o * a[:, None] + o_j * w_j[:, None]
+        big_m = m_new
 
-    o = acc / tl.where(l_i > 0, l_i, 1.0)[:, None]
+    o = big_o / tl.where(big_w > 0, big_w, 1.0)[:, None]
     o_off = (q_start + rows.to(tl.int64))[:, None] * stride_ot + head * stride_oh + dd[None, :]
     tl.store(out_ptr + o_off, o.to(out_ptr.dtype.element_ty), mask=r_mask[:, None] & d_mask[None, :])
 
 
 _kernel = LazyKernel(_prefill_kernel, do_not_specialize=("max_blocks",))
-_BLOCK_M = 64
-_BLOCK_N = 64
 
 
 def paged_prefill_triton(
@@ -250,7 +289,7 @@ def paged_prefill_triton(
     if q_max <= 0:
         return out
     d_tile = max(16, triton.next_power_of_2(d))
-    grid = (triton.cdiv(q_max, _BLOCK_M), s, hq)
+    grid = (triton.cdiv(q_max, ROW_TILE), s, hq)
     _kernel[grid](
         q,
         k_cache,
@@ -273,9 +312,11 @@ def paged_prefill_triton(
         D_TILE=d_tile,
         NUM_KV_HEADS=hkv,
         BLOCK_SIZE=b,
-        BLOCK_M=_BLOCK_M,
-        BLOCK_N=_BLOCK_N,
+        BLOCK_M=ROW_TILE,
+        BLOCK_N=DECODE_CONFIG["block_n"],
+        SPLIT=SPLIT_TOKENS,
         FP32_DOT=k_cache.dtype == torch.float32,
+        ROWWISE_DOT=interpreting(),
         num_warps=4,
         num_stages=2,
     )

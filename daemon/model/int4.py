@@ -5,14 +5,15 @@ and a minimum, `w = q * d + m`: exactly the Q4_1 blocks the embedded SmolLM2 GGU
 weights that came from Q4_1 blocks therefore recovers the GGUF's own codes (the group's minimum has
 code 0 and its maximum code 15), so this mode runs the file's 4-bit weights without expanding them.
 
-Rows of a step:
-- up to `INT4_MAX_ROWS` rows (decode batches) go through `torch._weight_int4pack_mm_for_cpu`, which
-  streams half a byte per weight: the step is bound by weight bytes there, a quarter of bf16's;
-- more rows (prefill chunks, large decode batches) run oneDNN's bf16 GEMM over the same weights
-  dequantized to bf16 once at load, which is compute-bound and faster there (AMX / AVX512-BF16).
+Every row count (decode batches and prefill chunks alike) runs `torch._weight_int4pack_mm_for_cpu`,
+which streams half a byte per weight (a quarter of bf16's), behind the row-invariance plan of
+`invariant.py`: a token's result is bitwise the same in a decode step of any batch and in a prefill
+chunk.
 
-NOTE: both paths compute with the same weight values (the dequantized int4 codes, rounded to bf16),
-so the quality contract measured on either describes both (tests/daemon/test_quality_contract.py).
+NOTE: until issue 25, steps of more than 12 rows ran oneDNN's bf16 GEMM over the dequantized weights
+instead, which is faster for prefill on AMX / AVX512-BF16 machines (the crossover measured there: the
+kernel wins up to ~12 rows, the GEMM from ~16 on) but sums in another order, so a token prefilled and
+the same token decoded differed. docs/batch-invariance-cost.md measures both designs.
 The kernel takes `(q - 8) * scale + zero`, hence `zero = m + 8 * d`; scales and zeros are bf16, the
 activations' dtype, as the kernel requires for its fast path (fp32 activations take a reference
 loop ~30x slower).
@@ -21,13 +22,10 @@ loop ~30x slower).
 from __future__ import annotations
 
 import torch
-import torch.nn.functional as F
+
+from radixd.daemon.model.invariant import RowInvariant
 
 GROUP = 32
-# Crossover measured on the 2-core AVX512-BF16/AMX machine (SmolLM2-135M layer shapes, 2 threads):
-# the int4 kernel wins up to ~12 rows (8 rows: 12.5 ms vs 20.1 ms per step's projections), the
-# bf16 GEMM from ~16 rows on (23.8 vs 19.9 ms).
-INT4_MAX_ROWS = 12
 
 
 def quantize_int4(w: torch.Tensor, group: int = GROUP) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
@@ -73,7 +71,8 @@ def on_int4_grid(w: torch.Tensor, rows: int = 64) -> bool:
 
 
 class Int4Linear:
-    """Q4_1-style 4-bit weights [out, in]; `weight` is their bf16 dequantization (the GEMM path's)."""
+    """Q4_1-style 4-bit weights [out, in]; `weight` is their bf16 dequantization (what the kernel
+    computes with)."""
 
     def __init__(self, w_out_in: torch.Tensor, bias: torch.Tensor | None, dtype: torch.dtype) -> None:
         if dtype != torch.bfloat16:
@@ -83,10 +82,13 @@ class Int4Linear:
         self.weight = dequantize_int4(q, self.sz).to(dtype)
         self.packed = torch._convert_weight_to_int4pack_for_cpu(q, 1)
         self.bias = bias
+        out_f, in_f = q.shape
+        self._rows = RowInvariant("int4pack", self._kernel, in_f, out_f, dtype, q.device)
 
-    def __call__(self, x: torch.Tensor) -> torch.Tensor:
-        if x.shape[0] > INT4_MAX_ROWS:
-            return F.linear(x, self.weight, self.bias)
+    def _kernel(self, x: torch.Tensor) -> torch.Tensor:
         # The kernel needs contiguous rows; the MLP's gate is a column slice of gate_up's output.
         y = torch._weight_int4pack_mm_for_cpu(x.contiguous(), self.packed, GROUP, self.sz)
         return y if self.bias is None else y + self.bias
+
+    def __call__(self, x: torch.Tensor) -> torch.Tensor:
+        return self._rows(x)

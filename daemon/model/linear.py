@@ -1,23 +1,32 @@
 """The model's projections (`y = x W^T + b`) in the layout and kernel each precision runs fastest.
 
-- fp32: weights kept [in, out] and run as `x @ W`: CPU GEMMs with a few rows (decode batches) run up
-  to 2x faster in that layout than `F.linear`'s [out, in] in fp32.
+- fp32 (CPU with oneDNN, torch's default build): oneDNN's inner product over the weights packed once
+  at load into its blocked layout (`PackedLinear`): one kernel for every row count, no packing per call.
+- fp32 otherwise: weights kept [in, out] and run as `x @ W` (`InOutLinear`): CPU GEMMs with a few rows
+  ran up to 2x faster in that layout than `F.linear`'s [out, in].
 - bf16 (and other 16-bit floats): [out, in] through `F.linear`, which reaches oneDNN's bf16 kernels
   (AVX512-BF16); `x @ W` with [in, out] bf16 weights measured up to 1.5x slower.
-- int8: int8 weights [out, in] with an fp32 scale per 32 inputs of a row (symmetric, round to nearest).
-  A one-row input (batch-1 decode) streams the int8 weights through a kernel that torch.compile
-  generates (dequantize, multiply, reduce in fp32: a quarter of fp32's bytes); more rows run the bf16
-  GEMM over the dequantized weights, which the matrix-vector kernel loses to from 2 rows on.
+- int8: int8 weights [out, in] with an fp32 scale per 32 inputs of a row (symmetric, round to nearest),
+  run as the bf16 GEMM over the dequantized weights for every row count.
+
+NOTE: every projection is row-invariant (`invariant.py`): a row's result is bitwise the same whatever
+the call's other rows and their number, so a token computes the same in a decode step of any batch and
+in a prefill chunk. Each kernel runs behind the plan its load-time probe measured (MKL's fp32 GEMM, for
+one, pads calls of fewer than 4 rows to 4 on an AVX2 machine).
 """
 
 from __future__ import annotations
 
-import functools
-from collections.abc import Callable
 from typing import Protocol
 
 import torch
 import torch.nn.functional as F
+
+from radixd.daemon.model.invariant import RowInvariant
+
+# The batch size oneDNN lays the packed fp32 weights out for: with 2 (not 1) every row count runs one
+# kernel on an AVX2 machine (measured: with 1, one-row calls take another kernel).
+PACK_BATCH_HINT = 2
 
 
 class Linear(Protocol):
@@ -37,9 +46,37 @@ class InOutLinear:
         self.w = w_out_in.t().contiguous()
         self.weight = self.w.t()
         self.bias = bias
+        kind = "mm" if bias is None else "addmm"
+        in_f, out_f = self.w.shape
+        self._rows = RowInvariant(kind, self._kernel, in_f, out_f, self.w.dtype, self.w.device)
+
+    def _kernel(self, x: torch.Tensor) -> torch.Tensor:
+        return torch.mm(x, self.w) if self.bias is None else torch.addmm(self.bias, x, self.w)
 
     def __call__(self, x: torch.Tensor) -> torch.Tensor:
-        return torch.mm(x, self.w) if self.bias is None else torch.addmm(self.bias, x, self.w)
+        return self._rows(x)
+
+
+class PackedLinear:
+    """fp32 through oneDNN's inner product over the weights reordered once, at load, into its blocked
+    layout (`weight`: the [out, in] matrix as given)."""
+
+    def __init__(self, w_out_in: torch.Tensor, bias: torch.Tensor | None) -> None:
+        self.weight = w_out_in
+        self.bias = bias
+        self._packed = torch.ops.mkldnn._reorder_linear_weight(w_out_in, PACK_BATCH_HINT)
+        out_f, in_f = w_out_in.shape
+        kind = f"onednn{PACK_BATCH_HINT}" + ("" if bias is None else "+bias")
+        self._rows = RowInvariant(kind, self._kernel, in_f, out_f, w_out_in.dtype, w_out_in.device)
+
+    def _kernel(self, x: torch.Tensor) -> torch.Tensor:
+        y: torch.Tensor = torch.ops.mkldnn._linear_pointwise(
+            x.contiguous(), self._packed, self.bias, "none", [], ""
+        )
+        return y
+
+    def __call__(self, x: torch.Tensor) -> torch.Tensor:
+        return self._rows(x)
 
 
 class OutInLinear:
@@ -48,9 +85,15 @@ class OutInLinear:
     def __init__(self, w_out_in: torch.Tensor, bias: torch.Tensor | None) -> None:
         self.weight = w_out_in
         self.bias = bias
+        out_f, in_f = w_out_in.shape
+        kind = "linear" if bias is None else "linear+bias"
+        self._rows = RowInvariant(kind, self._kernel, in_f, out_f, w_out_in.dtype, w_out_in.device)
+
+    def _kernel(self, x: torch.Tensor) -> torch.Tensor:
+        return F.linear(x, self.weight, self.bias)
 
     def __call__(self, x: torch.Tensor) -> torch.Tensor:
-        return F.linear(x, self.weight, self.bias)
+        return self._rows(x)
 
 
 GROUP = 32
@@ -78,27 +121,6 @@ def dequantize_groups(q: torch.Tensor, scale: torch.Tensor) -> torch.Tensor:
     return (q.float().reshape(out_f, scale.shape[1], -1) * scale[:, :, None]).reshape(out_f, in_f)
 
 
-def _int8_matvec(x: torch.Tensor, q: torch.Tensor, scale: torch.Tensor) -> torch.Tensor:
-    # Written as a broadcast-multiply-reduce so inductor emits one fused vectorized loop that reads
-    # each int8 weight once; a matmul here would make it materialize the dequantized matrix first.
-    n, k = q.shape
-    g = k // GROUP
-    w = q.reshape(n, g, GROUP).float() * scale.reshape(n, g, 1)
-    return (x.float().reshape(1, g, GROUP) * w).sum((-1, -2)).reshape(1, n).to(x.dtype)
-
-
-@functools.cache
-def compiled_int8_matvec() -> Callable[[torch.Tensor, torch.Tensor, torch.Tensor], torch.Tensor]:
-    """The compiled kernel for one-row inputs (compiled on the first call)."""
-    # NOTE: dynamic=True: one graph serves every weight shape. Static shapes compile one graph per
-    # shape, and dynamo's recompile limit (8 per function) is soon reached with several models in
-    # one process; the dynamic loops measured as fast (the 32-wide inner loop stays static).
-    fn: Callable[[torch.Tensor, torch.Tensor, torch.Tensor], torch.Tensor] = torch.compile(
-        _int8_matvec, dynamic=True, fullgraph=True
-    )
-    return fn
-
-
 class Int8Linear:
     """int8 weights [out, in] + fp32 scales per 32 inputs; `weight` is the dequantized matrix in
     `dtype`."""
@@ -107,10 +129,9 @@ class Int8Linear:
         self.q, self.scale = quantize_groups(w_out_in)
         self.weight = dequantize_groups(self.q, self.scale).to(dtype)
         self.bias = bias
-        self._matvec = compiled_int8_matvec()
+        # NOTE: a one-row int8 matrix-vector kernel (a quarter of fp32's bytes) was faster at batch 1
+        # but sums in another order than the GEMM: a token's result then depended on its batch.
+        self._dense = OutInLinear(self.weight, bias)
 
     def __call__(self, x: torch.Tensor) -> torch.Tensor:
-        if x.shape[0] != 1:
-            return F.linear(x, self.weight, self.bias)
-        y = self._matvec(x, self.q, self.scale)
-        return y if self.bias is None else y + self.bias
+        return self._dense(x)

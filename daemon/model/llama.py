@@ -16,7 +16,7 @@ import torch.nn.functional as F
 from radixd import kernels
 from radixd.daemon.model.config import ModelConfig
 from radixd.daemon.model.int4 import Int4Linear
-from radixd.daemon.model.linear import InOutLinear, Int8Linear, Linear, OutInLinear
+from radixd.daemon.model.linear import InOutLinear, Int8Linear, Linear, OutInLinear, PackedLinear
 from radixd.daemon.model.precision import Precision, precision_of_dtype
 from radixd.daemon.model.rope import Rotary, apply_rotary
 
@@ -118,6 +118,9 @@ def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
     return F.rms_norm(x, (x.shape[-1],), weight, eps)
 
 
+FP32_KERNEL = "onednn"
+
+
 @dataclass
 class _LayerOps:
     """One layer's projections in the precision's layout and kernels."""
@@ -128,14 +131,19 @@ class _LayerOps:
     down: Linear
 
 
-def _make_linear(w: torch.Tensor, bias: torch.Tensor | None, prec: Precision, device: torch.device) -> Linear:
+def make_linear(w: torch.Tensor, bias: torch.Tensor | None, prec: Precision, device: torch.device) -> Linear:
+    """The projection of [out, in] matrix `w` (and `bias`) that `prec` runs, on `device`."""
     b = None if bias is None else bias.to(device=device, dtype=prec.dtype)
     if prec.weights == "int8":
         return Int8Linear(w.to(device), b, prec.dtype)
     if prec.weights == "int4":
         return Int4Linear(w.to(device), b, prec.dtype)
     wc = w.to(device=device, dtype=prec.dtype).contiguous()
-    return InOutLinear(wc, b) if prec.dtype == torch.float32 else OutInLinear(wc, b)
+    if prec.dtype != torch.float32:
+        return OutInLinear(wc, b)
+    if FP32_KERNEL == "onednn" and device.type == "cpu" and torch._C._has_mkldnn:
+        return PackedLinear(wc, b)
+    return InOutLinear(wc, b)
 
 
 class LlamaModel:
@@ -173,10 +181,10 @@ class LlamaModel:
         self._ops: list[_LayerOps] = []
         for lw in weights.layers:
             ops = _LayerOps(
-                _make_linear(lw.qkv, lw.qkv_bias, prec, self.device),
-                _make_linear(lw.o_proj, lw.o_bias, prec, self.device),
-                _make_linear(lw.gate_up, None, prec, self.device),
-                _make_linear(lw.down, None, prec, self.device),
+                make_linear(lw.qkv, lw.qkv_bias, prec, self.device),
+                make_linear(lw.o_proj, lw.o_bias, prec, self.device),
+                make_linear(lw.gate_up, None, prec, self.device),
+                make_linear(lw.down, None, prec, self.device),
             )
             lw.qkv, lw.o_proj = ops.qkv.weight, ops.o_proj.weight
             lw.gate_up, lw.down = ops.gate_up.weight, ops.down.weight
@@ -185,7 +193,7 @@ class LlamaModel:
             self._ops.append(ops)
         tied = weights.lm_head is weights.embed
         if prec.weights == "int8":
-            self._lm_head = _make_linear(weights.lm_head, None, prec, self.device)
+            self._lm_head = make_linear(weights.lm_head, None, prec, self.device)
             weights.embed = self._lm_head.weight if tied else cv(weights.embed)
             weights.lm_head = self._lm_head.weight
         else:
@@ -194,12 +202,10 @@ class LlamaModel:
             # NOTE: int4 covers the layers only: GGUFs keep the embedding / lm_head at 8 bits or more
             # (Q8_0 in the embedded model), and 4 bits there would lose what the file kept.
             head_prec = precision_of_dtype(prec.dtype) if prec.weights == "int4" else prec
-            self._lm_head = _make_linear(head, None, head_prec, self.device)
+            self._lm_head = make_linear(head, None, head_prec, self.device)
             weights.lm_head = weights.embed if tied else self._lm_head.weight
         weights.norm = cv(weights.norm)
         self.weights = weights
-        if prec.weights == "int8":
-            self._compile_matvecs()
 
     def projections(self) -> list[Linear]:
         """Every weight matrix's projection, layers in order, then the lm_head (benchmarks: one pass
@@ -207,16 +213,6 @@ class LlamaModel:
         return [o for ops in self._ops for o in (ops.qkv, ops.o_proj, ops.gate_up, ops.down)] + [
             self._lm_head
         ]
-
-    def _compile_matvecs(self) -> None:
-        """Compile the int8 matrix-vector kernel for every weight shape now, not in the first steps."""
-        seen: set[tuple[int, ...]] = set()
-        with torch.inference_mode():
-            for op in self.projections():
-                shape = tuple(op.weight.shape)
-                if shape not in seen:
-                    seen.add(shape)
-                    op(torch.zeros(1, shape[1], dtype=self.dtype, device=self.device))
 
     def forward(
         self,

@@ -2,19 +2,19 @@
 
 - ``float32``: the reference mode; fp32 weights, activations and KV cache.
 - ``bfloat16``: bf16 weights, activations and KV cache (oneDNN's bf16 GEMMs on CPUs with AVX512-BF16).
-- ``int8``: ``bfloat16`` plus int8 weights with an fp32 scale per 32 inputs of a row; single-row
-  matmuls (batch-1 decode) stream the int8 weights through a compiled matrix-vector kernel, larger
-  ones run the bf16 GEMM on the dequantized weights.
+- ``int8``: ``bfloat16`` plus int8 weights with an fp32 scale per 32 inputs of a row, run as the bf16
+  GEMM on the dequantized weights (it saves memory, not time).
 - ``int4``: ``bfloat16`` plus 4-bit weights in GGUF's Q4_1 layout (group 32, scale and minimum),
-  executed by torch's packed int4 CPU kernel for decode-sized steps (up to 12 rows) and by the bf16
-  GEMM over the same weights, dequantized, for larger ones (`int4.py`). On a Q4_1 GGUF (the embedded
-  model) these are the file's own 4-bit codes. The tied embedding / lm_head stays bf16.
+  executed by torch's packed int4 CPU kernel for every row count (`int4.py`). On a Q4_1 GGUF (the
+  embedded model) these are the file's own 4-bit codes. The tied embedding / lm_head stays bf16.
 - ``auto``: the fastest of these that meets the quality contract (docs/bench-offline.md) on the
   machine. On CPUs with native bf16 (AVX512-BF16, AMX): ``int4`` when the layers' weights lie on its
   grid already (a Q4_0 / Q4_1 / Q4_K GGUF, whose own codes it then runs), else ``bfloat16``; on
-  other CPUs ``float32``; on CUDA GPUs ``bfloat16`` where supported. ``int8`` is faster only at
-  batch 1, needs a C compiler and seconds of kernel compilation at load, and its generated kernel
-  degrades badly when other processes load the cores (docs/bench-offline.md), so `auto` skips it.
+  other CPUs ``float32``; on CUDA GPUs ``bfloat16`` where supported. ``int8`` is never faster than
+  ``bfloat16``, so `auto` skips it.
+
+Every mode's projections are row-invariant (`invariant.py`): a row's result does not depend on the
+other rows of its step.
 
 The flag's default is `auto`, or $RADIXD_DTYPE when set (the test suite pins the reference mode so).
 """

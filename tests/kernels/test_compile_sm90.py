@@ -47,9 +47,9 @@ def _compile(fn: Callable[..., None], types: dict[str, str], consts: dict[str, A
 
 
 def _decode_types(dt: str) -> dict[str, str]:
-    ints = ["stride_qs", "stride_qh", "stride_bts", "stride_os", "stride_oh", "max_blocks", "num_splits"]
+    ints = ["stride_qs", "stride_qh", "stride_bts", "max_blocks", "num_splits"]
     return {
-        **{p: f"*{dt}" for p in ("q_ptr", "k_ptr", "v_ptr", "out_ptr")},
+        **{p: f"*{dt}" for p in ("q_ptr", "k_ptr", "v_ptr")},
         "bt_ptr": "*i32",
         "lens_ptr": "*i32",
         "part_o_ptr": "*fp32",
@@ -62,28 +62,28 @@ def _decode_types(dt: str) -> dict[str, str]:
 
 
 @pytest.mark.parametrize(
-    ("dt", "group", "d", "b", "write_out"),
-    [("fp16", 4, 128, 16, True), ("bf16", 3, 64, 16, False), ("fp32", 1, 80, 1, False)],
+    ("dt", "group", "d", "b"), [("fp16", 4, 128, 16), ("bf16", 3, 64, 16), ("fp32", 1, 80, 1)]
 )
-def test_decode_stage1_compiles(dt: str, group: int, d: int, b: int, write_out: bool) -> None:
+def test_decode_stage1_compiles(dt: str, group: int, d: int, b: int) -> None:
     consts = {
         "GROUP": group,
-        "GROUP_TILE": 16,
+        "GROUP_TILE": decode.ROW_TILE,
         "HEAD_DIM": d,
         "D_TILE": max(16, triton.next_power_of_2(d)),
         "NUM_KV_HEADS": 8,
         "BLOCK_SIZE": b,
         "BLOCK_N": decode.DECODE_CONFIG["block_n"],
-        "WRITE_OUT": write_out,
+        "SPLIT": decode.SPLIT_TOKENS,
         "FP32_DOT": dt == "fp32",
+        "ROWWISE_DOT": False,
     }
     _compile(decode._decode_stage1, _decode_types(dt), consts, num_stages=decode.DECODE_CONFIG["num_stages"])
 
 
 def test_decode_stage2_compiles() -> None:
-    types = {"part_o_ptr": "*fp32", "part_ml_ptr": "*fp32", "out_ptr": "*bf16"}
+    types = {"part_o_ptr": "*fp32", "part_ml_ptr": "*fp32", "lens_ptr": "*i32", "out_ptr": "*bf16"}
     types |= {"stride_os": "i32", "stride_oh": "i32", "num_splits": "i32"}
-    consts = {"NUM_Q_HEADS": 32, "HEAD_DIM": 128, "D_TILE": 128, "SPLIT_TILE": 8}
+    consts = {"NUM_Q_HEADS": 32, "HEAD_DIM": 128, "D_TILE": 128, "SPLIT": decode.SPLIT_TOKENS}
     _compile(decode._decode_stage2, types, consts)
 
 
@@ -99,9 +99,11 @@ def test_prefill_compiles(dt: str) -> None:
         "D_TILE": 128,
         "NUM_KV_HEADS": 8,
         "BLOCK_SIZE": 16,
-        "BLOCK_M": prefill._BLOCK_M,
-        "BLOCK_N": prefill._BLOCK_N,
+        "BLOCK_M": decode.ROW_TILE,
+        "BLOCK_N": decode.DECODE_CONFIG["block_n"],
+        "SPLIT": decode.SPLIT_TOKENS,
         "FP32_DOT": dt == "fp32",
+        "ROWWISE_DOT": False,
     }
     _compile(prefill._prefill_kernel, types, consts, num_stages=2)
 

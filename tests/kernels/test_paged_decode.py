@@ -55,10 +55,10 @@ def test_decode_shared_prefix_blocks(backend: str) -> None:
 
 
 def test_decode_splits_agree(interpret: None) -> None:
-    """1, 4 and 8 split-K partitions give the same result (and the reference's)."""
+    """Splits of 64, 128 and 256 keys give the same result (and the reference's)."""
     shape = (9, 3, 64, 8)
-    lens = [70, 33, 8, 1, 0]
-    outs = [_run("triton", shape, torch.float32, lens, num_splits=n) for n in (1, 4, 8)]
+    lens = [200, 70, 33, 8, 1, 0]
+    outs = [_run("triton", shape, torch.float32, lens, split_tokens=n) for n in (64, 128, 256)]
     for out, ref in outs:
         torch.testing.assert_close(out.double(), ref, **tol(torch.float32))
     torch.testing.assert_close(outs[0][0], outs[1][0], atol=1e-6, rtol=1e-6)
@@ -157,7 +157,8 @@ def test_bf16_torch_twin() -> None:
         ({"q": torch.zeros(2, 4, 32)}, "head_dim"),
         ({"seq_lens": torch.zeros(3, dtype=torch.int32)}, "seq_lens"),
         ({"block_tables": torch.zeros(2, 3)}, "block_tables"),
-        ({"num_splits": 0}, "num_splits"),
+        ({"split_tokens": 0}, "split_tokens"),
+        ({"split_tokens": 96}, "split_tokens"),
         ({"seq_lens": torch.tensor([13, 3], dtype=torch.int32)}, "must cover every position"),
         ({"backend": "cuda"}, "unknown kernel backend"),
     ],

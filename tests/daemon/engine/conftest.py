@@ -11,9 +11,11 @@ from collections.abc import Iterator
 
 import pytest
 import torch
+from invariance_kit import MODES, Rig, make_rig
 
 from radixd.daemon.engine.core import EngineCore
 from radixd.daemon.engine.engine import Engine
+from radixd.daemon.loaders import LoadedModel
 
 
 @pytest.fixture(autouse=True, scope="module")
@@ -31,3 +33,10 @@ def engine(core: EngineCore) -> Iterator[Engine]:
     eng.start()
     yield eng
     eng.shutdown(drain_timeout_s=5.0)
+
+
+@pytest.fixture(scope="session", params=MODES)
+def rig(request: pytest.FixtureRequest, smollm: LoadedModel) -> Rig:
+    """One execution mode `auto` can pick (invariance_kit.MODES), with its model; pytest runs the
+    tests of one mode together, so one extra model is loaded at a time."""
+    return make_rig(request.param, smollm)

@@ -1,0 +1,165 @@
+"""Row-invariant projections: a row's result never depends on how many rows its call has, nor on them.
+
+CPU GEMM libraries pick their kernel, blocking and reduction order from the problem's shape: MKL's
+fp32 GEMM, for one, runs calls of 1-3 rows through a different kernel from calls of 4 or more, so
+the same row comes out a few ulps apart in a 1-row decode step and in a 16-row prefill chunk. Which
+row counts share an order is not documented and differs by library, version, CPU and thread count,
+so it is measured here, once per kernel and shape, when the model loads:
+
+- the probe runs one fixed row through the kernel in calls of every row count of `PROBE_ROWS` (at a
+  different position each time, beside random rows) and finds the *floor*: the smallest row count
+  from which every probed count gives the row bitwise the same result as the largest;
+- `RowPlan.run` then pads a call of fewer rows than the floor with zero rows up to it, and splits one
+  of more rows than the probe's largest count into calls of that count (the last one padded up to
+  the floor if short), so that every row runs in a call of a probed, agreeing size.
+
+A kernel whose order does not depend on the row count has floor 1 and runs unchanged. When the top
+of the probe does not agree (the largest two counts differ) there is no class to pad into: the plan
+falls back to running every call at exactly the largest count (`floor == cap`), which is invariant by
+construction (one call shape for every row) but slow; `RowPlan.fallback` says so.
+
+NOTE: the result is invariant for a fixed thread count on one machine and library build; another CPU,
+build or `torch.set_num_threads` may give other (equally invariant) rows. Plans are kept per (kernel,
+shape, dtype, device, thread count), and `RowInvariant` probes again when the thread count changes.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+
+import torch
+
+Kernel = Callable[[torch.Tensor], torch.Tensor]
+
+# Decode batches (1..64 and a bit beyond), then prefill chunk sizes up to the engine's default step
+# budget of 512 tokens.
+PROBE_ROWS: tuple[int, ...] = (
+    *range(1, 25),
+    28,
+    31,
+    32,
+    40,
+    47,
+    48,
+    56,
+    63,
+    64,
+    65,
+    70,
+    96,
+    127,
+    128,
+    255,
+    256,
+    512,
+)
+# Very wide matrices (the lm_head: ~50k outputs) probe fewer counts: a probe of PROBE_ROWS there costs
+# seconds. The lm_head's calls have one row per sampled sequence; larger ones run in chunks of 64.
+WIDE_PROBE_ROWS: tuple[int, ...] = (*range(1, 14), 16, 31, 32, 64)
+WIDE_OUTPUTS = 16384
+
+
+@dataclass(frozen=True)
+class RowPlan:
+    """How a kernel's calls are shaped: at least `floor` rows, at most `cap` rows per call."""
+
+    floor: int
+    cap: int
+    fallback: bool = False
+
+    def run(self, kernel: Kernel, x: torch.Tensor) -> torch.Tensor:
+        """`kernel(x)` computed in calls of `floor`..`cap` rows (x: [M, in] -> [M, out])."""
+        m = x.shape[0]
+        if self.floor <= m <= self.cap:
+            return kernel(x)
+        if m < self.floor:
+            return kernel(_pad(x, self.floor))[:m]
+        outs = [self.run(kernel, x[i : i + self.cap]) for i in range(0, m, self.cap)]
+        return torch.cat(outs)
+
+
+def _pad(x: torch.Tensor, rows: int) -> torch.Tensor:
+    out = x.new_zeros(rows, x.shape[1])
+    out[: x.shape[0]] = x
+    return out
+
+
+def probe_rows_for(out_features: int) -> tuple[int, ...]:
+    """The row counts probed for a matrix with `out_features` outputs."""
+    return WIDE_PROBE_ROWS if out_features >= WIDE_OUTPUTS else PROBE_ROWS
+
+
+def probe_floor(
+    kernel: Kernel, in_features: int, dtype: torch.dtype, device: torch.device, rows: Sequence[int]
+) -> RowPlan:
+    """Measure `kernel`'s plan: the smallest count of `rows` from which one row's result agrees."""
+    g = torch.Generator().manual_seed(0)
+    top = max(rows)
+    probe = torch.randn(1, in_features, generator=g).to(device=device, dtype=dtype)
+    noise = torch.randn(top, in_features, generator=g).to(device=device, dtype=dtype)
+    found: dict[int, torch.Tensor | None] = {}
+    with torch.inference_mode():
+        for i, m in enumerate(rows):
+            x = noise[:m].clone()
+            # Kernels run rows in blocks (MKL: 4) and a short last block can take another kernel:
+            # the probe row goes first, last and somewhere between, and all of them must agree.
+            at = sorted({0, m - 1, i % m})
+            x[at] = probe
+            y = kernel(x)
+            first = y[at[0]].clone()
+            found[m] = first if all(torch.equal(y[a], first) for a in at[1:]) else None
+    counts = sorted(found)
+    ref = found[top]
+
+    def agrees(m: int) -> bool:
+        r = found[m]
+        return r is not None and ref is not None and torch.equal(r, ref)
+
+    floor_at = len(counts) - 1
+    while floor_at > 0 and agrees(counts[floor_at - 1]):
+        floor_at -= 1
+    if ref is None or floor_at == len(counts) - 1:
+        return RowPlan(top, top, fallback=True)
+    return RowPlan(counts[floor_at], top)
+
+
+_PLANS: dict[tuple[str, int, int, torch.dtype, str, int], RowPlan] = {}
+
+
+def plan_for(
+    name: str, kernel: Kernel, in_features: int, out_features: int, dtype: torch.dtype, device: torch.device
+) -> RowPlan:
+    """The plan of kernel kind `name` at this shape, probed on the first matrix of that shape.
+
+    NOTE: the plan depends on the kernel's code path, which depends on the shape, dtype and threads, not
+    on the weights' values: every matrix of one shape in a model shares one probe."""
+    key = (name, in_features, out_features, dtype, str(device), torch.get_num_threads())
+    plan = _PLANS.get(key)
+    if plan is None:
+        plan = probe_floor(kernel, in_features, dtype, device, probe_rows_for(out_features))
+        _PLANS[key] = plan
+    return plan
+
+
+class RowInvariant:
+    """`kernel` behind its plan, probed at construction (and again if the thread count changes)."""
+
+    def __init__(
+        self,
+        name: str,
+        kernel: Kernel,
+        in_features: int,
+        out_features: int,
+        dtype: torch.dtype,
+        device: torch.device,
+    ) -> None:
+        self._args = (name, kernel, in_features, out_features, dtype, device)
+        self._threads = torch.get_num_threads()
+        self.plan = plan_for(*self._args)
+
+    def __call__(self, x: torch.Tensor) -> torch.Tensor:
+        if torch.get_num_threads() != self._threads:
+            self._threads = torch.get_num_threads()
+            self.plan = plan_for(*self._args)
+        return self.plan.run(self._args[1], x)

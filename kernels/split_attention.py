@@ -1,0 +1,137 @@
+"""The CPU attention both torch twins run: one reduction order per query row, fixed by positions only.
+
+A query row at position ``p`` attends to keys ``0..p`` in splits of ``SPLIT_TOKENS`` positions
+(split ``j`` holds keys ``[j * S, (j + 1) * S)``), so a row's arithmetic is the same whether it is a
+decode row or a row of a prefill chunk, alone or beside any other rows:
+
+1. scores: one batched GEMM per (split, row group, kv head) with ``N = S`` keys and ``K = head_dim``;
+   keys past the row's position are set to ``-inf`` (a partial last split is padded, never shortened,
+   so every GEMM has the same ``N`` and ``K``);
+2. ``m`` = max over all of the row's scores (exact, order-free), ``e = exp(s - m)``;
+3. per split: ``l_j = sum(e)`` over its ``S`` keys and ``acc_j = e @ V_j`` (a GEMM with ``K = S``);
+4. splits are summed by a pairwise tree over the split index ((0,1), (2,3), ... then pairs of pairs);
+   splits past the row's last are exact zeros, and a tree over trailing zeros groups the others the
+   same, so a batch that pads a row to more splits does not change it;
+5. ``out = acc / l``, plus ``0.0`` (``-0.0`` would otherwise depend on which zeros were added).
+
+NOTE: what this rests on (tests/kernels/test_batch_invariance.py checks it on the machine at hand):
+the CPU GEMM computes a row of a ``[M, K] @ [K, N]`` product with the same arithmetic for every
+allowed ``M`` (:func:`padded_rows`) and every position of the row in the batch (MKL's ``bmm`` on AVX2
+does; other row counts take other kernels, hence the padding), and torch's elementwise ``exp`` and last-dim
+``sum`` give a row the same bits whatever surrounds it. Everything is computed in float32 (a bf16/fp16
+pool is widened while gathered), so the compute dtype never changes the order either.
+"""
+
+from __future__ import annotations
+
+import torch
+
+# Keys per split. A multiple of every block size the daemon uses (16); small enough that padding a
+# short sequence's last split costs little, big enough that each GEMM amortizes its call.
+SPLIT_TOKENS = 64
+# Row counts whose GEMM gives a row the bits every other allowed count gives it (MKL on AVX2, float32):
+# 4, 8 and anything from 12 on. 1-3 rows take other kernels, and 5-7 and 9-11 do when the batch has
+# one matrix (torch then calls a plain GEMM); so rows are padded up to an allowed count.
+_SAFE_SMALL_ROWS = (4, 8, 12)
+
+
+def padded_rows(rows: int) -> int:
+    """Query rows per (sequence, kv head) after padding to an allowed count (4, 8, or >= 12)."""
+    for safe in _SAFE_SMALL_ROWS:
+        if rows <= safe:
+            return safe
+    return rows
+
+
+def num_splits(max_len: int) -> int:
+    """Splits covering positions ``0..max_len-1`` (at least one)."""
+    return max(1, -(-max_len // SPLIT_TOKENS))
+
+
+def split_index(tables: torch.Tensor, block_size: int, num_kv_heads: int, splits: int) -> torch.Tensor:
+    """Pool rows of every (split, sequence, kv head, key) for :func:`gather_split_kv`: int64 [J*n*Hkv*S].
+
+    Row ``r`` of a pool viewed as [N * B * Hkv, D] holds (block r // (B*Hkv), offset, head). Keys past
+    the table's width read the null block 0, keys past a sequence's length whatever its blocks hold:
+    finite values that the key mask removes.
+    """
+    n, width = tables.shape
+    pos = torch.arange(splits * SPLIT_TOKENS, device=tables.device)
+    col = pos // block_size
+    blocks = tables.long()[:, col.clamp(max=max(width - 1, 0))]
+    if width == 0:
+        blocks = torch.zeros(n, pos.numel(), dtype=torch.long, device=tables.device)
+    blocks = torch.where(col < width, blocks, 0)
+    slot = (blocks * block_size + pos % block_size).view(n, splits, 1, SPLIT_TOKENS).transpose(0, 1)
+    heads = torch.arange(num_kv_heads, device=tables.device).view(1, 1, num_kv_heads, 1)
+    return (slot * num_kv_heads + heads).reshape(-1)
+
+
+def gather_split_kv(
+    cache: torch.Tensor, index: torch.Tensor, out: torch.Tensor | None = None
+) -> torch.Tensor:
+    """Gather the rows of ``index`` (:func:`split_index`) in one copy: float32 [J*n*Hkv*S, D].
+
+    The (split, sequence, head)-major order is what lets one ``bmm`` batch span all three; a 16-bit
+    pool is widened to float32 here.
+    """
+    d = cache.shape[3]
+    # NOTE: the daemon's pools are contiguous; a strided one (a view into something bigger) is copied.
+    flat = cache.view(-1, d) if cache.is_contiguous() else cache.reshape(-1, d)
+    if cache.dtype == torch.float32:
+        if out is None:
+            return flat.index_select(0, index)
+        return torch.index_select(flat, 0, index, out=out.view(-1)[: index.numel() * d].view(-1, d))
+    return flat.index_select(0, index).float()
+
+
+def key_mask(row_pos: torch.Tensor, splits: int) -> torch.Tensor:
+    """Additive float32 mask, ``-inf`` where a key lies past its row: row_pos [n, R] (int64) ->
+    [J, n, 1, R, S] (broadcast over the kv heads; R = 1 broadcasts over the rows too)."""
+    keys = torch.arange(splits * SPLIT_TOKENS, device=row_pos.device).view(splits, 1, 1, 1, SPLIT_TOKENS)
+    past = keys > row_pos[None, :, None, :, None]
+    zero = torch.zeros((), dtype=torch.float32, device=row_pos.device)
+    return torch.where(past, float("-inf"), zero)
+
+
+def split_attention(
+    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor, scale: float
+) -> torch.Tensor:
+    """Attention of float32 q [n, Hkv, M, D] (M from :func:`padded_rows`) over the gathered keys and values
+    (:func:`gather_split_kv`, [J*n*Hkv*S, D]); ``mask`` from :func:`key_mask`. -> float32 [n, Hkv, M, D].
+
+    Every row needs key 0 unmasked (a causal row always sees position 0).
+    """
+    n, hkv, m, d = q.shape
+    s = SPLIT_TOKENS
+    j = k.shape[0] // (n * hkv * s)
+    if m != padded_rows(m):
+        raise ValueError(f"split_attention needs 4, 8 or >= 12 query rows per group, got {m}")
+    # One copy scales the rows and repeats them for each split (the bmm batch is split-major).
+    qx = torch.empty(j, n, hkv, m, d, dtype=torch.float32, device=q.device)
+    torch.mul(q.unsqueeze(0).expand(j, n, hkv, m, d), scale, out=qx)
+    qx = qx.view(j * n * hkv, m, d)
+    sc = torch.bmm(qx, k.view(j * n * hkv, s, d).transpose(1, 2)).view(j, n, hkv, m, s)
+    sc.add_(mask)
+    sc.sub_(sc.amax(dim=(0, 4), keepdim=True)).exp_()
+    acc = torch.bmm(sc.view(j * n * hkv, m, s), v.view(j * n * hkv, s, d)).view(j, n, hkv, m, d)
+    l_sum = sc.sum(dim=4, keepdim=True)  # [j, n, hkv, m, 1]
+    if j > 1:
+        both = _tree_sum(torch.cat((acc, l_sum), dim=4))
+        acc, l_sum = both[..., :d], both[..., d:]
+    else:
+        acc, l_sum = acc[0], l_sum[0]
+    return torch.div(acc, l_sum).add_(0.0)
+
+
+def _tree_sum(x: torch.Tensor) -> torch.Tensor:
+    """Sum over dim 0 by a pairwise tree on the index ((0,1), (2,3), ...; an odd last passes up).
+
+    A trailing zero term changes no group of the others, so padding rows to more splits is exact.
+    """
+    while x.shape[0] > 1:
+        j = x.shape[0]
+        h = j // 2
+        y = torch.add(x[0 : 2 * h : 2], x[1 : 2 * h : 2])
+        x = torch.cat((y, x[j - 1 :])) if j % 2 else y
+    return x[0]
