@@ -123,7 +123,7 @@ def decode_with_plan(
     s, hq, d = q.shape
     _, b, hkv, _ = k_cache.shape
     group = hq // hkv
-    rows = padded_rows(group)
+    rows = padded_rows(group, d)
     if plan.num_seqs != s or plan.block_size != b:
         raise ValueError(
             f"paged_decode: the plan was made for {plan.num_seqs} sequences of {plan.block_size}-token "

@@ -130,7 +130,7 @@ def _prefill_chunk(
     # Padding rows sit at position 0: they see key 0 only, and are dropped.
     pos = torch.where(valid, (lens - q_lens)[:, None] + rows[None, :], 0)
     pos = pos[:, None, :].expand(n, group, q_max).reshape(n, group * q_max)
-    m = padded_rows(group * q_max)
+    m = padded_rows(group * q_max, d)
     if m != group * q_max:
         qp = torch.nn.functional.pad(qp, (0, 0, 0, m - group * q_max))
         pos = torch.nn.functional.pad(pos, (0, m - group * q_max))

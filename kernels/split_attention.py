@@ -16,31 +16,73 @@ decode row or a row of a prefill chunk, alone or beside any other rows:
 
 NOTE: what this rests on (tests/kernels/test_batch_invariance.py checks it on the machine at hand):
 the CPU GEMM computes a row of a ``[M, K] @ [K, N]`` product with the same arithmetic for every
-allowed ``M`` (:func:`padded_rows`) and every position of the row in the batch (MKL's ``bmm`` on AVX2
-does; other row counts take other kernels, hence the padding), and torch's elementwise ``exp`` and last-dim
+allowed ``M`` (:func:`padded_rows`, measured at first use: other row counts take other kernels, hence
+the padding) and every position of the row in the batch, and torch's elementwise ``exp`` and last-dim
 ``sum`` give a row the same bits whatever surrounds it. Everything is computed in float32 (a bf16/fp16
 pool is widened while gathered), so the compute dtype never changes the order either.
 """
 
 from __future__ import annotations
 
+import functools
+import warnings
+
 import torch
 
 # Keys per split. A multiple of every block size the daemon uses (16); small enough that padding a
 # short sequence's last split costs little, big enough that each GEMM amortizes its call.
 SPLIT_TOKENS = 64
-# Row counts whose GEMM gives a row the bits every other allowed count gives it (MKL on AVX2, float32):
-# 4, 8 and anything from 12 on. 1-3 rows take other kernels, and 5-7 and 9-11 do when the batch has
-# one matrix (torch then calls a plain GEMM); so rows are padded up to an allowed count.
-_SAFE_SMALL_ROWS = (4, 8, 12)
+# Row counts probed for the GEMMs' row classes (every count up to 16, then a spread up to 512). The
+# reference is a 600-row call; counts past the largest probed one count as agreeing when every probed
+# count from 64 on did (a GEMM's big-M path does not change with M).
+_PROBE_ROWS = (*range(1, 17), 20, 24, 32, 48, 64, 96, 128, 192, 256, 384, 512)
+_REF_ROWS = 600
 
 
-def padded_rows(rows: int) -> int:
-    """Query rows per (sequence, kv head) after padding to an allowed count (4, 8, or >= 12)."""
-    for safe in _SAFE_SMALL_ROWS:
-        if rows <= safe:
-            return safe
-    return rows
+@functools.cache
+def _allowed_rows(head_dim: int, threads: int) -> tuple[tuple[int, ...], bool]:
+    """Row counts whose float32 ``bmm`` gives a row the bits a 600-row call gives it, for both of
+    split_attention's GEMMs (K = head_dim, N = split; K = split, N = head_dim), at any slot and batch
+    size; and whether counts past the largest probed one agree too.
+
+    NOTE: which counts share the big-M kernel's arithmetic is the BLAS library's choice (MKL on AVX2:
+    4, 8 and >= 12; 1-3 rows and, with one matrix in the batch, 5-7 and 9-11 take other kernels). It
+    is undocumented and differs by CPU, library build and thread count, so it is measured once per
+    process (milliseconds), not assumed."""
+    del threads  # part of the cache key: the kernels split their work by thread
+    g = torch.Generator().manual_seed(0)
+    ok = {m: True for m in _PROBE_ROWS}
+    with torch.inference_mode():
+        for k_dim, n_dim in ((head_dim, SPLIT_TOKENS), (SPLIT_TOKENS, head_dim)):
+            a = torch.randn(_REF_ROWS, k_dim, generator=g)
+            w = torch.randn(k_dim, n_dim, generator=g)
+            want = torch.bmm(a[None], w[None])[0]
+            for m in _PROBE_ROWS:
+                for off, batch in ((0, 1), (3, 3), (50, 40)):
+                    got = torch.bmm(
+                        a[off : off + m][None].expand(batch, m, k_dim), w[None].expand(batch, k_dim, n_dim)
+                    )
+                    ok[m] = ok[m] and torch.equal(got[batch - 1], want[off : off + m])
+    allowed = tuple(m for m in _PROBE_ROWS if ok[m])
+    tail = all(ok[m] for m in _PROBE_ROWS if m >= 64)
+    if not tail:
+        warnings.warn(
+            "the float32 bmm of this CPU/BLAS gives rows of large calls different bits by row count: "
+            "attention rows of long prefill chunks are not batch-invariant here",
+            RuntimeWarning,
+            stacklevel=2,
+        )
+    return allowed, tail
+
+
+def padded_rows(rows: int, head_dim: int) -> int:
+    """Query rows per (sequence, kv head) after padding to the smallest count whose GEMM arithmetic
+    equals every other allowed count's (measured by :func:`_allowed_rows`)."""
+    allowed, tail = _allowed_rows(head_dim, torch.get_num_threads())
+    for m in allowed:
+        if m >= rows:
+            return m
+    return rows if tail or not allowed else max(rows, allowed[-1])
 
 
 def num_splits(max_len: int) -> int:
@@ -105,8 +147,8 @@ def split_attention(
     n, hkv, m, d = q.shape
     s = SPLIT_TOKENS
     j = k.shape[0] // (n * hkv * s)
-    if m != padded_rows(m):
-        raise ValueError(f"split_attention needs 4, 8 or >= 12 query rows per group, got {m}")
+    if m != padded_rows(m, d):
+        raise ValueError(f"split_attention needs an allowed row count per group (padded_rows), got {m}")
     # One copy scales the rows and repeats them for each split (the bmm batch is split-major).
     qx = torch.empty(j, n, hkv, m, d, dtype=torch.float32, device=q.device)
     torch.mul(q.unsqueeze(0).expand(j, n, hkv, m, d), scale, out=qx)

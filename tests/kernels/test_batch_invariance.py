@@ -150,7 +150,7 @@ def test_gemm_row_bits_do_not_depend_on_row_count() -> None:
         a = torch.randn(600, k_dim, generator=g)
         w = torch.randn(k_dim, n_dim, generator=g)
         want = torch.bmm(a[None], w[None])[0]
-        for m in sorted({padded_rows(r) for r in (1, 3, 4, 5, 8, 9, 12, 13, 16, 31, 64, 100, 257)}):
+        for m in sorted({padded_rows(r, D) for r in (1, 3, 4, 5, 8, 9, 12, 13, 16, 31, 64, 100, 257)}):
             for off in (0, 3, 50):
                 for batch in (1, 3, 40):
                     got = torch.bmm(
