@@ -343,9 +343,12 @@ class EngineCore:
                         if outputs.accept(seq, res):
                             requests.finish(seq.request)
                         accepted += 1
-                except GrammarRefused as exc:  # a token the mask should have forbidden: this request
-                    self.errors += 1
-                    requests.fail(seq.request.request_id, exc)
+                except GrammarRefused as exc:  # this request alone: its constraint's dead end, or a bug
+                    if exc.client_fault:
+                        requests.fail(seq.request.request_id, InvalidRequest(str(exc)))
+                    else:
+                        self.errors += 1
+                        requests.fail(seq.request.request_id, exc)
         self.generated_tokens += accepted
 
     # ---- timers ----------------------------------------------------------------------------------
