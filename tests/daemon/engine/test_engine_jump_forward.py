@@ -38,17 +38,19 @@ ORDER: dict[str, Any] = {
 
 def _both(
     lm: LoadedModel, reqs: list[GenerateRequest], **config: Any
-) -> tuple[Collector, Collector, int, int]:
-    """Run `reqs` with jump-forward off then on; -> both collectors and both step counts."""
+) -> tuple[Collector, Collector, int, int, int]:
+    """Run `reqs` with jump-forward off then on; -> both collectors, both step counts and the
+    preemptions with it on."""
     out = []
     for jf in (False, True):
         core = make_core(lm, jump_forward=jf, **config)
         col = run(core, reqs)
-        out.append((col, core.steps, core.jump_forward.forced_tokens))
+        stats = core.stats()
+        out.append((col, core.steps, core.jump_forward.forced_tokens, stats.preemptions_recompute))
         assert_all_free(core)
-    (off, off_steps, off_forced), (on, on_steps, _) = out
+    (off, off_steps, off_forced, _), (on, on_steps, _, preempted) = out
     assert off_forced == 0
-    return off, on, off_steps, on_steps
+    return off, on, off_steps, on_steps, preempted
 
 
 def _same(off: Collector, on: Collector, reqs: list[GenerateRequest]) -> None:
@@ -77,7 +79,7 @@ def test_same_tokens_in_fewer_steps_on_several_constraints(smollm: LoadedModel) 
             constrained(Constraint("json_object"), max_tokens=32),
         ),
     ]
-    off, on, off_steps, on_steps = _both(smollm, reqs)
+    off, on, off_steps, on_steps, _ = _both(smollm, reqs)
     _same(off, on, reqs)
     jsonschema.validate(json.loads(on.text("order")), ORDER)
     jsonschema.validate(json.loads(on.text("person")), PERSON)
@@ -107,7 +109,7 @@ def test_max_tokens_cuts_a_forced_run_where_step_by_step_does(smollm: LoadedMode
             constrained(Constraint("json_schema", json.dumps(ORDER)), max_tokens=max_tokens),
         )
     ]
-    off, on, _, _ = _both(smollm, reqs)
+    off, on, _, _, _ = _both(smollm, reqs)
     _same(off, on, reqs)
     assert len(on.tokens("cut")) == max_tokens and on.final("cut").finish_reason == "length"
 
@@ -120,7 +122,7 @@ def test_a_stop_string_inside_forced_text_stops_as_step_by_step(smollm: LoadedMo
             constrained(Constraint("json_schema", json.dumps(ORDER)), max_tokens=96, stop=("delivery_time",)),
         )
     ]
-    off, on, _, _ = _both(smollm, reqs)
+    off, on, _, _, _ = _both(smollm, reqs)
     _same(off, on, reqs)
     assert on.final("stop").matched_stop == "delivery_time"
 
@@ -138,7 +140,8 @@ def test_seeded_n2_forks_and_preemption_keep_the_same_tokens(smollm: LoadedModel
         )
         for i in range(3)
     ]
-    off, on, _, _ = _both(smollm, reqs, num_blocks=24, max_num_batched_tokens=64)
+    off, on, _, _, preempted = _both(smollm, reqs, num_blocks=24, max_num_batched_tokens=64)
+    assert preempted > 0  # the pool really was too small
     _same(off, on, reqs)
     for r in reqs:
         for i in range(2):
