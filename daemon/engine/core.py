@@ -6,7 +6,8 @@ methods: `kv` (KVManager: the only engine module that calls the radix tree and t
 `outputs` (token acceptance, streaming, sequence endings), `requests` (the requests in flight: admission,
 aborts, endings, failures; requests.py, with those waiting for their grammar to compile: grammars.py),
 `admin` (eviction, flushes, peaks), `validator` (fixed limits), `watchdog` (stalled work reported) and
-`grammars` (constraints compiled off this thread: structured/cache.py). Every command (commands.py:
+`grammars` (constraints compiled off this thread: structured/cache.py), `jump_forward` (the tokens a
+grammar forces, appended at once). Every command (commands.py:
 requests, administration, stats, sessions) goes through one table (dispatch.py) by `execute`; `stats()`
 reads them all into one record.
 
@@ -33,6 +34,7 @@ from radixd.daemon.engine.config import EngineConfig
 from radixd.daemon.engine.dispatch import command_table
 from radixd.daemon.engine.forks import Forker
 from radixd.daemon.engine.grammars import GrammarWait
+from radixd.daemon.engine.jump_forward import JumpForward
 from radixd.daemon.engine.kv import KVManager
 from radixd.daemon.engine.outputs import Outputs
 from radixd.daemon.engine.prompt_scoring import plan_scoring, scoring
@@ -105,6 +107,7 @@ class EngineCore:
         self.grammars = grammars
         self.outputs = Outputs(self.scheduler, self.kv, self.swap, self.max_model_len, cfg.stream_interval)
         self.watchdog = Watchdog(cfg.watchdog_s, self.scheduler, self.kv)
+        self.jump_forward = JumpForward(self.outputs, cfg.jump_forward)
         self.requests = Requests(
             self.validator,
             GrammarWait(self.grammars),
@@ -345,12 +348,20 @@ class EngineCore:
                     if seq.request.req.beam_width:
                         self.beams.step(seq, res)
                     else:
-                        if outputs.accept(seq, res):
-                            requests.finish(seq.request)
+                        ended = outputs.accept(seq, res)
                         accepted += 1
-                except GrammarRefused as exc:  # a token the mask should have forbidden: this request
-                    self.errors += 1
-                    requests.fail(seq.request.request_id, exc)
+                        st = seq.sampling
+                        if not ended and st is not None and st.grammar is not None:
+                            forced, ended = self.jump_forward.extend(seq)  # what its grammar forces next
+                            accepted += forced
+                        if ended:
+                            requests.finish(seq.request)
+                except GrammarRefused as exc:  # this request alone: its constraint's dead end, or a bug
+                    if exc.client_fault:
+                        requests.fail(seq.request.request_id, InvalidRequest(str(exc)))
+                    else:
+                        self.errors += 1
+                        requests.fail(seq.request.request_id, exc)
         self.generated_tokens += accepted
 
     # ---- timers ----------------------------------------------------------------------------------

@@ -105,9 +105,10 @@ class Outputs:
         reason: FinishReason | None = None,
         error: str | None = None,
         stop: str | int | None = None,
+        code: str = "internal",
     ) -> None:
         """Emit `seq`'s pending tokens and text (then `delta`) as one output; `reason` makes it the
-        last, `stop` is the stop that ended it."""
+        last, `stop` is the stop that ended it, `code` the error class of an "error" ending."""
         r = seq.request
         if seq.pending_text:
             delta = seq.pending_text + delta
@@ -134,7 +135,7 @@ class Outputs:
             error,  # error
             queued,  # queue_time_s
             None if first is None else first - arrival,  # ttft_s
-            "internal" if reason == "error" else None,  # error_code
+            code if reason == "error" else None,  # error_code
             req.session_id,  # session_id
             stop,  # matched_stop
         )
@@ -144,13 +145,20 @@ class Outputs:
         seq.pending_logprobs = []
         self.emit(r.sink, out)
 
-    def finish_seq(self, seq: Sequence, reason: FinishReason, emit: bool, error: str | None = None) -> None:
+    def finish_seq(
+        self,
+        seq: Sequence,
+        reason: FinishReason,
+        emit: bool,
+        error: str | None = None,
+        code: str = "internal",
+    ) -> None:
         """End one sequence: its computed tokens go into the tree, its blocks and lease are freed."""
         if emit:
             indexes = [seq.index] if not seq.is_root else list(range(seq.request.n))
             for i in indexes:
                 seq.index = i
-                self.send(seq, "", reason, error)
+                self.send(seq, "", reason, error, None, code)
         self.scheduler.remove(seq)
         if self.swap is not None and seq.host_blocks:
             self.swap.drop(seq)

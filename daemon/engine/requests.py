@@ -281,17 +281,20 @@ class Requests:
     # ---- failures --------------------------------------------------------------------------------
     def fail(self, request_id: str, exc: BaseException) -> None:
         """Fail an in-flight request: each unfinished output ends with finish_reason "error" and code
-        "internal", its blocks, lease and session turn are released, and the failure is logged with
+        "internal" (an `InvalidRequest`: "invalid_argument" and its own message, the request's fault
+        found mid-way), its blocks, lease and session turn are released, and the failure is logged with
         the request id."""
         r = self._table.get(request_id)
         if r is None:
             return
-        message = fault_message(exc)
-        log.error("engine.request_failed", request_id=request_id, error=message)
+        client = isinstance(exc, InvalidRequest)
+        message = str(exc) if client else fault_message(exc)
+        code = InvalidRequest.code if client else EngineFault.code
+        log.error("engine.request_failed", request_id=request_id, error=message, code=code)
         for seq in [seq for seq in r.seqs if not seq.finished]:
-            self.outputs.finish_seq(seq, "error", emit=True, error=message)
+            self.outputs.finish_seq(seq, "error", emit=True, error=message, code=code)
         if not r.seqs:  # it failed before it got a sequence: nothing above reached its sink
-            self._emit_errors(r, message)
+            self._emit_errors(r, message, code)
         self.finish(r)
 
     def fail_submit(self, req: GenerateRequest, sink: Sink, exc: BaseException) -> None:
@@ -322,10 +325,10 @@ class Requests:
                 self._emit_errors(r, fault_message(exc))
                 self.on_request_done(rid)
 
-    def _emit_errors(self, r: RequestState, message: str) -> None:
+    def _emit_errors(self, r: RequestState, message: str, code: str = EngineFault.code) -> None:
         """A final error output for each index of `r` that has not finished yet."""
         ended = {s.index for s in r.seqs if s.finished and s.index >= 0}
         for i in range(r.n):
             if i not in ended:
-                out = error_output(r.req, i, r.prompt_len, r.cached_tokens or 0, message, EngineFault.code)
+                out = error_output(r.req, i, r.prompt_len, r.cached_tokens or 0, message, code)
                 self.outputs.emit(r.sink, out)

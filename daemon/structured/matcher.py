@@ -22,25 +22,45 @@ LIMITS = llguidance.LLParserLimits(verbose_errors=False)
 
 
 class GrammarRefused(Exception):
-    """A sampled token the matcher refused: the mask allowed it (a bug) or a step ran over the limits.
-    Fails the sequence's request, not the batch."""
+    """A sampled token the matcher refused. Fails the sequence's request, not the batch: with
+    `client_fault` (the constraint itself cannot go on over this vocabulary, `Matcher.consume` says
+    why) as an invalid argument, else (the mask allowed a token consume refuses: a bug) as internal."""
+
+    def __init__(self, message: str, client_fault: bool = False) -> None:
+        super().__init__(message)
+        self.client_fault = client_fault
 
 
 class Matcher:
     """One sequence's position in its grammar (part of its `SamplingState`)."""
 
-    __slots__ = ("raw",)
+    __slots__ = ("_grammar", "_tokens", "raw")
 
-    def __init__(self, raw: llguidance.LLMatcher) -> None:
+    def __init__(self, raw: llguidance.LLMatcher, grammar: CompiledGrammar, tokens: list[int]) -> None:
         self.raw = raw  # what the step's batch mask fill reads (masks.py)
+        self._grammar = grammar
+        self._tokens = tokens  # consumed so far (replayed only to explain a refusal)
 
     def consume(self, token_id: int) -> None:
         """Advance by one sampled token; raises GrammarRefused when the grammar does not allow it, or
-        when the matcher broke earlier (a mask step over the limits leaves it in its error state, where
-        it still takes an end-of-turn token)."""
+        when the matcher broke earlier (a mask step over the limits, or with no token of the vocabulary
+        left to continue, leaves it in its error state, where it still takes an end-of-turn token)."""
         raw = self.raw
         if not raw.consume_token(token_id) or raw.is_error():
-            raise GrammarRefused(f"token {token_id} violates the output constraint: {raw.get_error()}")
+            error = raw.get_error()
+            why = self._grammar.dead_end(self._tokens)
+            if why is not None:
+                raise GrammarRefused(why, client_fault=True)
+            raise GrammarRefused(f"token {token_id} violates the output constraint: {error}")
+        self._tokens.append(token_id)
+
+    def forced(self) -> list[int]:
+        """The tokens the grammar admits as the only continuation from here (llguidance's canonical
+        tokenization of its forced bytes), possibly none. Read-only: nothing is consumed."""
+        raw = self.raw
+        if raw.is_error() or raw.is_stopped():
+            return []
+        return list(raw.compute_ff_tokens())
 
     @property
     def stopped(self) -> bool:
@@ -50,20 +70,54 @@ class Matcher:
 
     def fork(self) -> Matcher:
         """An independent copy at the same position (n > 1, beams)."""
-        return Matcher(self.raw.deep_copy())
+        return Matcher(self.raw.deep_copy(), self._grammar, list(self._tokens))
 
 
 class CompiledGrammar:
     """A compiled constraint: a pristine matcher, copied for each sequence. Immutable once built."""
 
-    __slots__ = ("_pristine",)
+    __slots__ = ("_pristine", "_tokenizer")
 
-    def __init__(self, pristine: llguidance.LLMatcher) -> None:
+    def __init__(self, pristine: llguidance.LLMatcher, tokenizer: llguidance.LLTokenizer) -> None:
         self._pristine = pristine
+        self._tokenizer = tokenizer
 
     def matcher(self) -> Matcher:
         """A fresh matcher at the grammar's start."""
-        return Matcher(self._pristine.deep_copy())
+        return Matcher(self._pristine.deep_copy(), self, [])
+
+    def dead_end(self, tokens: list[int]) -> str | None:
+        """Why the grammar cannot go on after `tokens` (all accepted) over this vocabulary, or None
+        when it can (then a refusal there is a bug, not the constraint's fault). Replays `tokens` on a
+        fresh copy: only called when a sequence's token was refused."""
+        m = self._pristine.deep_copy()
+        if not m.consume_tokens(tokens) or m.is_error():
+            return None
+        why = unproducible(m, self._tokenizer)
+        if why is not None:
+            return why
+        scratch = torch.empty((1, (self._tokenizer.vocab_size + 31) // 32), dtype=torch.int32)
+        llguidance.torch.fill_next_token_bitmask(m, scratch, 0)
+        if m.is_error():
+            return f"the output constraint cannot go on after {len(tokens)} tokens: {m.get_error()}"
+        return None
+
+
+def unproducible(m: llguidance.LLMatcher, tokenizer: llguidance.LLTokenizer) -> str | None:
+    """A message when the bytes `m`'s grammar forces next cannot be spelled by the vocabulary.
+
+    NOTE: a byte-level vocabulary may lack some single-byte tokens (SmolLM2's lacks 21 of the 256,
+    0x16 among them). llguidance then tokenizes forced bytes without the missing ones, so its mask
+    allows a token its consume refuses (a regex `\x160` allows "0"): a grammar forcing such a byte
+    is the client's to fix, caught here instead of failing the request as an internal error.
+    """
+    ff = bytes(m.compute_ff_bytes())
+    if not ff or tokenizer.decode_bytes(tokenizer.tokenize_bytes(ff)) == ff:
+        return None
+    return (
+        f"the output constraint forces the bytes {ff[:64]!r} next, which this model's vocabulary "
+        "cannot produce (it has no token for some of them); change the constraint to allow other text"
+    )
 
 
 def compile_constraint(
@@ -75,8 +129,11 @@ def compile_constraint(
     m = llguidance.LLMatcher(tokenizer, grammar_source(c, tokenizer), log_level=0, limits=limits)
     if m.is_error():
         raise GrammarError(f"invalid {c.kind} constraint: {m.get_error()}")
+    why = unproducible(m, tokenizer)
+    if why is not None:
+        raise GrammarError(f"invalid {c.kind} constraint: {why}")
     scratch = torch.empty((1, (tokenizer.vocab_size + 31) // 32), dtype=torch.int32)
     llguidance.torch.fill_next_token_bitmask(m, scratch, 0)
     if m.is_error():
         raise GrammarError(f"invalid {c.kind} constraint: {m.get_error()}")
-    return CompiledGrammar(m)
+    return CompiledGrammar(m, tokenizer)

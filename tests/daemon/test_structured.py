@@ -38,7 +38,7 @@ class _Counting:
             assert self.gate.wait(10.0)
         if "bad" in c.text:
             raise GrammarError(f"invalid {c.kind} constraint: bad")
-        return CompiledGrammar(None)  # type: ignore[arg-type]
+        return CompiledGrammar(None, None)  # type: ignore[arg-type]
 
 
 def _cache(compile: _Counting, **kw: object) -> GrammarCache:

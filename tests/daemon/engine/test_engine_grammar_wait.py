@@ -115,7 +115,7 @@ def test_a_refused_token_fails_its_request_alone(smollm: LoadedModel) -> None:
         m = llguidance.LLMatcher(tok, llguidance.LLMatcher.grammar_from_regex("[0-9]+"), log_level=0)
         m.consume_token(tok.tokenize_str("x")[0])
         assert m.is_error()
-        return CompiledGrammar(m)
+        return CompiledGrammar(m, tok)
 
     core = _core(smollm, broken)
     plain = SamplingParams(max_tokens=6, temperature=0.0, ignore_eos=True)
