@@ -162,7 +162,10 @@ def _field_strategy(f: pbd.FieldDescriptor, strings: list[str], depth: int) -> s
         # beyond its bound (a logit_bias of 100,000 entries).
         key = _scalar(f.message_type.fields_by_name["key"], strings, depth)
         value = _scalar(f.message_type.fields_by_name["value"], strings, depth)
-        huge = f.message_type.fields_by_name["key"].type == f.TYPE_INT32
+        huge = (
+            f.message_type.fields_by_name["key"].type == f.TYPE_INT32
+            and f.message_type.fields_by_name["value"].type != f.TYPE_MESSAGE
+        )
         return st.dictionaries(key, value, max_size=6) | st.just(
             dict.fromkeys(range(100_000 if huge else 0), 1)
         )
@@ -175,7 +178,15 @@ def _set(msg: pbm.Message, f: pbd.FieldDescriptor, value: Any) -> None:
     if value is None:
         return
     if isinstance(value, dict):  # a map field
-        getattr(msg, f.name).update(value)
+        container = getattr(msg, f.name)
+        if f.message_type.fields_by_name["value"].type == f.TYPE_MESSAGE:
+            # NOTE: a map of messages cannot be assigned to: each entry is created, then filled.
+            for k, v in value.items():
+                entry = container[k]
+                if v is not None:
+                    entry.CopyFrom(v)
+        else:
+            container.update(value)
     elif f.is_repeated:
         container = getattr(msg, f.name)
         if f.type == f.TYPE_MESSAGE:
