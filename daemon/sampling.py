@@ -25,7 +25,7 @@ if TYPE_CHECKING:
     from radixd.daemon.structured.matcher import Matcher
 
 # A large finite negative instead of -inf keeps softmax free of NaN when a row is fully masked.
-_NEG = -1e30
+MASKED_LOGIT = -1e30
 # `logit_bias` values, as OpenAI and vLLM: -100 bans a token in practice, +100 all but forces it.
 MAX_ABS_LOGIT_BIAS = 100.0
 # Top alternatives `logprobs` and `prompt_logprobs` may ask for per token.
@@ -281,7 +281,7 @@ def _apply_min_tokens(logits: torch.Tensor, states: Sequence[SamplingState]) -> 
         if len(st.output_token_ids) < st.params.min_tokens:
             banned = [t for t in (*st.params.stop_token_ids, *st.eos_token_ids) if 0 <= t < vocab]
             if banned:
-                logits[row, banned] = _NEG
+                logits[row, banned] = MASKED_LOGIT
 
 
 def _draw(states: Sequence[SamplingState], device: torch.device) -> torch.Tensor:

@@ -1,8 +1,9 @@
 """Row-invariant projections: a row's result never depends on how many rows its call has, nor on them.
 
 CPU GEMM libraries pick their kernel, blocking and reduction order from the problem's shape: MKL's
-fp32 GEMM, for one, runs calls of 1-3 rows through a different kernel from calls of 4 or more, so
-the same row comes out a few ulps apart in a 1-row decode step and in a 16-row prefill chunk. Which
+fp32 GEMM, for one, runs rows in blocks of 4 and sends a call of 1-3 rows, or the short last block of
+a call of fewer than 12, through another kernel, so the same row comes out a few ulps apart in a
+1-row decode step and in a 16-row prefill chunk. Which
 row counts share an order is not documented and differs by library, version, CPU and thread count,
 so it is measured here, once per kernel and shape, when the model loads:
 

@@ -11,8 +11,9 @@
 
 NOTE: every projection is row-invariant (`invariant.py`): a row's result is bitwise the same whatever
 the call's other rows and their number, so a token computes the same in a decode step of any batch and
-in a prefill chunk. Each kernel runs behind the plan its load-time probe measured (MKL's fp32 GEMM, for
-one, pads calls of fewer than 4 rows to 4 on an AVX2 machine).
+in a prefill chunk. Each kernel runs behind the plan its load-time probe measured (oneDNN's packed fp32
+kernel needs no padding on an AVX2 machine; MKL's `x @ W`, the fallback, pads calls of fewer than 12
+rows to 12 there).
 """
 
 from __future__ import annotations

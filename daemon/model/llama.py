@@ -118,9 +118,6 @@ def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
     return F.rms_norm(x, (x.shape[-1],), weight, eps)
 
 
-FP32_KERNEL = "onednn"
-
-
 @dataclass
 class _LayerOps:
     """One layer's projections in the precision's layout and kernels."""
@@ -141,7 +138,7 @@ def make_linear(w: torch.Tensor, bias: torch.Tensor | None, prec: Precision, dev
     wc = w.to(device=device, dtype=prec.dtype).contiguous()
     if prec.dtype != torch.float32:
         return OutInLinear(wc, b)
-    if FP32_KERNEL == "onednn" and device.type == "cpu" and torch._C._has_mkldnn:
+    if device.type == "cpu" and torch._C._has_mkldnn:
         return PackedLinear(wc, b)
     return InOutLinear(wc, b)
 

@@ -97,15 +97,18 @@ def utf8_bytes_over(text: str, bound: int) -> int:
     return size if size > bound else 0
 
 
+def check_bytes(name: str, text: str, bound: int, what: str) -> None:
+    """INVALID_ARGUMENT when `text` is over `bound` UTF-8 bytes (`what` says what the bound is)."""
+    size = utf8_bytes_over(text, bound)
+    if size:
+        raise bad_request(f"{name} is {size} bytes; at most {bound} {what}: shorten it")
+
+
 def check_constraint_text(name: str, text: str) -> str:
     """The text of a json_schema / regex / grammar / structural_tag constraint: 1 byte to 64 KiB."""
     if not text:
         raise bad_request(f"{name} is empty; send its text or leave the constraint unset")
-    size = utf8_bytes_over(text, MAX_CONSTRAINT_BYTES)
-    if size:
-        raise bad_request(
-            f"{name} is {size} bytes; at most {MAX_CONSTRAINT_BYTES} (64 KiB) are allowed: shorten it"
-        )
+    check_bytes(name, text, MAX_CONSTRAINT_BYTES, "(64 KiB) are allowed")
     return text
 
 
@@ -117,11 +120,7 @@ def check_choices(name: str, choices: Sequence[str]) -> tuple[str, ...]:
     for i, c in enumerate(choices):
         if not c:
             raise bad_request(f"{name}[{i}] is empty; every choice needs at least one character")
-        size = utf8_bytes_over(c, MAX_CHOICE_BYTES)
-        if size:
-            raise bad_request(
-                f"{name}[{i}] is {size} bytes; at most {MAX_CHOICE_BYTES} are allowed per choice: shorten it"
-            )
+        check_bytes(f"{name}[{i}]", c, MAX_CHOICE_BYTES, "are allowed per choice")
     return tuple(choices)
 
 

@@ -24,11 +24,10 @@ import llguidance
 import llguidance.torch
 import torch
 
+from radixd.daemon.sampling import MASKED_LOGIT
+
 if TYPE_CHECKING:
     from radixd.daemon.sampling import SamplingState
-
-# The sampler's large finite negative (sampling._NEG): a fully masked row cannot turn into NaN.
-MASKED_LOGIT = -1e30
 
 
 class PendingMasks:

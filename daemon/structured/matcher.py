@@ -96,11 +96,18 @@ class CompiledGrammar:
         why = unproducible(m, self._tokenizer)
         if why is not None:
             return why
-        scratch = torch.empty((1, (self._tokenizer.vocab_size + 31) // 32), dtype=torch.int32)
-        llguidance.torch.fill_next_token_bitmask(m, scratch, 0)
-        if m.is_error():
-            return f"the output constraint cannot go on after {len(tokens)} tokens: {m.get_error()}"
+        error = next_mask_error(m, self._tokenizer)
+        if error is not None:
+            return f"the output constraint cannot go on after {len(tokens)} tokens: {error}"
         return None
+
+
+def next_mask_error(m: llguidance.LLMatcher, tokenizer: llguidance.LLTokenizer) -> str | None:
+    """Compute `m`'s next mask (into scratch) and return the error it left `m` in, if any: some errors
+    (a lexer over its limits, no token of the vocabulary able to continue) only show there."""
+    scratch = torch.empty((1, (tokenizer.vocab_size + 31) // 32), dtype=torch.int32)
+    llguidance.torch.fill_next_token_bitmask(m, scratch, 0)
+    return str(m.get_error()) if m.is_error() else None
 
 
 def unproducible(m: llguidance.LLMatcher, tokenizer: llguidance.LLTokenizer) -> str | None:
@@ -132,8 +139,7 @@ def compile_constraint(
     why = unproducible(m, tokenizer)
     if why is not None:
         raise GrammarError(f"invalid {c.kind} constraint: {why}")
-    scratch = torch.empty((1, (tokenizer.vocab_size + 31) // 32), dtype=torch.int32)
-    llguidance.torch.fill_next_token_bitmask(m, scratch, 0)
-    if m.is_error():
-        raise GrammarError(f"invalid {c.kind} constraint: {m.get_error()}")
+    error = next_mask_error(m, tokenizer)
+    if error is not None:
+        raise GrammarError(f"invalid {c.kind} constraint: {error}")
     return CompiledGrammar(m, tokenizer)
