@@ -33,7 +33,7 @@ typecheck: $(STAMP)
 	$(VENV)/bin/mypy -p radixd -p radixd_client
 
 unit: $(STAMP)
-	$(PY) -m pytest
+	$(PY) -P -m pytest
 
 test: lint typecheck unit
 
