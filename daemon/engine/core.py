@@ -23,6 +23,7 @@ import concurrent.futures
 import functools
 import time
 from array import array
+from collections.abc import Callable
 from typing import Any, TypeVar, cast
 
 import structlog
@@ -134,6 +135,8 @@ class EngineCore:
         self.steps = 0  # steps that computed tokens
         self.generated_tokens = 0
         self.errors = 0  # unexpected errors survived (a step, a command, a timer)
+        # Called right before each forward pass (`Engine`: hands the outputs emitted so far over).
+        self.before_forward: Callable[[], None] | None = None
 
     # ---- commands --------------------------------------------------------------------------------
     def execute(self, cmd: Command[T]) -> T:
@@ -244,7 +247,10 @@ class EngineCore:
             [s.table.blocks if s.table is not None else _NO_BLOCKS for s in ds],
             [s.sampling_at(s.num_computed + 1) for s in ds],
         )
-        results = self.runner.run([self._step_seq(p) for p in plan.chunks], rows)
+        chunks = [self._step_seq(p) for p in plan.chunks]
+        if self.before_forward is not None:
+            self.before_forward()
+        results = self.runner.run(chunks, rows)
         self.steps += 1
         self.watchdog.progressed()
         self._after_step(plan, rows.positions, results)

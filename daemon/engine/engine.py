@@ -3,7 +3,9 @@
 Callers on any thread talk to it only through a thread-safe queue of commands (commands.py): `submit`,
 `abort` and `execute` queue them, and the engine thread applies them between steps (`EngineCore.apply`,
 one table for every kind).
-Outputs leave through each request's sink, called on the engine thread.
+Outputs leave through each request's sink, called on the engine thread; a sink that batches them (the
+daemon's, server/handover.py) sends them on when `handover` is called: right before each forward pass,
+before the thread waits for work, and once it stops.
 
 NOTE: the engine thread is the only owner of radix state (pool, tree, tables, leases); nothing here or
 in `radixd.radix` takes locks, so no other thread may touch `EngineCore` directly once `start()` ran.
@@ -67,7 +69,10 @@ class Engine:
         self.on_fatal: Callable[[BaseException], None] | None = None
         self.fatal_error: BaseException | None = None
         self.heap = HeapReleaser()
+        # Called on the engine thread where the outputs emitted so far should leave (module docstring).
+        self.handover: Callable[[], None] | None = None
         core.requests.on_request_done = self._request_done
+        core.before_forward = self._handover
 
     # ---- lifecycle -------------------------------------------------------------------------------
     def start(self) -> None:
@@ -195,6 +200,7 @@ class Engine:
             log.critical("engine.stop_failed", exc_info=exc)
             error = error or exc
         self._fail_pending()
+        self._handover()
         if error is not None:
             self._die(error)
 
@@ -209,6 +215,17 @@ class Engine:
         except Exception:
             log.exception("engine.on_fatal_failed")
 
+    def _handover(self) -> None:
+        """Send the outputs emitted so far on (guarded: a failing handover is logged, the loop goes on)."""
+        hook = self.handover
+        if hook is None:
+            return
+        try:
+            hook()
+        except Exception:
+            self.core.errors += 1
+            log.exception("engine.handover_failed")
+
     def _tick(self) -> None:
         """Timers, guarded: a failing timer (flush waiters answer their own errors) is logged and
         retried on the next pass instead of ending the thread."""
@@ -221,6 +238,8 @@ class Engine:
     def _drain(self, block: bool) -> bool:
         """Apply queued commands; False once a stop command arrived."""
         timeout = self.core.idle_wait_s() if block else None
+        if block:  # nothing runs until a command comes: what was emitted leaves now
+            self._handover()
         while True:
             try:
                 item = self._queue.get(timeout=timeout) if timeout is not None else self._queue.get_nowait()

@@ -52,6 +52,7 @@ from radixd.daemon.server.bounds import prompt_char_bound
 from radixd.daemon.server.cache_feed import CacheFeed
 from radixd.daemon.server.events import CacheEvents
 from radixd.daemon.server.generation import GenerationServicer
+from radixd.daemon.server.handover import OutputHandover
 from radixd.daemon.server.health import PortHealth
 from radixd.daemon.server.metrics import Metrics
 from radixd.daemon.server.pipeline import RequestRegistry
@@ -175,7 +176,11 @@ def build_state(args: argparse.Namespace, built: BuiltEngine) -> ServerState:
         log.warning("server.admin_token_generated", admin_token=token, hint="pass --admin-token to fix it")
     keys = load_api_keys(args.api_keys) if args.api_keys else None
     core = built.core
+    # NOTE: the engine hands its outputs over before each forward pass and before it waits for work.
+    handover = OutputHandover(asyncio.get_running_loop())
+    built.engine.handover = handover.flush
     return ServerState(
+        handover=handover,
         engine=built.engine,
         tokenizer=built.tokenizer,
         auth=Authenticator(keys, token),

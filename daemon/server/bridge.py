@@ -1,7 +1,8 @@
 """Move one request's outputs from the engine thread onto the asyncio loop.
 
-The engine calls `OutputBridge.sink` on its own thread; the sink hands each output to the loop with
-`loop.call_soon_threadsafe`, where it lands in a bounded per-stream `asyncio.Queue`.
+The engine calls `OutputBridge.sink` on its own thread; the sink hands each output to the loop, where it
+lands in a bounded per-stream `asyncio.Queue`: through the daemon's `OutputHandover` (handover.py), which
+carries a step's outputs across in one call, or, without one, with `loop.call_soon_threadsafe` at once.
 
 NOTE: slow readers. The engine never blocks on a client (that would stall every request in the batch),
 so there is no backpressure into the engine. A client that stops reading stalls the handler in
@@ -20,6 +21,7 @@ from typing import TYPE_CHECKING
 import grpc
 
 from radixd.daemon.server.errors import RpcFailure
+from radixd.daemon.server.handover import OutputHandover
 
 if TYPE_CHECKING:
     from radixd.daemon.engine.types import RequestOutput
@@ -29,18 +31,26 @@ class OutputBridge:
     """A bounded queue of one request's outputs, fed from the engine thread."""
 
     def __init__(
-        self, loop: asyncio.AbstractEventLoop, maxsize: int, on_overflow: Callable[[], None]
+        self,
+        loop: asyncio.AbstractEventLoop,
+        maxsize: int,
+        on_overflow: Callable[[], None],
+        handover: OutputHandover | None = None,
     ) -> None:
         if maxsize < 1:
             raise ValueError(f"stream buffer size must be >= 1, got {maxsize}")
         self._loop = loop
         self._queue: asyncio.Queue[RequestOutput] = asyncio.Queue(maxsize)
         self._on_overflow = on_overflow
+        self._handover = handover
         self.overflowed = False
         self.maxsize = maxsize
 
     def sink(self, out: RequestOutput) -> None:
         """Engine thread: schedule `out` onto the loop (dropped once the loop is gone)."""
+        if self._handover is not None:
+            self._handover.post(self._put, out)
+            return
         # A closed loop (shutdown) raises RuntimeError: nobody is left to read this stream then.
         with contextlib.suppress(RuntimeError):
             self._loop.call_soon_threadsafe(self._put, out)

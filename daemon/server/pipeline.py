@@ -153,7 +153,8 @@ async def open_request(
             metrics.slow_reader_aborts.inc()
             engine.abort(engine_id)
 
-        bridge = OutputBridge(asyncio.get_running_loop(), state.limits.stream_buffer, overflow)
+        loop = asyncio.get_running_loop()
+        bridge = OutputBridge(loop, state.limits.stream_buffer, overflow, state.handover)
         # Every line logged for this stream carries both ids (engine lines carry the engine id).
         structlog.contextvars.bind_contextvars(request_id=client_id, engine_request_id=engine_id)
         outputs = RequestOutputs(state, req, client_id, bridge)

@@ -23,6 +23,7 @@ from radixd.daemon.server.metrics import Metrics
 
 if TYPE_CHECKING:
     from radixd.daemon.engine.engine import Engine
+    from radixd.daemon.server.handover import OutputHandover
 
 
 class Tokenizing(Protocol):
@@ -101,6 +102,8 @@ class ServerState:
     # Long prompts are tokenized here, one at a time and at low CPU priority (see `tokenize_pool`).
     tokenize_pool: concurrent.futures.ThreadPoolExecutor = field(default_factory=lambda: tokenize_pool())
     idle: asyncio.Event = field(default_factory=asyncio.Event)
+    # The streams' outputs cross from the engine thread to the loop through this (handover.py).
+    handover: OutputHandover | None = None
 
     def namespace(self, context: Any) -> str:
         """The caller's cache namespace; aborts UNAUTHENTICATED for a missing or unknown API key."""
