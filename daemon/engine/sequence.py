@@ -158,6 +158,7 @@ class RequestState:
     grammar: CompiledGrammar | None = None  # the constraint, compiled: each sequence walks a copy
     # Set when the request asks for prompt logprobs; None again once they went out (Outputs).
     prompt_logprobs: PromptLogprobs | None = None
+    accepted_draft_tokens: int = 0  # output tokens that were accepted speculative drafts
 
     @property
     def request_id(self) -> str:

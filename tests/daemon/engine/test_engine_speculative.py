@@ -1,0 +1,101 @@
+"""Speculative decoding (engine/speculative.py) on the real model: greedy output with drafts verified in
+one forward pass is plain decoding's, token for token and logprob for logprob (`==`), in float32 and
+in the mode `auto` picks here; drafts come from the sequence's own context and from the radix tree,
+rejected drafts give their KV slots back, and drafted and plain rows share steps.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+
+import pytest
+from engine_kit import Collector, assert_all_free, make_core, run, sampled
+from invariance_kit import Answer, Rig, answer, ask, assert_same, make_rig
+
+from radixd.daemon.engine.core import EngineCore
+from radixd.daemon.engine.types import GenerateRequest
+from radixd.daemon.loaders import LoadedModel
+
+pytestmark = pytest.mark.slow
+
+# A "file" an agent rewrites: the prompt quotes it, then starts its rewrite (the model copies it).
+FILE = (
+    "def area(width, height):\n    return width * height\n\n"
+    "def perimeter(width, height):\n    return 2 * (width + height)\n\n"
+    "def describe(width, height):\n    print('area', area(width, height))\n"
+)
+COPY = f"Here is a file:\n{FILE}\nRewrite it with comments.\n\n{FILE[:40]}"
+CHAT = "Tell me a short story about a lighthouse keeper and a storm at sea."
+
+
+class Pair:
+    """One mode's model with two engines: speculation off (the reference) and on."""
+
+    def __init__(self, rig: Rig) -> None:
+        self.rig = rig
+        self.off = make_core(rig.lm, num_blocks=128)
+        self.on = make_core(rig.lm, num_blocks=128, speculative_tokens=6)
+
+    def ids(self, text: str) -> list[int]:
+        return self.rig.lm.tokenizer.encode(text)
+
+
+@pytest.fixture(scope="module", params=("auto", "float32"))
+def pair(request: pytest.FixtureRequest, smollm: LoadedModel) -> Iterator[Pair]:
+    yield Pair(make_rig(request.param, smollm))
+
+
+def _answers(core: EngineCore, reqs: list[GenerateRequest]) -> dict[str, Answer]:
+    col = run(core, reqs, Collector())
+    return {r.request_id: answer(col, r.request_id) for r in reqs}
+
+
+def test_drafts_from_context_give_plain_decodings_output(pair: Pair) -> None:
+    """Alone, then batched with a plain row and a sampled one: same tokens and logprobs as with
+    speculation off, most tokens accepted drafts, and every block back once done."""
+    copy, chat = pair.ids(COPY), pair.ids(CHAT)
+    alone = [GenerateRequest("copy", copy, ask(10))]
+    want = _answers(pair.off, alone)
+    spec = pair.on.speculator
+    before = spec.accepted_tokens
+    col = run(pair.on, alone, Collector())
+    got = {"copy": answer(col, "copy")}
+    assert_same(got, want, f"speculation on vs off, alone ({pair.rig.mode})")
+    accepted = spec.accepted_tokens - before
+    assert accepted >= 6, f"only {accepted} of 16 tokens were accepted drafts"
+    assert col.final("copy").accepted_draft_tokens == accepted
+    # Batched: drafted and plain rows in the same steps (the sampled row decodes plainly).
+    mixed = [
+        GenerateRequest("copy2", copy[:-3], ask(12)),
+        GenerateRequest("chat", chat, ask(8)),
+    ]
+    seeded = GenerateRequest("seeded", chat, sampled(7, max_tokens=6))
+    col_off = run(pair.off, [*mixed, seeded], Collector())
+    col_on = run(pair.on, [*mixed, seeded], Collector())
+    assert_same(
+        {r.request_id: answer(col_on, r.request_id) for r in mixed},
+        {r.request_id: answer(col_off, r.request_id) for r in mixed},
+        f"speculation on vs off, batched ({pair.rig.mode})",
+    )
+    assert col_on.tokens("seeded") == col_off.tokens("seeded")
+    assert col_on.final("copy2").accepted_draft_tokens > 0
+    assert_all_free(pair.on)
+
+
+def test_drafts_from_the_tree_stay_in_their_namespace(pair: Pair) -> None:
+    """A prompt asked again drafts its earlier answer from the radix tree (in its own namespace, not in
+    another tenant's), and still answers exactly what plain decoding answers."""
+    chat = pair.ids(CHAT)
+    want = _answers(pair.off, [GenerateRequest("chat", chat, ask(10))])
+    spec = pair.on.speculator
+    first = _answers(pair.on, [GenerateRequest("chat", chat, ask(10), namespace="a")])
+    from_tree = spec.drafter.from_tree
+    other = _answers(pair.on, [GenerateRequest("chat", chat, ask(10), namespace="b")])
+    assert spec.drafter.from_tree == from_tree, "a draft crossed a tenant namespace"
+    before = spec.accepted_tokens
+    again = _answers(pair.on, [GenerateRequest("chat", chat, ask(10), namespace="a")])
+    assert spec.drafter.from_tree > from_tree
+    assert spec.accepted_tokens - before >= 7, "the cached answer was not drafted"
+    for got in (first, other, again):
+        assert_same(got, want, f"speculation on vs off, drafted from the tree ({pair.rig.mode})")
+    assert_all_free(pair.on)
