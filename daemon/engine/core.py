@@ -218,6 +218,9 @@ class EngineCore:
             host_free_blocks=swap.num_free if swap is not None else 0,
             swapped_out_blocks=swap.swapped_out_blocks if swap is not None else 0,
             swapped_in_blocks=swap.swapped_in_blocks if swap is not None else 0,
+            drafted_tokens=self.speculator.drafted_tokens,
+            accepted_draft_tokens=self.speculator.accepted_tokens,
+            draft_s=self.speculator.draft_s,
         )
 
     # ---- the step --------------------------------------------------------------------------------

@@ -139,7 +139,7 @@ class Outputs:
             req.session_id,  # session_id
             stop,  # matched_stop
             None,  # prompt_logprobs (below)
-            r.accepted_draft_tokens,  # accepted_draft_tokens
+            seq.accepted_draft_tokens,  # accepted_draft_tokens
         )
         if r.prompt_logprobs is not None:
             out.prompt_logprobs = take_prompt_logprobs(r)

@@ -87,6 +87,7 @@ class Sequence:
     host_blocks: list[int] = field(default_factory=list)  # swap: host copies of table blocks
     preemptions: int = 0
     finish_reason: FinishReason | None = None
+    accepted_draft_tokens: int = 0  # generated tokens that were accepted speculative drafts
     # Beam search: cumulative logprob of the generated tokens.
     score: float = 0.0
     # Tokens/logprobs (and their text) produced since the last output to the sink.
@@ -158,7 +159,6 @@ class RequestState:
     grammar: CompiledGrammar | None = None  # the constraint, compiled: each sequence walks a copy
     # Set when the request asks for prompt logprobs; None again once they went out (Outputs).
     prompt_logprobs: PromptLogprobs | None = None
-    accepted_draft_tokens: int = 0  # output tokens that were accepted speculative drafts
 
     @property
     def request_id(self) -> str:

@@ -129,22 +129,16 @@ class Speculator:
         self.k.update(seq.seq_id, len(proposed), n)
         accept = self.outputs.accept
         kv = self.kv
-        done = 0
         for i in range(n + 1):
             kv.insert_full_blocks(seq)
-            done += 1
+            if i < n:  # counted before it is accepted: the output that carries it reports it
+                seq.accepted_draft_tokens += 1
+                self.accepted_tokens += 1
             if accept(seq, picked[i]):
-                self._count(seq, min(done, n))
-                return done, True
+                return i + 1, True
             if seq.status is not SeqStatus.RUNNING:
-                break
+                return i + 1, False
             if i < n:
                 seq.num_computed += 1  # the accepted draft token's KV is in the table
-        self._count(seq, min(done, n))
-        if seq.status is SeqStatus.RUNNING:
-            kv.insert_full_blocks(seq)
-        return done, False
-
-    def _count(self, seq: Sequence, accepted: int) -> None:
-        self.accepted_tokens += accepted
-        seq.request.accepted_draft_tokens += accepted
+        kv.insert_full_blocks(seq)
+        return n + 1, False
