@@ -24,6 +24,7 @@ from typing import cast
 import torch
 
 from radixd import kernels
+from radixd.daemon.draft_sampling import verify_sampled
 from radixd.daemon.engine.limits import check_token_ids
 from radixd.daemon.host import configure_threads
 from radixd.daemon.model import AttentionMetadata, LlamaModel, ModelConfig
@@ -365,9 +366,11 @@ class ModelRunner:
     ) -> None:
         """Sample each drafted chunk after each of its last draft + 1 positions into `results[where]`.
 
-        NOTE: each row is sampled as the decode step that would have computed it alone: the logits
+        NOTE: a greedy row is sampled as the decode step that would have computed it alone: the logits
         projection and the sampler are row-local (batch invariant), and the engine drafts only for
-        states whose processing reads no history that the draft would change (speculative.py)."""
+        states whose processing reads no history that the draft would change (speculative.py). A
+        sampled row's draft goes through rejection sampling (draft_sampling.py), which stops at the
+        first rejected token."""
         pos: list[int] = []
         states: list[SamplingState] = []
         for i, s in zip(where, chunks, strict=True):
@@ -375,10 +378,19 @@ class ModelRunner:
             pos.extend(range(last[i] - s.draft, last[i] + 1))
             states.extend([s.sample] * (s.draft + 1))
         idx = torch.tensor(pos, dtype=torch.int64, device=self.device)
-        picked = sample(self.model.logits(hidden.index_select(0, idx)), states)
-        at = 0
+        logits = self.model.logits(hidden.index_select(0, idx))
+        greedy = [j for j, st in enumerate(states) if st.params.greedy]
+        picked = sample(logits.index_select(0, torch.tensor(greedy)), [states[j] for j in greedy])
+        at = g = 0
         for i, s in zip(where, chunks, strict=True):
-            results[i] = picked[at : at + s.draft + 1]
+            st = s.sample
+            assert st is not None
+            if st.params.greedy:
+                results[i] = picked[g : g + s.draft + 1]
+                g += s.draft + 1
+            else:
+                draft = list(s.token_ids[len(s.token_ids) - s.draft :])
+                results[i] = verify_sampled(logits[at : at + s.draft + 1], draft, st)
             at += s.draft + 1
 
     @staticmethod

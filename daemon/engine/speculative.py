@@ -7,20 +7,27 @@ draft) and moves each drafted sequence from the step's decode rows to a chunk of
 last sampled token and the draft. The runner samples after each of those positions (`StepSeq.draft`).
 
 `Speculator.accept` then takes the longest prefix of the draft that equals what the model picked
-(greedy rows: its argmax), and accepts those tokens and the model's next pick after them, one at a time
-through `Outputs.accept` (stop tokens and strings, `max_tokens`, the context limit and streaming
-apply token by token, so a sequence ends exactly where plain decoding ends it). The rejected tokens'
+(greedy rows: its argmax; sampled rows: what rejection sampling kept), and accepts those tokens and
+the model's next pick after them, one at a time through `Outputs.accept` (stop tokens and strings,
+`max_tokens`, the context limit and streaming apply token by token, so a sequence ends exactly where
+plain decoding ends it). The rejected tokens'
 slots are dropped (`BlockTable.truncate`): the table ends where its computed tokens end, as after a
 plain decode step.
 
-NOTE: exact. A token computed in a chunk is bitwise the token a decode step computes (batch invariance,
-docs/batch-invariance.md), and each verified row is sampled on its own, so the output (tokens and
-logprobs) is exactly plain decoding's. Drafts live only within their step: nothing about them is in
-`Sequence.tokens`, so preemption, aborts, forks and sessions see a plain sequence between steps.
+NOTE: exact for greedy rows. A token computed in a chunk is bitwise the token a decode step computes
+(batch invariance, docs/batch-invariance.md), and each verified row is sampled on its own, so the
+output (tokens and logprobs) is exactly plain decoding's. Drafts live only within their step: nothing
+about them is in `Sequence.tokens`, so preemption, aborts, forks and sessions see a plain sequence
+between steps.
+
+Unseeded sampled rows (temperature > 0) verify by rejection sampling (daemon/draft_sampling.py): the
+output distribution is unchanged. A seeded sampled request is not drafted for: its generator would draw
+differently with a draft, and which drafts it gets depends on the cache (on other requests), so its
+tokens would no longer be reproducible by its seed (docs/batch-invariance.md).
 
 Drafted for: a running sequence decoding one token whose sampling reads no history a draft would
-change: greedy, no penalties, no pending `min_tokens`, no grammar, not beam search. Other rows decode
-as before in the same step.
+change: no penalties, no pending `min_tokens`, no grammar, not beam search; and a sampled row only
+without a seed and without logprobs. Other rows decode as before in the same step.
 """
 
 from __future__ import annotations
@@ -67,8 +74,10 @@ class Speculator:
         if st is None or seq.index < 0 or seq.status is not SeqStatus.RUNNING:
             return 0
         p = st.params
-        if not p.greedy or p.uses_penalties or st.grammar is not None or seq.request.req.beam_width:
+        if p.uses_penalties or st.grammar is not None or seq.request.req.beam_width:
             return 0
+        if not p.greedy and (p.logprobs is not None or st.seed is not None):
+            return 0  # a seed reproduces its tokens only without drafts; see the module docstring
         generated = len(st.output_token_ids)
         if generated < p.min_tokens:
             return 0
