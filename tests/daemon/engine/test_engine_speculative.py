@@ -14,6 +14,7 @@ from invariance_kit import Answer, Rig, answer, ask, assert_same
 
 from radixd.daemon.engine.core import EngineCore
 from radixd.daemon.engine.types import GenerateRequest
+from radixd.daemon.sampling import SamplingParams
 from radixd.daemon.server.admin import load_response
 from radixd.daemon.server.convert import end_message
 from radixd.daemon.server.metrics import Metrics
@@ -117,4 +118,46 @@ def test_drafts_from_the_tree_stay_in_their_namespace(pair: Pair) -> None:
     assert spec.accepted_tokens - before >= 7, "the cached answer was not drafted"
     for got in (first, other, again):
         assert_same(got, want, f"speculation on vs off, drafted from the tree ({pair.rig.mode})")
+    assert_all_free(pair.on)
+
+
+def _ending(col: Collector, rid: str, index: int = 0) -> tuple[list[int], str, str | int | None]:
+    final = col.final(rid, index)
+    return col.tokens(rid, index), str(final.finish_reason), final.matched_stop
+
+
+@pytest.mark.parametrize("rig", ["float32"], indirect=True)
+def test_stops_lengths_forks_and_aborts_with_drafts(pair: Pair) -> None:
+    """A stop string or token id, or max_tokens, that falls inside an accepted draft ends the output
+    where plain decoding ends it; n = 2 children each draft; an abort after verified drafts leaves
+    every block free; outputs equal speculation off."""
+    copy = pair.ids(COPY)
+    plain = run(pair.off, [GenerateRequest("p", copy, ask(12))], Collector()).tokens("p")
+    stop_text = pair.rig.lm.tokenizer.decode(plain[6:8])
+    reqs = [
+        GenerateRequest("stop", copy, SamplingParams(max_tokens=12, temperature=0.0, stop=(stop_text,))),
+        GenerateRequest(
+            "stop-id", copy, SamplingParams(max_tokens=12, temperature=0.0, stop_token_ids=(plain[4],))
+        ),
+        GenerateRequest("len", copy, SamplingParams(max_tokens=3, temperature=0.0)),
+        GenerateRequest("n2", copy, SamplingParams(max_tokens=8, temperature=0.0, n=2)),
+    ]
+    col_off = run(pair.off, reqs, Collector())
+    accepted = pair.on.speculator.accepted_tokens
+    col_on = run(pair.on, reqs, Collector())
+    assert pair.on.speculator.accepted_tokens > accepted
+    for rid, index in (("stop", 0), ("stop-id", 0), ("len", 0), ("n2", 0), ("n2", 1)):
+        assert _ending(col_on, rid, index) == _ending(col_off, rid, index), rid
+    assert col_on.final("stop").finish_reason == "stop" and col_on.final("len").finish_reason == "length"
+    assert_all_free(pair.on)
+    # An abort between steps, after drafts were verified.
+    col = Collector()
+    pair.on.requests.add(GenerateRequest("abort", copy, ask(40)), col)
+    drafted = pair.on.speculator.drafted_tokens
+    while pair.on.speculator.drafted_tokens == drafted and pair.on.has_work():
+        pair.on.step()
+    assert pair.on.speculator.drafted_tokens > drafted
+    assert pair.on.requests.abort("abort")
+    pair.on.run_until_idle()
+    assert col.final("abort").finish_reason == "abort"
     assert_all_free(pair.on)
