@@ -24,6 +24,7 @@ from typing import cast
 import torch
 
 from radixd import kernels
+from radixd.daemon.draft_sampling import verify_sampled
 from radixd.daemon.engine.limits import check_token_ids
 from radixd.daemon.host import configure_threads
 from radixd.daemon.model import AttentionMetadata, LlamaModel, ModelConfig
@@ -43,6 +44,14 @@ class StepSeq:
     sample: SamplingState | None  # None for a non-final prefill chunk (compute KV only)
     # Set while the request scores its prompt: the chunk's positions are scored into it (`run`).
     prompt_logprobs: PromptLogprobs | None = None
+    # Speculative decoding: the last `draft` tokens are proposals to verify; `sample` then samples
+    # after each of the last draft + 1 positions (engine/speculative.py), each row as its own step.
+    draft: int = 0
+
+
+StepResult = SampleResult | list[SampleResult] | None
+"""What `ModelRunner.run` gives a row: its sample, None (no sampling), or, for a drafted chunk, the
+sample after each of its last draft + 1 positions, in order."""
 
 
 @dataclass(slots=True)
@@ -302,13 +311,15 @@ class ModelRunner:
         return hidden, last
 
     @torch.inference_mode()
-    def run(self, chunks: Sequence[StepSeq], rows: DecodeRows) -> list[SampleResult | None]:
+    def run(self, chunks: Sequence[StepSeq], rows: DecodeRows) -> list[StepResult]:
         """Compute a step: multi-token `chunks` (prefill), then one-token decode `rows`; sample where
-        a sampling state is set; a chunk carrying `prompt_logprobs` has its positions scored into it.
+        a sampling state is set; a chunk carrying `prompt_logprobs` has its positions scored into it;
+        a drafted chunk samples after each draft position (`StepSeq.draft`).
         -> one result per chunk, then one per decode row."""
         if not chunks and not rows.seq_ids:
             return []
-        states = [s.sample for s in chunks] + rows.samples
+        drafted = [i for i, s in enumerate(chunks) if s.draft and s.sample is not None]
+        states = [None if s.draft else s.sample for s in chunks] + rows.samples
         # Constrained rows: their masks are computed while the forward pass runs (structured/masks.py).
         masks = self._masks().start(states) if self._constrained(states) else None
         try:
@@ -329,8 +340,10 @@ class ModelRunner:
             logits = self.model.logits(hidden.index_select(0, idx))
             if masks is not None:
                 logits = masks.apply(logits)
-            return cast("list[SampleResult | None]", sample(logits, cast("list[SamplingState]", states)))
-        results: list[SampleResult | None] = [None] * len(states)
+            return cast("list[StepResult]", sample(logits, cast("list[SamplingState]", states)))
+        results: list[StepResult] = [None] * len(states)
+        if drafted:
+            self._verify(hidden, last, [chunks[i] for i in drafted], drafted, results)
         sampling = [i for i, st in enumerate(states) if st is not None]
         if not sampling:
             return results
@@ -343,6 +356,43 @@ class ModelRunner:
             results[i] = r
         return results
 
+    def _verify(
+        self,
+        hidden: torch.Tensor,
+        last: list[int],
+        chunks: list[StepSeq],
+        where: list[int],
+        results: list[StepResult],
+    ) -> None:
+        """Sample each drafted chunk after each of its last draft + 1 positions into `results[where]`.
+
+        NOTE: a greedy row is sampled as the decode step that would have computed it alone: the logits
+        projection and the sampler are row-local (batch invariant), and the engine drafts only for
+        states whose processing reads no history that the draft would change (speculative.py). A
+        sampled row's draft goes through rejection sampling (draft_sampling.py), which stops at the
+        first rejected token."""
+        pos: list[int] = []
+        states: list[SamplingState] = []
+        for i, s in zip(where, chunks, strict=True):
+            assert s.sample is not None
+            pos.extend(range(last[i] - s.draft, last[i] + 1))
+            states.extend([s.sample] * (s.draft + 1))
+        idx = torch.tensor(pos, dtype=torch.int64, device=self.device)
+        logits = self.model.logits(hidden.index_select(0, idx))
+        greedy = [j for j, st in enumerate(states) if st.params.greedy]
+        picked = sample(logits.index_select(0, torch.tensor(greedy)), [states[j] for j in greedy])
+        at = g = 0
+        for i, s in zip(where, chunks, strict=True):
+            st = s.sample
+            assert st is not None
+            if st.params.greedy:
+                results[i] = picked[g : g + s.draft + 1]
+                g += s.draft + 1
+            else:
+                draft = list(s.token_ids[len(s.token_ids) - s.draft :])
+                results[i] = verify_sampled(logits[at : at + s.draft + 1], draft, st)
+            at += s.draft + 1
+
     @staticmethod
     def _constrained(states: list[SamplingState | None]) -> bool:
         # NOTE: the one cost of structured outputs to a step without them: this scan (a few us at 256).
@@ -353,13 +403,13 @@ class ModelRunner:
             self._step_masks = StepMasks(self.config.vocab_size)
         return self._step_masks
 
-    def step(self, seqs: Sequence[StepSeq]) -> list[SampleResult | None]:
+    def step(self, seqs: Sequence[StepSeq]) -> list[StepResult]:
         """`run` for a list of sequences in any order: one-token ones become decode rows; -> results
         in `seqs` order."""
         chunked = [i for i, s in enumerate(seqs) if len(s.token_ids) != 1]
         decoded = [i for i, s in enumerate(seqs) if len(s.token_ids) == 1]
         res = self.run([seqs[i] for i in chunked], DecodeRows.of([seqs[i] for i in decoded]))
-        out: list[SampleResult | None] = [None] * len(seqs)
+        out: list[StepResult] = [None] * len(seqs)
         for i, r in zip(chunked + decoded, res, strict=True):
             out[i] = r
         return out

@@ -307,11 +307,22 @@ def _pick(probs: torch.Tensor, keep: torch.Tensor | None, u: torch.Tensor) -> to
 
 def _sample_group(x: torch.Tensor, states: Sequence[SamplingState], width: int) -> torch.Tensor:
     """Rows sharing one processing width (so every op has the same shape alone or batched)."""
-    vocab = x.shape[1]
     u = _draw(states, x.device)
+    probs, keep, top_idx = _distribution(x, states, width)
+    if top_idx is None:
+        return _pick(probs, None, u).squeeze(1)
+    return top_idx.gather(1, _pick(probs, keep, u)).squeeze(1)
+
+
+def _distribution(
+    x: torch.Tensor, states: Sequence[SamplingState], width: int
+) -> tuple[torch.Tensor, torch.Tensor | None, torch.Tensor | None]:
+    """What `_sample_group` draws from: (probabilities [R, W], dropped ones zero; the kept mask; the
+    vocabulary id of each column), the last two None when nothing is truncated (W = the vocabulary)."""
+    vocab = x.shape[1]
     truncating = any(s.params.top_p < 1.0 or s.params.min_p > 0.0 for s in states) or width < vocab
     if not truncating:
-        return _pick(torch.softmax(x, dim=1), None, u).squeeze(1)
+        return torch.softmax(x, dim=1), None, None
     if width < vocab:
         top_x, top_idx = torch.topk(x, width, dim=1, sorted=True)
     else:
@@ -323,8 +334,25 @@ def _sample_group(x: torch.Tensor, states: Sequence[SamplingState], width: int) 
     min_p = torch.tensor([s.params.min_p for s in states], dtype=probs.dtype, device=x.device)
     drop |= probs < (min_p.unsqueeze(1) * probs[:, :1])
     drop[:, 0] = False
-    pick = _pick(probs.masked_fill(drop, 0.0), ~drop, u)
-    return top_idx.gather(1, pick).squeeze(1)
+    return probs.masked_fill(drop, 0.0), ~drop, top_idx
+
+
+def distribution(logits: torch.Tensor, state: SamplingState) -> torch.Tensor:
+    """The distribution `sample` draws `state`'s token from (temperature, top-k, top-p, min-p and logit
+    bias applied; penalties and `min_tokens` not: callers use it for states without them), one row
+    per row of `logits` [R, V], over the vocabulary: [R, V] float32, rows summing to 1.
+
+    For a sampled state (temperature > 0); speculative decoding's rejection sampling reads it."""
+    rows, vocab = logits.shape
+    x = logits.float().clone()
+    states = [state] * rows
+    _apply_logit_bias(x, states)
+    x = x / state.params.temperature
+    k = state.params.top_k
+    probs, _keep, idx = _distribution(x, states, k if 0 < k < vocab else vocab)
+    if idx is not None:
+        probs = torch.zeros_like(x).scatter_(1, idx, probs)
+    return probs / probs.sum(dim=1, keepdim=True)
 
 
 def _sample_rows(logits: torch.Tensor, states: Sequence[SamplingState]) -> torch.Tensor:

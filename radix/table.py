@@ -188,6 +188,25 @@ class BlockTable:
         blocks = self.blocks
         return AppendResult([blocks[p // B] * B + p % B for p in range(start, start + n_tokens)], copies)
 
+    def truncate(self, n_tokens: int) -> int:
+        """Shrink to the first ``n_tokens`` slots (speculative decoding drops the slots of rejected
+        draft tokens); blocks past the new end lose this table's reference. -> blocks freed.
+
+        NOTE: only this table's own blocks may go: ``n_tokens`` must keep every leased block (the
+        tree's). The slots past the end keep stale content that nothing reads (a table's positions end
+        at ``num_tokens``), and the next append copies a shared partly filled last block as always.
+        """
+        B = self.pool.block_size
+        if not self.leased * B <= n_tokens <= self.num_tokens:
+            raise InvalidRequest(
+                f"truncate({n_tokens}) outside [{self.leased * B}, {self.num_tokens}] (leased blocks stay)"
+            )
+        keep = -(-n_tokens // B)
+        dropped = self.blocks[keep:]
+        del self.blocks[keep:]
+        self.num_tokens = n_tokens
+        return self.pool.decref_all(dropped) if dropped else 0
+
     def fork(self, k: int) -> list[BlockTable]:
         """``k`` new tables sharing every block (metadata only: k references more per block the table
         holds; leased blocks stay leased)."""

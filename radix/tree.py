@@ -15,7 +15,7 @@ from radixd.radix.errors import InvalidRequest, UnknownLease
 from radixd.radix.events import CacheListener
 from radixd.radix.holds import Holds
 from radixd.radix.lease import Lease
-from radixd.radix.node import TOKEN_BYTES, Node, TokenKey, Tokens, as_tokens
+from radixd.radix.node import TOKEN_BYTES, Node, TokenKey, Tokens, as_tokens, token_ids
 from radixd.radix.pins import Pins
 from radixd.radix.pool import BlockPool
 from radixd.radix.results import CacheStats, InsertResult, PrefixMatch
@@ -92,6 +92,45 @@ class RadixTree:
         t = tokens.packed if type(tokens) is TokenKey else as_tokens(tokens)
         _node, blocks, _pb, ptok = self._walk(t, namespace, False)
         return len(blocks) * self.block_size + ptok
+
+    def following(self, tokens: Key, namespace: str = "", max_tokens: int = 8) -> list[int]:
+        """Up to ``max_tokens`` tokens the tree holds right after the whole of ``tokens``, in
+        ``namespace`` only: what followed this very prefix in earlier requests (a speculative decoding
+        draft). Where the cached paths branch, the most recently used one is followed. [] when
+        ``tokens`` is not a cached prefix or nothing follows it. Read-only: no lock, LRU or stats
+        change, so a draft never keeps anything cached.
+        """
+        if max_tokens <= 0:
+            return []
+        t = tokens.packed if type(tokens) is TokenKey else as_tokens(tokens)
+        root = self.store.roots.get(namespace)
+        if root is None:
+            return []
+        path, child, m = self.store.descend(t, root)
+        node = path[-1] if path else root
+        if child is not None:  # the query leaves the path inside this child's edge
+            if node.end + m != len(t):
+                return []  # they differ before the query's end
+            node, off = child, m
+        else:
+            rest = t[node.end :]
+            if len(rest) >= self._bb:
+                return []  # a whole block more than any cached continuation of the path
+            starting = node.children_starting(rest)
+            if not starting and rest:
+                return []
+            if starting:
+                node, off = max(starting, key=_tick), len(rest)
+            else:
+                off = len(node.tokens)
+        want = max_tokens * TOKEN_BYTES
+        parts = [node.tokens[off : off + want]]
+        got = len(parts[0])
+        while got < want and node.children:
+            node = max(node.children.values(), key=_tick)
+            parts.append(node.tokens[: want - got])
+            got += len(parts[-1])
+        return token_ids(b"".join(parts))
 
     def _walk(self, t: Tokens, namespace: str, use: bool) -> tuple[Node | None, BlockIds, int | None, int]:
         """(deepest node matched or None, full blocks, partial block, partial tokens) of key ``t``;
@@ -392,3 +431,8 @@ def _bad_insert(block_size: int, n: int, got: int, cached: int) -> InvalidReques
         else f"ceil({nt}/{bs}) = {-(-nt // bs)} blocks"
     )
     return InvalidRequest(f"insert of {nt} tokens needs {need}, got {got}")
+
+
+def _tick(node: Node) -> int:
+    """A node's last use (the LRU clock): the most recent branch is the likeliest continuation."""
+    return node.tick

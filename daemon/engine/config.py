@@ -12,6 +12,7 @@ PreemptionMode = Literal["recompute", "swap"]
 # `build_core`, `radixd serve`, `radixd generate` and `radixd cluster` read them from here.
 DEFAULT_BLOCK_SIZE = 16  # tokens per KV block
 DEFAULT_KV_CACHE_GB = 1.0  # pool size in GiB when no block count is given
+MAX_SPECULATIVE_TOKENS = 32  # draft tokens a sequence may verify in one step
 
 
 @dataclass(frozen=True)
@@ -41,6 +42,9 @@ class EngineConfig:
     jump_forward: a constrained sequence appends the tokens its grammar forces (JSON keys and
         punctuation) at once and computes them as one chunk instead of a decode step each; the same
         output at temperature 0 (engine/jump_forward.py). Off: one step per token, for comparison.
+    speculative_tokens: the most tokens a decoding sequence drafts (from the radix tree and its own
+        context) and verifies in one step, the same output as plain decoding (engine/speculative.py);
+        0 turns speculative decoding off.
     """
 
     max_num_seqs: int = 64
@@ -57,6 +61,7 @@ class EngineConfig:
     pin_budget_fraction: float = 0.25
     stream_interval: int = 1
     jump_forward: bool = True
+    speculative_tokens: int = 0
 
     def __post_init__(self) -> None:
         if self.max_num_seqs < 1:
@@ -75,5 +80,10 @@ class EngineConfig:
             raise ValueError("watchdog_s and session_ttl_s must be > 0 seconds")
         if self.stream_interval < 1:
             raise ValueError(f"stream_interval must be >= 1 token, got {self.stream_interval}")
+        if not 0 <= self.speculative_tokens <= MAX_SPECULATIVE_TOKENS:
+            raise ValueError(
+                f"speculative_tokens must be in [0, {MAX_SPECULATIVE_TOKENS}] (0 = off), "
+                f"got {self.speculative_tokens}"
+            )
         if self.max_model_len is not None and self.max_model_len < 2:
             raise ValueError(f"max_model_len must be >= 2, got {self.max_model_len}")

@@ -7,7 +7,8 @@ methods: `kv` (KVManager: the only engine module that calls the radix tree and t
 aborts, endings, failures; requests.py, with those waiting for their grammar to compile: grammars.py),
 `admin` (eviction, flushes, peaks), `validator` (fixed limits), `watchdog` (stalled work reported) and
 `grammars` (constraints compiled off this thread: structured/cache.py), `jump_forward` (the tokens a
-grammar forces, appended at once). Every command (commands.py:
+grammar forces, appended at once), `speculator` (drafts verified in the step's forward pass:
+speculative.py). Every command (commands.py:
 requests, administration, stats, sessions) goes through one table (dispatch.py) by `execute`; `stats()`
 reads them all into one record.
 
@@ -43,13 +44,13 @@ from radixd.daemon.engine.requests import Requests
 from radixd.daemon.engine.scheduler import Planned, Scheduler, StepPlan
 from radixd.daemon.engine.sequence import SeqIds, SeqStatus
 from radixd.daemon.engine.sessions import SessionManager
+from radixd.daemon.engine.speculative import Draft, Speculator
 from radixd.daemon.engine.stats import EngineStats
 from radixd.daemon.engine.swap import HostSwap
 from radixd.daemon.engine.types import EngineError, InvalidRequest
 from radixd.daemon.engine.validation import Validator
 from radixd.daemon.engine.watchdog import Watchdog
-from radixd.daemon.runner import DecodeRows, ModelRunner, StepSeq
-from radixd.daemon.sampling import SampleResult
+from radixd.daemon.runner import DecodeRows, ModelRunner, StepResult, StepSeq
 from radixd.daemon.structured.cache import GrammarCache
 from radixd.daemon.structured.matcher import GrammarRefused
 from radixd.daemon.structured.tokenizer import llg_tokenizer
@@ -109,6 +110,7 @@ class EngineCore:
         self.outputs = Outputs(self.scheduler, self.kv, self.swap, self.max_model_len, cfg.stream_interval)
         self.watchdog = Watchdog(cfg.watchdog_s, self.scheduler, self.kv)
         self.jump_forward = JumpForward(self.outputs, cfg.jump_forward)
+        self.speculator = Speculator(self.kv, self.outputs, self.max_model_len, cfg.speculative_tokens)
         self.requests = Requests(
             self.validator,
             GrammarWait(self.grammars),
@@ -219,6 +221,9 @@ class EngineCore:
             host_free_blocks=swap.num_free if swap is not None else 0,
             swapped_out_blocks=swap.swapped_out_blocks if swap is not None else 0,
             swapped_in_blocks=swap.swapped_in_blocks if swap is not None else 0,
+            drafted_tokens=self.speculator.drafted_tokens,
+            accepted_draft_tokens=self.speculator.accepted_tokens,
+            draft_s=self.speculator.draft_s,
         )
 
     # ---- the step --------------------------------------------------------------------------------
@@ -234,6 +239,7 @@ class EngineCore:
         self.admin.track_peaks()
         if not plan:
             return False
+        drafts = self.speculator.plan(plan, self._spare_tokens(plan)) if self.speculator.enabled else []
         self.runner.copy_blocks(self.kv.take_copies())
         if self.requests.scoring:
             plan_scoring(plan, self.requests.scoring)
@@ -248,13 +254,35 @@ class EngineCore:
             [s.sampling_at(s.num_computed + 1) for s in ds],
         )
         chunks = [self._step_seq(p) for p in plan.chunks]
+        chunks += [self.speculator.step_seq(d) for d in drafts]
         if self.before_forward is not None:
             self.before_forward()
         results = self.runner.run(chunks, rows)
         self.steps += 1
         self.watchdog.progressed()
+        if drafts:
+            n = len(plan.chunks)
+            self._after_drafts(drafts, results[n : n + len(drafts)])
+            del results[n : n + len(drafts)]
         self._after_step(plan, rows.positions, results)
         return True
+
+    def _spare_tokens(self, plan: StepPlan) -> int:
+        """The step's token budget left after what the scheduler planned (drafts may use it)."""
+        return self.config.max_num_batched_tokens - sum(p.n for p in plan.chunks) - len(plan.decodes)
+
+    def _after_drafts(self, drafts: list[Draft], results: list[StepResult]) -> None:
+        """Accept what verification kept of each draft (speculative.py)."""
+        accepted = 0
+        for d, res in zip(drafts, results, strict=True):
+            # NOTE: as in `_after_step`: an earlier ending in this loop may have finished this one.
+            if d.seq.status is not SeqStatus.RUNNING or not isinstance(res, list):
+                continue
+            n, ended = self.speculator.accept(d, res)
+            accepted += n
+            if ended:
+                self.requests.finish(d.seq.request)
+        self.generated_tokens += accepted
 
     @staticmethod
     def _step_seq(p: Planned) -> StepSeq:
@@ -332,7 +360,7 @@ class EngineCore:
                 )
         raise RuntimeError(f"still busy after {max_steps} steps")
 
-    def _after_step(self, plan: StepPlan, positions: list[int], results: list[SampleResult | None]) -> None:
+    def _after_step(self, plan: StepPlan, positions: list[int], results: list[StepResult]) -> None:
         """Record what the step computed (`positions`: where each decode computed its token), publish
         newly full blocks, accept the sampled tokens. `results`: the chunks', then the decodes'."""
         done = [(p.seq, p.start + p.n) for p in plan.chunks]
@@ -349,7 +377,7 @@ class EngineCore:
             if seq.index < 0:  # a root: forks into its children once its prompt is computed
                 if seq.remaining == 0:
                     self.scheduler.fork_root(seq)
-            elif res is not None:
+            elif res is not None and not isinstance(res, list):
                 try:
                     if seq.request.req.beam_width:
                         self.beams.step(seq, res)

@@ -106,6 +106,11 @@ class KVManager:
         """How many leading tokens are cached (no lock, no LRU or hit-statistics change)."""
         return self.cache.peek(tokens, namespace) if tokens else 0
 
+    def following(self, tokens: TokenKey, namespace: str, n: int) -> list[int]:
+        """Up to `n` tokens cached right after the whole of `tokens` in `namespace` (a speculative
+        draft; read-only: nothing is locked, used or counted)."""
+        return self.tree.following(tokens, namespace, n)
+
     # ---- pressure --------------------------------------------------------------------------------
     def ensure_free(self, n_blocks: int) -> bool:
         """Make `n_blocks` free, evicting unlocked cache (LRU) if needed; False if it cannot.
@@ -218,6 +223,12 @@ class KVManager:
                 s.table = None
             return False
         return True
+
+    def truncate(self, seq: Sequence, n_tokens: int) -> None:
+        """Drop `seq`'s slots past its first `n_tokens` (a rejected draft's); their blocks go back to
+        the pool unless someone else holds them."""
+        if seq.table is not None:
+            seq.table.truncate(n_tokens)
 
     def take_copies(self) -> list[tuple[int, int, int]]:
         """The copy-on-write copies queued since the last take, in order (and forget them)."""

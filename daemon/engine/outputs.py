@@ -138,6 +138,8 @@ class Outputs:
             code if reason == "error" else None,  # error_code
             req.session_id,  # session_id
             stop,  # matched_stop
+            None,  # prompt_logprobs (below)
+            seq.accepted_draft_tokens,  # accepted_draft_tokens
         )
         if r.prompt_logprobs is not None:
             out.prompt_logprobs = take_prompt_logprobs(r)

@@ -87,6 +87,7 @@ class Sequence:
     host_blocks: list[int] = field(default_factory=list)  # swap: host copies of table blocks
     preemptions: int = 0
     finish_reason: FinishReason | None = None
+    accepted_draft_tokens: int = 0  # generated tokens that were accepted speculative drafts
     # Beam search: cumulative logprob of the generated tokens.
     score: float = 0.0
     # Tokens/logprobs (and their text) produced since the last output to the sink.

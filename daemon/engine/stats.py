@@ -68,6 +68,10 @@ class EngineStats:
     host_free_blocks: int = 0
     swapped_out_blocks: int = 0
     swapped_in_blocks: int = 0
+    # ---- speculative decoding (--speculative-tokens; 0 when off)
+    drafted_tokens: int = 0  # draft tokens verified
+    accepted_draft_tokens: int = 0  # of those, accepted into outputs (the rest were rejected)
+    draft_s: float = 0.0  # engine-thread seconds spent drafting (the tree and context lookups)
 
     @property
     def preemptions(self) -> int:

@@ -160,6 +160,7 @@ class RequestOutput:
     session_id: str | None = None
     matched_stop: str | int | None = None
     prompt_logprobs: list[TokenLogprob | None] | None = None
+    accepted_draft_tokens: int = 0  # of completion_tokens, those that were accepted speculative drafts
 
 
 Sink = Callable[[RequestOutput], None]

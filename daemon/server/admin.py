@@ -71,6 +71,8 @@ def load_response(s: EngineStats, draining: bool) -> cache_admin_pb2.GetLoadResp
         total_blocks=s.total_blocks,
         sessions=s.sessions,
         draining=draining,
+        drafted_tokens=s.drafted_tokens,
+        accepted_draft_tokens=s.accepted_draft_tokens,
     )
 
 

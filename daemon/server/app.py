@@ -348,6 +348,7 @@ def engine_config(args: argparse.Namespace) -> EngineConfig:
         session_ttl_s=args.session_ttl,
         max_model_len=args.max_model_len,
         stream_interval=args.stream_interval,
+        speculative_tokens=args.speculative_tokens,
     )
 
 

@@ -231,6 +231,7 @@ def end_message(out: RequestOutput, total_s: float) -> common_pb2.GenerationEnd:
             prompt_tokens=out.prompt_tokens,
             cached_tokens=out.cached_tokens,
             completion_tokens=out.completion_tokens,
+            accepted_draft_tokens=out.accepted_draft_tokens,
         ),
         timings=common_pb2.Timings(
             queue_s=out.queue_time_s or 0.0, ttft_s=out.ttft_s or 0.0, total_s=total_s

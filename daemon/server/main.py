@@ -128,6 +128,13 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help=f"tokens per streamed chunk after the first (default {engine.stream_interval}: each token)",
     )
     sched.add_argument(
+        "--speculative-tokens",
+        type=int,
+        default=engine.speculative_tokens,
+        help="most draft tokens (from the prefix cache and the request's own context) a sequence verifies "
+        f"per step, same output as plain decoding; 0 = off (default {engine.speculative_tokens})",
+    )
+    sched.add_argument(
         "--stream-buffer", type=int, default=Limits.stream_buffer, help="outputs buffered per stream"
     )
     sched.add_argument("--grace-period", type=float, default=30.0, help="SIGTERM: seconds streams may finish")

@@ -103,6 +103,17 @@ class _EngineCollector(Collector):
             " token is always computed); hit + miss = prompt tokens",
             value=float(s.miss_tokens),
         )
+        yield CounterMetricFamily(
+            "radixd_drafted_tokens", "Speculative draft tokens verified", value=float(s.drafted_tokens)
+        )
+        yield CounterMetricFamily(
+            "radixd_accepted_draft_tokens",
+            "Speculative draft tokens accepted into outputs (of radixd_drafted_tokens)",
+            value=float(s.accepted_draft_tokens),
+        )
+        yield CounterMetricFamily(
+            "radixd_draft_seconds", "Engine-thread seconds spent drafting", value=float(s.draft_s)
+        )
         yield GaugeMetricFamily("radixd_running_requests", "Running sequences", value=float(s.running_seqs))
         yield GaugeMetricFamily(
             "radixd_waiting_requests", "Sequences waiting for admission", value=float(s.waiting_seqs)

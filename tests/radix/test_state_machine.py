@@ -231,6 +231,51 @@ class RadixMachine(RuleBasedStateMachine):
                     self._insert_table(seq, seq.table.num_tokens // self.B)
 
     @precondition(lambda self: self.seqs)
+    @rule(i=PICK, draft=st.lists(st.integers(0, 1), min_size=1, max_size=6), accept=st.integers(0, 6))
+    def speculate(self, i: int, draft: list[int], accept: int) -> None:
+        """Speculative decoding: slots for a draft are appended and written (verification writes every
+        draft token's KV), then the rejected tail is dropped (`BlockTable.truncate`): the accepted
+        prefix stays, the slots past it go, and no block another holder reads is touched."""
+        seq = self.seqs[i % len(self.seqs)]
+        before = seq.table.num_tokens
+        if seq.table.leased * self.B > before:
+            return
+        if not self._append(seq, draft):
+            return
+        keep = before + min(accept, len(draft))
+        held = self.pool.num_free
+        freed = seq.table.truncate(keep)
+        del seq.tokens[keep:]
+        assert self.pool.num_free - held == freed
+        assert len(seq.table.blocks) == -(-keep // self.B)
+
+    @rule(toks=TOKENS, ns=NAMESPACES, k=st.integers(0, 6))
+    def following(self, toks: list[int], ns: str, k: int) -> None:
+        """`RadixTree.following`: what the tree holds after `toks` in `ns` alone, read-only."""
+        before = self.tree.stats()
+        got = self.tree.following(toks, ns, k)
+        assert self.tree.stats() == before, "a lookup changed the tree"
+        assert len(got) <= k
+        paths = [_path_tokens(x) for x in self._nodes_in(ns)]
+        ext = tuple(toks) + tuple(got)
+        if got:
+            assert any(p[: len(ext)] == ext for p in paths), "a draft the tree does not hold"
+        elif k:
+            assert not any(len(p) > len(toks) and p[: len(toks)] == tuple(toks) for p in paths)
+        if 0 < len(got) < k:  # it stopped at the end of a cached path
+            assert any(p == ext for p in paths)
+
+    def _nodes_in(self, ns: str) -> list[Node]:
+        root = self.tree.store.roots.get(ns)
+        out: list[Node] = []
+        stack = list(root.children.values()) if root is not None else []
+        while stack:
+            x = stack.pop()
+            out.append(x)
+            stack.extend(x.children.values())
+        return out
+
+    @precondition(lambda self: self.seqs)
     @rule(i=PICK)
     def insert(self, i: int) -> None:
         """A sequence publishes its full blocks (a table started by ``share_prefix`` holds a reference

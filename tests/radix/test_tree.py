@@ -404,3 +404,35 @@ def test_an_insert_that_does_not_continue_its_lease_walks_from_the_root() -> Non
     table.release()
     m.lease.release()
     check_consistency(tree)
+
+
+def test_following_reads_what_came_after_a_prefix(tree: RadixTree) -> None:
+    """`following`: the tokens after a cached prefix (mid-block, at a node's end, across nodes), the
+    most recently used branch where paths part, nothing across namespaces, and no state change."""
+    cache(tree, [1, 2, 3, 4, 5, 6, 7, 8, 9, 10])
+    assert tree.following([1, 2, 3], max_tokens=4) == [4, 5, 6, 7]
+    assert tree.following([1, 2, 3, 4, 5, 6, 7, 8, 9], max_tokens=4) == [10]
+    assert tree.following([1, 2, 3, 4, 5, 6, 7, 8, 9, 10]) == []
+    assert tree.following([1, 2, 9]) == [] and tree.following([2]) == []
+    assert tree.following([1, 2, 3], "tenant-b") == []
+    assert tree.following([1, 2, 3], max_tokens=0) == []
+    cache(tree, [1, 2, 3, 4, 5, 6, 7, 8, 20, 21, 22, 23])  # a newer branch after the second block
+    before = tree.stats()
+    assert tree.following([1, 2, 3, 4, 5, 6], max_tokens=5) == [7, 8, 20, 21, 22]
+    assert tree.stats() == before
+    m = tree.match([1, 2, 3, 4, 5, 6, 7, 8, 9, 10])  # using the old branch makes it the recent one
+    m.lease.release()
+    assert tree.following([1, 2, 3, 4, 5, 6], max_tokens=5) == [7, 8, 9, 10]
+    check_consistency(tree)
+
+
+def test_truncate_drops_a_rejected_draft(tree: RadixTree) -> None:
+    table = computed(tree, 5)  # 2 blocks of 4
+    table.append(6)  # a draft of 6 tokens: 3 blocks
+    free = tree.pool.num_free
+    assert table.truncate(7) == 1 and tree.pool.num_free == free + 1
+    assert (table.num_tokens, len(table.blocks)) == (7, 2)
+    with pytest.raises(InvalidRequest):
+        table.truncate(8)
+    table.release()
+    assert tree.pool.num_free == tree.pool.num_usable

@@ -148,7 +148,7 @@ class GetLoadRequest(_message.Message):
     def __init__(self) -> None: ...
 
 class GetLoadResponse(_message.Message):
-    __slots__ = ("running_requests", "waiting_requests", "max_queue", "free_blocks", "total_blocks", "sessions", "draining", "swapped_requests")
+    __slots__ = ("running_requests", "waiting_requests", "max_queue", "free_blocks", "total_blocks", "sessions", "draining", "swapped_requests", "drafted_tokens", "accepted_draft_tokens")
     RUNNING_REQUESTS_FIELD_NUMBER: _ClassVar[int]
     WAITING_REQUESTS_FIELD_NUMBER: _ClassVar[int]
     MAX_QUEUE_FIELD_NUMBER: _ClassVar[int]
@@ -157,6 +157,8 @@ class GetLoadResponse(_message.Message):
     SESSIONS_FIELD_NUMBER: _ClassVar[int]
     DRAINING_FIELD_NUMBER: _ClassVar[int]
     SWAPPED_REQUESTS_FIELD_NUMBER: _ClassVar[int]
+    DRAFTED_TOKENS_FIELD_NUMBER: _ClassVar[int]
+    ACCEPTED_DRAFT_TOKENS_FIELD_NUMBER: _ClassVar[int]
     running_requests: int
     waiting_requests: int
     max_queue: int
@@ -165,7 +167,9 @@ class GetLoadResponse(_message.Message):
     sessions: int
     draining: bool
     swapped_requests: int
-    def __init__(self, running_requests: _Optional[int] = ..., waiting_requests: _Optional[int] = ..., max_queue: _Optional[int] = ..., free_blocks: _Optional[int] = ..., total_blocks: _Optional[int] = ..., sessions: _Optional[int] = ..., draining: _Optional[bool] = ..., swapped_requests: _Optional[int] = ...) -> None: ...
+    drafted_tokens: int
+    accepted_draft_tokens: int
+    def __init__(self, running_requests: _Optional[int] = ..., waiting_requests: _Optional[int] = ..., max_queue: _Optional[int] = ..., free_blocks: _Optional[int] = ..., total_blocks: _Optional[int] = ..., sessions: _Optional[int] = ..., draining: _Optional[bool] = ..., swapped_requests: _Optional[int] = ..., drafted_tokens: _Optional[int] = ..., accepted_draft_tokens: _Optional[int] = ...) -> None: ...
 
 class SubscribeCacheEventsRequest(_message.Message):
     __slots__ = ("after_sequence",)

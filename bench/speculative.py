@@ -1,0 +1,199 @@
+"""Speculative decoding (`--speculative-tokens`) through the engine, on against off, beside llama-server.
+
+Two traces, each at batch 1 (one request at a time) and `--batch` (that many requests at once):
+- repetitive (an agent's): a ~400-token file rewritten with a small change, a tool output quoted
+  back, a second turn restating the first;
+- non-repetitive: short chat questions answered in prose.
+
+Per round, speculation on and off alternate (which goes first alternates too) so background load drifts
+hit both alike; medians over `--rounds`. The prefix cache is flushed before every run, so drafts come
+from each request's own context, not from a previous round's answer in the tree. Every greedy output
+with speculation on is asserted equal to the output with it off, token for token.
+
+Decode tokens/s: tokens after each request's first, over the time from the first first-token to the
+last output (prefill excluded). With `--llama-server PATH`: llama-server at batch 1 on the same
+prompt tokens, `--spec-type none` against `ngram-simple` (its prompt-lookup n-grams), its own timings.
+
+    PYTHONPATH=DIR:DIR/clients .venv/bin/python bench/speculative.py --rounds 3 \\
+        --llama-server DIR/llama/build/bin/llama-server
+"""
+
+from __future__ import annotations
+
+import argparse
+import collections
+import statistics
+import subprocess
+import time
+import urllib.request
+
+import torch
+from structured import Timed, free_port, post, run
+
+from radixd.daemon.engine.config import EngineConfig
+from radixd.daemon.engine.core import EngineCore
+from radixd.daemon.engine.factory import build_core
+from radixd.daemon.engine.types import GenerateRequest
+from radixd.daemon.loaders import LoadedModel, default_model_path, load_model
+from radixd.daemon.sampling import SamplingParams
+
+FILE = "\n".join(
+    f"def rect_{i}(width, height):\n    # area of rectangle number {i}\n    return width * height + {i}\n"
+    for i in range(16)
+)
+TOOL = "\n".join(
+    f"{{'id': {i}, 'name': 'item-{i}', 'price': {3 * i + 1}.50, 'stock': {i % 7}}}" for i in range(12)
+)
+TURN1 = (
+    "The lighthouse keeper climbed the stairs every evening at six, trimmed the wick, wound the clock "
+    "that turned the lens, and wrote the weather in his logbook before the ships came past the reef."
+)
+REPETITIVE = [
+    f"Here is the file utils.py:\n\n{FILE}\nRewrite the whole file, renaming rect_3 to square_3.\n\n"
+    f"{FILE[:60]}",
+    f"The tool returned:\n{TOOL}\nQuote the tool output exactly, then say which item is cheapest.\n\n"
+    f"{TOOL[:40]}",
+    f"User: Describe the keeper's evening.\nAssistant: {TURN1}\nUser: Say that again, word for word."
+    f"\nAssistant: {TURN1[:50]}",
+]
+CHAT = [
+    "Write a short poem about autumn leaves.",
+    "Why is the sky blue? Explain simply.",
+    "Give three tips for learning a new language.",
+    "What makes a good cup of coffee?",
+    "Describe a busy market in the morning.",
+    "How do bees make honey?",
+    "Tell me a story about a dragon who loves tea.",
+    "What should I pack for a weekend hike?",
+]
+MAX_TOKENS = 128  # per request (`--max-tokens`)
+
+
+def prompts(lm: LoadedModel, trace: str, n: int) -> list[list[int]]:
+    """`n` prompts of `trace`, the trace's texts in turn."""
+    if trace == "repetitive":
+        return [lm.tokenizer.encode(REPETITIVE[i % len(REPETITIVE)]) for i in range(n)]
+    return [lm.tokenizer.encode_chat([{"role": "user", "content": CHAT[i % len(CHAT)]}]) for i in range(n)]
+
+
+def trace_size(trace: str, batch: int) -> int:
+    """Requests per run: at batch 1 each text once (the repetitive trace's 3, 4 chat questions)."""
+    return batch if batch > 1 else (len(REPETITIVE) if trace == "repetitive" else 4)
+
+
+def engine_run(
+    core: EngineCore, ps: list[list[int]], tag: str, batch: int, max_tokens: int
+) -> tuple[float, list[list[int]]]:
+    """Decode tokens/s and outputs of `ps`, `batch` at a time, from a flushed prefix cache."""
+    core.admin.flush("evict_unlocked")
+    params = SamplingParams(max_tokens=max_tokens, temperature=0.0, ignore_eos=True)
+    tokens = 0
+    elapsed = 0.0
+    outs: list[list[int]] = []
+    for at in range(0, len(ps), batch):
+        group = [GenerateRequest(f"{tag}-{at + i}", p, params) for i, p in enumerate(ps[at : at + batch])]
+        res: Timed = run(core, group)
+        tokens += sum(len(t) - 1 for t in res.tokens.values())
+        elapsed += max(res.last.values()) - min(res.first.values())
+        outs += [res.tokens[r.request_id] for r in group]
+    return tokens / elapsed, outs
+
+
+def start_llama(path: str, threads: int, spec: list[str]) -> tuple[subprocess.Popen[bytes], str]:
+    port = free_port()
+    cmd = [path, "-m", default_model_path(), "--port", str(port), "-t", str(threads), "-c", "4096"]
+    cmd += ["-np", "1"]
+    proc = subprocess.Popen([*cmd, *spec], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    url = f"http://127.0.0.1:{port}"
+    for _ in range(600):
+        try:
+            with urllib.request.urlopen(url + "/health", timeout=1) as r:
+                if r.status == 200:
+                    return proc, url + "/completion"
+        except OSError:
+            time.sleep(0.2)
+    proc.kill()
+    raise RuntimeError("llama-server did not come up")
+
+
+def llama_tps(url: str, ps: list[list[int]], max_tokens: int) -> float:
+    """llama-server's decode tokens/s over `ps`, one at a time (its own timings)."""
+    n = 0
+    ms = 0.0
+    for p in ps:
+        body = {
+            "prompt": p,
+            "temperature": 0.0,
+            "n_predict": max_tokens,
+            "cache_prompt": False,
+            "ignore_eos": True,
+        }
+        t = post(url, body)
+        n += int(t["timings"]["predicted_n"]) - 1
+        ms += float(t["timings"]["predicted_ms"])
+    return n / ms * 1e3
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--rounds", type=int, default=3)
+    ap.add_argument("--batch", type=int, default=8)
+    ap.add_argument("--threads", type=int, default=2)
+    ap.add_argument("--dtype", default="auto")
+    ap.add_argument("--speculative-tokens", type=int, default=8)
+    ap.add_argument("--max-tokens", type=int, default=MAX_TOKENS)
+    ap.add_argument("--warmup", type=int, default=1, help="rounds run first and not kept")
+    ap.add_argument("--llama-server", help="path of llama.cpp's llama-server binary (optional)")
+    args = ap.parse_args()
+    torch.set_num_threads(args.threads)
+    lm = load_model(dtype=args.dtype)
+    cores = {
+        k: build_core(lm, EngineConfig(speculative_tokens=k), num_blocks=2048)
+        for k in (0, args.speculative_tokens)
+    }
+    out: dict[str, list[float]] = collections.defaultdict(list)
+    cases = [(trace, b) for trace in ("repetitive", "chat") for b in (1, args.batch)]
+    for rnd in range(-args.warmup, args.rounds):  # negative rounds warm up; not kept
+        for trace, b in cases:
+            ps = prompts(lm, trace, trace_size(trace, b))
+            order = sorted(cores, reverse=rnd % 2 == 1)
+            got: dict[int, list[list[int]]] = {}
+            for k in order:
+                tps, got[k] = engine_run(cores[k], ps, f"{trace}{b}-{rnd}-{k}", b, args.max_tokens)
+                if rnd >= 0:
+                    out[f"{trace} b{b} spec={'on' if k else 'off'}"].append(tps)
+                print(f"round {rnd} {trace} b{b} spec={'on' if k else 'off'}: {tps:.2f} tok/s", flush=True)
+            assert got[0] == got[args.speculative_tokens], f"{trace} b{b}: speculation changed an output"
+        print(f"round {rnd} done", flush=True)
+    spec = cores[args.speculative_tokens].stats()
+    if args.llama_server:
+        for name, flags in (("off", ["--spec-type", "none"]), ("on", ["--spec-type", "ngram-simple"])):
+            proc, url = start_llama(args.llama_server, args.threads, flags)
+            try:
+                for trace in ("repetitive", "chat"):
+                    ps = prompts(lm, trace, trace_size(trace, 1))
+                    llama_tps(url, ps[:1], args.max_tokens)  # warm-up
+                    for _ in range(max(args.rounds, 1)):
+                        out[f"llama {trace} b1 spec={name}"].append(llama_tps(url, ps, args.max_tokens))
+                        print(f"llama {trace} b1 spec={name}: {out[f'llama {trace} b1 spec={name}'][-1]:.2f}")
+            finally:
+                proc.kill()
+    med = {k: statistics.median(v) for k, v in out.items()}
+    for k, v in sorted(med.items()):
+        print(f"{k:36s} median {v:8.2f} tok/s   rounds {' '.join(f'{x:.2f}' for x in out[k])}")
+    for trace, b in cases:
+        on, off = med[f"{trace} b{b} spec=on"], med[f"{trace} b{b} spec=off"]
+        print(f"radixd {trace} b{b}: on/off {on / off:.3f}x")
+    if args.llama_server:
+        for trace in ("repetitive", "chat"):
+            on, off = med[f"llama {trace} b1 spec=on"], med[f"llama {trace} b1 spec=off"]
+            print(f"llama-server {trace} b1: on/off {on / off:.3f}x")
+    print(
+        f"drafted {spec.drafted_tokens} accepted {spec.accepted_draft_tokens} "
+        f"({spec.accepted_draft_tokens / max(spec.drafted_tokens, 1):.0%}); drafting "
+        f"{spec.draft_s / max(spec.steps, 1) * 1e6:.1f} us per step over {spec.steps} steps"
+    )
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,102 @@
+"""Draft tokens for speculative decoding, from the radix tree and the sequence's own tokens.
+
+No second model and no second structure: the tree already holds, for every cached prefix, what followed
+it in earlier requests (a regenerated answer, a sibling's tokens), and a sequence's own context holds
+what an agent quotes back (the file it rewrites, a tool output, the first turn a second one restates).
+
+`Drafter.propose` tries, in order:
+
+1. the tree: the tokens cached right after the sequence's whole key, in its request's namespace only
+   (`KVManager.following`, read-only: `RadixTree.following`);
+2. the sequence's own tokens: the most recent earlier occurrence of its last n tokens (n from
+   `MAX_NGRAM` down to `MIN_NGRAM`, longest first), and what followed it (prompt lookup).
+
+Each proposes at most `k` tokens; none when nothing matches. Both work on the packed key (native int32
+bytes), so a lookup is a few C-speed byte searches whatever the context length.
+"""
+
+from __future__ import annotations
+
+from array import array
+from collections.abc import Callable
+
+from radixd.radix import TOKEN_BYTES, TokenKey
+
+MAX_NGRAM = 6  # the longest suffix looked up in the sequence's own tokens
+MIN_NGRAM = 3  # shorter suffixes match by chance in ordinary text (their drafts are mostly rejected)
+
+Following = Callable[[TokenKey, str, int], list[int]]
+"""`(key, namespace, k) -> tokens`: up to k tokens the tree holds after the whole of key."""
+
+
+def ngram_draft(packed: bytes, k: int, max_n: int = MAX_NGRAM, min_n: int = MIN_NGRAM) -> list[int]:
+    """Up to `k` tokens that followed the most recent earlier occurrence of the last n tokens of
+    `packed` (native int32 tokens), the longest such n in [min_n, max_n] first; [] when none recurs.
+
+    The continuation may run into the suffix itself (a repeating pattern continues as it repeats)."""
+    total = len(packed) // TOKEN_BYTES
+    if k <= 0 or total <= min_n:
+        return []
+    for n in range(min(max_n, total - 1), min_n - 1, -1):
+        suffix = packed[(total - n) * TOKEN_BYTES :]
+        end = len(packed) - TOKEN_BYTES  # an occurrence that ends before the last token
+        while end >= len(suffix):
+            at = packed.rfind(suffix, 0, end)
+            if at < 0:
+                break
+            if at % TOKEN_BYTES == 0:  # a match on token boundaries
+                start = at + len(suffix)
+                return array("i", packed[start : start + k * TOKEN_BYTES]).tolist()
+            end = at + len(suffix) - 1  # a misaligned byte match: look further back
+    return []
+
+
+class Drafter:
+    """Proposes draft tokens for one sequence at a time (engine thread only)."""
+
+    def __init__(self, following: Following) -> None:
+        self._following = following
+        self.from_tree = 0  # drafts the tree supplied
+        self.from_context = 0  # drafts the sequence's own tokens supplied
+
+    def propose(self, key: TokenKey, namespace: str, k: int) -> list[int]:
+        """Up to `k` tokens likely to follow `key` (a sequence's every token, packed), the tree first
+        (within `namespace`), then the sequence's own earlier tokens; [] when neither has any."""
+        if k <= 0:
+            return []
+        draft = self._following(key, namespace, k)
+        if draft:
+            self.from_tree += 1
+            return draft
+        draft = ngram_draft(key.packed, k)
+        if draft:
+            self.from_context += 1
+        return draft
+
+
+class AdaptiveK:
+    """How many tokens to draft for each sequence, from how its recent drafts fared.
+
+    A sequence starts at the limit; a draft accepted whole doubles its next length (up to the limit),
+    a partly rejected one sets it to one more than what was accepted: text that stopped repeating
+    costs one-token drafts (a two-row verification, close to a plain decode) until it repeats again.
+    """
+
+    def __init__(self, limit: int) -> None:
+        self.limit = limit
+        self._k: dict[int, int] = {}
+
+    def get(self, seq_id: int) -> int:
+        return self._k.get(seq_id, self.limit)
+
+    def update(self, seq_id: int, drafted: int, accepted: int) -> None:
+        """Record a verification: `accepted` of `drafted` tokens matched."""
+        k = self._k.get(seq_id, self.limit)
+        self._k[seq_id] = min(self.limit, 2 * max(k, drafted)) if accepted == drafted else accepted + 1
+
+    def keep_only(self, live: set[int]) -> None:
+        """Forget sequences no longer running (called now and then: the map stays small)."""
+        self._k = {s: k for s, k in self._k.items() if s in live}
+
+    def __len__(self) -> int:
+        return len(self._k)
