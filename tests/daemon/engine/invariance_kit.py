@@ -26,6 +26,8 @@ AUTO = resolve_precision("auto", "cpu", lambda: True).name
 # Every mode `auto` can pick on a CPU (int4, bfloat16, float32), each once: "auto" stands for the one
 # it picks on this machine.
 MODES = ("auto", *(m for m in ("int4", "bfloat16", "float32") if m != AUTO))
+# The default mode and the reference: one rig where `auto` is the reference here.
+AUTO_AND_REFERENCE = ("auto",) if AUTO == "float32" else ("auto", "float32")
 
 Answer = tuple[tuple[int, float], ...]
 """A greedy request's answer: (token id, its logprob) for every generated token, in order."""
@@ -121,8 +123,9 @@ class Rig:
 
 def make_rig(mode: str, fp32: LoadedModel) -> Rig:
     """The rig of `mode` ("auto": what `auto` resolves to here); `fp32` is the session's fp32 model."""
-    lm = fp32 if mode == "float32" else load_model(dtype=mode)
     want = AUTO if mode == "auto" else mode
+    # The session's fp32 model stands for "auto" where auto resolves to float32 (one load fewer).
+    lm = fp32 if want == "float32" else load_model(dtype=mode)
     assert lm.model.precision.name == want, (mode, lm.model.precision.name)
     small = lm.model.precision.dtype == torch.bfloat16 and not cpu_has_native_bf16()
     return Rig(mode, lm, small)

@@ -10,7 +10,7 @@ from collections.abc import Iterator
 
 import pytest
 from engine_kit import Collector, assert_all_free, make_core, run, sampled
-from invariance_kit import Answer, Rig, answer, ask, assert_same
+from invariance_kit import AUTO_AND_REFERENCE, Answer, Rig, answer, ask, assert_same
 
 from radixd.daemon.engine.core import EngineCore
 from radixd.daemon.engine.types import GenerateRequest
@@ -21,7 +21,7 @@ from radixd.daemon.server.metrics import Metrics
 
 pytestmark = pytest.mark.slow
 # NOTE: the session's rigs (conftest.py), so the models the invariance tests load are loaded once.
-in_modes = pytest.mark.parametrize("rig", ["auto", "float32"], indirect=True)
+in_modes = pytest.mark.parametrize("rig", AUTO_AND_REFERENCE, indirect=True)
 
 # A "file" an agent rewrites: the prompt quotes it, then starts its rewrite (the model copies it).
 FILE = (
