@@ -60,6 +60,7 @@ def load_baseline(commit: str) -> ModuleType:
     for f in (tmp / name).glob("*.py"):
         f.write_text(f.read_text().replace("radixd.kernels", name))
     sys.path.insert(0, str(tmp))
+    importlib.import_module(name)
     return importlib.import_module(f"{name}.paged_decode")
 
 
