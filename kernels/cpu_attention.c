@@ -77,6 +77,11 @@ static inline float fold_lanes(v8f a) {
     return ((a[0] + a[1]) + (a[2] + a[3])) + ((a[4] + a[5]) + (a[6] + a[7]));
 }
 
+static inline void prefetch_row(const void *base, int64_t offset, int64_t bytes) {
+    const char *p = (const char *)base + offset;
+    for (int64_t i = 0; i < bytes; i += 64) __builtin_prefetch(p + i, 0, 3);
+}
+
 /* d is a multiple of LANES (checked by the caller). Lane l sums the elements l, l + 8, ... in order. */
 static inline __attribute__((always_inline)) float dot(const float *q, const float *k, int64_t d) {
     v8f a = {0};
@@ -131,8 +136,14 @@ static inline __attribute__((always_inline)) void attend_split(const attn_args *
     const int32_t *table = a->tables + a->row_table[row] * a->width;
     const float *q = a->q + row * hq * d;
     for (int64_t i = 0; i < hq * d; i++) qs[i] = q[i] * a->scale;
+    const int64_t row_bytes = stride_tok * (a->dtype == DT_F32 ? 4 : 2), pos = a->row_pos[row];
     /* pass 1: scores of every head, one token row (all kv heads, contiguous) at a time */
     for (int64_t t = t_lo; t < t_hi; t++) {
+        /* Blocks lie anywhere in the pool, so the hardware prefetcher restarts at every block: ask
+         * for the next block's key row now, and for this token's value row (pass 2 reads it from L2). */
+        const int64_t slot = (int64_t)table[t / b] * b + t % b;
+        if (t + b <= pos) prefetch_row(a->k, ((int64_t)table[(t + b) / b] * b + t % b) * row_bytes, row_bytes);
+        prefetch_row(a->v, slot * row_bytes, row_bytes);
         const float *k = load_row(a->k, ((int64_t)table[t / b] * b + t % b) * stride_tok, stride_tok, a->dtype, kbuf);
         for (int64_t h = 0; h < hkv; h++)
             for (int64_t g = 0; g < g_n; g++)
