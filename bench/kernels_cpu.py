@@ -40,6 +40,7 @@ import torch.nn.functional as F
 
 from radixd.kernels import cpu_attention
 from radixd.kernels.paged_decode import paged_decode_torch, plan_for, rows_plan_for
+from radixd.kernels.paged_prefill import paged_prefill_torch
 from radixd.kernels.paging import gather_kv
 
 DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
@@ -60,7 +61,9 @@ def load_baseline(commit: str) -> ModuleType:
     for f in (tmp / name).glob("*.py"):
         f.write_text(f.read_text().replace("radixd.kernels", name))
     sys.path.insert(0, str(tmp))
-    importlib.import_module(name)
+    pkg = importlib.import_module(name)
+    importlib.import_module(f"{name}.paged_prefill")
+    del pkg
     return importlib.import_module(f"{name}.paged_decode")
 
 
@@ -143,6 +146,35 @@ def variants(
     return fns
 
 
+def prefill_variants(t: dict[str, object], baseline: ModuleType | None) -> dict[str, Callable[[], object]]:
+    """Every sequence's whole context as one prefill chunk (``--prefill``): each variant's prefill twin."""
+    tables, lens, pools = t["tables"], t["lens"], t["pools"]
+    assert isinstance(tables, torch.Tensor) and isinstance(lens, torch.Tensor) and isinstance(pools, list)
+    total = int(lens.sum())
+    q = torch.randn(total, HQ, D, generator=torch.Generator().manual_seed(1)).to(pools[0][0].dtype)
+    cu = torch.cat((torch.zeros(1, dtype=torch.int64), lens.long().cumsum(0))).to(torch.int32)
+    scale = 1.0 / math.sqrt(D)
+
+    def with_design(name: str) -> Callable[[], object]:
+        def run() -> object:
+            os.environ[cpu_attention.ENV_DESIGN] = name
+            return [paged_prefill_torch(q, k, v, tables, cu, lens, scale) for k, v in pools]
+
+        return run
+
+    fns = {"compiled": with_design("compiled"), "split": with_design("split")}
+    if baseline is not None:
+        old = sys.modules[baseline.__name__.rsplit(".", 1)[0] + ".paged_prefill"]
+        fns["baseline"] = lambda: [
+            old.paged_prefill_torch(q, k, v, tables, cu, lens, scale) for k, v in pools
+        ]
+    want = fns["split"]()
+    for name, fn in fns.items():
+        for got, ref in zip(fn(), want, strict=True):  # type: ignore[call-overload]
+            torch.testing.assert_close(got.float(), ref.float(), atol=1e-4, rtol=1e-4, msg=name)
+    return fns
+
+
 def measure(fns: dict[str, Callable[[], object]], rounds: int) -> dict[str, list[float]]:
     """Seconds per call of each variant and of the bandwidth read, one of each per round."""
     bw_fn, _ = read_bandwidth_fn()
@@ -173,6 +205,9 @@ def main(argv: list[str] | None = None) -> str:
         "--baseline-commit", default=None, help="also time this commit's torch twin (e.g. 0fcdfc1)"
     )
     ap.add_argument("--sdpa", action="store_true", help="also time SDPA on contiguous copies")
+    ap.add_argument(
+        "--prefill", action="store_true", help="time the prefill twins instead: each context as one chunk"
+    )
     args = ap.parse_args(argv)
     if args.threads:
         torch.set_num_threads(args.threads)
@@ -180,7 +215,8 @@ def main(argv: list[str] | None = None) -> str:
     baseline = load_baseline(args.baseline_commit) if args.baseline_commit else None
     _, bw_bytes = read_bandwidth_fn()
     lines = [
-        f"decode batch {args.batch}{' (ragged, ctx/2..ctx)' if args.ragged else ''}, "
+        f"{'prefill' if args.prefill else 'decode'} batch {args.batch}"
+        f"{' (ragged, ctx/2..ctx)' if args.ragged else ''}, "
         f"{args.layers} layers' pools per round, Hq={HQ} Hkv={HKV} D={D} block={B}, {args.dtype}, "
         f"{torch.get_num_threads()} threads, "
         f"{args.rounds} interleaved rounds; ms per step (all layers)",
@@ -190,8 +226,8 @@ def main(argv: list[str] | None = None) -> str:
         "| ---: | ---: | ---: | ---: | --- | ---: | ---: | ---: | ---: |",
     ]
     for ctx in [int(c) for c in args.ctx.split(",")]:
-        t = build(args.batch, ctx, args.layers, dtype, args.ragged, args.sdpa)
-        fns = variants(t, baseline, args.sdpa)
+        t = build(args.batch, ctx, args.layers, dtype, args.ragged, args.sdpa and not args.prefill)
+        fns = prefill_variants(t, baseline) if args.prefill else variants(t, baseline, args.sdpa)
         times = measure(fns, args.rounds)
         lens = t["lens"]
         assert isinstance(lens, torch.Tensor)
