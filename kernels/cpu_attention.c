@@ -1,14 +1,17 @@
 /* Paged attention of independent query rows on the CPU: the daemon's prefill and decode attention.
  *
  * A row is one token of one sequence: its query heads attend to the keys at positions 0..pos of the
- * sequence, read through the sequence's block table. Every row is computed by one thread, by the same
- * code, in an order fixed by its position alone:
- *   pass 1: s[t] = dot(q * scale, k[t]) for t = 0..pos (one dot: 8 lanes over the head dim, lane i
- *           takes the elements i, i+8, ...; the lanes are folded by a fixed tree), m = max s;
- *   pass 2: e[t] = exp(s[t] - m); l = sum e (8 lanes over t mod 8, folded by the same tree);
- *           acc = sum over t = 0, 1, ... of e[t] * v[t] (one element of the head dim per lane);
- *   out = acc / l.
- * Nothing depends on the other rows of the call, on how many there are, on which thread runs a row,
+ * sequence, read through the sequence's block table. The keys are cut into splits of SPLIT positions
+ * (split j holds [j * SPLIT, (j + 1) * SPLIT), the last one partial); a (row, split) pair is one unit
+ * of work, computed by one thread with one code path:
+ *   pass 1: s[t] = dot(q * scale, k[t]) for every head of the row and every key t of the split (one
+ *           dot: 8 lanes over the head dim, lane i takes the elements i, i+8, ...; the lanes folded
+ *           by a fixed tree); m_j = max s;
+ *   then:   e[t] = exp(s[t] - m_j); l_j = sum e (8 lanes over t mod 8, folded by the same tree);
+ *   pass 2: acc_j = sum over t in position order of e[t] * v[t] (one element of the head dim per lane).
+ * A row's splits are then folded in split order: m = max m_j, w_j = exp(m_j - m),
+ * out = (sum acc_j w_j) / (sum l_j w_j) + 0.0 (no -0.0).
+ * Nothing depends on the other rows of the call, on how many there are, on which thread runs a unit,
  * or on whether the row came from a prefill chunk or a decode step.
  *
  * NOTE: built with -ffp-contract=off and without -ffast-math: the compiler may vectorize the lane loops

@@ -1,11 +1,12 @@
 """The compiled CPU attention (``cpu_attention.c``): prefill and decode rows, one loop per row.
 
 Design 2 of the batch-invariant CPU attention (docs/batch-invariance-attention.md). Each query row (a
-token: its sequence's block table and its position) is attended by one thread over keys ``0..pos`` in
-position order, with the scores kept in a per-thread buffer (two passes: scores and max, then
-``exp``, the sum and the weighted values). A row's arithmetic depends only on its query, its keys and
-its position: not on the other rows of the call, the batch size, the thread count, or whether it is a
-prefill or a decode row. There is no padding and no per-split GEMM.
+token: its sequence's block table and its position) attends to keys ``0..pos`` in splits fixed by
+position (256 keys); each (row, split) is one thread's unit (a pass over K for the scores, ``exp``
+and their sum, a pass over V for the weighted values), and a row's splits are folded in split order.
+A row's arithmetic depends only on its query, its keys and its position: not on the other rows of
+the call, the batch size, the thread count, or whether it is a prefill or a decode row. There is no
+padding and no GEMM.
 
 The C source is compiled once per machine with the system C compiler into a cache directory
 (``$RADIXD_CACHE_DIR`` or ``$XDG_CACHE_HOME/radixd``, keyed by the source, flags and CPU) and loaded

@@ -9,9 +9,10 @@ order with :func:`_fold_split`, the very arithmetic the prefill kernel folds its
 row equals the prefill row of its position where the GPU's ``tl.dot`` gives a row the same bits in
 both tiles (under TRITON_INTERPRET=1 it does, tests/kernels/test_batch_invariance_triton.py).
 
-Torch twin (the daemon's CPU path, ``decode_plan.py``): per chunk of length-sorted sequences, one
-gather of the needed blocks and one SDPA call in which the G query heads of a kv head play the role of
-G query rows (no K/V repeat). The chunking is planned once per step and reused by every layer.
+CPU twin (the daemon's CPU path): by default the compiled row kernel (``cpu_attention.py``), each
+sequence one row at position ``seq_len - 1``; where it cannot build, the split design
+(``decode_plan.py``: per chunk of length-sorted sequences one gather and one ``split_attention``).
+Either is planned once per step (:func:`decode_step_plan`) and the plan reused by every layer.
 """
 
 from __future__ import annotations

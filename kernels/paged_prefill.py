@@ -7,8 +7,10 @@ plain prefill (empty prefix), chunked prefill and prefix-cache hits.
 Triton: one program per (query tile, sequence, query head); keys up to the tile's last causal
 position are taken in the decode kernel's fixed splits, each reduced by an fp32 online softmax over KV
 tiles gathered through the block table and folded in order exactly as the decode kernel folds them.
-Torch twin: queries padded to [S, Hkv, G*Qmax, D] (the G heads of a kv head stacked as rows), one
-gather, one :func:`~radixd.kernels.split_attention.split_attention` (the decode twin's arithmetic:
+CPU twin: every new token is one row at its own position for the compiled row kernel
+(``cpu_attention.py``), the very rows a decode of that position runs; where the kernel cannot build,
+the split design: queries padded to [S, Hkv, G*Qmax, D] (the G heads of a kv head stacked as rows),
+one gather, one :func:`~radixd.kernels.split_attention.split_attention` (the decode twin's arithmetic:
 a prefill row equals the decode of its position bit for bit, split_attention.py).
 """
 
