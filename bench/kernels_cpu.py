@@ -1,61 +1,187 @@
-"""CPU benchmark of the paged_decode torch twin against plain SDPA on a contiguous cache.
+"""CPU benchmark of the paged decode attention: both designs, an older commit's, SDPA, and the memory floor.
 
-Decode batch of 32 sequences x 1,024 tokens at SmolLM2-135M's attention shape (9 query heads,
-3 kv heads, head_dim 64) with 16-token blocks scattered over the pool. Variants are timed
-interleaved (one call of each per round) so that load from other processes hits all alike;
-medians are reported side by side from one run.
+Decode batch of ``--batch`` sequences at SmolLM2-135M's attention shape (9 query heads, 3 kv heads,
+head_dim 64), 16-token blocks scattered over the pool, for each context of ``--ctx`` (a comma list).
+With ``--layers L`` every variant attends over L distinct pools per round (one per layer, as a decode
+step does), so K/V come from memory rather than the caches; the figure is per step (all L layers).
 
-    .venv/bin/python bench/kernels_cpu.py [--batch 32] [--ctx 1024] [--rounds 40] [--ragged] [--threads N]
+Variants, timed interleaved (one call of each per round, after two warm-up rounds):
+- ``compiled``: the compiled row kernel (kernels/cpu_attention.c, the default design);
+- ``split``: the torch split design (kernels/split_attention.py, the fallback without a compiler);
+- ``baseline``: the torch twin of ``--baseline-commit`` (its kernels package loaded side by side,
+  e.g. 0fcdfc1, before issue 25);
+- ``SDPA``: ``F.scaled_dot_product_attention`` on a contiguous copy of the same K/V (``--sdpa``).
+
+Each round also times one full read of a 256 MiB tensor (``sum``) at the same thread count: the
+machine's read bandwidth. The floor is the K/V bytes the step reads / that bandwidth; ``x floor`` is
+the median over rounds of (variant time / floor of the same round).
+
+    .venv/bin/python bench/kernels_cpu.py --ctx 128,1000,4000,16000 --layers 30 --threads 1 \\
+        --baseline-commit 0fcdfc1
 """
 
 from __future__ import annotations
 
 import argparse
+import importlib
 import math
+import os
 import statistics
+import subprocess
+import sys
+import tempfile
 import time
 from collections.abc import Callable
+from pathlib import Path
+from types import ModuleType
 
 import torch
 import torch.nn.functional as F
 
-from radixd.kernels.paged_decode import paged_decode_torch
+from radixd.kernels import cpu_attention
+from radixd.kernels.paged_decode import paged_decode_torch, plan_for, rows_plan_for
+from radixd.kernels.paged_prefill import paged_prefill_torch
 from radixd.kernels.paging import gather_kv
 
 DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
+HQ, HKV, D, B = 9, 3, 64, 16
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def load_baseline(commit: str) -> ModuleType:
+    """The paged_decode module of ``commit``'s kernels package, imported beside today's (as the package
+    ``radixd_kernels_<commit>``)."""
+    name = f"radixd_kernels_{commit}"
+    tmp = Path(tempfile.mkdtemp(prefix="radixd-baseline-"))
+    tar = subprocess.run(
+        ["git", "-C", str(ROOT), "archive", commit, "kernels"], check=True, capture_output=True
+    )
+    subprocess.run(["tar", "-x", "-C", str(tmp)], input=tar.stdout, check=True)
+    (tmp / "kernels").rename(tmp / name)
+    for f in (tmp / name).glob("*.py"):
+        f.write_text(f.read_text().replace("radixd.kernels", name))
+    sys.path.insert(0, str(tmp))
+    pkg = importlib.import_module(name)
+    importlib.import_module(f"{name}.paged_prefill")
+    del pkg
+    return importlib.import_module(f"{name}.paged_decode")
+
+
+def read_bandwidth_fn(mib: int = 256) -> tuple[Callable[[], object], int]:
+    buf = torch.ones(mib << 18, dtype=torch.float32)
+    return (lambda: buf.sum()), buf.numel() * 4
 
 
 def build(
-    batch: int, ctx: int, hq: int, hkv: int, d: int, b: int, dtype: torch.dtype, ragged: bool, seed: int = 0
-) -> dict[str, torch.Tensor]:
-    """A pool with every sequence's blocks scattered at random, plus the same K/V laid out contiguously."""
-    g = torch.Generator().manual_seed(seed)
+    batch: int, ctx: int, layers: int, dtype: torch.dtype, ragged: bool, sdpa: bool
+) -> dict[str, object]:
+    """``layers`` pools sharing one block table (blocks scattered at random), queries, lengths and,
+    with ``sdpa``, contiguous [S, Hkv, L, D] copies of each layer's K/V."""
+    g = torch.Generator().manual_seed(ctx)
     lens = torch.randint(ctx // 2, ctx + 1, (batch,), generator=g) if ragged else torch.full((batch,), ctx)
-    nb = -(-ctx // b)
+    nb = -(-ctx // B)
     n = batch * nb + 1
-    k = torch.randn(n, b, hkv, d, generator=g).to(dtype)
-    v = torch.randn(n, b, hkv, d, generator=g).to(dtype)
     tables = (torch.randperm(n - 1, generator=g)[: batch * nb] + 1).view(batch, nb).to(torch.int32)
-    q = torch.randn(batch, hq, d, generator=g).to(dtype)
-    # The contiguous baseline holds exactly the same data: [S, Hkv, L, D].
-    k_cont = gather_kv(k, tables, nb).transpose(1, 2).contiguous()
-    v_cont = gather_kv(v, tables, nb).transpose(1, 2).contiguous()
-    return {
-        "q": q,
-        "k": k,
-        "v": v,
-        "tables": tables,
-        "lens": lens.to(torch.int32),
-        "kc": k_cont,
-        "vc": v_cont,
-    }
+    pools = [
+        (torch.randn(n, B, HKV, D, generator=g).to(dtype), torch.randn(n, B, HKV, D, generator=g).to(dtype))
+        for _ in range(layers)
+    ]
+    cont = []
+    if sdpa:
+        for k, v in pools:
+            cont.append(
+                (
+                    gather_kv(k, tables, nb).transpose(1, 2).contiguous(),
+                    gather_kv(v, tables, nb).transpose(1, 2).contiguous(),
+                )
+            )
+    q = torch.randn(batch, HQ, D, generator=g).to(dtype)
+    return {"q": q, "pools": pools, "cont": cont, "tables": tables, "lens": lens.to(torch.int32)}
 
 
-def time_interleaved(fns: dict[str, Callable[[], object]], rounds: int) -> dict[str, list[float]]:
-    """Seconds per call for each variant, one call of each per round (after two warm-up rounds)."""
-    times: dict[str, list[float]] = {name: [] for name in fns}
+def variants(
+    t: dict[str, object], baseline: ModuleType | None, sdpa: bool
+) -> dict[str, Callable[[], object]]:
+    q, tables, lens = t["q"], t["tables"], t["lens"]
+    pools, cont = t["pools"], t["cont"]
+    assert isinstance(q, torch.Tensor) and isinstance(tables, torch.Tensor) and isinstance(lens, torch.Tensor)
+    assert isinstance(pools, list) and isinstance(cont, list)
+    scale = 1.0 / math.sqrt(D)
+    k0 = pools[0][0]
+    # Plans are made once per step in the model; here once per benchmark (the same for every layer).
+    rows_plan = rows_plan_for(tables, lens, k0)
+    split_plan = plan_for(tables, lens, k0)
+
+    def with_design(name: str, plan: object) -> Callable[[], object]:
+        def run() -> object:
+            os.environ[cpu_attention.ENV_DESIGN] = name
+            return [paged_decode_torch(q, k, v, tables, lens, scale, plan) for k, v in pools]  # type: ignore[arg-type]
+
+        return run
+
+    fns = {"compiled": with_design("compiled", rows_plan), "split": with_design("split", split_plan)}
+    if baseline is not None:
+        old_plan = baseline.plan_for(tables, lens, k0)
+        fns["baseline"] = lambda: [
+            baseline.paged_decode_torch(q, k, v, tables, lens, scale, old_plan) for k, v in pools
+        ]
+    if sdpa:
+        s = q.shape[0]
+        length = cont[0][0].shape[2]
+        mask = (torch.arange(length)[None, :] < lens[:, None].long()).view(s, 1, 1, length)
+        m = None if bool(mask.all()) else mask
+        q4 = q.view(s, HQ, 1, D)
+        fns["SDPA (contiguous)"] = lambda: [
+            F.scaled_dot_product_attention(q4, kc, vc, attn_mask=m, scale=scale, enable_gqa=True)
+            for kc, vc in cont
+        ]
+    # Same data, same answer (to rounding) before anything is timed.
+    want = fns["split"]()
+    for name, fn in fns.items():
+        for got, ref in zip(fn(), want, strict=True):  # type: ignore[call-overload]
+            atol = 1e-4 if q.dtype == torch.float32 else 3e-2
+            torch.testing.assert_close(
+                got.reshape(ref.shape).float(), ref.float(), atol=atol, rtol=atol, msg=name
+            )
+    return fns
+
+
+def prefill_variants(t: dict[str, object], baseline: ModuleType | None) -> dict[str, Callable[[], object]]:
+    """Every sequence's whole context as one prefill chunk (``--prefill``): each variant's prefill twin."""
+    tables, lens, pools = t["tables"], t["lens"], t["pools"]
+    assert isinstance(tables, torch.Tensor) and isinstance(lens, torch.Tensor) and isinstance(pools, list)
+    total = int(lens.sum())
+    q = torch.randn(total, HQ, D, generator=torch.Generator().manual_seed(1)).to(pools[0][0].dtype)
+    cu = torch.cat((torch.zeros(1, dtype=torch.int64), lens.long().cumsum(0))).to(torch.int32)
+    scale = 1.0 / math.sqrt(D)
+
+    def with_design(name: str) -> Callable[[], object]:
+        def run() -> object:
+            os.environ[cpu_attention.ENV_DESIGN] = name
+            return [paged_prefill_torch(q, k, v, tables, cu, lens, scale) for k, v in pools]
+
+        return run
+
+    fns = {"compiled": with_design("compiled"), "split": with_design("split")}
+    if baseline is not None:
+        old = sys.modules[baseline.__name__.rsplit(".", 1)[0] + ".paged_prefill"]
+        fns["baseline"] = lambda: [
+            old.paged_prefill_torch(q, k, v, tables, cu, lens, scale) for k, v in pools
+        ]
+    want = fns["split"]()
+    for name, fn in fns.items():
+        for got, ref in zip(fn(), want, strict=True):  # type: ignore[call-overload]
+            torch.testing.assert_close(got.float(), ref.float(), atol=1e-4, rtol=1e-4, msg=name)
+    return fns
+
+
+def measure(fns: dict[str, Callable[[], object]], rounds: int) -> dict[str, list[float]]:
+    """Seconds per call of each variant and of the bandwidth read, one of each per round."""
+    bw_fn, _ = read_bandwidth_fn()
+    all_fns = {"(bandwidth read)": bw_fn, **fns}
+    times: dict[str, list[float]] = {name: [] for name in all_fns}
     for r in range(rounds + 2):
-        for name, fn in fns.items():
+        for name, fn in all_fns.items():
             t0 = time.perf_counter()
             fn()
             dt = time.perf_counter() - t0
@@ -66,57 +192,64 @@ def time_interleaved(fns: dict[str, Callable[[], object]], rounds: int) -> dict[
 
 def main(argv: list[str] | None = None) -> str:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--batch", type=int, default=32)
-    ap.add_argument("--ctx", type=int, default=1024)
-    ap.add_argument("--rounds", type=int, default=40)
+    ap.add_argument("--batch", type=int, default=1)
+    ap.add_argument("--ctx", default="128,1000,4000,16000", help="context lengths, comma-separated")
+    ap.add_argument("--layers", type=int, default=30, help="distinct pools per round (SmolLM2: 30 layers)")
+    ap.add_argument("--rounds", type=int, default=9)
     ap.add_argument("--dtype", choices=sorted(DTYPES), default="fp32")
     ap.add_argument(
         "--ragged", action="store_true", help="lengths uniform in [ctx/2, ctx] instead of all ctx"
     )
     ap.add_argument("--threads", type=int, default=0, help="torch intra-op threads (0 = torch's default)")
+    ap.add_argument(
+        "--baseline-commit", default=None, help="also time this commit's torch twin (e.g. 0fcdfc1)"
+    )
+    ap.add_argument("--sdpa", action="store_true", help="also time SDPA on contiguous copies")
+    ap.add_argument(
+        "--prefill", action="store_true", help="time the prefill twins instead: each context as one chunk"
+    )
     args = ap.parse_args(argv)
     if args.threads:
         torch.set_num_threads(args.threads)
-    hq, hkv, d, b = 9, 3, 64, 16
     dtype = DTYPES[args.dtype]
-    t = build(args.batch, args.ctx, hq, hkv, d, b, dtype, args.ragged)
-    scale = 1.0 / math.sqrt(d)
-    s, length = args.batch, t["kc"].shape[2]
-    mask = (torch.arange(length)[None, :] < t["lens"][:, None].long()).view(s, 1, 1, length)
-    full = bool(mask.all())
-
-    def twin() -> torch.Tensor:
-        return paged_decode_torch(t["q"], t["k"], t["v"], t["tables"], t["lens"], scale)
-
-    def sdpa() -> torch.Tensor:
-        q4 = t["q"].view(s, hq, 1, d)
-        m = None if full else mask
-        return F.scaled_dot_product_attention(q4, t["kc"], t["vc"], attn_mask=m, scale=scale, enable_gqa=True)
-
-    want = sdpa().view(s, hq, d).float()
-    got = twin().float()
-    atol = 1e-4 if dtype == torch.float32 else 3e-2
-    torch.testing.assert_close(got, want, atol=atol, rtol=atol)  # same data, same answer
-
-    times = time_interleaved({"torch twin (paged)": twin, "SDPA (contiguous)": sdpa}, args.rounds)
-    base = statistics.median(times["SDPA (contiguous)"])
-    kv_bytes = 2 * int(t["lens"].sum()) * hkv * d * t["k"].element_size()
+    baseline = load_baseline(args.baseline_commit) if args.baseline_commit else None
+    _, bw_bytes = read_bandwidth_fn()
     lines = [
-        f"decode: batch {s} x ctx {args.ctx}{' (ragged, ctx/2..ctx)' if args.ragged else ''}, "
-        f"Hq={hq} Hkv={hkv} D={d} block={b}, {args.dtype}, {torch.get_num_threads()} threads, "
-        f"{args.rounds} interleaved rounds, K+V read {kv_bytes / 2**20:.1f} MiB",
+        f"{'prefill' if args.prefill else 'decode'} batch {args.batch}"
+        f"{' (ragged, ctx/2..ctx)' if args.ragged else ''}, "
+        f"{args.layers} layers' pools per round, Hq={HQ} Hkv={HKV} D={D} block={B}, {args.dtype}, "
+        f"{torch.get_num_threads()} threads, "
+        f"{args.rounds} interleaved rounds; ms per step (all layers)",
         "",
-        "| variant | median ms | p10 ms | p90 ms | vs SDPA | GB/s (K+V) |",
-        "| --- | ---: | ---: | ---: | ---: | ---: |",
+        "| ctx | K+V MiB/step | read GB/s | floor ms | variant | median ms | x floor | vs split "
+        "| vs baseline |",
+        "| ---: | ---: | ---: | ---: | --- | ---: | ---: | ---: | ---: |",
     ]
-    for name, ts in times.items():
-        qs = statistics.quantiles(ts, n=10)
-        med = statistics.median(ts)
-        lines.append(
-            f"| {name} | {med * 1e3:.2f} | {qs[0] * 1e3:.2f} | {qs[-1] * 1e3:.2f} | "
-            f"{med / base:.2f}x | {kv_bytes / med / 1e9:.1f} |"
-        )
+    for ctx in [int(c) for c in args.ctx.split(",")]:
+        t = build(args.batch, ctx, args.layers, dtype, args.ragged, args.sdpa and not args.prefill)
+        fns = prefill_variants(t, baseline) if args.prefill else variants(t, baseline, args.sdpa)
+        times = measure(fns, args.rounds)
+        lens = t["lens"]
+        assert isinstance(lens, torch.Tensor)
+        kv_bytes = args.layers * 2 * int(lens.sum()) * HKV * D * dtype.itemsize
+        bws = [bw_bytes / x for x in times["(bandwidth read)"]]
+        floors = [kv_bytes / bw for bw in bws]
+        for name in fns:
+            ts = times[name]
+            x_floor = statistics.median(a / f for a, f in zip(ts, floors, strict=True))
+            vs = {
+                other: statistics.median(b_ / a for a, b_ in zip(ts, times[other], strict=True))
+                for other in ("split", "baseline")
+                if other in times
+            }
+            lines.append(
+                f"| {ctx} | {kv_bytes / 2**20:.1f} | {statistics.median(bws) / 1e9:.1f} | "
+                f"{statistics.median(floors) * 1e3:.2f} | {name} | {statistics.median(ts) * 1e3:.2f} | "
+                f"{x_floor:.2f} | {vs.get('split', math.nan):.2f}x | {vs.get('baseline', math.nan):.2f}x |"
+            )
+        print("\n".join(lines[-len(fns) :]), flush=True)
     report = "\n".join(lines)
+    print()
     print(report)
     return report
 

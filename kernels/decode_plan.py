@@ -112,6 +112,15 @@ def plan_decode(
     return DecodePlan(s, block_size, order, tuple(chunks), biggest)
 
 
+def check_plan(plan: DecodePlan, num_seqs: int, block_size: int) -> None:
+    """Refuse a plan made for another batch shape (ValueError)."""
+    if plan.num_seqs != num_seqs or plan.block_size != block_size:
+        raise ValueError(
+            f"paged_decode: the plan was made for {plan.num_seqs} sequences of {plan.block_size}-token "
+            f"blocks, called with {num_seqs} and {block_size}"
+        )
+
+
 def decode_with_plan(
     q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, plan: DecodePlan, scale: float
 ) -> torch.Tensor:
@@ -124,11 +133,7 @@ def decode_with_plan(
     _, b, hkv, _ = k_cache.shape
     group = hq // hkv
     rows = padded_rows(group, d)
-    if plan.num_seqs != s or plan.block_size != b:
-        raise ValueError(
-            f"paged_decode: the plan was made for {plan.num_seqs} sequences of {plan.block_size}-token "
-            f"blocks, called with {s} and {b}"
-        )
+    check_plan(plan, s, b)
     qg = q.view(s, hkv, group, d).to(torch.float32)
     if plan.order is not None:
         qg = qg.index_select(0, plan.order)

@@ -9,17 +9,19 @@ order with :func:`_fold_split`, the very arithmetic the prefill kernel folds its
 row equals the prefill row of its position where the GPU's ``tl.dot`` gives a row the same bits in
 both tiles (under TRITON_INTERPRET=1 it does, tests/kernels/test_batch_invariance_triton.py).
 
-Torch twin (the daemon's CPU path, ``decode_plan.py``): per chunk of length-sorted sequences, one
-gather of the needed blocks and one SDPA call in which the G query heads of a kv head play the role of
-G query rows (no K/V repeat). The chunking is planned once per step and reused by every layer.
+CPU twin (the daemon's CPU path): by default the compiled row kernel (``cpu_attention.py``), each
+sequence one row at position ``seq_len - 1``; where it cannot build, the split design
+(``decode_plan.py``: per chunk of length-sorted sequences one gather and one ``split_attention``).
+Either is planned once per step (:func:`decode_step_plan`) and the plan reused by every layer.
 """
 
 from __future__ import annotations
 
 import torch
 
+from radixd.kernels import cpu_attention
 from radixd.kernels.checks import check_block_tables, check_cache, check_int_vector, check_query
-from radixd.kernels.decode_plan import DecodePlan, decode_with_plan, plan_decode
+from radixd.kernels.decode_plan import DecodePlan, check_plan, decode_with_plan, plan_decode
 from radixd.kernels.dispatch import LazyKernel, check_same_device, interpreting, resolve_backend
 
 try:  # triton is a hard dependency, but keep the torch path importable without it
@@ -38,7 +40,7 @@ def paged_decode(
     scale: float,
     split_tokens: int | None = None,
     backend: str | None = None,
-    plan: DecodePlan | None = None,
+    plan: DecodePlan | cpu_attention.RowsPlan | None = None,
 ) -> torch.Tensor:
     """Decode attention over a paged KV pool.
 
@@ -81,13 +83,24 @@ def plan_for(
     return plan_decode(block_tables, seq_lens, b, hkv, 2 * b * hkv * d * k_cache.element_size(), chunk_bytes)
 
 
+def rows_plan_for(
+    block_tables: torch.Tensor, seq_lens: torch.Tensor, k_cache: torch.Tensor
+) -> cpu_attention.RowsPlan:
+    """The compiled kernel's rows for a decode step: sequence i is one row at position seq_len - 1."""
+    pos = seq_lens.long().cpu() - 1
+    rows = torch.arange(pos.shape[0])
+    return cpu_attention.plan_rows(block_tables.cpu(), rows, pos, k_cache.shape[1], k_cache.shape[0])
+
+
 def decode_step_plan(
     block_tables: torch.Tensor, seq_lens: torch.Tensor, k_cache: torch.Tensor, backend: str | None = None
-) -> DecodePlan | None:
+) -> DecodePlan | cpu_attention.RowsPlan | None:
     """Plan a decode step once for all of its layers (pass the result as ``paged_decode(plan=)``);
     None where the resolved backend needs no plan (the Triton kernel splits work on the device)."""
     if resolve_backend(backend, k_cache.device) != "torch":
         return None
+    if cpu_attention.use_compiled(k_cache, 1):
+        return rows_plan_for(block_tables, seq_lens, k_cache)
     return plan_for(block_tables, seq_lens, k_cache)
 
 
@@ -98,11 +111,19 @@ def paged_decode_torch(
     block_tables: torch.Tensor,
     seq_lens: torch.Tensor,
     scale: float,
-    plan: DecodePlan | None = None,
+    plan: DecodePlan | cpu_attention.RowsPlan | None = None,
 ) -> torch.Tensor:
-    """Vectorized torch twin of :func:`paged_decode` (no loop over sequences or tokens): the batch
-    runs along ``plan`` (made here when not given), one gather + SDPA per chunk of sequences."""
-    if plan is None:
+    """CPU twin of :func:`paged_decode`: the compiled row kernel (cpu_attention.py) where it runs, each
+    sequence one row at position ``seq_len - 1``; else the split design along ``plan`` (made here when
+    not given), one gather + split_attention per chunk of sequences."""
+    s, hq, _ = q.shape
+    if cpu_attention.use_compiled(k_cache, hq // k_cache.shape[2]):
+        if isinstance(plan, DecodePlan):  # made for the split design; still refused for another batch
+            check_plan(plan, s, k_cache.shape[1])
+        if not isinstance(plan, cpu_attention.RowsPlan):
+            plan = rows_plan_for(block_tables, seq_lens, k_cache)
+        return cpu_attention.attend_rows(q, k_cache, v_cache, plan, scale).to(q.dtype)
+    if not isinstance(plan, DecodePlan):
         plan = plan_for(block_tables, seq_lens, k_cache)
     return decode_with_plan(q, k_cache, v_cache, plan, scale)
 

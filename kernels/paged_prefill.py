@@ -7,8 +7,10 @@ plain prefill (empty prefix), chunked prefill and prefix-cache hits.
 Triton: one program per (query tile, sequence, query head); keys up to the tile's last causal
 position are taken in the decode kernel's fixed splits, each reduced by an fp32 online softmax over KV
 tiles gathered through the block table and folded in order exactly as the decode kernel folds them.
-Torch twin: queries padded to [S, Hkv, G*Qmax, D] (the G heads of a kv head stacked as rows), one
-gather, one :func:`~radixd.kernels.split_attention.split_attention` (the decode twin's arithmetic:
+CPU twin: every new token is one row at its own position for the compiled row kernel
+(``cpu_attention.py``), the very rows a decode of that position runs; where the kernel cannot build,
+the split design: queries padded to [S, Hkv, G*Qmax, D] (the G heads of a kv head stacked as rows),
+one gather, one :func:`~radixd.kernels.split_attention.split_attention` (the decode twin's arithmetic:
 a prefill row equals the decode of its position bit for bit, split_attention.py).
 """
 
@@ -16,6 +18,7 @@ from __future__ import annotations
 
 import torch
 
+from radixd.kernels import cpu_attention
 from radixd.kernels.checks import check_block_tables, check_cache, check_int_vector, check_query
 from radixd.kernels.dispatch import LazyKernel, check_same_device, interpreting, resolve_backend
 from radixd.kernels.paged_decode import DECODE_CONFIG, ROW_TILE, SPLIT_TOKENS
@@ -90,6 +93,17 @@ def paged_prefill_torch(
         raise ValueError(
             "paged_prefill: every sequence needs 0 <= q_len <= seq_len (new tokens are in the KV)"
         )
+    if cpu_attention.use_compiled(k_cache, hq // hkv):
+        # One row per new token, at its own position: the very rows a decode of that position runs.
+        seq = torch.repeat_interleave(torch.arange(q_lens.shape[0]), q_lens)
+        tok = torch.arange(int(cu[0]), int(cu[-1]))
+        row_table = torch.zeros(t, dtype=torch.int64)
+        row_pos = torch.full((t,), -1, dtype=torch.int64)
+        row_table[tok] = seq
+        row_pos[tok] = (lens - q_lens)[seq] + tok - cu[seq]
+        plan = cpu_attention.plan_rows(block_tables.cpu(), row_table, row_pos, b, k_cache.shape[0])
+        o = cpu_attention.attend_rows(q, k_cache, v_cache, plan, scale)
+        return o.to(q.dtype)
     # Sequences without new tokens contribute nothing: give them length 0 so the chunking drops them.
     order, counts = length_chunks(
         torch.where(q_lens > 0, lens, 0), b, 2 * b * hkv * d * k_cache.element_size()

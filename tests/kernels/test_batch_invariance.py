@@ -1,4 +1,5 @@
-"""Batch invariance of the CPU attention (the torch twins the daemon runs): bit for bit, not close.
+"""Batch invariance of the CPU attention (the torch twins the daemon runs, in both designs of
+cpu_attention.py): bit for bit, not close.
 
 - a prefill row equals the decode of the same position, whatever the chunking of the prompt and the
   other sequences of either call;
@@ -18,12 +19,20 @@ import pytest
 import torch
 from kernels_ref import make_pool
 
-from radixd.kernels import paged_decode, paged_prefill
+from radixd.kernels import cpu_attention, paged_decode, paged_prefill
 from radixd.kernels.paged_decode import plan_for
 from radixd.kernels.split_attention import SPLIT_TOKENS, padded_rows
 
 HQ, HKV, D = 9, 3, 64
 DTYPES = [torch.float32, torch.bfloat16]
+
+
+@pytest.fixture(params=["compiled", "split"])
+def design(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> str:
+    """Both CPU attention designs: the compiled row kernel (the default) and the split design (the
+    fallback where no C compiler is found); the contract holds for each."""
+    monkeypatch.setenv(cpu_attention.ENV_DESIGN, str(request.param))
+    return str(request.param)
 
 
 def _decode(
@@ -66,7 +75,7 @@ def _chunking(rng: random.Random, total: int) -> list[int]:
 
 @pytest.mark.parametrize("dtype", DTYPES, ids=["fp32", "bf16"])
 @pytest.mark.parametrize("seed", [0, 1, 2])
-def test_prefill_rows_equal_decode_rows(dtype: torch.dtype, seed: int) -> None:
+def test_prefill_rows_equal_decode_rows(dtype: torch.dtype, seed: int, design: str) -> None:
     """Every position of a chunked prefill (beside other prompts) equals its decode (in a random batch)."""
     rng = random.Random(seed)
     b = rng.choice([16, 8, 7])
@@ -109,7 +118,7 @@ def test_prefill_rows_equal_decode_rows(dtype: torch.dtype, seed: int) -> None:
 
 
 @pytest.mark.parametrize("dtype", DTYPES, ids=["fp32", "bf16"])
-def test_decode_row_independent_of_batch(dtype: torch.dtype) -> None:
+def test_decode_row_independent_of_batch(dtype: torch.dtype, design: str) -> None:
     """One sequence's decode row is the same alone and in batches of 1..64 of mixed lengths, at any slot
     and under any chunking of the plan."""
     rng = random.Random(7)
@@ -129,7 +138,7 @@ def test_decode_row_independent_of_batch(dtype: torch.dtype) -> None:
             assert torch.equal(out[slot], alone[0]), f"batch {size}, chunk_bytes {chunk_bytes}"
 
 
-def test_decode_rows_of_a_batch_equal_their_single_decodes() -> None:
+def test_decode_rows_of_a_batch_equal_their_single_decodes(design: str) -> None:
     """Every row of a 64-sequence batch with mixed lengths equals that sequence decoded alone."""
     rng = random.Random(11)
     lens = [rng.randint(1, 5 * SPLIT_TOKENS) for _ in range(64)]

@@ -1,0 +1,253 @@
+"""The compiled CPU attention (``cpu_attention.c``): prefill and decode rows, one loop per row.
+
+Design 2 of the batch-invariant CPU attention (docs/batch-invariance-attention.md). Each query row (a
+token: its sequence's block table and its position) attends to keys ``0..pos`` in splits fixed by
+position (256 keys); each (row, split) is one thread's unit (a pass over K for the scores, ``exp``
+and their sum, a pass over V for the weighted values), and a row's splits are folded in split order.
+A row's arithmetic depends only on its query, its keys and its position: not on the other rows of
+the call, the batch size, the thread count, or whether it is a prefill or a decode row. There is no
+padding and no GEMM.
+
+The C source is compiled once per machine with the system C compiler into a cache directory
+(``$RADIXD_CACHE_DIR`` or ``$XDG_CACHE_HOME/radixd``, keyed by the source, flags and CPU) and loaded
+with ctypes; ctypes releases the GIL during the call. OpenMP is linked against the runtime torch
+itself loaded, so the kernel shares torch's thread pool instead of starting a second one.
+
+Which design runs is :func:`design`: ``RADIXD_CPU_ATTENTION`` = ``compiled`` | ``split`` | ``auto``
+(default: compiled where it builds, else the torch split design of ``split_attention.py``). Both the
+prefill and the decode twin ask the same function, so a process never mixes the two designs.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import functools
+import hashlib
+import os
+import shutil
+import subprocess
+import tempfile
+import warnings
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+
+ENV_DESIGN = "RADIXD_CPU_ATTENTION"
+DESIGNS = ("auto", "compiled", "split")
+_SOURCE = Path(__file__).with_name("cpu_attention.c")
+# NOTE: -ffp-contract=off and no -ffast-math are part of the invariance argument (cpu_attention.c).
+_CFLAGS = ("-O3", "-march=native", "-ffp-contract=off", "-fno-fast-math", "-fopenmp", "-fPIC", "-std=c11")
+_DTYPES = {torch.float32: 0, torch.bfloat16: 1, torch.float16: 2}
+_LANES = 8
+# Below this many (key, kv head) visits per call a second thread costs more than it saves.
+_PARALLEL_MIN_WORK = 16384
+
+
+def design() -> str:
+    """The CPU attention design in force: "compiled" or "split" (see the module docstring)."""
+    name = os.environ.get(ENV_DESIGN, "auto").strip().lower() or "auto"
+    if name not in DESIGNS:
+        raise ValueError(f"unknown {ENV_DESIGN}={name!r}: use one of {DESIGNS}")
+    if name == "split":
+        return "split"
+    lib = _library()
+    if lib is None:
+        if name == "compiled":
+            raise RuntimeError(
+                f"{ENV_DESIGN}=compiled but the CPU attention kernel did not build (see warning)"
+            )
+        return "split"
+    return "compiled"
+
+
+def supports(k_cache: torch.Tensor, group: int) -> bool:
+    """Whether the compiled kernel takes these pools (a contiguous CPU pool of a handled dtype and head
+    size); a pool it does not take goes to the split design in prefill and decode alike."""
+    d = k_cache.shape[3]
+    return (
+        k_cache.device.type == "cpu"
+        and k_cache.dtype in _DTYPES
+        and d % _LANES == 0
+        and group >= 1
+        and k_cache.is_contiguous()
+    )
+
+
+def use_compiled(k_cache: torch.Tensor, group: int) -> bool:
+    """Whether prefill and decode over ``k_cache`` run the compiled kernel (else the split design)."""
+    return supports(k_cache, group) and design() == "compiled"
+
+
+@dataclass(frozen=True)
+class RowsPlan:
+    """Validated rows of one call (or of every layer of a step: the tables are the same for all)."""
+
+    tables: torch.Tensor  # int32 [num_tables, width], contiguous
+    row_table: torch.Tensor  # int64 [R]: the table row each query row reads
+    row_pos: torch.Tensor  # int64 [R]: the row's last key position (-1: no keys, a zero row)
+    block_size: int
+    num_blocks: int
+    work: int  # keys visited per kv head, summed over the rows: sizes the thread count
+
+
+def plan_rows(
+    tables: torch.Tensor, row_table: torch.Tensor, row_pos: torch.Tensor, block_size: int, num_blocks: int
+) -> RowsPlan:
+    """Check that every index the kernel will follow stays inside the tables and the pool (ValueError).
+
+    NOTE: the C code reads through these indices unchecked: an entry out of range would read foreign
+    memory, so this is the one gate in front of it.
+    """
+    tabs = tables.to(torch.int32).contiguous()
+    rt = row_table.to(torch.int64).contiguous()
+    rp = row_pos.to(torch.int64).clamp(min=-1).contiguous()
+    r = rt.shape[0]
+    if rp.shape[0] != r:
+        raise ValueError(f"attention: {r} table rows for {rp.shape[0]} positions")
+    max_pos = int(rp.max()) if r else -1
+    if max_pos >= tabs.shape[1] * block_size:
+        raise ValueError(
+            f"attention: block_tables has {tabs.shape[1]} columns of {block_size}-token blocks but a row "
+            f"reads position {max_pos}: the table must cover every position below seq_len"
+        )
+    if r and (int(rt.min()) < 0 or int(rt.max()) >= tabs.shape[0]):
+        raise ValueError(f"attention: row_table entries must lie in [0, {tabs.shape[0]})")
+    if tabs.numel() and (int(tabs.min()) < 0 or int(tabs.max()) >= num_blocks):
+        raise ValueError(f"attention: block ids must lie in [0, {num_blocks})")
+    return RowsPlan(tabs, rt, rp, block_size, num_blocks, int(rp.sum()) + r)
+
+
+def attend_rows(
+    q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, plan: RowsPlan, scale: float
+) -> torch.Tensor:
+    """Attention of the query rows q [R, Hq, D] along ``plan`` (:func:`plan_rows`) over pools
+    [N, B, Hkv, D] that :func:`supports`. -> float32 [R, Hq, D]."""
+    lib = _library()
+    if lib is None:
+        raise RuntimeError("the compiled CPU attention is not available")
+    r, hq, d = q.shape
+    n_blocks, b, hkv, _ = k_cache.shape
+    if (b, n_blocks) != (plan.block_size, plan.num_blocks) or plan.row_pos.shape[0] != r:
+        raise ValueError(
+            f"attention: the rows were planned for {plan.row_pos.shape[0]} rows over {plan.num_blocks} "
+            f"blocks of {plan.block_size} tokens, called with {r} rows over {n_blocks} blocks of {b}"
+        )
+    if v_cache.shape != k_cache.shape or not v_cache.is_contiguous() or v_cache.dtype != k_cache.dtype:
+        raise ValueError("attention: v_cache must be a contiguous pool shaped and typed like k_cache")
+    qf = q.to(torch.float32).contiguous()
+    out = torch.empty(r, hq, d, dtype=torch.float32)
+    if r == 0:
+        return out
+    threads = torch.get_num_threads() if plan.work * hkv >= _PARALLEL_MIN_WORK else 1
+    rc = lib.radixd_attend_rows(
+        qf.data_ptr(),
+        k_cache.data_ptr(),
+        v_cache.data_ptr(),
+        _DTYPES[k_cache.dtype],
+        b,
+        hkv,
+        hq // hkv,
+        d,
+        plan.tables.data_ptr(),
+        plan.tables.shape[1],
+        plan.row_table.data_ptr(),
+        plan.row_pos.data_ptr(),
+        r,
+        ctypes.c_float(scale),
+        out.data_ptr(),
+        threads,
+    )
+    if rc != 0:
+        raise MemoryError("attention: the CPU kernel could not allocate its buffers")
+    return out
+
+
+def _cache_dir() -> Path:
+    base = os.environ.get("RADIXD_CACHE_DIR") or os.path.join(
+        os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache"), "radixd"
+    )
+    return Path(base)
+
+
+def _omp_runtime() -> str | None:
+    """The OpenMP runtime torch ships (None: link the compiler's own)."""
+    lib = Path(torch.__file__).parent / "lib"
+    for name in ("libgomp.so.1", "libiomp5.so"):
+        if (lib / name).exists():
+            return str(lib / name)
+    return None
+
+
+def _cpu_key() -> str:
+    try:
+        with open("/proc/cpuinfo") as f:
+            flags = next((line for line in f if line.startswith(("flags", "Features"))), "")
+    except OSError:
+        flags = ""
+    return flags
+
+
+@functools.cache
+def _library() -> ctypes.CDLL | None:
+    """Build (once per machine and source) and load the kernel; None, with a warning, if it cannot."""
+    cc = os.environ.get("CC") or shutil.which("cc") or shutil.which("gcc")
+    if cc is None:
+        warnings.warn(
+            "no C compiler: the CPU attention runs the slower split design", RuntimeWarning, stacklevel=3
+        )
+        return None
+    omp = _omp_runtime()
+    src = _SOURCE.read_bytes()
+    key = hashlib.sha256(
+        b"\0".join([src, " ".join(_CFLAGS).encode(), cc.encode(), str(omp).encode(), _cpu_key().encode()])
+    ).hexdigest()[:16]
+    target = _cache_dir() / f"cpu_attention-{key}.so"
+    if not target.exists():
+        try:
+            target.parent.mkdir(parents=True, exist_ok=True)
+            with tempfile.TemporaryDirectory(dir=target.parent) as tmp:
+                obj = Path(tmp) / "a.o"
+                so = Path(tmp) / "a.so"
+                subprocess.run(
+                    [cc, *_CFLAGS, "-c", str(_SOURCE), "-o", str(obj)], check=True, capture_output=True
+                )
+                # NOTE: linked against torch's own OpenMP runtime (same soname): one thread pool.
+                link = [cc, "-shared", str(obj), "-o", str(so)] + ([omp] if omp else ["-fopenmp"])
+                subprocess.run(link, check=True, capture_output=True)
+                os.replace(so, target)  # atomic: concurrent builders leave one complete file
+        except (OSError, subprocess.CalledProcessError) as e:
+            detail = (
+                e.stderr.decode(errors="replace")[-2000:]
+                if isinstance(e, subprocess.CalledProcessError)
+                else e
+            )
+            warnings.warn(
+                f"building the CPU attention kernel failed, the slower split design runs instead: {detail}",
+                RuntimeWarning,
+                stacklevel=3,
+            )
+            return None
+    lib = ctypes.CDLL(str(target))
+    fn = lib.radixd_attend_rows
+    i64, ptr = ctypes.c_int64, ctypes.c_void_p
+    fn.argtypes = [
+        ptr,
+        ptr,
+        ptr,
+        ctypes.c_int,
+        i64,
+        i64,
+        i64,
+        i64,
+        ptr,
+        i64,
+        ptr,
+        ptr,
+        i64,
+        ctypes.c_float,
+        ptr,
+        ctypes.c_int,
+    ]
+    fn.restype = ctypes.c_int
+    return lib
