@@ -60,17 +60,21 @@ def precision_of_dtype(dtype: torch.dtype) -> Precision:
 
 
 @functools.cache
-def cpu_has_native_bf16() -> bool:
-    """Whether this CPU executes bf16 dot products natively (AVX512-BF16 or AMX-BF16; Linux flags)."""
+def cpu_flags() -> frozenset[str]:
+    """This CPU's feature flags (Linux's /proc/cpuinfo; empty where unreadable)."""
     try:
         with open("/proc/cpuinfo") as f:
             for line in f:
                 if line.startswith("flags"):
-                    flags = set(line.split(":", 1)[1].split())
-                    return bool(flags & {"avx512_bf16", "amx_bf16"})
+                    return frozenset(line.split(":", 1)[1].split())
     except OSError:
-        return False
-    return False
+        pass
+    return frozenset()
+
+
+def cpu_has_native_bf16() -> bool:
+    """Whether this CPU executes bf16 dot products natively (AVX512-BF16 or AMX-BF16; Linux flags)."""
+    return bool(cpu_flags() & {"avx512_bf16", "amx_bf16"})
 
 
 def resolve_precision(name: str, device: str, on_int4_grid: Callable[[], bool] = lambda: False) -> Precision:
