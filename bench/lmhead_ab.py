@@ -5,8 +5,8 @@ through the compiled kernel of daemon/model/q8.py, the new default), in one mode
 Each round, in rotating order:
 - the lm_head alone at each of `--rows` (median of `--calls` calls, with the caches flushed by a 64 MB
   stream between calls, as the layers' weights flush them in a decode step), beside the per-row int8
-  kernel torch ships (`torch._weight_int8pack_mm`, one scale per row) and the floor of the q8 head: a
-  plain read of its bytes (codes as fp32 words plus scales, `sum`);
+  kernel torch ships (`torch._weight_int8pack_mm`, one scale per row) and a 64 MB fp32 `sum`, whose
+  bandwidth gives the q8 head's floor (its bytes over that bandwidth);
 - a whole decode step at each of `--batches` (tok/s of `--decode-tokens` greedy steps after an
   untimed prefill, bench/offline.py's `RadixdSide`), the model's lm_head swapped per design.
 Reports medians over the rounds and the median of the per-round ratios.
@@ -34,6 +34,7 @@ from radixd.daemon.model.llama import LlamaModel
 from radixd.daemon.model.q8 import Q8Linear
 
 FLUSH = torch.ones(16 * 1024 * 1024)  # 64 MB, twice the L3 of the machines measured
+STREAM = "stream 64 MB (sum)"
 
 
 def old_head(model: LlamaModel) -> Linear:
@@ -62,8 +63,7 @@ def head_cases(model: LlamaModel, rows: list[int]) -> dict[str, Callable[[], obj
     s_row = w.abs().amax(1).clamp_min(1e-12) / 127
     q_row = torch.round(w / s_row[:, None]).clamp_(-127, 127).to(torch.int8)
     s_row_b = s_row.to(model.dtype)
-    words, scales = new.q.view(torch.float32), new.scale
-    cases: dict[str, Callable[[], object]] = {"read q8 bytes": lambda: (words.sum(), scales.sum())}
+    cases: dict[str, Callable[[], object]] = {STREAM: FLUSH.sum}
     for m in rows:
         x = torch.randn(m, w.shape[1]).to(model.dtype)
         cases[f"{m} rows old"] = lambda x=x: old(x)
@@ -119,11 +119,16 @@ def main() -> int:
                         )[0]
                         tps[f"decode b{b} {d}"].append(b * args.decode_tokens / secs)
                 model._lm_head = heads["q8"]
-                print(f"{mode} round {r + 1} done", flush=True)
+                last = {k: v[-1] for k, v in (head_ms | tps).items()}
+                line = "; ".join(f"{k} {v:.2f}" for k, v in last.items())
+                print(f"{mode} round {r + 1}: {line}", flush=True)
         q8 = model._lm_head
         assert isinstance(q8, Q8Linear)
         mb = (q8.q.numel() + q8.scale.numel() * 4) / 1e6
-        print(f"\n{mode}: the q8 head streams {mb:.1f} MB a call; bf16 {q8.weight.numel() * 2 / 1e6:.1f} MB")
+        bw = FLUSH.numel() * 4 / 1e6 / statistics.median(head_ms[STREAM])  # GB/s
+        bf16_mb = q8.weight.numel() * 2 / 1e6
+        print(f"\n{mode}: the q8 head streams {mb:.1f} MB a call (bf16: {bf16_mb:.1f} MB);")
+        print(f"streamed {bw:.1f} GB/s: its floor {mb / bw:.1f} ms")
         report(f"{mode} lm_head alone", head_ms, "ms", {f"{m} rows q8": f"{m} rows old" for m in rows})
         report(f"{mode} decode step", tps, "tok/s", {f"decode b{b} q8": f"decode b{b} old" for b in batches})
     return 0
