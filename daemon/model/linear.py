@@ -7,7 +7,8 @@
 - bf16 (and other 16-bit floats): [out, in] through `F.linear`, which reaches oneDNN's bf16 kernels
   (AVX512-BF16); `x @ W` with [in, out] bf16 weights measured up to 1.5x slower.
 - int8: int8 weights [out, in] with an fp32 scale per 32 inputs of a row (symmetric, round to nearest),
-  run as the bf16 GEMM over the dequantized weights for every row count.
+  run as the bf16 GEMM over the dequantized weights for every row count. (The quantized modes' lm_head
+  runs the same format through a compiled kernel instead: `q8.py`.)
 
 NOTE: every projection is row-invariant (`invariant.py`): a row's result is bitwise the same whatever
 the call's other rows and their number, so a token computes the same in a decode step of any batch and

@@ -16,8 +16,9 @@ import torch.nn.functional as F
 from radixd import kernels
 from radixd.daemon.model.config import ModelConfig
 from radixd.daemon.model.int4 import Int4Linear
-from radixd.daemon.model.linear import InOutLinear, Int8Linear, Linear, OutInLinear, PackedLinear
+from radixd.daemon.model.linear import GROUP, InOutLinear, Int8Linear, Linear, OutInLinear, PackedLinear
 from radixd.daemon.model.precision import Precision, precision_of_dtype
+from radixd.daemon.model.q8 import Q8Linear, q8_available
 from radixd.daemon.model.rope import Rotary, apply_rotary
 
 
@@ -143,6 +144,21 @@ def make_linear(w: torch.Tensor, bias: torch.Tensor | None, prec: Precision, dev
     return InOutLinear(wc, b)
 
 
+def make_lm_head(w: torch.Tensor, prec: Precision, device: torch.device) -> Linear:
+    """The lm_head of [V, H] matrix `w` that `prec` runs, on `device`; its logits are fp32 or `prec`'s
+    dtype (`LlamaModel.logits` makes them fp32).
+
+    The quantized modes (int4, int8) hold it as int8 per 32 inputs through the compiled kernel of
+    `q8.py` where it runs (x86-64 with AVX2 and FMA, a C compiler): a GGUF's Q8_0 head exactly, in a
+    quarter of fp32's bytes. Elsewhere int8 runs it as its layers (`Int8Linear`) and int4 in bf16.
+    NOTE: int4 never holds the head in 4 bits: GGUFs keep the embedding / lm_head at 8 bits or more
+    (Q8_0 in the embedded model), and 4 bits there would lose what the file kept. The float modes keep
+    their head as their layers (fp32 is the reference that equals transformers)."""
+    if prec.weights != "float" and device.type == "cpu" and w.shape[1] % GROUP == 0 and q8_available():
+        return Q8Linear(w.to(device), None, prec.dtype)
+    return make_linear(w, None, precision_of_dtype(prec.dtype) if prec.weights == "int4" else prec, device)
+
+
 class LlamaModel:
     """The decoder. `forward` returns final-norm hidden states; `logits` projects chosen rows.
 
@@ -151,8 +167,9 @@ class LlamaModel:
 
     NOTE: afterwards `weights` holds the model's own tensors in the precision's dtype: its matrices are
     [out, in] views of (or, in int8 mode, the dequantized copies behind) what the projections run, so
-    nothing is held twice. A tied lm_head in fp32 gets its own [H, V] copy since the embedding lookup
-    needs the [V, H] rows; in int8 mode a tied embedding is the dequantized lm_head.
+    nothing is held twice. A tied lm_head in fp32 gets its own packed copy since the embedding lookup
+    needs the [V, H] rows; in the quantized modes (int4, int8) a tied embedding is the dequantized
+    lm_head (`make_lm_head`), beside the int8 codes the head runs.
     """
 
     def __init__(
@@ -189,18 +206,14 @@ class LlamaModel:
             lw.attn_norm, lw.mlp_norm = cv(lw.attn_norm), cv(lw.mlp_norm)
             self._ops.append(ops)
         tied = weights.lm_head is weights.embed
-        if prec.weights == "int8":
-            self._lm_head = make_linear(weights.lm_head, None, prec, self.device)
+        if prec.weights == "float":
+            weights.embed = cv(weights.embed)
+            self._lm_head = make_lm_head(weights.embed if tied else weights.lm_head, prec, self.device)
+            weights.lm_head = weights.embed if tied else self._lm_head.weight
+        else:
+            self._lm_head = make_lm_head(weights.lm_head, prec, self.device)
             weights.embed = self._lm_head.weight if tied else cv(weights.embed)
             weights.lm_head = self._lm_head.weight
-        else:
-            weights.embed = cv(weights.embed)
-            head = weights.embed if tied else weights.lm_head
-            # NOTE: int4 covers the layers only: GGUFs keep the embedding / lm_head at 8 bits or more
-            # (Q8_0 in the embedded model), and 4 bits there would lose what the file kept.
-            head_prec = precision_of_dtype(prec.dtype) if prec.weights == "int4" else prec
-            self._lm_head = make_linear(head, None, head_prec, self.device)
-            weights.lm_head = weights.embed if tied else self._lm_head.weight
         weights.norm = cv(weights.norm)
         self.weights = weights
 

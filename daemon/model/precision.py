@@ -3,10 +3,12 @@
 - ``float32``: the reference mode; fp32 weights, activations and KV cache.
 - ``bfloat16``: bf16 weights, activations and KV cache (oneDNN's bf16 GEMMs on CPUs with AVX512-BF16).
 - ``int8``: ``bfloat16`` plus int8 weights with an fp32 scale per 32 inputs of a row, run as the bf16
-  GEMM on the dequantized weights (it saves memory, not time).
+  GEMM on the dequantized weights (it saves memory, not time); the lm_head as ``int4``'s.
 - ``int4``: ``bfloat16`` plus 4-bit weights in GGUF's Q4_1 layout (group 32, scale and minimum),
   executed by torch's packed int4 CPU kernel for every row count (`int4.py`). On a Q4_1 GGUF (the
-  embedded model) these are the file's own 4-bit codes. The tied embedding / lm_head stays bf16.
+  embedded model) these are the file's own 4-bit codes. The lm_head is int8 per 32 inputs (`q8.py`;
+  a Q8_0 head, the embedded model's, held exactly) where that kernel runs (x86-64 with AVX2 and FMA
+  and a C compiler), else bf16.
 - ``auto``: the fastest of these that meets the quality contract (docs/bench-offline.md) on the
   machine. On CPUs with native bf16 (AVX512-BF16, AMX): ``int4`` when the layers' weights lie on its
   grid already (a Q4_0 / Q4_1 / Q4_K GGUF, whose own codes it then runs), else ``bfloat16``; on
@@ -60,17 +62,21 @@ def precision_of_dtype(dtype: torch.dtype) -> Precision:
 
 
 @functools.cache
-def cpu_has_native_bf16() -> bool:
-    """Whether this CPU executes bf16 dot products natively (AVX512-BF16 or AMX-BF16; Linux flags)."""
+def cpu_flags() -> frozenset[str]:
+    """This CPU's feature flags (Linux's /proc/cpuinfo; empty where unreadable)."""
     try:
         with open("/proc/cpuinfo") as f:
             for line in f:
                 if line.startswith("flags"):
-                    flags = set(line.split(":", 1)[1].split())
-                    return bool(flags & {"avx512_bf16", "amx_bf16"})
+                    return frozenset(line.split(":", 1)[1].split())
     except OSError:
-        return False
-    return False
+        pass
+    return frozenset()
+
+
+def cpu_has_native_bf16() -> bool:
+    """Whether this CPU executes bf16 dot products natively (AVX512-BF16 or AMX-BF16; Linux flags)."""
+    return bool(cpu_flags() & {"avx512_bf16", "amx_bf16"})
 
 
 def resolve_precision(name: str, device: str, on_int4_grid: Callable[[], bool] = lambda: False) -> Precision:

@@ -15,8 +15,8 @@ import torch.nn.functional as F
 from radixd.daemon.loaders import LoadedModel
 from radixd.daemon.model.invariant import RowPlan, probe_floor
 from radixd.daemon.model.linear import Linear
-from radixd.daemon.model.llama import make_linear, rms_norm
-from radixd.daemon.model.precision import PRECISIONS, precision_of_dtype
+from radixd.daemon.model.llama import make_linear, make_lm_head, rms_norm
+from radixd.daemon.model.precision import PRECISIONS
 from radixd.daemon.model.rope import Rotary, apply_rotary
 
 # Decode batches 1..70, prefill-sized calls, and calls beyond the probed 512 rows (split into chunks).
@@ -77,9 +77,8 @@ def test_layer_projections_are_row_invariant(smollm: LoadedModel, mode: str, nam
 @pytest.mark.parametrize("mode", ["float32", "bfloat16", "int8", "int4"])
 def test_lm_head_is_row_invariant(smollm: LoadedModel, mode: str) -> None:
     prec = PRECISIONS[mode]
-    # As LlamaModel holds it: int4 keeps the lm_head in bf16, int8 quantizes it too.
-    head_prec = precision_of_dtype(prec.dtype) if prec.weights == "int4" else prec
-    head = make_linear(smollm.model.weights.lm_head.float(), None, head_prec, torch.device("cpu"))
+    # As LlamaModel holds it: int4 and int8 run it in int8 (q8.py) where the kernel runs.
+    head = make_lm_head(smollm.model.weights.lm_head.float(), prec, torch.device("cpu"))
     assert_row_invariant(head, head.weight.shape[1], prec.dtype, HEAD_ROWS)
 
 
