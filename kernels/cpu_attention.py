@@ -8,10 +8,8 @@ A row's arithmetic depends only on its query, its keys and its position: not on 
 the call, the batch size, the thread count, or whether it is a prefill or a decode row. There is no
 padding and no GEMM.
 
-The C source is compiled once per machine with the system C compiler into a cache directory
-(``$RADIXD_CACHE_DIR`` or ``$XDG_CACHE_HOME/radixd``, keyed by the source, flags and CPU) and loaded
-with ctypes; ctypes releases the GIL during the call. OpenMP is linked against the runtime torch
-itself loaded, so the kernel shares torch's thread pool instead of starting a second one.
+The C source is compiled once per machine and loaded with ctypes (native.py: radixd's cache
+directory, torch's own OpenMP runtime, the GIL released during a call).
 
 Which design runs is :func:`design`: ``RADIXD_CPU_ATTENTION`` = ``compiled`` | ``split`` | ``auto``
 (default: compiled where it builds, else the torch split design of ``split_attention.py``). Both the
@@ -22,22 +20,18 @@ from __future__ import annotations
 
 import ctypes
 import functools
-import hashlib
 import os
-import shutil
-import subprocess
-import tempfile
-import warnings
 from dataclasses import dataclass
-from pathlib import Path
 
 import torch
 
+from radixd.kernels.native import load
+
 ENV_DESIGN = "RADIXD_CPU_ATTENTION"
 DESIGNS = ("auto", "compiled", "split")
-_SOURCE = Path(__file__).with_name("cpu_attention.c")
+_SOURCE = "cpu_attention.c"
 # NOTE: -ffp-contract=off and no -ffast-math are part of the invariance argument (cpu_attention.c).
-_CFLAGS = ("-O3", "-march=native", "-ffp-contract=off", "-fno-fast-math", "-fopenmp", "-fPIC", "-std=c11")
+_CFLAGS = ("-O3", "-march=native", "-ffp-contract=off", "-fno-fast-math", "-fopenmp", "-std=c11")
 _DTYPES = {torch.float32: 0, torch.bfloat16: 1, torch.float16: 2}
 _LANES = 8
 # Below this many (key, kv head) visits per call a second thread costs more than it saves.
@@ -163,72 +157,12 @@ def attend_rows(
     return out
 
 
-def _cache_dir() -> Path:
-    base = os.environ.get("RADIXD_CACHE_DIR") or os.path.join(
-        os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache"), "radixd"
-    )
-    return Path(base)
-
-
-def _omp_runtime() -> str | None:
-    """The OpenMP runtime torch ships (None: link the compiler's own)."""
-    lib = Path(torch.__file__).parent / "lib"
-    for name in ("libgomp.so.1", "libiomp5.so"):
-        if (lib / name).exists():
-            return str(lib / name)
-    return None
-
-
-def _cpu_key() -> str:
-    try:
-        with open("/proc/cpuinfo") as f:
-            flags = next((line for line in f if line.startswith(("flags", "Features"))), "")
-    except OSError:
-        flags = ""
-    return flags
-
-
 @functools.cache
 def _library() -> ctypes.CDLL | None:
-    """Build (once per machine and source) and load the kernel; None, with a warning, if it cannot."""
-    cc = os.environ.get("CC") or shutil.which("cc") or shutil.which("gcc")
-    if cc is None:
-        warnings.warn(
-            "no C compiler: the CPU attention runs the slower split design", RuntimeWarning, stacklevel=3
-        )
+    """The kernel (built once per machine and source: native.py); None, with a warning, if it cannot."""
+    lib = load(_SOURCE, _CFLAGS, "the CPU attention runs the slower split design")
+    if lib is None:
         return None
-    omp = _omp_runtime()
-    src = _SOURCE.read_bytes()
-    key = hashlib.sha256(
-        b"\0".join([src, " ".join(_CFLAGS).encode(), cc.encode(), str(omp).encode(), _cpu_key().encode()])
-    ).hexdigest()[:16]
-    target = _cache_dir() / f"cpu_attention-{key}.so"
-    if not target.exists():
-        try:
-            target.parent.mkdir(parents=True, exist_ok=True)
-            with tempfile.TemporaryDirectory(dir=target.parent) as tmp:
-                obj = Path(tmp) / "a.o"
-                so = Path(tmp) / "a.so"
-                subprocess.run(
-                    [cc, *_CFLAGS, "-c", str(_SOURCE), "-o", str(obj)], check=True, capture_output=True
-                )
-                # NOTE: linked against torch's own OpenMP runtime (same soname): one thread pool.
-                link = [cc, "-shared", str(obj), "-o", str(so)] + ([omp] if omp else ["-fopenmp"])
-                subprocess.run(link, check=True, capture_output=True)
-                os.replace(so, target)  # atomic: concurrent builders leave one complete file
-        except (OSError, subprocess.CalledProcessError) as e:
-            detail = (
-                e.stderr.decode(errors="replace")[-2000:]
-                if isinstance(e, subprocess.CalledProcessError)
-                else e
-            )
-            warnings.warn(
-                f"building the CPU attention kernel failed, the slower split design runs instead: {detail}",
-                RuntimeWarning,
-                stacklevel=3,
-            )
-            return None
-    lib = ctypes.CDLL(str(target))
     fn = lib.radixd_attend_rows
     i64, ptr = ctypes.c_int64, ctypes.c_void_p
     fn.argtypes = [

@@ -20,17 +20,9 @@ from tokenizers import Tokenizer
 from radixd.daemon.loaders.common import ConvertedModel
 from radixd.daemon.model import ModelConfig
 from radixd.daemon.tokenizer import TextTokenizer
+from radixd.kernels.native import cache_root
 
 CACHE_VERSION = 1
-
-
-def cache_root() -> Path:
-    """$RADIXD_CACHE_DIR, else $XDG_CACHE_HOME/radixd, else ~/.cache/radixd."""
-    env = os.environ.get("RADIXD_CACHE_DIR")
-    if env:
-        return Path(env)
-    xdg = os.environ.get("XDG_CACHE_HOME")
-    return Path(xdg) / "radixd" if xdg else Path.home() / ".cache" / "radixd"
 
 
 def cache_key(path: str) -> str:

@@ -31,6 +31,8 @@ from typing import Literal
 
 import torch
 
+from radixd.kernels.native import cpu_flags
+
 WeightFormat = Literal["float", "int8", "int4"]
 
 
@@ -62,18 +64,6 @@ def precision_of_dtype(dtype: torch.dtype) -> Precision:
 
 
 @functools.cache
-def cpu_flags() -> frozenset[str]:
-    """This CPU's feature flags (Linux's /proc/cpuinfo; empty where unreadable)."""
-    try:
-        with open("/proc/cpuinfo") as f:
-            for line in f:
-                if line.startswith("flags"):
-                    return frozenset(line.split(":", 1)[1].split())
-    except OSError:
-        pass
-    return frozenset()
-
-
 def cpu_has_native_bf16() -> bool:
     """Whether this CPU executes bf16 dot products natively (AVX512-BF16 or AMX-BF16; Linux flags)."""
     return bool(cpu_flags() & {"avx512_bf16", "amx_bf16"})

@@ -12,8 +12,9 @@ import torch
 from radixd.daemon.loaders import LoadedModel
 from radixd.daemon.model.linear import GROUP, Int8Linear, OutInLinear, PackedLinear, dequantize_groups
 from radixd.daemon.model.llama import make_lm_head
-from radixd.daemon.model.precision import PRECISIONS, cpu_flags
+from radixd.daemon.model.precision import PRECISIONS
 from radixd.daemon.model.q8 import Q8Linear, q8_available
+from radixd.kernels.native import cpu_flags
 
 CPU = torch.device("cpu")
 RUNS_HERE = {"avx2", "fma"} <= cpu_flags() and shutil.which("cc") is not None
