@@ -160,6 +160,9 @@ class ModelRunner:
             torch.zeros(shape, dtype=self.dtype, device=self.device) for _ in range(cfg.num_layers)
         ]
         self.kv_bytes_per_block = kv_bytes_per_block(cfg, block_size, self.dtype)
+        if self.device.type == "cpu":
+            # The compiled CPU attention builds (once per machine) now, not inside the first request.
+            kernels.cpu_attention_design()
         self._step_masks: StepMasks | None = None  # built on the first step with a constrained row
 
     def copy_blocks(self, ops: Sequence[tuple[int, int, int]]) -> None:

@@ -6,6 +6,8 @@ Public API (the model calls only these; each takes ``backend: str | None = None`
 - :func:`paged_decode` - one query token per sequence, split-K flash decoding over block tables.
 - :func:`paged_prefill` - ragged new tokens attend to their cached prefix and causally to themselves.
 - :func:`copy_blocks` - (src, dst, n_tokens) block copies over every layer (CoW, device<->host swap).
+- :func:`cpu_attention_design` - the CPU attention in force ("compiled" or "split"); the first call
+  builds the compiled kernel (cpu_attention.py).
 
 Backend: ``backend`` argument, else env ``RADIXD_KERNEL_BACKEND``, else Triton for CUDA tensors,
 else Triton under ``TRITON_INTERPRET=1``, else the torch twin (the daemon's CPU path).
@@ -13,6 +15,7 @@ Per-layer pool layout: ``k_cache``, ``v_cache`` each ``[num_blocks, block_size, 
 """
 
 from radixd.kernels.copy_blocks import copy_blocks
+from radixd.kernels.cpu_attention import design as cpu_attention_design
 from radixd.kernels.dispatch import ENV_BACKEND, resolve_backend
 from radixd.kernels.paged_decode import decode_step_plan, paged_decode
 from radixd.kernels.paged_prefill import paged_prefill
@@ -21,6 +24,7 @@ from radixd.kernels.store_kv import store_kv
 __all__ = [
     "ENV_BACKEND",
     "copy_blocks",
+    "cpu_attention_design",
     "decode_step_plan",
     "paged_decode",
     "paged_prefill",
