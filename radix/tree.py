@@ -116,7 +116,9 @@ class RadixTree:
             rest = t[node.end :]
             if len(rest) >= self._bb:
                 return []  # a whole block more than any cached continuation of the path
-            starting = node.children_starting(rest)
+            # NOTE: a partial-block leaf may hold exactly ``rest`` and nothing after it, beside a
+            # sibling that goes on: only children with something past ``rest`` can draft.
+            starting = [c for c in node.children_starting(rest) if len(c.tokens) > len(rest) or c.children]
             if not starting and rest:
                 return []
             if starting:

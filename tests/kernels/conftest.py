@@ -11,6 +11,29 @@ from __future__ import annotations
 from collections.abc import Iterator
 
 import pytest
+import triton.language as tl
+
+_MISSING = object()
+
+
+@pytest.fixture(autouse=True)
+def _triton_language_restored() -> Iterator[None]:
+    """Every kernel test leaves `triton.language` as it found it.
+
+    NOTE: Triton's interpreter patches `triton.language` for each launch and restores it afterwards,
+    except (Triton 3.9) where an interpreted kernel calls another `@triton.jit` function: those
+    patches stay for the rest of the process, and a later real compile (test_compile_sm90.py) then
+    runs the interpreter's builder and fails."""
+    spaces = [tl, tl.core, tl.math, tl.core.tensor, tl.core.tensor_descriptor_base]
+    saved = [dict(vars(ns)) for ns in spaces]
+    yield
+    for ns, before in zip(spaces, saved, strict=True):
+        now = dict(vars(ns))
+        for name in now.keys() - before.keys():
+            delattr(ns, name)
+        for name, value in before.items():
+            if now.get(name, _MISSING) is not value:
+                setattr(ns, name, value)
 
 
 @pytest.fixture

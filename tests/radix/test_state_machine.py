@@ -528,3 +528,17 @@ RadixMachine.TestCase.settings = settings(
     suppress_health_check=[HealthCheck.too_slow, HealthCheck.filter_too_much],
 )
 TestRadixStateMachine = RadixMachine.TestCase
+
+
+def test_following_passes_over_a_partial_leaf_that_holds_only_the_query() -> None:
+    """The case the machine found: a partial-block leaf spelling exactly the query beside a sibling
+    that goes on; `following` must draft from the sibling."""
+    m = RadixMachine()
+    m.setup(block_size=2, num_blocks=6, listen=False)
+    m.new_request(ns="", toks=[])
+    m.finish(i=0, lease_first=False, twice=False)
+    m.insert_donated(ns="tenant-b", toks=[1])
+    m.serve(finish=False, gen=[0], ns="tenant-b", toks=[1])
+    m.serve(finish=False, gen=[], ns="tenant-b", toks=[1])
+    m.following(k=1, ns="tenant-b", toks=[1])
+    m.teardown()
