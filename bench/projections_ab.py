@@ -9,8 +9,9 @@ and, per design, the median over rounds of its ratio to `old` (today's kernels b
 
 Designs:
 - float32: `old` = `x @ W` through MKL for every row count (no plan: rows of 1-11 take other
-  kernels); `onednn` = oneDNN's inner product over weights packed once at load (the new default);
-  `mkl-pad` = MKL's `x @ W` with calls of fewer rows than its probed floor padded up to it.
+  kernels); `compiled` = the compiled kernel of daemon/model/f32.py (the default where it builds);
+  `onednn` = oneDNN's inner product over weights packed once at load (its fallback); `mkl-pad` =
+  MKL's `x @ W` with calls of fewer rows than its probed floor padded up to it.
 - int4: `old` = the int4 kernel up to 12 rows and the bf16 GEMM above; `kernel` = the int4 kernel for
   every row count (the new default); `gemm` = the bf16 GEMM over the dequantized weights always.
 
@@ -37,7 +38,7 @@ from offline import RadixdSide, prompts
 
 from radixd.daemon.loaders import load_model
 from radixd.daemon.model.int4 import Int4Linear
-from radixd.daemon.model.linear import InOutLinear, Linear, OutInLinear
+from radixd.daemon.model.linear import InOutLinear, Linear, OutInLinear, PackedLinear
 from radixd.daemon.model.llama import LlamaModel, _LayerOps
 
 
@@ -81,7 +82,7 @@ def designs(model: LlamaModel) -> dict[str, Design]:
     """The designs of `model`'s mode, each as (layers' projections, lm_head)."""
     own = (list(model._ops), model._lm_head)
 
-    def each(make: type[OldMm] | type[InOutLinear]) -> list[_LayerOps]:
+    def each(make: type[OldMm] | type[InOutLinear] | type[PackedLinear]) -> list[_LayerOps]:
         return [
             _LayerOps(
                 *(make(o.weight.float().contiguous(), o.bias) for o in (m.qkv, m.o_proj, m.gate_up, m.down))
@@ -93,7 +94,8 @@ def designs(model: LlamaModel) -> dict[str, Design]:
         head = model._lm_head
         return {
             "old": (each(OldMm), OldMm(head.weight, None)),
-            "onednn": own,
+            "compiled": own,
+            "onednn": (each(PackedLinear), PackedLinear(head.weight, None)),
             "mkl-pad": (each(InOutLinear), InOutLinear(head.weight, None)),
         }
 

@@ -15,6 +15,7 @@ import torch.nn.functional as F
 
 from radixd import kernels
 from radixd.daemon.model.config import ModelConfig
+from radixd.daemon.model.f32 import F32Linear, f32_available
 from radixd.daemon.model.int4 import Int4Linear
 from radixd.daemon.model.linear import GROUP, InOutLinear, Int8Linear, Linear, OutInLinear, PackedLinear
 from radixd.daemon.model.precision import Precision, precision_of_dtype
@@ -139,6 +140,8 @@ def make_linear(w: torch.Tensor, bias: torch.Tensor | None, prec: Precision, dev
     wc = w.to(device=device, dtype=prec.dtype).contiguous()
     if prec.dtype != torch.float32:
         return OutInLinear(wc, b)
+    if device.type == "cpu" and f32_available():
+        return F32Linear(wc, b)
     if device.type == "cpu" and torch._C._has_mkldnn:
         return PackedLinear(wc, b)
     return InOutLinear(wc, b)
@@ -167,8 +170,8 @@ class LlamaModel:
 
     NOTE: afterwards `weights` holds the model's own tensors in the precision's dtype: its matrices are
     [out, in] views of (or, in int8 mode, the dequantized copies behind) what the projections run, so
-    nothing is held twice. A tied lm_head in fp32 gets its own packed copy since the embedding lookup
-    needs the [V, H] rows; in the quantized modes (int4, int8) a tied embedding is the dequantized
+    nothing is held twice (where fp32 falls back to oneDNN, its packed copies are held beside them); in
+    the quantized modes (int4, int8) a tied embedding is the dequantized
     lm_head (`make_lm_head`), beside the int8 codes the head runs.
     """
 

@@ -10,7 +10,8 @@ import pytest
 import torch
 
 from radixd.daemon.loaders import LoadedModel
-from radixd.daemon.model.linear import GROUP, Int8Linear, OutInLinear, PackedLinear, dequantize_groups
+from radixd.daemon.model.f32 import F32Linear
+from radixd.daemon.model.linear import GROUP, Int8Linear, OutInLinear, dequantize_groups
 from radixd.daemon.model.llama import make_lm_head
 from radixd.daemon.model.precision import PRECISIONS
 from radixd.daemon.model.q8 import Q8Linear, q8_available
@@ -92,7 +93,7 @@ def test_each_mode_holds_its_head_as_documented(mode: str) -> None:
     lin = make_lm_head(w, PRECISIONS[mode], CPU)
     # Without the kernel, int8 runs its head as its layers and int4 in bf16.
     fallback = {"int8": Int8Linear, "int4": OutInLinear}
-    want = {"float32": PackedLinear, "bfloat16": OutInLinear}.get(mode) or (
+    want = {"float32": F32Linear, "bfloat16": OutInLinear}.get(mode) or (
         Q8Linear if RUNS_HERE else fallback[mode]
     )
     assert type(lin) is want
