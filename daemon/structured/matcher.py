@@ -68,8 +68,7 @@ class Matcher:
 
         NOTE: the count stops before an end-of-turn token. A matcher that consumed one where its
         grammar had already stopped does not count it in its rollback history, so a draft walked over
-        it could not be rolled back (masks.py); an end of turn ends the output anyway (or, with
-        `ignore_eos`, decodes plainly)."""
+        it could not be rolled back (masks.py); an end of turn ends a constrained output anyway."""
         raw = self.raw
         if not tokens or raw.is_error() or raw.is_stopped():
             return 0
