@@ -352,7 +352,13 @@ class ModelRunner:
             return cast("list[StepResult]", sample(logits, cast("list[SamplingState]", states)))
         results: list[StepResult] = [None] * len(states)
         if drafted:
-            self._verify(hidden, last, [chunks[i] for i in drafted], drafted, results, masks)
+            try:
+                self._verify(hidden, last, [chunks[i] for i in drafted], drafted, results, masks)
+            except BaseException:
+                if masks is not None:  # as above: the drafted matchers are mid-walk until it ends
+                    with contextlib.suppress(Exception):
+                        masks.wait()
+                raise
         sampling = [i for i, st in enumerate(states) if st is not None]
         if not sampling:
             return results
