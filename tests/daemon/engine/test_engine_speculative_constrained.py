@@ -1,7 +1,8 @@
 """Speculative decoding of constrained requests (engine/speculative.py, structured/masks.py) on the real
 model: greedy JSON-schema and regex requests with drafts give token for token (and logprob for logprob)
 what they give with speculation off, with drafts really verified for them; a draft the grammar forbids
-is cut before verification; jump-forward keeps appending forced tokens after an accepted draft.
+is cut before verification; jump-forward keeps appending forced tokens after an accepted draft; a dead
+end found right after an accepted draft fails its request alone, as without drafts.
 """
 
 from __future__ import annotations
@@ -120,4 +121,32 @@ def test_a_draft_the_grammar_forbids_is_cut(pair: Pair) -> None:
     assert spec.drafted_tokens > drafted
     for i in range(2):
         jsonschema.validate(json.loads(col.text("sampled", i)), PERSON)
+    assert_all_free(pair.on)
+
+
+@pytest.mark.parametrize("rig", ["float32"], indirect=True)
+def test_a_dead_end_right_after_an_accepted_draft_fails_its_request_alone(pair: Pair) -> None:
+    """A constraint forcing a byte the vocabulary cannot spell (tests/daemon/engine/
+    test_engine_structured_dead_ends.py), reached right after a verified draft: the request ends with
+    INVALID_ARGUMENT after the same tokens as with speculation off, and the row beside it goes on."""
+    lm = pair.rig.lm
+    history = [
+        {"role": "user", "content": "Greet me."},
+        {"role": "assistant", "content": "hello world"},
+        {"role": "user", "content": "Greet me again."},
+    ]
+    prompt = lm.tokenizer.encode_chat(history)  # the earlier answer is drafted from the context
+    dead = constrained(Constraint("regex", "(hello|hi) world\\x160"), max_tokens=12, logprobs=0)
+    reqs = [GenerateRequest("dead", prompt, dead), GenerateRequest("plain", prompt, constrained(None))]
+    outs = []
+    for core in (pair.off, pair.on):
+        col = run(core, reqs, Collector())
+        final = col.final("dead")
+        assert final.finish_reason == "error" and final.error_code == "invalid_argument", final.error
+        assert col.final("plain").finish_reason in ("stop", "length")
+        assert core.stats().errors == 0
+        outs.append((col.tokens("dead"), final.error, col.tokens("plain"), final.accepted_draft_tokens))
+    (off_dead, off_error, off_plain, _), (on_dead, on_error, on_plain, accepted) = outs
+    assert (on_dead, on_error, on_plain) == (off_dead, off_error, off_plain)
+    assert accepted > 0  # the refused token was the model's pick right after an accepted draft
     assert_all_free(pair.on)
