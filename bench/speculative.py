@@ -1,6 +1,7 @@
 """Speculative decoding (`--speculative-tokens`) through the engine, on against off, beside llama-server.
 
-Two traces, each at batch 1 (one request at a time) and `--batch` (that many requests at once):
+Two traces, each at every batch size of `--batches` (default 1,8: one request at a time, then eight
+at once):
 - repetitive (an agent's): a ~400-token file rewritten with a small change, a tool output quoted
   back, a second turn restating the first;
 - non-repetitive: short chat questions answered in prose.
@@ -11,10 +12,13 @@ from each request's own context, not from a previous round's answer in the tree.
 with speculation on is asserted equal to the output with it off, token for token.
 
 Decode tokens/s: tokens after each request's first, over the time from the first first-token to the
-last output (prefill excluded). With `--llama-server PATH`: llama-server at batch 1 on the same
-prompt tokens, `--spec-type none` against `ngram-simple` (its prompt-lookup n-grams), its own timings.
+last output (prefill excluded). Drafting cost: the engine thread's time in `Speculator.plan` (finding
+drafts, cutting them to a grammar, appending their slots) per step that looked for drafts, and its
+share of the run's wall time, per case (speculation on only). With `--llama-server PATH`: llama-server
+at batch 1 on the same prompt tokens, `--spec-type none` against `ngram-simple` (its prompt-lookup
+n-grams), its own timings.
 
-    PYTHONPATH=DIR:DIR/clients .venv/bin/python bench/speculative.py --rounds 3 \\
+    PYTHONPATH=DIR:DIR/clients .venv/bin/python bench/speculative.py --rounds 3 --batches 1,8 \\
         --llama-server DIR/llama/build/bin/llama-server
 """
 
@@ -26,6 +30,7 @@ import statistics
 import subprocess
 import time
 import urllib.request
+from dataclasses import dataclass
 
 import torch
 from structured import Timed, free_port, post, run
@@ -81,22 +86,36 @@ def trace_size(trace: str, batch: int) -> int:
     return batch if batch > 1 else (len(REPETITIVE) if trace == "repetitive" else 4)
 
 
-def engine_run(
-    core: EngineCore, ps: list[list[int]], tag: str, batch: int, max_tokens: int
-) -> tuple[float, list[list[int]]]:
-    """Decode tokens/s and outputs of `ps`, `batch` at a time, from a flushed prefix cache."""
+@dataclass
+class EngineRun:
+    """One run of a trace through one engine."""
+
+    tps: float  # decode tokens/s
+    outputs: list[list[int]]
+    draft_us_per_step: float  # engine-thread drafting time per step that looked for drafts
+    draft_share: float  # drafting time over the run's wall time
+
+
+def engine_run(core: EngineCore, ps: list[list[int]], tag: str, batch: int, max_tokens: int) -> EngineRun:
+    """Decode tokens/s, outputs and drafting cost of `ps`, `batch` at a time, from a flushed prefix
+    cache."""
     core.admin.flush("evict_unlocked")
     params = SamplingParams(max_tokens=max_tokens, temperature=0.0, ignore_eos=True)
     tokens = 0
     elapsed = 0.0
     outs: list[list[int]] = []
+    spec = core.speculator
+    draft_s, draft_steps = spec.draft_s, spec.draft_steps
+    t0 = time.perf_counter()
     for at in range(0, len(ps), batch):
         group = [GenerateRequest(f"{tag}-{at + i}", p, params) for i, p in enumerate(ps[at : at + batch])]
         res: Timed = run(core, group)
         tokens += sum(len(t) - 1 for t in res.tokens.values())
         elapsed += max(res.last.values()) - min(res.first.values())
         outs += [res.tokens[r.request_id] for r in group]
-    return tokens / elapsed, outs
+    wall = time.perf_counter() - t0
+    spent, steps = spec.draft_s - draft_s, spec.draft_steps - draft_steps
+    return EngineRun(tokens / elapsed, outs, spent / max(steps, 1) * 1e6, spent / wall)
 
 
 def start_llama(path: str, threads: int, spec: list[str]) -> tuple[subprocess.Popen[bytes], str]:
@@ -137,7 +156,7 @@ def llama_tps(url: str, ps: list[list[int]], max_tokens: int) -> float:
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--rounds", type=int, default=3)
-    ap.add_argument("--batch", type=int, default=8)
+    ap.add_argument("--batches", default="1,8", help="batch sizes, comma-separated (each trace at each)")
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--dtype", default="auto")
     ap.add_argument("--speculative-tokens", type=int, default=8)
@@ -152,17 +171,28 @@ def main() -> None:
         for k in (0, args.speculative_tokens)
     }
     out: dict[str, list[float]] = collections.defaultdict(list)
-    cases = [(trace, b) for trace in ("repetitive", "chat") for b in (1, args.batch)]
+    batches = [int(b) for b in args.batches.split(",")]
+    if not batches or min(batches) < 1:
+        ap.error(f"--batches wants positive batch sizes such as 1,8, got {args.batches!r}")
+    cases = [(trace, b) for trace in ("repetitive", "chat") for b in batches]
+    cost: dict[str, list[tuple[float, float]]] = collections.defaultdict(list)
     for rnd in range(-args.warmup, args.rounds):  # negative rounds warm up; not kept
         for trace, b in cases:
             ps = prompts(lm, trace, trace_size(trace, b))
             order = sorted(cores, reverse=rnd % 2 == 1)
             got: dict[int, list[list[int]]] = {}
             for k in order:
-                tps, got[k] = engine_run(cores[k], ps, f"{trace}{b}-{rnd}-{k}", b, args.max_tokens)
+                r = engine_run(cores[k], ps, f"{trace}{b}-{rnd}-{k}", b, args.max_tokens)
+                got[k] = r.outputs
                 if rnd >= 0:
-                    out[f"{trace} b{b} spec={'on' if k else 'off'}"].append(tps)
-                print(f"round {rnd} {trace} b{b} spec={'on' if k else 'off'}: {tps:.2f} tok/s", flush=True)
+                    out[f"{trace} b{b} spec={'on' if k else 'off'}"].append(r.tps)
+                    if k:
+                        cost[f"{trace} b{b}"].append((r.draft_us_per_step, r.draft_share))
+                drafting = f", drafting {r.draft_us_per_step:.1f} us/step" if k else ""
+                print(
+                    f"round {rnd} {trace} b{b} spec={'on' if k else 'off'}: {r.tps:.2f} tok/s{drafting}",
+                    flush=True,
+                )
             assert got[0] == got[args.speculative_tokens], f"{trace} b{b}: speculation changed an output"
         print(f"round {rnd} done", flush=True)
     spec = cores[args.speculative_tokens].stats()
@@ -183,7 +213,11 @@ def main() -> None:
         print(f"{k:36s} median {v:8.2f} tok/s   rounds {' '.join(f'{x:.2f}' for x in out[k])}")
     for trace, b in cases:
         on, off = med[f"{trace} b{b} spec=on"], med[f"{trace} b{b} spec=off"]
-        print(f"radixd {trace} b{b}: on/off {on / off:.3f}x")
+        us = statistics.median(c[0] for c in cost[f"{trace} b{b}"]) if cost else float("nan")
+        share = statistics.median(c[1] for c in cost[f"{trace} b{b}"]) if cost else float("nan")
+        print(
+            f"radixd {trace} b{b}: on/off {on / off:.3f}x; drafting {us:.1f} us/step ({share:.2%} of the run)"
+        )
     if args.llama_server:
         for trace in ("repetitive", "chat"):
             on, off = med[f"llama {trace} b1 spec=on"], med[f"llama {trace} b1 spec=off"]

@@ -30,7 +30,7 @@ from radixd.daemon.host import configure_threads
 from radixd.daemon.model import AttentionMetadata, LlamaModel, ModelConfig
 from radixd.daemon.prompt_logprobs import PromptLogprobs, score_chunk
 from radixd.daemon.sampling import SampleResult, SamplingState, sample
-from radixd.daemon.structured.masks import StepMasks
+from radixd.daemon.structured.masks import PendingMasks, StepMasks
 
 
 @dataclass(slots=True)
@@ -323,8 +323,14 @@ class ModelRunner:
             return []
         drafted = [i for i, s in enumerate(chunks) if s.draft and s.sample is not None]
         states = [None if s.draft else s.sample for s in chunks] + rows.samples
-        # Constrained rows: their masks are computed while the forward pass runs (structured/masks.py).
-        masks = self._masks().start(states) if self._constrained(states) else None
+        drafts = [
+            (cast("SamplingState", chunks[i].sample), chunks[i].token_ids[-chunks[i].draft :])
+            for i in drafted
+        ]
+        # Constrained rows: their masks are computed while the forward pass runs (structured/masks.py);
+        # a drafted one's at each position it verifies.
+        constrained = self._constrained(states) or self._constrained([st for st, _ in drafts])
+        masks = self._masks().start(states, drafts) if constrained else None
         try:
             hidden, last = self._forward(chunks, rows)
             for i, s in enumerate(chunks):
@@ -346,7 +352,13 @@ class ModelRunner:
             return cast("list[StepResult]", sample(logits, cast("list[SamplingState]", states)))
         results: list[StepResult] = [None] * len(states)
         if drafted:
-            self._verify(hidden, last, [chunks[i] for i in drafted], drafted, results)
+            try:
+                self._verify(hidden, last, [chunks[i] for i in drafted], drafted, results, masks)
+            except BaseException:
+                if masks is not None:  # as above: the drafted matchers are mid-walk until it ends
+                    with contextlib.suppress(Exception):
+                        masks.wait()
+                raise
         sampling = [i for i, st in enumerate(states) if st is not None]
         if not sampling:
             return results
@@ -366,14 +378,16 @@ class ModelRunner:
         chunks: list[StepSeq],
         where: list[int],
         results: list[StepResult],
+        masks: PendingMasks | None,
     ) -> None:
         """Sample each drafted chunk after each of its last draft + 1 positions into `results[where]`.
 
         NOTE: a greedy row is sampled as the decode step that would have computed it alone: the logits
         projection and the sampler are row-local (batch invariant), and the engine drafts only for
-        states whose processing reads no history that the draft would change (speculative.py). A
-        sampled row's draft goes through rejection sampling (draft_sampling.py), which stops at the
-        first rejected token."""
+        states whose processing reads no history that the draft would change (speculative.py), but
+        for a grammar, whose mask at each position is the one after the draft tokens before it
+        (structured/masks.py). A sampled row's draft goes through rejection sampling
+        (draft_sampling.py), which stops at the first rejected token."""
         pos: list[int] = []
         states: list[SamplingState] = []
         for i, s in zip(where, chunks, strict=True):
@@ -382,8 +396,12 @@ class ModelRunner:
             states.extend([s.sample] * (s.draft + 1))
         idx = torch.tensor(pos, dtype=torch.int64, device=self.device)
         logits = self.model.logits(hidden.index_select(0, idx))
+        if masks is not None:
+            logits = masks.apply_drafts(logits)
         greedy = [j for j, st in enumerate(states) if st.params.greedy]
-        picked = sample(logits.index_select(0, torch.tensor(greedy)), [states[j] for j in greedy])
+        # NOTE: an int64 index on the logits' device (an empty list would make a float CPU tensor).
+        gidx = torch.tensor(greedy, dtype=torch.int64, device=logits.device)
+        picked = sample(logits.index_select(0, gidx), [states[j] for j in greedy]) if greedy else []
         at = g = 0
         for i, s in zip(where, chunks, strict=True):
             st = s.sample
@@ -397,7 +415,7 @@ class ModelRunner:
             at += s.draft + 1
 
     @staticmethod
-    def _constrained(states: list[SamplingState | None]) -> bool:
+    def _constrained(states: Sequence[SamplingState | None]) -> bool:
         # NOTE: the one cost of structured outputs to a step without them: this scan (a few us at 256).
         return any(st is not None and st.grammar is not None for st in states)
 

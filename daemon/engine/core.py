@@ -42,7 +42,7 @@ from radixd.daemon.engine.outputs import Outputs
 from radixd.daemon.engine.prompt_scoring import plan_scoring, scoring
 from radixd.daemon.engine.requests import Requests
 from radixd.daemon.engine.scheduler import Planned, Scheduler, StepPlan
-from radixd.daemon.engine.sequence import SeqIds, SeqStatus
+from radixd.daemon.engine.sequence import SeqIds, SeqStatus, Sequence
 from radixd.daemon.engine.sessions import SessionManager
 from radixd.daemon.engine.speculative import Draft, Speculator
 from radixd.daemon.engine.stats import EngineStats
@@ -276,12 +276,21 @@ class EngineCore:
         accepted = 0
         for d, res in zip(drafts, results, strict=True):
             # NOTE: as in `_after_step`: an earlier ending in this loop may have finished this one.
-            if d.seq.status is not SeqStatus.RUNNING or not isinstance(res, list):
+            seq = d.seq
+            if seq.status is not SeqStatus.RUNNING or not isinstance(res, list):
                 continue
-            n, ended = self.speculator.accept(d, res)
-            accepted += n
+            try:
+                n, ended = self.speculator.accept(d, res)
+                accepted += n
+                st = seq.sampling
+                if not ended and st is not None and st.grammar is not None:
+                    forced, ended = self.jump_forward.extend(seq)  # after the last accepted token
+                    accepted += forced
+            except GrammarRefused as exc:  # as in `_after_step`: this request alone
+                self._refused(seq, exc)
+                continue
             if ended:
-                self.requests.finish(d.seq.request)
+                self.requests.finish(seq.request)
         self.generated_tokens += accepted
 
     @staticmethod
@@ -391,12 +400,16 @@ class EngineCore:
                         if ended:
                             requests.finish(seq.request)
                 except GrammarRefused as exc:  # this request alone: its constraint's dead end, or a bug
-                    if exc.client_fault:
-                        requests.fail(seq.request.request_id, InvalidRequest(str(exc)))
-                    else:
-                        self.errors += 1
-                        requests.fail(seq.request.request_id, exc)
+                    self._refused(seq, exc)
         self.generated_tokens += accepted
+
+    def _refused(self, seq: Sequence, exc: GrammarRefused) -> None:
+        """Fail `seq`'s request over a token its grammar refused (the client's fault, or a bug)."""
+        if exc.client_fault:
+            self.requests.fail(seq.request.request_id, InvalidRequest(str(exc)))
+        else:
+            self.errors += 1
+            self.requests.fail(seq.request.request_id, exc)
 
     # ---- timers ----------------------------------------------------------------------------------
     def idle_wait_s(self) -> float:

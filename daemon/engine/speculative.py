@@ -25,9 +25,19 @@ output distribution is unchanged. A seeded sampled request is not drafted for: i
 differently with a draft, and which drafts it gets depends on the cache (on other requests), so its
 tokens would no longer be reproducible by its seed (docs/batch-invariance.md).
 
-Drafted for: a running sequence decoding one token whose sampling reads no history a draft would
-change: no penalties, no pending `min_tokens`, no grammar, not beam search; and a sampled row only
-without a seed and without logprobs. Other rows decode as before in the same step.
+Constrained rows (a grammar) are drafted for too: the proposal is cut before the first token the
+grammar forbids (`Matcher.admitted`, read-only), verification masks each of the k + 1 positions with the
+mask the grammar gives after the draft tokens before it (structured/masks.py: the mask thread walks the
+matcher over the draft and rolls it back), and `accept` consumes only the accepted tokens, through
+`Outputs.accept` as any token: the matcher ends in the state of what was accepted, and a verified row
+gives exactly what plain constrained decoding gives. Jump-forward still runs after the row's last
+accepted token (core.py); a sequence with forced tokens still to compute has more than one token left
+and is not a decode, so a jump-forward stretch is never drafted over.
+
+Drafted for: a running sequence decoding its one last token (a chunk cut to one token by the step's
+budget is not) whose sampling reads no history a draft would change: no penalties, no pending
+`min_tokens`, not beam search; and a sampled row only without a seed and without logprobs. Other rows
+decode as before in the same step.
 """
 
 from __future__ import annotations
@@ -67,14 +77,15 @@ class Speculator:
         self.accepted_tokens = 0  # of those, accepted into an output
         self.draft_s = 0.0  # engine-thread time spent drafting and planning drafts
         self.draft_steps = 0  # steps that looked for drafts
+        self.grammar_cut_tokens = 0  # proposed tokens cut because a grammar forbade them (or one before)
 
     def _draftable(self, seq: Sequence) -> int:
         """How many tokens `seq` may draft now (0: it decodes plainly)."""
         st = seq.sampling
-        if st is None or seq.index < 0 or seq.status is not SeqStatus.RUNNING:
+        if st is None or seq.index < 0 or seq.status is not SeqStatus.RUNNING or seq.remaining != 1:
             return 0
         p = st.params
-        if p.uses_penalties or st.grammar is not None or seq.request.req.beam_width:
+        if p.uses_penalties or seq.request.req.beam_width:
             return 0
         if not p.greedy and (p.logprobs is not None or st.seed is not None):
             return 0  # a seed reproduces its tokens only without drafts; see the module docstring
@@ -97,6 +108,11 @@ class Speculator:
         for seq in plan.decodes:
             k = min(self._draftable(seq), budget) if budget > 0 else 0
             proposed = self.drafter.propose(seq.key(), seq.request.req.namespace, k) if k > 0 else []
+            grammar = seq.sampling.grammar if proposed and seq.sampling is not None else None
+            if grammar is not None:  # cut before the first token the grammar forbids
+                admitted = grammar.admitted(proposed)
+                self.grammar_cut_tokens += len(proposed) - admitted
+                del proposed[admitted:]
             if proposed and kv.new_blocks_for_append(seq, len(proposed)) <= kv.num_free:
                 kv.append(seq, len(proposed))
                 drafts.append(Draft(seq, seq.num_computed, proposed))

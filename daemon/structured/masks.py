@@ -12,6 +12,14 @@ or written, so they sample exactly what they sample alone (the sampler's batch-i
 
 NOTE: a matcher is only read by the mask thread between `start` and `apply`; the engine thread consumes
 tokens (`Matcher.consume`) after `apply`, so the two never touch one matcher at once.
+
+Speculative drafts (engine/speculative.py): a drafted constrained row verifies k + 1 positions, and
+position i needs the mask its grammar gives after the row's first i draft tokens, exactly what plain
+decoding would have computed there. The same batch call walks each such matcher over its draft (filling
+one mask per position) and rolls it back, so the matcher ends where it started; the engine then
+consumes only the tokens verification accepted. `PendingMasks.apply_drafts` masks the verification
+logits. The drafts are cut beforehand to tokens the grammar admits (`Matcher.admitted`), so the walk
+never stops early.
 """
 
 from __future__ import annotations
@@ -39,9 +47,13 @@ class PendingMasks:
         rows: list[int],
         bitmask: torch.Tensor,
         shifts: torch.Tensor,
+        draft_rows: list[int] | None = None,
     ) -> None:
         self._fill = fill
         self.rows = rows  # row of the sampled logits for each constrained state
+        # Row of the verification logits for each constrained draft position; their masks follow the
+        # sampled rows' in the bitmask.
+        self.draft_rows = draft_rows or []
         self._bitmask = bitmask
         self._shifts = shifts
 
@@ -51,16 +63,27 @@ class PendingMasks:
 
     def apply(self, logits: torch.Tensor) -> torch.Tensor:
         """`logits` [R, V] (R = the states given to `start`) as float32, the constrained rows masked."""
+        return self._masked(logits, self.rows, 0)
+
+    def apply_drafts(self, logits: torch.Tensor) -> torch.Tensor:
+        """`logits` [D, V] (D = the drafted rows' positions given to `start`, in order) as float32,
+        the constrained rows' positions masked."""
+        return self._masked(logits, self.draft_rows, len(self.rows))
+
+    def _masked(self, logits: torch.Tensor, rows: list[int], first: int) -> torch.Tensor:
+        """`logits` as float32 with `rows` masked by the bitmask's rows from `first` on."""
         self.wait()
         logits = logits.float()
-        n, vocab = len(self.rows), logits.shape[1]
-        bits = self._bitmask[:n].to(logits.device, non_blocking=True)
+        n, vocab = len(rows), logits.shape[1]
+        if n == 0:
+            return logits
+        bits = self._bitmask[first : first + n].to(logits.device, non_blocking=True)
         # Unpack 32 tokens per int32 word: [n, W] -> [n, W, 32] -> [n, 32 W], cut to the vocabulary.
         allowed = ((bits.unsqueeze(2) >> self._shifts.to(logits.device)) & 1).view(n, -1)[:, :vocab]
         forbidden = allowed == 0
         if n == logits.shape[0]:
             return logits.masked_fill_(forbidden, MASKED_LOGIT)
-        idx = torch.tensor(self.rows, device=logits.device)
+        idx = torch.tensor(rows, device=logits.device)
         return logits.index_copy_(0, idx, logits.index_select(0, idx).masked_fill_(forbidden, MASKED_LOGIT))
 
 
@@ -75,9 +98,15 @@ class StepMasks:
         self._bitmask = torch.zeros((0, self.words), dtype=torch.int32)
         self._shifts = torch.arange(32, dtype=torch.int32)
 
-    def start(self, states: Sequence[SamplingState | None]) -> PendingMasks | None:
+    def start(
+        self,
+        states: Sequence[SamplingState | None],
+        drafts: Sequence[tuple[SamplingState, Sequence[int]]] = (),
+    ) -> PendingMasks | None:
         """Start filling the masks of the constrained rows among `states` (None entries: rows that do
-        not sample; they do not count as rows); None when no row is constrained."""
+        not sample; they do not count as rows) and of the constrained ones among `drafts` (each
+        drafted row's state and draft: len(draft) + 1 verification rows, in order); None when no row
+        is constrained."""
         rows: list[int] = []
         matchers: list[tuple[llguidance.LLMatcher, int]] = []
         r = 0
@@ -89,15 +118,37 @@ class StepMasks:
                 matchers.append((g.raw, len(rows)))
                 rows.append(r)
             r += 1
-        if not rows:
+        draft_rows: list[int] = []
+        drafted: list[tuple[llguidance.LLMatcher, int, list[int]]] = []
+        r = 0
+        for st, draft in drafts:
+            g = st.grammar
+            if g is not None:
+                drafted.append((g.raw, len(rows) + len(draft_rows), list(draft)))
+                draft_rows.extend(range(r, r + len(draft) + 1))
+            r += len(draft) + 1
+        need = len(rows) + len(draft_rows)
+        if not need:
             return None
-        if self._bitmask.shape[0] < len(rows):
-            size = max(len(rows), 2 * self._bitmask.shape[0])
+        if self._bitmask.shape[0] < need:
+            size = max(need, 2 * self._bitmask.shape[0])
             self._bitmask = torch.zeros(
                 (size, self.words), dtype=torch.int32, pin_memory=torch.cuda.is_available()
             )
         bitmask = self._bitmask
-        fill = self._thread.submit(
-            llguidance.torch.fill_next_token_bitmask_par, self._executor, matchers, bitmask
-        )
-        return PendingMasks(fill, rows, bitmask, self._shifts)
+        fill = self._thread.submit(self._fill, matchers, drafted, bitmask)
+        return PendingMasks(fill, rows, bitmask, self._shifts, draft_rows)
+
+    def _fill(
+        self,
+        matchers: list[tuple[llguidance.LLMatcher, int]],
+        drafted: list[tuple[llguidance.LLMatcher, int, list[int]]],
+        bitmask: torch.Tensor,
+    ) -> None:
+        """The mask thread's work: one mask per sampled row, then one per drafted row's position."""
+        if matchers:
+            llguidance.torch.fill_next_token_bitmask_par(self._executor, matchers, bitmask)
+        if drafted:
+            # NOTE: for each matcher: its mask, then each draft token consumed and the mask after it,
+            # into consecutive rows; then rolled back by what it consumed (its state is as before).
+            llguidance.torch.fill_next_token_bitmask_par_with_draft_tokens(self._executor, drafted, bitmask)

@@ -62,6 +62,20 @@ class Matcher:
             return []
         return list(raw.compute_ff_tokens())
 
+    def admitted(self, tokens: list[int]) -> int:
+        """How many of `tokens`, in order, the grammar admits from here (a speculative draft is cut
+        there: engine/speculative.py). Read-only: nothing is consumed.
+
+        NOTE: the count stops before an end-of-turn token. A matcher that consumed one where its
+        grammar had already stopped does not count it in its rollback history, so a draft walked over
+        it could not be rolled back (masks.py); an end of turn ends a constrained output anyway."""
+        raw = self.raw
+        if not tokens or raw.is_error() or raw.is_stopped():
+            return 0
+        n = int(raw.validate_tokens(tokens))
+        ends = self._grammar.ends
+        return next((i for i, t in enumerate(tokens[:n]) if t in ends), n)
+
     @property
     def stopped(self) -> bool:
         """The grammar is complete and admits nothing more: its next mask allows only the ends of turn,
@@ -76,11 +90,19 @@ class Matcher:
 class CompiledGrammar:
     """A compiled constraint: a pristine matcher, copied for each sequence. Immutable once built."""
 
-    __slots__ = ("_pristine", "_tokenizer")
+    __slots__ = ("_ends", "_pristine", "_tokenizer")
 
     def __init__(self, pristine: llguidance.LLMatcher, tokenizer: llguidance.LLTokenizer) -> None:
         self._pristine = pristine
         self._tokenizer = tokenizer
+        self._ends: frozenset[int] | None = None
+
+    @property
+    def ends(self) -> frozenset[int]:
+        """The end-of-turn tokens (what a finished grammar allows)."""
+        if self._ends is None:
+            self._ends = frozenset(self._tokenizer.eos_tokens)
+        return self._ends
 
     def matcher(self) -> Matcher:
         """A fresh matcher at the grammar's start."""
