@@ -27,19 +27,18 @@ from __future__ import annotations
 import argparse
 import collections
 import statistics
-import subprocess
 import time
-import urllib.request
 from dataclasses import dataclass
 
 import torch
-from structured import Timed, free_port, post, run
+from llama_server import LlamaServer, post
+from structured import Timed, run
 
 from radixd.daemon.engine.config import EngineConfig
 from radixd.daemon.engine.core import EngineCore
 from radixd.daemon.engine.factory import build_core
 from radixd.daemon.engine.types import GenerateRequest
-from radixd.daemon.loaders import LoadedModel, default_model_path, load_model
+from radixd.daemon.loaders import LoadedModel, load_model
 from radixd.daemon.sampling import SamplingParams
 
 FILE = "\n".join(
@@ -118,23 +117,6 @@ def engine_run(core: EngineCore, ps: list[list[int]], tag: str, batch: int, max_
     return EngineRun(tokens / elapsed, outs, spent / max(steps, 1) * 1e6, spent / wall)
 
 
-def start_llama(path: str, threads: int, spec: list[str]) -> tuple[subprocess.Popen[bytes], str]:
-    port = free_port()
-    cmd = [path, "-m", default_model_path(), "--port", str(port), "-t", str(threads), "-c", "4096"]
-    cmd += ["-np", "1"]
-    proc = subprocess.Popen([*cmd, *spec], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-    url = f"http://127.0.0.1:{port}"
-    for _ in range(600):
-        try:
-            with urllib.request.urlopen(url + "/health", timeout=1) as r:
-                if r.status == 200:
-                    return proc, url + "/completion"
-        except OSError:
-            time.sleep(0.2)
-    proc.kill()
-    raise RuntimeError("llama-server did not come up")
-
-
 def llama_tps(url: str, ps: list[list[int]], max_tokens: int) -> float:
     """llama-server's decode tokens/s over `ps`, one at a time (its own timings)."""
     n = 0
@@ -198,16 +180,13 @@ def main() -> None:
     spec = cores[args.speculative_tokens].stats()
     if args.llama_server:
         for name, flags in (("off", ["--spec-type", "none"]), ("on", ["--spec-type", "ngram-simple"])):
-            proc, url = start_llama(args.llama_server, args.threads, flags)
-            try:
+            with LlamaServer(args.llama_server, args.threads, extra=flags) as url:
                 for trace in ("repetitive", "chat"):
                     ps = prompts(lm, trace, trace_size(trace, 1))
                     llama_tps(url, ps[:1], args.max_tokens)  # warm-up
                     for _ in range(max(args.rounds, 1)):
                         out[f"llama {trace} b1 spec={name}"].append(llama_tps(url, ps, args.max_tokens))
                         print(f"llama {trace} b1 spec={name}: {out[f'llama {trace} b1 spec={name}'][-1]:.2f}")
-            finally:
-                proc.kill()
     med = {k: statistics.median(v) for k, v in out.items()}
     for k, v in sorted(med.items()):
         print(f"{k:36s} median {v:8.2f} tok/s   rounds {' '.join(f'{x:.2f}' for x in out[k])}")

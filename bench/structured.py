@@ -22,21 +22,19 @@ import argparse
 import collections
 import dataclasses
 import json
-import socket
 import statistics
-import subprocess
 import time
-import urllib.request
 from collections.abc import Callable
 from typing import Any
 
 import torch
+from llama_server import LlamaServer, post
 
 from radixd.daemon.engine.config import EngineConfig
 from radixd.daemon.engine.core import EngineCore
 from radixd.daemon.engine.factory import build_core
 from radixd.daemon.engine.types import GenerateRequest, RequestOutput
-from radixd.daemon.loaders import LoadedModel, default_model_path, load_model
+from radixd.daemon.loaders import LoadedModel, load_model
 from radixd.daemon.sampling import SamplingParams
 from radixd.daemon.structured.spec import Constraint
 
@@ -149,18 +147,6 @@ def ttft_round(lm: LoadedModel, core: EngineCore, rnd: int, out: dict[str, list[
             out[f"ttft {name} ms"].append(run(core, [r]).ttft[r.request_id] * 1e3)
 
 
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
-def post(url: str, body: dict[str, Any]) -> dict[str, Any]:
-    req = urllib.request.Request(url, json.dumps(body).encode(), {"Content-Type": "application/json"})
-    with urllib.request.urlopen(req, timeout=600) as resp:
-        return json.loads(resp.read())  # type: ignore[no-any-return]
-
-
 def llama_round(url: str, prompt: list[int], out: dict[str, list[float]]) -> None:
     """llama-server at batch 1: `json_schema`, then unconstrained of the same length."""
     base = {"prompt": prompt, "temperature": 0.0, "cache_prompt": False}
@@ -169,25 +155,6 @@ def llama_round(url: str, prompt: list[int], out: dict[str, list[float]]) -> Non
     out["llama b1 constrained"].append(float(con["timings"]["predicted_per_second"]))
     plain = post(url, base | {"n_predict": n, "ignore_eos": True})
     out["llama b1 unconstrained"].append(float(plain["timings"]["predicted_per_second"]))
-
-
-def start_llama(path: str, threads: int) -> tuple[subprocess.Popen[bytes], str]:
-    port = free_port()
-    proc = subprocess.Popen(
-        [path, "-m", default_model_path(), "--port", str(port), "-t", str(threads), "-c", "4096", "-np", "1"],
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.DEVNULL,
-    )
-    url = f"http://127.0.0.1:{port}"
-    for _ in range(600):
-        try:
-            with urllib.request.urlopen(url + "/health", timeout=1) as r:
-                if r.status == 200:
-                    return proc, url + "/completion"
-        except OSError:
-            time.sleep(0.2)
-    proc.kill()
-    raise RuntimeError("llama-server did not come up")
 
 
 def main() -> None:
@@ -203,7 +170,8 @@ def main() -> None:
     torch.set_num_threads(args.threads)
     lm = load_model(dtype=args.dtype)
     cores = {jf: build_core(lm, EngineConfig(jump_forward=jf), num_blocks=2048) for jf in (True, False)}
-    llama = start_llama(args.llama_server, args.threads) if args.llama_server else None
+    llama = LlamaServer(args.llama_server, args.threads) if args.llama_server else None
+    url = llama.ready() if llama is not None else ""
     out: dict[str, list[float]] = collections.defaultdict(list)
     sections = set(args.sections.split(","))
     steps: list[Callable[[int], None]] = []
@@ -213,7 +181,7 @@ def main() -> None:
     if "ttft" in sections:
         steps.append(lambda r: ttft_round(lm, cores[True], r, out, args.ttft_reps))
     if llama is not None and "llama" in sections:
-        steps.append(lambda r: llama_round(llama[1], prompts(lm, 1)[0], out))
+        steps.append(lambda r: llama_round(url, prompts(lm, 1)[0], out))
     try:
         for rnd in range(-1, args.rounds):  # round -1 warms up (compiles, caches); not kept
             for s in steps:
@@ -223,7 +191,7 @@ def main() -> None:
             print(f"round {rnd} done", flush=True)
     finally:
         if llama is not None:
-            llama[0].kill()
+            llama.close()
     med = {k: statistics.median(v) for k, v in out.items()}
     for k, v in sorted(med.items()):
         print(f"{k:40s} median {v:9.2f}   rounds {' '.join(f'{x:.2f}' for x in out[k])}")
