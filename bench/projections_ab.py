@@ -9,7 +9,9 @@ and, per design, the median over rounds of its ratio to `old` (today's kernels b
 
 Designs:
 - float32: `old` = `x @ W` through MKL for every row count (no plan: rows of 1-11 take other
-  kernels); `compiled` = the compiled kernel of daemon/model/f32.py (the default where it builds);
+  kernels); `compiled` = the compiled kernel of daemon/model/f32.py (the default where it builds),
+  over the GGUF's Q4_1 / Q8_0 blocks where the weights have them; `compiled-f32` = the same kernel
+  over the fp32 weights;
   `onednn` = oneDNN's inner product over weights packed once at load (its fallback); `mkl-pad` =
   MKL's `x @ W` with calls of fewer rows than its probed floor padded up to it.
 - int4: `old` = the int4 kernel up to 12 rows and the bf16 GEMM above; `kernel` = the int4 kernel for
@@ -25,9 +27,11 @@ measurement did not finish one round in 30 minutes on the loaded 2-core machine 
 from __future__ import annotations
 
 import argparse
+import functools
 import statistics
 import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 import torch
@@ -37,6 +41,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from offline import RadixdSide, prompts
 
 from radixd.daemon.loaders import load_model
+from radixd.daemon.model.f32 import F32Linear
 from radixd.daemon.model.int4 import Int4Linear
 from radixd.daemon.model.linear import InOutLinear, Linear, OutInLinear, PackedLinear
 from radixd.daemon.model.llama import LlamaModel, _LayerOps
@@ -82,7 +87,7 @@ def designs(model: LlamaModel) -> dict[str, Design]:
     """The designs of `model`'s mode, each as (layers' projections, lm_head)."""
     own = (list(model._ops), model._lm_head)
 
-    def each(make: type[OldMm] | type[InOutLinear] | type[PackedLinear]) -> list[_LayerOps]:
+    def each(make: Callable[[torch.Tensor, torch.Tensor | None], Linear]) -> list[_LayerOps]:
         return [
             _LayerOps(
                 *(make(o.weight.float().contiguous(), o.bias) for o in (m.qkv, m.o_proj, m.gate_up, m.down))
@@ -92,9 +97,11 @@ def designs(model: LlamaModel) -> dict[str, Design]:
 
     if model.precision.name == "float32":
         head = model._lm_head
+        fp32_weights = functools.partial(F32Linear, gguf_blocks=False)
         return {
             "old": (each(OldMm), OldMm(head.weight, None)),
             "compiled": own,
+            "compiled-f32": (each(fp32_weights), fp32_weights(head.weight, None)),
             "onednn": (each(PackedLinear), PackedLinear(head.weight, None)),
             "mkl-pad": (each(InOutLinear), InOutLinear(head.weight, None)),
         }

@@ -7,7 +7,10 @@
  * which outputs are computed together, never how one is summed: a row's result is bitwise the same
  * in a call of 1 row or 512, at any position, on any number of threads. */
 #include <immintrin.h>
+#include <math.h>
 #include <stdint.h>
+#include <stdlib.h>
+#include <string.h>
 
 static inline float hsum(__m256 v) {
     __m128 a = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
@@ -69,23 +72,172 @@ static const tile_fn TILES[4][8] = {ROW_OF_FNS(1), ROW_OF_FNS(2), ROW_OF_FNS(3),
 static const int TILE_OUTPUTS[4] = {8, 4, 4, 3};
 #define ROWS 4
 
-/* y [m, n] = x [m, k] . w [n, k]^T, all contiguous. Threads split the outputs into blocks whose
- * weights fit in a core's L2 (reused by every row tile of the call); within a block, tiles of up to
- * 4 rows run across it, their x rows staying in L1. */
-void f32_gemm(const float *x, int64_t m, int64_t k, const float *w, int64_t n, float *y, int threads) {
+/* Where a call's weights come from: fp32 rows, or GGUF's Q4_1 / Q8_0 blocks of 32 inputs that a block of
+ * rows is expanded from, into a per-thread buffer, right before the tiles read it. The expansion
+ * computes each weight exactly as the GGUF reader does (Q4_1: (d * q) + m, Q8_0: q * d, fp32, each
+ * operation rounded on its own), so the tiles see bitwise the fp32 weights and the result equals the
+ * fp32 call's bit for bit, while a call streams 5 (Q4_1) or 9 (Q8_0) bits per weight instead of 32. */
+enum { SRC_F32 = 0, SRC_Q4_1 = 1, SRC_Q8_0 = 2 };
+
+/* Rows [n0, n1) of a coded matrix with k inputs (k % 32 == 0), as fp32 rows of stride k. */
+static void expand(int kind, const void *codes, const float *d, const float *mn, int64_t k, int64_t n0,
+                   int64_t n1, float *out) {
+    int64_t groups = k / 32;
+    for (int64_t r = n0; r < n1; r++) {
+        for (int64_t g = 0; g < groups; g++) {
+            int64_t at = r * groups + g;
+            __m256 dv = _mm256_set1_ps(d[at]);
+            float *o = out + (r - n0) * k + g * 32;
+            __m256i v[4];
+            if (kind == SRC_Q4_1) {
+                /* byte j holds input j in its low nibble and input j + 16 in its high one */
+                __m128i b = _mm_loadu_si128((const __m128i *)((const uint8_t *)codes + at * 16));
+                __m128i lo = _mm_and_si128(b, _mm_set1_epi8(0x0F));
+                __m128i hi = _mm_and_si128(_mm_srli_epi16(b, 4), _mm_set1_epi8(0x0F));
+                v[0] = _mm256_cvtepu8_epi32(lo);
+                v[1] = _mm256_cvtepu8_epi32(_mm_srli_si128(lo, 8));
+                v[2] = _mm256_cvtepu8_epi32(hi);
+                v[3] = _mm256_cvtepu8_epi32(_mm_srli_si128(hi, 8));
+                __m256 mv = _mm256_set1_ps(mn[at]);
+                for (int i = 0; i < 4; i++)
+                    _mm256_storeu_ps(o + 8 * i, _mm256_add_ps(_mm256_mul_ps(dv, _mm256_cvtepi32_ps(v[i])), mv));
+            } else {
+                const int8_t *q = (const int8_t *)codes + at * 32;
+                for (int i = 0; i < 4; i++) {
+                    v[i] = _mm256_cvtepi8_epi32(_mm_loadl_epi64((const __m128i *)(q + 8 * i)));
+                    _mm256_storeu_ps(o + 8 * i, _mm256_mul_ps(_mm256_cvtepi32_ps(v[i]), dv));
+                }
+            }
+        }
+    }
+}
+
+/* A per-thread buffer of at least `n` floats (kept for the thread's next calls). */
+static float *scratch(int64_t n) {
+    static _Thread_local float *buf = 0;
+    static _Thread_local int64_t cap = 0;
+    if (n > cap) {
+        free(buf);
+        cap = n;
+        buf = aligned_alloc(64, (size_t)((n * 4 + 63) / 64 * 64));
+    }
+    return buf;
+}
+
+/* y [m, n] = x [m, k] . W [n, k]^T, all contiguous; W from `kind` (see above): fp32 rows `w`, or the
+ * codes `w` with per-group scales `d` (and minimums `mn` for Q4_1). Threads split the outputs into
+ * blocks whose weights fit in a core's L2 (reused by every row tile of the call); within a block,
+ * tiles of up to 4 rows run across it, their x rows staying in L1. Returns 0, or -1 where a buffer
+ * could not be allocated (y is then incomplete). */
+static int gemm(int kind, const float *x, int64_t m, int64_t k, const void *w, const float *d, const float *mn,
+                int64_t n, float *y, int threads) {
     int64_t block = (128 * 1024 / 4) / (k > 0 ? k : 1);
     block = block < 24 ? 24 : block - block % 24; /* a multiple of every tile width */
     int64_t blocks = (n + block - 1) / block;
-#pragma omp parallel for num_threads(threads) schedule(static)
+    int failed = 0;
+#pragma omp parallel for num_threads(threads) schedule(static) reduction(| : failed)
     for (int64_t b = 0; b < blocks; b++) {
         int64_t n0 = b * block, n1 = n0 + block < n ? n0 + block : n;
+        const float *wb = (const float *)w + n0 * k; /* row n0 of the block's fp32 rows */
+        if (kind != SRC_F32) {
+            float *buf = scratch(block * k);
+            if (!buf) {
+                failed = 1;
+                continue;
+            }
+            expand(kind, w, d, mn, k, n0, n1, buf);
+            wb = buf;
+        }
         for (int64_t m0 = 0; m0 < m; m0 += ROWS) {
             int mt = (int)(m - m0 < ROWS ? m - m0 : ROWS);
             int nt = TILE_OUTPUTS[mt - 1];
             for (int64_t j0 = n0; j0 < n1; j0 += nt) {
                 int ntt = (int)(n1 - j0 < nt ? n1 - j0 : nt);
-                TILES[mt - 1][ntt - 1](x + m0 * k, k, w + j0 * k, k, y + m0 * n + j0, n);
+                TILES[mt - 1][ntt - 1](x + m0 * k, k, wb + (j0 - n0) * k, k, y + m0 * n + j0, n);
             }
         }
     }
+    return failed ? -1 : 0;
+}
+
+/* fp32 weights w [n, k]. */
+int f32_gemm(const float *x, int64_t m, int64_t k, const float *w, int64_t n, float *y, int threads) {
+    return gemm(SRC_F32, x, m, k, w, 0, 0, n, y, threads);
+}
+
+/* Q4_1 weights: codes [n, k / 2] (16 bytes per group of 32), d and mn [n, k / 32]. */
+int q4_1_gemm(const float *x, int64_t m, int64_t k, const uint8_t *codes, const float *d, const float *mn,
+              int64_t n, float *y, int threads) {
+    return gemm(SRC_Q4_1, x, m, k, codes, d, mn, n, y, threads);
+}
+
+/* Q8_0 weights: codes [n, k] int8, d [n, k / 32]. */
+int q8_0_gemm(const float *x, int64_t m, int64_t k, const int8_t *codes, const float *d, int64_t n, float *y,
+              int threads) {
+    return gemm(SRC_Q8_0, x, m, k, codes, d, 0, n, y, threads);
+}
+
+static float half_round(float v) { return _cvtsh_ss(_cvtss_sh(v, 0)); }
+
+/* Bitwise equality (0.0 and -0.0 differ here). */
+static int same_bits(float a, float b) {
+    uint32_t x, y;
+    memcpy(&x, &a, 4);
+    memcpy(&y, &b, 4);
+    return x == y;
+}
+
+/* The Q4_1 blocks (scale and minimum fp16 values, codes 0..15) that the fp32 matrix w [n, k] was
+ * expanded from, as GGUF's quantizer lays them out (the group's minimum has code 0, its maximum 15).
+ * Returns 1 when every weight is recovered bit for bit by (d * q) + m, else 0 (the outputs are then
+ * meaningless: the matrix is not Q4_1 data). */
+int q4_1_encode(const float *w, int64_t n, int64_t k, uint8_t *codes, float *d, float *mn) {
+    int64_t groups = k / 32;
+    int ok = 1;
+#pragma omp parallel for schedule(static) reduction(& : ok)
+    for (int64_t at = 0; at < n * groups; at++) {
+        const float *v = w + at * 32;
+        float lo = v[0], hi = v[0];
+        for (int i = 1; i < 32; i++) {
+            lo = v[i] < lo ? v[i] : lo;
+            hi = v[i] > hi ? v[i] : hi;
+        }
+        float dd = half_round((hi - lo) / 15.0f);
+        uint8_t q[32];
+        int good = same_bits(half_round(lo), lo);
+        for (int i = 0; i < 32; i++) {
+            float c = dd > 0 ? nearbyintf((v[i] - lo) / dd) : 0.0f;
+            c = c < 0 ? 0 : c > 15 ? 15 : c;
+            q[i] = (uint8_t)c;
+            good &= same_bits((dd * c) + lo, v[i]); /* two roundings (-ffp-contract=off), as numpy's */
+        }
+        for (int j = 0; j < 16; j++) codes[at * 16 + j] = (uint8_t)(q[j] | (q[j + 16] << 4));
+        d[at] = dd;
+        mn[at] = lo;
+        ok &= good;
+    }
+    return ok;
+}
+
+/* Likewise for Q8_0 (fp16 scale, codes -127..127, weight = q * d). */
+int q8_0_encode(const float *w, int64_t n, int64_t k, int8_t *codes, float *d) {
+    int64_t groups = k / 32;
+    int ok = 1;
+#pragma omp parallel for schedule(static) reduction(& : ok)
+    for (int64_t at = 0; at < n * groups; at++) {
+        const float *v = w + at * 32;
+        float amax = 0;
+        for (int i = 0; i < 32; i++) amax = fabsf(v[i]) > amax ? fabsf(v[i]) : amax;
+        float dd = half_round(amax / 127.0f);
+        int good = 1;
+        for (int i = 0; i < 32; i++) {
+            float c = dd > 0 ? nearbyintf(v[i] / dd) : 0.0f;
+            c = c < -127 ? -127 : c > 127 ? 127 : c;
+            codes[at * 32 + i] = (int8_t)c;
+            good &= same_bits(c * dd, v[i]);
+        }
+        d[at] = dd;
+        ok &= good;
+    }
+    return ok;
 }

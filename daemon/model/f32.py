@@ -9,6 +9,12 @@ batch 2, runs a one-row call at about half the speed of the weight stream. This 
 GIL) reads the plain [out, in] weights: a one-row call streams them at the memory's speed, and
 tiles of up to 4 rows reach MKL's GEMM speed on prefill chunks (bench/projections_ab.py).
 
+Weights that a GGUF stored in Q4_1 or Q8_0 blocks (the embedded model's layers and embedding) are
+kept as those blocks, recovered from the fp32 matrix at load and checked bit for bit: a call expands
+a few rows at a time into fp32, exactly as the GGUF reader did, right before the same tiles read
+them, so it streams 5 or 9 bits per weight instead of 32 and still returns bitwise the result of the
+fp32 weights. Other weights (a Hugging Face checkpoint's) run as fp32.
+
 NOTE: row-invariant by construction: each output sums its products in 8 lanes over k in increasing
 order, then one fixed horizontal sum, whatever the row count, the row's position or the thread
 count. It still runs behind `RowInvariant`, whose probe checks that at load like every projection's.
@@ -23,26 +29,52 @@ import platform
 import torch
 
 from radixd.daemon.model.invariant import RowInvariant
+from radixd.daemon.model.linear import GROUP
 from radixd.kernels.native import cpu_flags, load
 
 _SOURCE = "f32_gemm.c"
 # -O3: the tiles' loops over their constant row and output counts must unroll for the accumulators to
 # stay in registers.
-_FLAGS = ("-O3", "-mavx2", "-mfma", "-fopenmp")
+# -ffp-contract=off: expanding a Q4_1 weight must round (d * q) and then + m on their own, as the GGUF
+# reader's numpy does, never as one FMA.
+_FLAGS = ("-O3", "-mavx2", "-mfma", "-mf16c", "-ffp-contract=off", "-fopenmp")
 
 
 @functools.cache
 def _kernel() -> ctypes.CDLL | None:
     """The loaded kernel, or None where it cannot run (not x86-64 with AVX2 and FMA, no compiler)."""
-    if platform.machine() not in ("x86_64", "AMD64") or not {"avx2", "fma"} <= cpu_flags():
+    if platform.machine() not in ("x86_64", "AMD64") or not {"avx2", "fma", "f16c"} <= cpu_flags():
         return None
     lib = load(_SOURCE, _FLAGS, "fp32 projections run through oneDNN")
     if lib is None:
         return None
     i64, ptr = ctypes.c_int64, ctypes.c_void_p
-    lib.f32_gemm.argtypes = [ptr, i64, i64, ptr, i64, ptr, ctypes.c_int]
-    lib.f32_gemm.restype = None
+    i32 = ctypes.c_int
+    lib.f32_gemm.argtypes = [ptr, i64, i64, ptr, i64, ptr, i32]
+    lib.q4_1_gemm.argtypes = [ptr, i64, i64, ptr, ptr, ptr, i64, ptr, i32]
+    lib.q8_0_gemm.argtypes = [ptr, i64, i64, ptr, ptr, i64, ptr, i32]
+    lib.q4_1_encode.argtypes = [ptr, i64, i64, ptr, ptr, ptr]
+    lib.q8_0_encode.argtypes = [ptr, i64, i64, ptr, ptr]
+    for f in (lib.f32_gemm, lib.q4_1_gemm, lib.q8_0_gemm, lib.q4_1_encode, lib.q8_0_encode):
+        f.restype = i32
     return lib
+
+
+def _blocks(lib: ctypes.CDLL, w: torch.Tensor) -> tuple[str, list[torch.Tensor]] | None:
+    """The GGUF blocks `w` expands from bit for bit: ("q4_1", [codes, d, m]) or ("q8_0", [codes, d]);
+    None for other weights."""
+    out_f, in_f = w.shape
+    if in_f % GROUP or not out_f:
+        return None
+    d = torch.empty(out_f, in_f // GROUP)
+    mn = torch.empty_like(d)
+    nib = torch.empty(out_f, in_f // 2, dtype=torch.uint8)
+    if lib.q4_1_encode(w.data_ptr(), out_f, in_f, nib.data_ptr(), d.data_ptr(), mn.data_ptr()):
+        return "q4_1", [nib, d, mn]
+    q8 = torch.empty(out_f, in_f, dtype=torch.int8)
+    if lib.q8_0_encode(w.data_ptr(), out_f, in_f, q8.data_ptr(), d.data_ptr()):
+        return "q8_0", [q8, d]
+    return None
 
 
 def f32_available() -> bool:
@@ -51,19 +83,23 @@ def f32_available() -> bool:
 
 
 class F32Linear:
-    """fp32 `y = x W^T + b` over the [out, in] weight as given (`weight` is that very tensor)."""
+    """fp32 `y = x W^T + b` over the [out, in] weight as given (`weight` is that very tensor), run from
+    its GGUF blocks where it has them and `gguf_blocks` allows (`coding`: "q4_1", "q8_0" or "f32")."""
 
-    def __init__(self, w_out_in: torch.Tensor, bias: torch.Tensor | None) -> None:
+    def __init__(self, w_out_in: torch.Tensor, bias: torch.Tensor | None, gguf_blocks: bool = True) -> None:
         lib = _kernel()
         if lib is None:
             raise RuntimeError("the fp32 kernel needs an x86-64 CPU with AVX2 and FMA and a C compiler")
         if w_out_in.device.type != "cpu" or w_out_in.dtype != torch.float32:
             raise ValueError(f"F32Linear runs fp32 weights on CPU, got {w_out_in.dtype} on {w_out_in.device}")
-        self._gemm = lib.f32_gemm
+        self._lib = lib
         self.weight = w_out_in.contiguous()
         self.bias = bias
+        blocks = _blocks(lib, self.weight) if gguf_blocks else None
+        self.coding, self._operands = blocks if blocks is not None else ("f32", [self.weight])
+        self._gemm = getattr(lib, f"{self.coding}_gemm")
         out_f, in_f = self.weight.shape
-        kind = "f32" if bias is None else "f32+bias"
+        kind = self.coding if bias is None else f"{self.coding}+bias"
         self._rows = RowInvariant(kind, self._kernel, in_f, out_f, torch.float32, self.weight.device)
 
     def _kernel(self, x: torch.Tensor) -> torch.Tensor:
@@ -73,15 +109,11 @@ class F32Linear:
             raise ValueError(f"expected [N, {in_f}] inputs, got {list(x.shape)}")
         y = torch.empty(xf.shape[0], out_f, dtype=torch.float32)
         if xf.shape[0]:
-            self._gemm(
-                xf.data_ptr(),
-                xf.shape[0],
-                in_f,
-                self.weight.data_ptr(),
-                out_f,
-                y.data_ptr(),
-                torch.get_num_threads(),
-            )
+            ptrs = [t.data_ptr() for t in self._operands]
+            if self._gemm(
+                xf.data_ptr(), xf.shape[0], in_f, *ptrs, out_f, y.data_ptr(), torch.get_num_threads()
+            ):
+                raise MemoryError("the fp32 kernel could not allocate its expansion buffer")
         return y if self.bias is None else y + self.bias
 
     def __call__(self, x: torch.Tensor) -> torch.Tensor:

@@ -169,10 +169,11 @@ class LlamaModel:
     projection is held and run (`linear.py`); the weights are converted to it here.
 
     NOTE: afterwards `weights` holds the model's own tensors in the precision's dtype: its matrices are
-    [out, in] views of (or, in int8 mode, the dequantized copies behind) what the projections run, so
-    nothing is held twice (where fp32 falls back to oneDNN, its packed copies are held beside them); in
-    the quantized modes (int4, int8) a tied embedding is the dequantized
-    lm_head (`make_lm_head`), beside the int8 codes the head runs.
+    the very [out, in] tensors (or, in int8 mode, the dequantized copies behind) what the projections
+    run. Beside them: in fp32, a GGUF's Q4_1 / Q8_0 blocks that the compiled kernel streams instead
+    (`f32.py`, +~20% of the fp32 bytes), or oneDNN's packed copies where it falls back to that; in
+    the quantized modes (int4, int8) the codes, and a tied embedding is the dequantized lm_head
+    (`make_lm_head`), beside the int8 codes the head runs.
     """
 
     def __init__(

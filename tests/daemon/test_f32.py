@@ -8,6 +8,7 @@ import shutil
 import pytest
 import torch
 
+from radixd.daemon.loaders import LoadedModel
 from radixd.daemon.model.f32 import F32Linear, f32_available
 from radixd.daemon.model.llama import make_linear, make_lm_head
 from radixd.daemon.model.precision import PRECISIONS
@@ -81,3 +82,68 @@ def test_the_float32_mode_runs_it_over_its_weights_as_given() -> None:
     lin = make_linear(w, None, PRECISIONS["float32"], CPU)
     assert type(lin) is F32Linear and lin.weight is w  # no second copy of the weights
     assert type(make_lm_head(w, PRECISIONS["float32"], CPU)) is F32Linear
+
+
+def q4_1_weights(out_f: int, in_f: int, seed: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """Weights as the GGUF reader expands Q4_1 blocks: (d * q) + m per 32 inputs, d and m fp16, each
+    group's codes spanning 0..15; -> (weights, codes)."""
+    g = torch.Generator().manual_seed(seed)
+    q = torch.randint(0, 16, (out_f, in_f // 32, 32), generator=g)
+    q[:, :, 0], q[:, :, 1] = 0, 15
+    d = (torch.rand(out_f, in_f // 32, 1, generator=g) * 1e-2 + 1e-4).half().float()
+    m = (-torch.rand(out_f, in_f // 32, 1, generator=g) * 0.1).half().float()
+    return ((d * q.float()) + m).reshape(out_f, in_f), q.reshape(out_f, in_f)
+
+
+def q8_0_weights(out_f: int, in_f: int, seed: int) -> torch.Tensor:
+    """Weights as the GGUF reader expands Q8_0 blocks: q * d per 32 inputs, d fp16, |q| reaching 127."""
+    g = torch.Generator().manual_seed(seed)
+    q = torch.randint(-127, 128, (out_f, in_f // 32, 32), generator=g)
+    q[:, :, 5] = 127
+    d = (torch.rand(out_f, in_f // 32, 1, generator=g) * 1e-3 + 1e-5).half().float()
+    return (q.float() * d).reshape(out_f, in_f)
+
+
+def same_as_fp32_weights(lin: F32Linear, rows: tuple[int, ...] = (1, 2, 3, 5, 8, 70)) -> None:
+    fp32 = F32Linear(lin.weight, lin.bias, gguf_blocks=False)
+    assert fp32.coding == "f32"
+    for m in rows:
+        x = torch.randn(m, lin.weight.shape[1], generator=torch.Generator().manual_seed(m))
+        assert torch.equal(lin(x), fp32(x)), m
+
+
+def test_q4_1_weights_run_from_their_blocks_bitwise_as_fp32() -> None:
+    w, codes = q4_1_weights(200, 96, seed=6)
+    lin = F32Linear(w, None)
+    assert lin.coding == "q4_1"
+    nib = lin._operands[0]  # the recovered codes: input j in the low nibble, j + 16 in the high one
+    low, high = (nib & 15).reshape(200, 3, 16), (nib >> 4).reshape(200, 3, 16)
+    assert torch.equal(torch.cat((low, high), dim=2).reshape(200, 96).long(), codes)
+    same_as_fp32_weights(lin)
+
+
+def test_q8_0_weights_run_from_their_blocks_bitwise_as_fp32() -> None:
+    lin = F32Linear(q8_0_weights(130, 64, seed=7), torch.randn(130))
+    assert lin.coding == "q8_0"
+    same_as_fp32_weights(lin)
+
+
+def test_weights_off_the_grids_run_as_fp32() -> None:
+    w, _ = q4_1_weights(8, 64, seed=8)
+    w[3, 40] = torch.nextafter(w[3, 40], torch.tensor(1.0))  # one weight one ulp off its block
+    assert F32Linear(w, None).coding == "f32"
+    assert F32Linear(torch.randn(8, 64), None).coding == "f32"
+    assert F32Linear(torch.randn(8, 24), None).coding == "f32"  # not groups of 32
+
+
+@pytest.mark.slow
+def test_the_embedded_models_blocks_are_run_bitwise_as_its_fp32_weights(smollm: LoadedModel) -> None:
+    """The Q4_1 GGUF's layers and its Q8_0 embedding (the tied lm_head) run from their blocks."""
+    projections = smollm.model.projections()
+    assert all(isinstance(p, F32Linear) and p.coding == "q4_1" for p in projections[:-1])
+    head = projections[-1]
+    assert isinstance(head, F32Linear) and head.coding == "q8_0"
+    same_as_fp32_weights(head, rows=(1, 4))
+    layer = projections[2]
+    assert isinstance(layer, F32Linear)
+    same_as_fp32_weights(layer)
