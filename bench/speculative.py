@@ -4,7 +4,9 @@ Two traces, each at every batch size of `--batches` (default 1,8: one request at
 at once):
 - repetitive (an agent's): a ~400-token file rewritten with a small change, a tool output quoted
   back, a second turn restating the first;
-- non-repetitive: short chat questions answered in prose.
+- non-repetitive: short chat questions answered in prose, each answer ending where the model ends it
+  (the repetitive trace ignores EOS to rewrite whole files; a chat answer run past its end would
+  start repeating itself, which drafts would then find).
 
 Per round, speculation on and off alternate (which goes first alternates too) so background load drifts
 hit both alike; medians over `--rounds`. The prefix cache is flushed before every run, so drafts come
@@ -95,11 +97,13 @@ class EngineRun:
     draft_share: float  # drafting time over the run's wall time
 
 
-def engine_run(core: EngineCore, ps: list[list[int]], tag: str, batch: int, max_tokens: int) -> EngineRun:
+def engine_run(
+    core: EngineCore, ps: list[list[int]], tag: str, batch: int, max_tokens: int, trace: str
+) -> EngineRun:
     """Decode tokens/s, outputs and drafting cost of `ps`, `batch` at a time, from a flushed prefix
     cache."""
     core.admin.flush("evict_unlocked")
-    params = SamplingParams(max_tokens=max_tokens, temperature=0.0, ignore_eos=True)
+    params = SamplingParams(max_tokens=max_tokens, temperature=0.0, ignore_eos=trace == "repetitive")
     tokens = 0
     elapsed = 0.0
     outs: list[list[int]] = []
@@ -117,7 +121,7 @@ def engine_run(core: EngineCore, ps: list[list[int]], tag: str, batch: int, max_
     return EngineRun(tokens / elapsed, outs, spent / max(steps, 1) * 1e6, spent / wall)
 
 
-def llama_tps(url: str, ps: list[list[int]], max_tokens: int) -> float:
+def llama_tps(url: str, ps: list[list[int]], max_tokens: int, trace: str) -> float:
     """llama-server's decode tokens/s over `ps`, one at a time (its own timings)."""
     n = 0
     ms = 0.0
@@ -127,7 +131,7 @@ def llama_tps(url: str, ps: list[list[int]], max_tokens: int) -> float:
             "temperature": 0.0,
             "n_predict": max_tokens,
             "cache_prompt": False,
-            "ignore_eos": True,
+            "ignore_eos": trace == "repetitive",
         }
         t = post(url, body)
         n += int(t["timings"]["predicted_n"]) - 1
@@ -164,7 +168,7 @@ def main() -> None:
             order = sorted(cores, reverse=rnd % 2 == 1)
             got: dict[int, list[list[int]]] = {}
             for k in order:
-                r = engine_run(cores[k], ps, f"{trace}{b}-{rnd}-{k}", b, args.max_tokens)
+                r = engine_run(cores[k], ps, f"{trace}{b}-{rnd}-{k}", b, args.max_tokens, trace)
                 got[k] = r.outputs
                 if rnd >= 0:
                     out[f"{trace} b{b} spec={'on' if k else 'off'}"].append(r.tps)
@@ -183,9 +187,11 @@ def main() -> None:
             with LlamaServer(args.llama_server, args.threads, extra=flags) as url:
                 for trace in ("repetitive", "chat"):
                     ps = prompts(lm, trace, trace_size(trace, 1))
-                    llama_tps(url, ps[:1], args.max_tokens)  # warm-up
+                    llama_tps(url, ps[:1], args.max_tokens, trace)  # warm-up
                     for _ in range(max(args.rounds, 1)):
-                        out[f"llama {trace} b1 spec={name}"].append(llama_tps(url, ps, args.max_tokens))
+                        out[f"llama {trace} b1 spec={name}"].append(
+                            llama_tps(url, ps, args.max_tokens, trace)
+                        )
                         print(f"llama {trace} b1 spec={name}: {out[f'llama {trace} b1 spec={name}'][-1]:.2f}")
     med = {k: statistics.median(v) for k, v in out.items()}
     for k, v in sorted(med.items()):
