@@ -7,10 +7,8 @@
  * which outputs are computed together, never how one is summed: a row's result is bitwise the same
  * in a call of 1 row or 512, at any position, on any number of threads. */
 #include <immintrin.h>
-#include <math.h>
 #include <stdint.h>
 #include <stdlib.h>
-#include <string.h>
 
 static inline float hsum(__m256 v) {
     __m128 a = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
@@ -179,37 +177,51 @@ int q8_0_gemm(const float *x, int64_t m, int64_t k, const int8_t *codes, const f
 
 static float half_round(float v) { return _cvtsh_ss(_cvtss_sh(v, 0)); }
 
-/* Bitwise equality (0.0 and -0.0 differ here). */
-static int same_bits(float a, float b) {
-    uint32_t x, y;
-    memcpy(&x, &a, 4);
-    memcpy(&y, &b, 4);
-    return x == y;
+
+static float hmin(__m256 v) {
+    __m128 a = _mm_min_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
+    a = _mm_min_ps(a, _mm_movehl_ps(a, a));
+    return _mm_cvtss_f32(_mm_min_ss(a, _mm_movehdup_ps(a)));
 }
+
+static float hmax(__m256 v) {
+    __m128 a = _mm_max_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
+    a = _mm_max_ps(a, _mm_movehl_ps(a, a));
+    return _mm_cvtss_f32(_mm_max_ss(a, _mm_movehdup_ps(a)));
+}
+
+/* Whether every lane of a and b holds the same bits (0.0 and -0.0 differ here). */
+static int same_bits(__m256 a, __m256 b) {
+    __m256i eq = _mm256_cmpeq_epi32(_mm256_castps_si256(a), _mm256_castps_si256(b));
+    return _mm256_movemask_epi8(eq) == -1;
+}
+
+#define NEAREST (_MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC)
 
 /* The Q4_1 blocks (scale and minimum fp16 values, codes 0..15) that the fp32 matrix w [n, k] was
  * expanded from, as GGUF's quantizer lays them out (the group's minimum has code 0, its maximum 15).
  * Returns 1 when every weight is recovered bit for bit by (d * q) + m, else 0 (the outputs are then
- * meaningless: the matrix is not Q4_1 data). */
+ * meaningless: the matrix is not Q4_1 data). A code is only a candidate until that check passes.
+ * One thread: it runs once per matrix at load (~2 ms for 1.8M weights), where waking a second thread
+ * on a busy machine can cost more than that. */
 int q4_1_encode(const float *w, int64_t n, int64_t k, uint8_t *codes, float *d, float *mn) {
     int64_t groups = k / 32;
     int ok = 1;
-#pragma omp parallel for schedule(static) reduction(& : ok)
     for (int64_t at = 0; at < n * groups; at++) {
-        const float *v = w + at * 32;
-        float lo = v[0], hi = v[0];
-        for (int i = 1; i < 32; i++) {
-            lo = v[i] < lo ? v[i] : lo;
-            hi = v[i] > hi ? v[i] : hi;
-        }
+        const float *p = w + at * 32;
+        __m256 v[4];
+        for (int i = 0; i < 4; i++) v[i] = _mm256_loadu_ps(p + 8 * i);
+        float lo = hmin(_mm256_min_ps(_mm256_min_ps(v[0], v[1]), _mm256_min_ps(v[2], v[3])));
+        float hi = hmax(_mm256_max_ps(_mm256_max_ps(v[0], v[1]), _mm256_max_ps(v[2], v[3])));
         float dd = half_round((hi - lo) / 15.0f);
-        uint8_t q[32];
-        int good = same_bits(half_round(lo), lo);
-        for (int i = 0; i < 32; i++) {
-            float c = dd > 0 ? nearbyintf((v[i] - lo) / dd) : 0.0f;
-            c = c < 0 ? 0 : c > 15 ? 15 : c;
-            q[i] = (uint8_t)c;
-            good &= same_bits((dd * c) + lo, v[i]); /* two roundings (-ffp-contract=off), as numpy's */
+        __m256 dv = _mm256_set1_ps(dd), lv = _mm256_set1_ps(lo), inv = _mm256_set1_ps(dd > 0 ? 1.0f / dd : 0.0f);
+        int good = half_round(lo) == lo;
+        int32_t q[32];
+        for (int i = 0; i < 4; i++) {
+            __m256 c = _mm256_round_ps(_mm256_mul_ps(_mm256_sub_ps(v[i], lv), inv), NEAREST);
+            c = _mm256_min_ps(_mm256_max_ps(c, _mm256_setzero_ps()), _mm256_set1_ps(15.0f));
+            good &= same_bits(_mm256_add_ps(_mm256_mul_ps(dv, c), lv), v[i]);
+            _mm256_storeu_si256((__m256i *)(q + 8 * i), _mm256_cvtps_epi32(c));
         }
         for (int j = 0; j < 16; j++) codes[at * 16 + j] = (uint8_t)(q[j] | (q[j + 16] << 4));
         d[at] = dd;
@@ -223,18 +235,24 @@ int q4_1_encode(const float *w, int64_t n, int64_t k, uint8_t *codes, float *d, 
 int q8_0_encode(const float *w, int64_t n, int64_t k, int8_t *codes, float *d) {
     int64_t groups = k / 32;
     int ok = 1;
-#pragma omp parallel for schedule(static) reduction(& : ok)
+    const __m256 sign = _mm256_set1_ps(-0.0f);
     for (int64_t at = 0; at < n * groups; at++) {
-        const float *v = w + at * 32;
-        float amax = 0;
-        for (int i = 0; i < 32; i++) amax = fabsf(v[i]) > amax ? fabsf(v[i]) : amax;
-        float dd = half_round(amax / 127.0f);
+        const float *p = w + at * 32;
+        __m256 v[4], amax = _mm256_setzero_ps();
+        for (int i = 0; i < 4; i++) {
+            v[i] = _mm256_loadu_ps(p + 8 * i);
+            amax = _mm256_max_ps(amax, _mm256_andnot_ps(sign, v[i]));
+        }
+        float dd = half_round(hmax(amax) / 127.0f);
+        __m256 dv = _mm256_set1_ps(dd), inv = _mm256_set1_ps(dd > 0 ? 1.0f / dd : 0.0f);
         int good = 1;
-        for (int i = 0; i < 32; i++) {
-            float c = dd > 0 ? nearbyintf(v[i] / dd) : 0.0f;
-            c = c < -127 ? -127 : c > 127 ? 127 : c;
-            codes[at * 32 + i] = (int8_t)c;
-            good &= same_bits(c * dd, v[i]);
+        for (int i = 0; i < 4; i++) {
+            __m256 c = _mm256_round_ps(_mm256_mul_ps(v[i], inv), NEAREST);
+            c = _mm256_min_ps(_mm256_max_ps(c, _mm256_set1_ps(-127.0f)), _mm256_set1_ps(127.0f));
+            good &= same_bits(_mm256_mul_ps(c, dv), v[i]);
+            int32_t q[8];
+            _mm256_storeu_si256((__m256i *)q, _mm256_cvtps_epi32(c));
+            for (int j = 0; j < 8; j++) codes[at * 32 + 8 * i + j] = (int8_t)q[j];
         }
         d[at] = dd;
         ok &= good;
