@@ -74,7 +74,8 @@ static const int TILE_OUTPUTS[4] = {8, 4, 4, 3};
  * rows is expanded from, into a per-thread buffer, right before the tiles read it. The expansion
  * computes each weight exactly as the GGUF reader does (Q4_1: (d * q) + m, Q8_0: q * d, fp32, each
  * operation rounded on its own), so the tiles see bitwise the fp32 weights and the result equals the
- * fp32 call's bit for bit, while a call streams 5 (Q4_1) or 9 (Q8_0) bits per weight instead of 32. */
+ * fp32 call's bit for bit, while a call streams 6 (Q4_1) or 9 (Q8_0) bits per weight instead of 32
+ * (scales in fp32). */
 enum { SRC_F32 = 0, SRC_Q4_1 = 1, SRC_Q8_0 = 2 };
 
 /* Rows [n0, n1) of a coded matrix with k inputs (k % 32 == 0), as fp32 rows of stride k. */
@@ -98,7 +99,8 @@ static void expand(int kind, const void *codes, const float *d, const float *mn,
                 v[3] = _mm256_cvtepu8_epi32(_mm_srli_si128(hi, 8));
                 __m256 mv = _mm256_set1_ps(mn[at]);
                 for (int i = 0; i < 4; i++)
-                    _mm256_storeu_ps(o + 8 * i, _mm256_add_ps(_mm256_mul_ps(dv, _mm256_cvtepi32_ps(v[i])), mv));
+                    _mm256_storeu_ps(o + 8 * i,
+                                     _mm256_add_ps(_mm256_mul_ps(dv, _mm256_cvtepi32_ps(v[i])), mv));
             } else {
                 const int8_t *q = (const int8_t *)codes + at * 32;
                 for (int i = 0; i < 4; i++) {
@@ -127,8 +129,8 @@ static float *scratch(int64_t n) {
  * blocks whose weights fit in a core's L2 (reused by every row tile of the call); within a block,
  * tiles of up to 4 rows run across it, their x rows staying in L1. Returns 0, or -1 where a buffer
  * could not be allocated (y is then incomplete). */
-static int gemm(int kind, const float *x, int64_t m, int64_t k, const void *w, const float *d, const float *mn,
-                int64_t n, float *y, int threads) {
+static int gemm(int kind, const float *x, int64_t m, int64_t k, const void *w, const float *d,
+                const float *mn, int64_t n, float *y, int threads) {
     int64_t block = (128 * 1024 / 4) / (k > 0 ? k : 1);
     block = block < 24 ? 24 : block - block % 24; /* a multiple of every tile width */
     int64_t blocks = (n + block - 1) / block;
@@ -214,7 +216,8 @@ int q4_1_encode(const float *w, int64_t n, int64_t k, uint8_t *codes, float *d, 
         float lo = hmin(_mm256_min_ps(_mm256_min_ps(v[0], v[1]), _mm256_min_ps(v[2], v[3])));
         float hi = hmax(_mm256_max_ps(_mm256_max_ps(v[0], v[1]), _mm256_max_ps(v[2], v[3])));
         float dd = half_round((hi - lo) / 15.0f);
-        __m256 dv = _mm256_set1_ps(dd), lv = _mm256_set1_ps(lo), inv = _mm256_set1_ps(dd > 0 ? 1.0f / dd : 0.0f);
+        __m256 dv = _mm256_set1_ps(dd), lv = _mm256_set1_ps(lo);
+        __m256 inv = _mm256_set1_ps(dd > 0 ? 1.0f / dd : 0.0f);
         int good = half_round(lo) == lo;
         int32_t q[32];
         for (int i = 0; i < 4; i++) {

@@ -12,8 +12,8 @@ tiles of up to 4 rows reach MKL's GEMM speed on prefill chunks (bench/projection
 Weights that a GGUF stored in Q4_1 or Q8_0 blocks (the embedded model's layers and embedding) are
 kept as those blocks, recovered from the fp32 matrix at load and checked bit for bit: a call expands
 a few rows at a time into fp32, exactly as the GGUF reader did, right before the same tiles read
-them, so it streams 5 or 9 bits per weight instead of 32 and still returns bitwise the result of the
-fp32 weights. Other weights (a Hugging Face checkpoint's) run as fp32.
+them, so it streams 6 or 9 bits per weight (fp32 scales) instead of 32 and still returns bitwise the
+result of the fp32 weights. Other weights (a Hugging Face checkpoint's) run as fp32.
 
 NOTE: row-invariant by construction: each output sums its products in 8 lanes over k in increasing
 order, then one fixed horizontal sum, whatever the row count, the row's position or the thread

@@ -2,7 +2,7 @@
 
 - fp32 on an x86-64 CPU with AVX2 and FMA and a C compiler: the compiled kernel of `f32.py` over the
   plain [out, in] weights (one summation order for every row count, the weight stream's speed at 1 row),
-  or over the GGUF Q4_1 / Q8_0 blocks they were expanded from (bitwise the same result, 5 or 9 bits
+  or over the GGUF Q4_1 / Q8_0 blocks they were expanded from (bitwise the same result, 6 or 9 bits
   streamed per weight instead of 32).
 - fp32 where that cannot run and torch has oneDNN: oneDNN's inner product over the weights packed once
   at load into its blocked layout (`PackedLinear`): one kernel for every row count, no packing per call.
