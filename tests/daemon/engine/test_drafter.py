@@ -68,8 +68,8 @@ def test_adaptive_k_grows_on_accepted_drafts_and_shrinks_on_rejections() -> None
     assert k.get(1) == 8
     k.update(1, 8, 2)  # 2 of 8 accepted: draft 3 next
     assert k.get(1) == 3
-    k.update(1, 3, 0)
-    assert k.get(1) == 1
+    k.update(1, 3, 0)  # rejected from the first token: wait 2 steps, then draft 1
+    assert [k.get(1) for _ in range(3)] == [0, 0, 1]
     k.update(1, 1, 1)  # accepted whole: double
     assert k.get(1) == 2
     k.update(1, 2, 2)
@@ -79,6 +79,24 @@ def test_adaptive_k_grows_on_accepted_drafts_and_shrinks_on_rejections() -> None
     k.update(2, 5, 1)
     k.keep_only({2})
     assert len(k) == 1 and k.get(1) == 8 and k.get(2) == 2
+
+
+def test_drafts_rejected_in_a_row_back_off_until_one_token_is_accepted() -> None:
+    k = AdaptiveK(8)
+    waits = []
+    for _ in range(7):
+        k.update(1, k.get(1) or 1, 0)
+        waited = 0
+        while k.get(1) == 0:
+            waited += 1
+        waits.append(waited)
+    assert waits == [2, 4, 8, 16, 32, 32, 32]  # doubling, capped at MAX_WAIT
+    k.update(1, 1, 1)  # the streak ends: the next miss waits 2 steps again
+    k.update(1, k.get(1), 0)
+    assert [k.get(1) for _ in range(3)] == [0, 0, 1]
+    k.update(3, 4, 0)
+    k.keep_only({1})
+    assert k.get(3) == 8  # a forgotten sequence starts afresh
 
 
 def test_speculative_tokens_is_a_serve_flag() -> None:
