@@ -1,8 +1,8 @@
 """Native CPU kernels: C sources in this package, compiled once per machine with the system's C compiler.
 
-Torch has no CPU kernel for some of what radixd runs (a row-invariant paged attention, an int8 matrix
-with a scale per 32 inputs); those are small C files beside this module (``cpu_attention.c``,
-``q8_gemm.c``). :func:`load` compiles one into radixd's cache directory the first time a process
+Torch has no CPU kernel for some of what radixd runs (a row-invariant paged attention, row-invariant fp32
+projections over GGUF blocks); those are small C files beside this module (``cpu_attention.c``,
+``f32_gemm.c``). :func:`load` compiles one into radixd's cache directory the first time a process
 needs it (keyed by the source, the flags, the compiler, the OpenMP runtime and the CPU's flags, so a
 changed source or another machine builds anew) and loads it with ctypes, which releases the GIL
 during a call as torch's own kernels do.

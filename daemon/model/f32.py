@@ -25,6 +25,7 @@ from __future__ import annotations
 import ctypes
 import functools
 import platform
+from collections.abc import Callable, Sequence
 
 import torch
 
@@ -41,8 +42,9 @@ _FLAGS = ("-O3", "-mavx2", "-mfma", "-mf16c", "-ffp-contract=off", "-fopenmp")
 
 
 @functools.cache
-def _kernel() -> ctypes.CDLL | None:
-    """The loaded kernel, or None where it cannot run (not x86-64 with AVX2 and FMA, no compiler)."""
+def library() -> ctypes.CDLL | None:
+    """The loaded kernels (`f32_gemm`, `q4_1_gemm`, `q8_0_gemm` and the encoders), or None where they
+    cannot run (not x86-64 with AVX2, FMA and F16C, no compiler)."""
     if platform.machine() not in ("x86_64", "AMD64") or not {"avx2", "fma", "f16c"} <= cpu_flags():
         return None
     lib = load(_SOURCE, _FLAGS, "fp32 projections run through oneDNN")
@@ -78,8 +80,30 @@ def _blocks(lib: ctypes.CDLL, w: torch.Tensor) -> tuple[str, list[torch.Tensor]]
 
 
 def f32_available() -> bool:
-    """Whether `F32Linear` runs on this machine (x86-64 with AVX2 and FMA, and a C compiler)."""
-    return _kernel() is not None
+    """Whether `F32Linear` runs on this machine (x86-64 with AVX2, FMA and F16C, and a C compiler)."""
+    return library() is not None
+
+
+def run_gemm(
+    gemm: Callable[..., int],
+    operands: Sequence[int],
+    x: torch.Tensor,
+    shape: Sequence[int],
+    bias: torch.Tensor | None,
+) -> torch.Tensor:
+    """x W^T + b in fp32 through one of `library()`'s GEMMs over its weight `operands` (data pointers,
+    in its argument order); `shape`: W's (out, in); x: [N, in] of any float dtype (bf16 converts
+    exactly)."""
+    out_f, in_f = shape
+    if x.dim() != 2 or x.shape[1] != in_f:
+        raise ValueError(f"expected [N, {in_f}] inputs, got {list(x.shape)}")
+    xf = x.to(torch.float32).contiguous()
+    y = torch.empty(xf.shape[0], out_f, dtype=torch.float32)
+    if xf.shape[0] and gemm(
+        xf.data_ptr(), xf.shape[0], in_f, *operands, out_f, y.data_ptr(), torch.get_num_threads()
+    ):
+        raise MemoryError("the fp32 kernel could not allocate its expansion buffer")
+    return y if bias is None else y + bias
 
 
 class F32Linear:
@@ -87,34 +111,23 @@ class F32Linear:
     its GGUF blocks where it has them and `gguf_blocks` allows (`coding`: "q4_1", "q8_0" or "f32")."""
 
     def __init__(self, w_out_in: torch.Tensor, bias: torch.Tensor | None, gguf_blocks: bool = True) -> None:
-        lib = _kernel()
+        lib = library()
         if lib is None:
             raise RuntimeError("the fp32 kernel needs an x86-64 CPU with AVX2 and FMA and a C compiler")
         if w_out_in.device.type != "cpu" or w_out_in.dtype != torch.float32:
             raise ValueError(f"F32Linear runs fp32 weights on CPU, got {w_out_in.dtype} on {w_out_in.device}")
-        self._lib = lib
         self.weight = w_out_in.contiguous()
         self.bias = bias
         blocks = _blocks(lib, self.weight) if gguf_blocks else None
         self.coding, self._operands = blocks if blocks is not None else ("f32", [self.weight])
         self._gemm = getattr(lib, f"{self.coding}_gemm")
+        self._ptrs = [t.data_ptr() for t in self._operands]  # NOTE: the tensors live as long as self
         out_f, in_f = self.weight.shape
         kind = self.coding if bias is None else f"{self.coding}+bias"
         self._rows = RowInvariant(kind, self._kernel, in_f, out_f, torch.float32, self.weight.device)
 
     def _kernel(self, x: torch.Tensor) -> torch.Tensor:
-        xf = x.to(torch.float32).contiguous()
-        out_f, in_f = self.weight.shape
-        if xf.dim() != 2 or xf.shape[1] != in_f:
-            raise ValueError(f"expected [N, {in_f}] inputs, got {list(x.shape)}")
-        y = torch.empty(xf.shape[0], out_f, dtype=torch.float32)
-        if xf.shape[0]:
-            ptrs = [t.data_ptr() for t in self._operands]
-            if self._gemm(
-                xf.data_ptr(), xf.shape[0], in_f, *ptrs, out_f, y.data_ptr(), torch.get_num_threads()
-            ):
-                raise MemoryError("the fp32 kernel could not allocate its expansion buffer")
-        return y if self.bias is None else y + self.bias
+        return run_gemm(self._gemm, self._ptrs, x, self.weight.shape, self.bias)
 
     def __call__(self, x: torch.Tensor) -> torch.Tensor:
         return self._rows(x)
