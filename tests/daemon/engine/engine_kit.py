@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from collections import defaultdict
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from typing import Any
 
 from radixd.daemon.engine.config import EngineConfig
@@ -72,6 +72,19 @@ def run(core: EngineCore, reqs: Iterable[GenerateRequest], col: Collector | None
         core.requests.add(r, col)
     core.run_until_idle()
     return col
+
+
+def step_until(core: EngineCore, done: Callable[[], bool], max_steps: int = 10_000) -> None:
+    """Drive steps until `done()`; a step that computes nothing is fine only while a grammar compiles
+    (off the engine thread), and then waits for it instead of spinning."""
+    for _ in range(max_steps):
+        if done():
+            return
+        if core.step():
+            continue
+        assert core.requests.grammars, f"the engine went idle first: {core.stats()}"
+        core.requests.grammars.wait(1.0)
+    raise AssertionError(f"not done after {max_steps} steps")
 
 
 def assert_all_free(core: EngineCore) -> None:
