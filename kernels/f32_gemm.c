@@ -78,39 +78,89 @@ static const int TILE_OUTPUTS[4] = {8, 4, 4, 3};
  * (scales in fp32). */
 enum { SRC_F32 = 0, SRC_Q4_1 = 1, SRC_Q8_0 = 2 };
 
+/* Group `at` (32 inputs) of a coded matrix as 4 vectors of fp32 weights, inputs 0-7, 8-15, 16-23, 24-31:
+ * the one definition of the expansion, shared by the buffered and the in-register paths below. */
+static inline __attribute__((always_inline)) void group_q4_1(const void *codes, const float *d, const float *mn,
+                                                             int64_t at, __m256 w[4]) {
+    /* byte j holds input j in its low nibble and input j + 16 in its high one */
+    __m128i b = _mm_loadu_si128((const __m128i *)((const uint8_t *)codes + at * 16));
+    __m128i lo = _mm_and_si128(b, _mm_set1_epi8(0x0F));
+    __m128i hi = _mm_and_si128(_mm_srli_epi16(b, 4), _mm_set1_epi8(0x0F));
+    __m256i v[4] = {_mm256_cvtepu8_epi32(lo), _mm256_cvtepu8_epi32(_mm_srli_si128(lo, 8)), _mm256_cvtepu8_epi32(hi),
+                    _mm256_cvtepu8_epi32(_mm_srli_si128(hi, 8))};
+    __m256 dv = _mm256_set1_ps(d[at]), mv = _mm256_set1_ps(mn[at]);
+    for (int i = 0; i < 4; i++) w[i] = _mm256_add_ps(_mm256_mul_ps(dv, _mm256_cvtepi32_ps(v[i])), mv);
+}
+
+static inline __attribute__((always_inline)) void group_q8_0(const void *codes, const float *d, const float *mn,
+                                                             int64_t at, __m256 w[4]) {
+    (void)mn;
+    const int8_t *q = (const int8_t *)codes + at * 32;
+    __m256 dv = _mm256_set1_ps(d[at]);
+    for (int i = 0; i < 4; i++)
+        w[i] = _mm256_mul_ps(_mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_loadl_epi64((const __m128i *)(q + 8 * i)))), dv);
+}
+
 /* Rows [n0, n1) of a coded matrix with k inputs (k % 32 == 0), as fp32 rows of stride k. */
 static void expand(int kind, const void *codes, const float *d, const float *mn, int64_t k, int64_t n0,
                    int64_t n1, float *out) {
     int64_t groups = k / 32;
     for (int64_t r = n0; r < n1; r++) {
         for (int64_t g = 0; g < groups; g++) {
-            int64_t at = r * groups + g;
-            __m256 dv = _mm256_set1_ps(d[at]);
-            float *o = out + (r - n0) * k + g * 32;
-            __m256i v[4];
-            if (kind == SRC_Q4_1) {
-                /* byte j holds input j in its low nibble and input j + 16 in its high one */
-                __m128i b = _mm_loadu_si128((const __m128i *)((const uint8_t *)codes + at * 16));
-                __m128i lo = _mm_and_si128(b, _mm_set1_epi8(0x0F));
-                __m128i hi = _mm_and_si128(_mm_srli_epi16(b, 4), _mm_set1_epi8(0x0F));
-                v[0] = _mm256_cvtepu8_epi32(lo);
-                v[1] = _mm256_cvtepu8_epi32(_mm_srli_si128(lo, 8));
-                v[2] = _mm256_cvtepu8_epi32(hi);
-                v[3] = _mm256_cvtepu8_epi32(_mm_srli_si128(hi, 8));
-                __m256 mv = _mm256_set1_ps(mn[at]);
-                for (int i = 0; i < 4; i++)
-                    _mm256_storeu_ps(o + 8 * i,
-                                     _mm256_add_ps(_mm256_mul_ps(dv, _mm256_cvtepi32_ps(v[i])), mv));
-            } else {
-                const int8_t *q = (const int8_t *)codes + at * 32;
-                for (int i = 0; i < 4; i++) {
-                    v[i] = _mm256_cvtepi8_epi32(_mm_loadl_epi64((const __m128i *)(q + 8 * i)));
-                    _mm256_storeu_ps(o + 8 * i, _mm256_mul_ps(_mm256_cvtepi32_ps(v[i]), dv));
-                }
-            }
+            __m256 w[4];
+            if (kind == SRC_Q4_1)
+                group_q4_1(codes, d, mn, r * groups + g, w);
+            else
+                group_q8_0(codes, d, mn, r * groups + g, w);
+            for (int i = 0; i < 4; i++) _mm256_storeu_ps(out + (r - n0) * k + g * 32 + 8 * i, w[i]);
         }
     }
 }
+
+/* A tile of MT rows (MT <= 4) times NT coded weight rows from j0, its weights expanded in registers
+ * and used at once (no buffer): for the few rows of a decode step, where writing and reading back
+ * the expanded block costs as much as the products. The same weights and the same FMAs in the same
+ * order as the buffered tiles: bitwise their result. */
+#define FUSED(KIND, MT, NT)                                                                              \
+    static void fused_##KIND##_##MT##_##NT(const float *x, int64_t k, const void *codes, const float *d, \
+                                           const float *mn, int64_t j0, float *y, int64_t ldy) {        \
+        __m256 acc[MT][NT];                                                                              \
+        for (int i = 0; i < MT; i++)                                                                     \
+            for (int j = 0; j < NT; j++) acc[i][j] = _mm256_setzero_ps();                                \
+        const int64_t groups = k / 32;                                                                   \
+        for (int64_t g = 0; g < groups; g++)                                                             \
+            for (int j = 0; j < NT; j++) {                                                               \
+                __m256 w[4];                                                                             \
+                group_##KIND(codes, d, mn, (j0 + j) * groups + g, w);                                    \
+                for (int i = 0; i < MT; i++)                                                             \
+                    for (int s = 0; s < 4; s++)                                                          \
+                        acc[i][j] = _mm256_fmadd_ps(_mm256_loadu_ps(x + i * k + g * 32 + 8 * s), w[s],   \
+                                                    acc[i][j]);                                          \
+            }                                                                                            \
+        for (int i = 0; i < MT; i++)                                                                     \
+            for (int j = 0; j < NT; j++) y[i * ldy + j] = hsum(acc[i][j]);                               \
+    }
+
+#define FUSED_ROW(KIND, MT) FUSED(KIND, MT, 1) FUSED(KIND, MT, 2) FUSED(KIND, MT, 3) FUSED(KIND, MT, 4)
+FUSED_ROW(q4_1, 1)
+FUSED_ROW(q4_1, 2)
+FUSED_ROW(q4_1, 3)
+FUSED_ROW(q4_1, 4)
+FUSED_ROW(q8_0, 1)
+FUSED_ROW(q8_0, 2)
+FUSED_ROW(q8_0, 3)
+FUSED_ROW(q8_0, 4)
+
+typedef void (*fused_fn)(const float *, int64_t, const void *, const float *, const float *, int64_t, float *,
+                         int64_t);
+#define FUSED_FNS(KIND, MT) {fused_##KIND##_##MT##_1, fused_##KIND##_##MT##_2, fused_##KIND##_##MT##_3, \
+    fused_##KIND##_##MT##_4}
+static const fused_fn FUSED_TILES[2][4][4] = {
+    {FUSED_FNS(q4_1, 1), FUSED_FNS(q4_1, 2), FUSED_FNS(q4_1, 3), FUSED_FNS(q4_1, 4)},
+    {FUSED_FNS(q8_0, 1), FUSED_FNS(q8_0, 2), FUSED_FNS(q8_0, 3), FUSED_FNS(q8_0, 4)}};
+/* Outputs a fused tile of `mt` rows takes at once: accumulators and one group's 4 weight vectors fit
+ * the 16 registers. */
+static const int FUSED_OUTPUTS[4] = {4, 4, 3, 2};
 
 /* A per-thread buffer of at least `n` floats (kept for the thread's next calls). */
 static float *scratch(int64_t n) {
@@ -127,7 +177,8 @@ static float *scratch(int64_t n) {
 /* y [m, n] = x [m, k] . W [n, k]^T, all contiguous; W from `kind` (see above): fp32 rows `w`, or the
  * codes `w` with per-group scales `d` (and minimums `mn` for Q4_1). Threads split the outputs into
  * blocks whose weights fit in a core's L2 (reused by every row tile of the call); within a block,
- * tiles of up to 4 rows run across it, their x rows staying in L1. Returns 0, or -1 where a buffer
+ * tiles of up to 4 rows run across it, their x rows staying in L1. A call of at most 4 rows over
+ * coded weights runs the fused tiles instead, which never write the expanded weights out. Returns 0, or -1 where a buffer
  * could not be allocated (y is then incomplete). */
 static int gemm(int kind, const float *x, int64_t m, int64_t k, const void *w, const float *d,
                 const float *mn, int64_t n, float *y, int threads) {
@@ -139,6 +190,14 @@ static int gemm(int kind, const float *x, int64_t m, int64_t k, const void *w, c
     for (int64_t b = 0; b < blocks; b++) {
         int64_t n0 = b * block, n1 = n0 + block < n ? n0 + block : n;
         const float *wb = (const float *)w + n0 * k; /* row n0 of the block's fp32 rows */
+        if (kind != SRC_F32 && m <= ROWS) {
+            int nt = FUSED_OUTPUTS[m - 1];
+            for (int64_t j0 = n0; j0 < n1; j0 += nt) {
+                int ntt = (int)(n1 - j0 < nt ? n1 - j0 : nt);
+                FUSED_TILES[kind - 1][m - 1][ntt - 1](x, k, w, d, mn, j0, y + j0, n);
+            }
+            continue;
+        }
         if (kind != SRC_F32) {
             float *buf = scratch(block * k);
             if (!buf) {

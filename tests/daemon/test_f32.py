@@ -104,7 +104,7 @@ def q8_0_weights(out_f: int, in_f: int, seed: int) -> torch.Tensor:
     return (q.float() * d).reshape(out_f, in_f)
 
 
-def same_as_fp32_weights(lin: F32Linear, rows: tuple[int, ...] = (1, 2, 3, 5, 8, 70)) -> None:
+def same_as_fp32_weights(lin: F32Linear, rows: tuple[int, ...] = (1, 2, 3, 4, 5, 8, 70)) -> None:
     fp32 = F32Linear(lin.weight, lin.bias, gguf_blocks=False)
     assert fp32.coding == "f32"
     for m in rows:
