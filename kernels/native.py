@@ -1,10 +1,11 @@
 """Native CPU kernels: C sources in this package, compiled once per machine with the system's C compiler.
 
 Torch has no CPU kernel for some of what radixd runs (a row-invariant paged attention, row-invariant fp32
-projections over GGUF blocks); those are small C files beside this module (``cpu_attention.c``,
-``f32_gemm.c``). :func:`load` compiles one into radixd's cache directory the first time a process
-needs it (keyed by the source, the flags, the compiler, the OpenMP runtime and the CPU's flags, so a
-changed source or another machine builds anew) and loads it with ctypes, which releases the GIL
+projections over GGUF blocks, a float32 step's layers in one call); those are small C files beside
+this module (``cpu_attention.c``, ``f32_gemm.c``, and ``cpu_decoder.c``, which includes both).
+:func:`load` compiles one into radixd's cache directory the first time a process needs it (keyed by
+the source and the sources it includes, the flags, the compiler, the OpenMP runtime and the CPU's
+flags, so a changed source or another machine builds anew) and loads it with ctypes, which releases the GIL
 during a call as torch's own kernels do.
 
 NOTE: every library links the OpenMP runtime torch itself loaded (same soname), so a kernel's
@@ -20,6 +21,7 @@ import ctypes
 import functools
 import hashlib
 import os
+import re
 import shutil
 import subprocess
 import tempfile
@@ -69,6 +71,16 @@ def _compiler() -> str | None:
     return shutil.which(cc) if cc else shutil.which("cc") or shutil.which("gcc")
 
 
+def _sources(src: Path) -> list[bytes]:
+    """The bytes of `src` and of every file of this package it includes (`#include "name"`), depth
+    first: what a build depends on, so that a changed included source builds anew too."""
+    text = src.read_bytes()
+    out = [text]
+    for name in re.findall(rb'^\s*#\s*include\s+"([^"]+)"', text, flags=re.MULTILINE):
+        out += _sources(_HERE / name.decode())
+    return out
+
+
 @functools.cache
 def _build(source: str, cflags: tuple[str, ...]) -> Path | str:
     """The built library's path, or why it could not be built."""
@@ -77,7 +89,7 @@ def _build(source: str, cflags: tuple[str, ...]) -> Path | str:
         return "no C compiler (cc, gcc or $CC) on PATH"
     src = _HERE / source
     omp = _omp_runtime()
-    ident = [src.read_bytes(), " ".join(cflags).encode(), cc.encode(), str(omp).encode()]
+    ident = [*_sources(src), " ".join(cflags).encode(), cc.encode(), str(omp).encode()]
     key = hashlib.sha256(b"\0".join([*ident, " ".join(sorted(cpu_flags())).encode()])).hexdigest()[:16]
     target = cache_root() / "kernels" / f"{src.stem}-{key}.so"
     if target.exists():
