@@ -112,6 +112,67 @@ def plan_rows(
     return RowsPlan(tabs, rt, rp, block_size, num_blocks, int(rp.sum()) + r)
 
 
+def query_lens(
+    cu_q_lens: torch.Tensor, seq_lens: torch.Tensor
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """(cu, seq_lens, q_lens) of a prefill call as int64 CPU tensors; ValueError unless every sequence
+    has 0 <= q_len <= seq_len (its new tokens are in the KV)."""
+    cu = cu_q_lens.long().cpu()
+    lens = seq_lens.long().cpu()
+    q_lens = cu[1:] - cu[:-1]
+    if bool((q_lens > lens).any()) or bool((q_lens < 0).any()):
+        raise ValueError(
+            "paged_prefill: every sequence needs 0 <= q_len <= seq_len (new tokens are in the KV)"
+        )
+    return cu, lens, q_lens
+
+
+def prefill_rows(
+    cu_q_lens: torch.Tensor, seq_lens: torch.Tensor, rows: int
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """(row_table, row_pos) of a prefill call's `rows` query rows: new token j of sequence s is a row
+    of table s at position seq_len - q_len + j, the very row a decode of that position runs; rows
+    outside ``cu_q_lens`` attend to nothing (-1). Checked as `query_lens` checks."""
+    cu, lens, q_lens = query_lens(cu_q_lens, seq_lens)
+    seq = torch.repeat_interleave(torch.arange(q_lens.shape[0]), q_lens)
+    tok = torch.arange(int(cu[0]), int(cu[-1])) if cu.numel() else torch.zeros(0, dtype=torch.int64)
+    row_table = torch.zeros(rows, dtype=torch.int64)
+    row_pos = torch.full((rows,), -1, dtype=torch.int64)
+    row_table[tok] = seq
+    row_pos[tok] = (lens - q_lens)[seq] + tok - cu[seq]
+    return row_table, row_pos
+
+
+def step_plan(
+    prefill_tables: torch.Tensor,
+    cu_q_lens: torch.Tensor,
+    prefill_lens: torch.Tensor,
+    decode_tables: torch.Tensor,
+    decode_lens: torch.Tensor,
+    block_size: int,
+    num_blocks: int,
+) -> RowsPlan:
+    """The rows of a whole step, prefill tokens first (`prefill_rows`), then one row per decode
+    sequence at position seq_len - 1: one plan that every layer of the step attends along."""
+    np_ = int(cu_q_lens[-1]) if cu_q_lens.numel() else 0
+    pre_table, pre_pos = prefill_rows(cu_q_lens, prefill_lens, np_)
+    dec_pos = decode_lens.long().cpu() - 1
+    sp = prefill_tables.shape[0] if np_ else 0
+    width = max(prefill_tables.shape[1] if sp else 1, decode_tables.shape[1] if dec_pos.numel() else 1)
+    parts = [t.cpu().to(torch.int32) for t in ((prefill_tables[:sp],) if sp else ()) + (decode_tables,)]
+    tables = torch.cat(
+        [torch.nn.functional.pad(t, (0, width - t.shape[1])) for t in parts if t.numel()]
+        or [torch.zeros(1, width, dtype=torch.int32)]
+    )
+    row_table = torch.cat((pre_table, sp + torch.arange(dec_pos.shape[0])))
+    return plan_rows(tables, row_table, torch.cat((pre_pos, dec_pos)), block_size, num_blocks)
+
+
+def threads_for(plan: RowsPlan, hkv: int) -> int:
+    """Threads a call over ``plan`` takes: torch's count, or one where the work is too small to split."""
+    return torch.get_num_threads() if plan.work * hkv >= _PARALLEL_MIN_WORK else 1
+
+
 def attend_rows(
     q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, plan: RowsPlan, scale: float
 ) -> torch.Tensor:
@@ -133,7 +194,7 @@ def attend_rows(
     out = torch.empty(r, hq, d, dtype=torch.float32)
     if r == 0:
         return out
-    threads = torch.get_num_threads() if plan.work * hkv >= _PARALLEL_MIN_WORK else 1
+    threads = threads_for(plan, hkv)
     rc = lib.radixd_attend_rows(
         qf.data_ptr(),
         k_cache.data_ptr(),

@@ -86,24 +86,12 @@ def paged_prefill_torch(
     out = q.new_zeros(t, hq, d)
     if t == 0 or seq_lens.shape[0] == 0:
         return out
-    cu = cu_q_lens.long().cpu()
-    lens = seq_lens.long().cpu()
-    q_lens = cu[1:] - cu[:-1]
-    if bool((q_lens > lens).any()) or bool((q_lens < 0).any()):
-        raise ValueError(
-            "paged_prefill: every sequence needs 0 <= q_len <= seq_len (new tokens are in the KV)"
-        )
     if cpu_attention.use_compiled(k_cache, hq // hkv):
-        # One row per new token, at its own position: the very rows a decode of that position runs.
-        seq = torch.repeat_interleave(torch.arange(q_lens.shape[0]), q_lens)
-        tok = torch.arange(int(cu[0]), int(cu[-1]))
-        row_table = torch.zeros(t, dtype=torch.int64)
-        row_pos = torch.full((t,), -1, dtype=torch.int64)
-        row_table[tok] = seq
-        row_pos[tok] = (lens - q_lens)[seq] + tok - cu[seq]
+        row_table, row_pos = cpu_attention.prefill_rows(cu_q_lens, seq_lens, t)
         plan = cpu_attention.plan_rows(block_tables.cpu(), row_table, row_pos, b, k_cache.shape[0])
         o = cpu_attention.attend_rows(q, k_cache, v_cache, plan, scale)
         return o.to(q.dtype)
+    cu, lens, q_lens = cpu_attention.query_lens(cu_q_lens, seq_lens)
     # Sequences without new tokens contribute nothing: give them length 0 so the chunking drops them.
     order, counts = length_chunks(
         torch.where(q_lens > 0, lens, 0), b, 2 * b * hkv * d * k_cache.element_size()

@@ -34,6 +34,7 @@ from radixd.daemon.model.linear import GROUP
 from radixd.kernels.native import cpu_flags, load
 
 _SOURCE = "f32_gemm.c"
+_KINDS = {"f32": 0, "q4_1": 1, "q8_0": 2}  # f32_gemm.c's SRC_*
 # -O3: the tiles' loops over their constant row and output counts must unroll for the accumulators to
 # stay in registers.
 # -ffp-contract=off: expanding a Q4_1 weight must round (d * q) and then + m on their own, as the GGUF
@@ -125,6 +126,13 @@ class F32Linear:
         out_f, in_f = self.weight.shape
         kind = self.coding if bias is None else f"{self.coding}+bias"
         self._rows = RowInvariant(kind, self._kernel, in_f, out_f, torch.float32, self.weight.device)
+
+    def source(self) -> tuple[int, int, int, int]:
+        """The weights as kernels/f32_gemm.c's `gemm` takes them: (kind: 0 fp32, 1 Q4_1, 2 Q8_0, then
+        the data pointers of the weights or codes, the scales and the minimums; 0 where unused). They
+        stay valid as long as this projection lives."""
+        ptrs = [*self._ptrs, 0, 0][:3]
+        return _KINDS[self.coding], ptrs[0], ptrs[1], ptrs[2]
 
     def _kernel(self, x: torch.Tensor) -> torch.Tensor:
         return run_gemm(self._gemm, self._ptrs, x, self.weight.shape, self.bias)

@@ -18,6 +18,7 @@ from radixd.daemon.model.config import ModelConfig
 from radixd.daemon.model.f32 import F32Linear, f32_available
 from radixd.daemon.model.int4 import Int4Linear
 from radixd.daemon.model.linear import GROUP, InOutLinear, Int8Linear, Linear, OutInLinear, PackedLinear
+from radixd.daemon.model.native_decoder import DecoderLayer, NativeDecoder, native_decoder
 from radixd.daemon.model.precision import Precision, precision_of_dtype
 from radixd.daemon.model.q8 import Q8Linear, q8_available
 from radixd.daemon.model.rope import Rotary, apply_rotary
@@ -220,6 +221,19 @@ class LlamaModel:
             weights.lm_head = self._lm_head.weight
         weights.norm = cv(weights.norm)
         self.weights = weights
+        self._native = self._native_decoder()
+
+    def _native_decoder(self) -> NativeDecoder | None:
+        """The float32 layers as one compiled call, where every projection is an `F32Linear`."""
+        layers = []
+        for lw, m in zip(self.weights.layers, self._ops, strict=True):
+            ops = (m.qkv, m.o_proj, m.gate_up, m.down)
+            if not all(isinstance(o, F32Linear) for o in ops):
+                return None
+            layers.append(DecoderLayer(lw.attn_norm, lw.mlp_norm, *ops))  # type: ignore[arg-type]
+        cfg = self.config
+        shape = (cfg.hidden_size, cfg.num_heads, cfg.num_kv_heads, cfg.head_dim, cfg.intermediate_size)
+        return native_decoder(layers, self.weights.norm, shape, cfg.rms_norm_eps, self.scale)
 
     def projections(self) -> list[Linear]:
         """Every weight matrix's projection, layers in order, then the lm_head (benchmarks: one pass
@@ -244,6 +258,18 @@ class LlamaModel:
         np_ = meta.num_prefill_tokens
         cos, sin = self.rotary.cos_sin(positions, self.dtype, meta.max_position)
         h = F.embedding(input_ids, w.embed)
+        if self._native is not None and self._native.takes(k_caches[0]):
+            kc = k_caches[0]
+            rows = kernels.cpu_step_plan(
+                meta.prefill_block_tables,
+                meta.prefill_cu_q_lens,
+                meta.prefill_seq_lens,
+                meta.decode_block_tables,
+                meta.decode_seq_lens,
+                kc.shape[1],
+                kc.shape[0],
+            )
+            return self._native.forward(h, cos, sin, meta.slot_mapping, rows, k_caches, v_caches)
         qk_size = self.q_size + self.kv_size
         # Every layer attends through the same tables: the decode work split is planned once.
         plan = None

@@ -96,10 +96,12 @@ def tiny_model(
     layers: int = 2,
     precision: Precision | None = None,
     q4_1: bool = False,
+    bias: bool = False,
 ) -> LlamaModel:
     """A random in-memory Llama (GQA 4:2, head_dim 16) for runner tests that need no real weights
     (fp32 unless `precision` says otherwise). `q4_1`: the layers' matrices lie on a Q4_1 grid (4-bit
-    codes per 32 inputs), as a Q4_1 GGUF ships them, so the int4 mode holds them exactly."""
+    codes per 32 inputs), as a Q4_1 GGUF ships them, so the int4 mode holds them exactly. `bias`: q/k/v
+    and o biases, as Qwen-style checkpoints have."""
     cfg = ModelConfig(
         vocab_size=vocab,
         hidden_size=64,
@@ -127,9 +129,9 @@ def tiny_model(
         LayerWeights(
             attn_norm=1 + r(64),
             qkv=m(qkv_rows, 64),
-            qkv_bias=None,
+            qkv_bias=r(qkv_rows) if bias else None,
             o_proj=m(64, 64),
-            o_bias=None,
+            o_bias=r(64) if bias else None,
             mlp_norm=1 + r(64),
             gate_up=m(192, 64),
             down=m(64, 96),

@@ -1,0 +1,155 @@
+/* The float32 decoder's layers in one call: every layer of a step (norms, projections, rotary, KV
+ * store, attention, SwiGLU, residuals) and the final norm, for any mix of prefill and decode rows.
+ *
+ * A batch-1 decode step otherwise runs ~120 small torch operations a layer around the compiled
+ * projections and attention, each a few microseconds of dispatch and Python: at 30 layers that was as
+ * long as streaming the weights (docs/bench-single-stream.md). Here a step is one ctypes call.
+ *
+ * It reuses the two kernels the layer-by-layer path calls, compiled into this library from the same
+ * sources: the projections of f32_gemm.c and the row attention of cpu_attention.c. What it adds is
+ * row-wise: RMSNorm, rotary, SiLU * up, the residual adds, the KV store.
+ *
+ * NOTE: row-invariant like the kernels it calls. Every operation here reads and writes one row (one
+ * token) at a time, in a fixed order that depends neither on the number of rows nor on the thread
+ * that runs the row; the projections and the attention are row-invariant by construction. So a
+ * token's hidden state is bitwise the same alone or in a batch of any size, in a prefill chunk or a
+ * decode step. Built with -ffp-contract=off, like both sources (their arguments rely on it).
+ * The numbers are not bitwise those of the torch path (llama.py): RMSNorm's sum and SiLU's exp are
+ * computed here, in their own orders; the rotary is the same arithmetic as rope.apply_rotary. */
+#include "f32_gemm.c"
+#include "cpu_attention.c"
+
+#include <math.h>
+
+/* One projection y = x W^T (+ bias): W as f32_gemm.c's `gemm` takes it. */
+typedef struct {
+    int64_t kind; /* SRC_F32, SRC_Q4_1, SRC_Q8_0 */
+    const void *w;
+    const float *d, *mn; /* block scales and minimums (NULL where unused) */
+    const float *bias;   /* [n] or NULL */
+    int64_t n, k;
+} proj_t;
+
+typedef struct {
+    const float *attn_norm, *mlp_norm; /* [hidden] */
+    proj_t qkv, o, gate_up, down;       /* qkv rows: q heads, k heads, v heads; gate_up: gate then up */
+    float *k_cache, *v_cache;           /* [blocks, block_size, hkv, d] float32 */
+} layer_t;
+
+/* The step's rows: shapes, rotary tables, KV slots and the attention's rows (cpu_attention.py's
+ * RowsPlan, checked there: every table entry and position stays inside the pool). */
+typedef struct {
+    int64_t rows, hidden, hq, hkv, d, inter, block_size, width;
+    float eps, scale;
+    int32_t threads, attn_threads;
+    const float *cos, *sin;  /* [rows, d]: halves duplicated; sin signed (-sin, sin) as in rope.py */
+    const int64_t *slots;    /* [rows] slot = block * block_size + offset; -1 stores nothing */
+    const int32_t *tables;   /* [num_tables, width] */
+    const int64_t *row_table, *row_pos; /* [rows] */
+} step_t;
+
+/* Elementwise loops take a second thread only past this many elements (a fork costs microseconds). */
+#define PARALLEL_ELEMS 65536
+
+/* out = x / sqrt(mean(x^2) + eps) * w, row by row; n % 8 == 0. The squares sum in 8 lanes
+ * (element i in lane i % 8, in increasing i), folded by cpu_attention.c's fixed tree. */
+static void rms_norm_rows(const float *x, const float *w, int64_t rows, int64_t n, float eps, float *out) {
+#pragma omp parallel for schedule(static) if (rows * n >= PARALLEL_ELEMS)
+    for (int64_t r = 0; r < rows; r++) {
+        const float *xr = x + r * n;
+        float *o = out + r * n;
+        v8f acc = {0};
+        for (int64_t i = 0; i < n; i += LANES) {
+            const v8f v = ld(xr + i);
+            acc += v * v;
+        }
+        const float inv = 1.0f / sqrtf(fold_lanes(acc) / (float)n + eps);
+        for (int64_t i = 0; i < n; i += LANES) st(o + i, (ld(xr + i) * inv) * ld(w + i));
+    }
+}
+
+/* silu(g) * u for every element: silu(x) = x / (1 + e^-x), with e^-|x| (never overflowing) from
+ * cpu_attention.c's exp: x >= 0 gives x / (1 + e), x < 0 gives x * e / (1 + e). n % 8 == 0. */
+static void silu_mul_rows(const float *gu, int64_t rows, int64_t n, float *out) {
+#pragma omp parallel for schedule(static) if (rows * n >= PARALLEL_ELEMS)
+    for (int64_t r = 0; r < rows; r++) {
+        const float *g = gu + r * 2 * n, *u = g + n;
+        float *o = out + r * n;
+        for (int64_t i = 0; i < n; i += LANES) {
+            const v8f x = ld(g + i);
+            const v8i neg = x < 0.0f;
+            const v8f e = exp_nonpos((v8f)(((v8i)(-x) & ~neg) | ((v8i)x & neg))); /* e^-|x| */
+            const v8f den = 1.0f + e;
+            const v8f num = (v8f)(((v8i)x & ~neg) | ((v8i)(x * e) & neg));
+            st(o + i, (num / den) * ld(u + i));
+        }
+    }
+}
+
+/* out[i] = x[i] * cos[i] + x[(i + d/2) % d] * sin[i]: rope.apply_rotary's operations, one head. */
+static inline void rotate(const float *x, const float *cos, const float *sin, int64_t d, float *out) {
+    const int64_t half = d / 2;
+    for (int64_t i = 0; i < d; i++) out[i] = x[i] * cos[i] + x[(i + half) % d] * sin[i];
+}
+
+/* Rotate q into `q` [rows, hq, d]; rotate k and copy v into their pool slots. */
+static void rotate_and_store(const step_t *s, const float *qkv, float *q, float *k_cache, float *v_cache) {
+    const int64_t d = s->d, hq = s->hq, hkv = s->hkv, width = (hq + 2 * hkv) * d;
+#pragma omp parallel for schedule(static) if (s->rows * width >= PARALLEL_ELEMS)
+    for (int64_t r = 0; r < s->rows; r++) {
+        const float *row = qkv + r * width, *cos = s->cos + r * d, *sin = s->sin + r * d;
+        for (int64_t h = 0; h < hq; h++) rotate(row + h * d, cos, sin, d, q + (r * hq + h) * d);
+        const int64_t slot = s->slots[r];
+        if (slot < 0) continue;
+        float *kd = k_cache + slot * hkv * d, *vd = v_cache + slot * hkv * d;
+        for (int64_t h = 0; h < hkv; h++) rotate(row + (hq + h) * d, cos, sin, d, kd + h * d);
+        memcpy(vd, row + (hq + hkv) * d, (size_t)(hkv * d) * sizeof(float));
+    }
+}
+
+/* y = x W^T (+ bias), or y += x W^T (+ bias) into `acc` (the residual) when it is given. */
+static int project(const proj_t *p, const float *x, int64_t rows, float *y, float *acc, int threads) {
+    if (gemm((int)p->kind, x, rows, p->k, p->w, p->d, p->mn, p->n, y, threads)) return -1;
+    if (p->bias == NULL && acc == NULL) return 0;
+    for (int64_t r = 0; r < rows; r++) {
+        float *yr = y + r * p->n;
+        if (p->bias != NULL)
+            for (int64_t j = 0; j < p->n; j++) yr[j] = yr[j] + p->bias[j];
+        if (acc != NULL)
+            for (int64_t j = 0; j < p->n; j++) acc[r * p->n + j] = acc[r * p->n + j] + yr[j];
+    }
+    return 0;
+}
+
+/* Floats of scratch `radixd_decoder_forward` needs for `rows` rows. */
+int64_t radixd_decoder_workspace(int64_t rows, int64_t hidden, int64_t hq, int64_t hkv, int64_t d, int64_t inter) {
+    const int64_t qkv = (hq + 2 * hkv) * d, wide = qkv > 2 * inter ? qkv : 2 * inter;
+    return rows * (hidden + wide + 2 * hq * d + inter + hidden);
+}
+
+/* h [rows, hidden]: the embeddings in, the final-normed hidden states out (`out`, may be h). Writes
+ * every layer's new K/V into its pool. Returns 0, or -1 where a kernel could not allocate memory. */
+int radixd_decoder_forward(const layer_t *layers, int64_t num_layers, const float *final_norm, const step_t *s,
+                           float *h, float *out, float *work) {
+    const int64_t rows = s->rows, hd = s->hq * s->d, qkv_w = (s->hq + 2 * s->hkv) * s->d;
+    const int64_t wide = qkv_w > 2 * s->inter ? qkv_w : 2 * s->inter;
+    float *x = work, *big = x + rows * s->hidden, *q = big + rows * wide, *attn = q + rows * hd;
+    float *act = attn + rows * hd, *y = act + rows * s->inter;
+    for (int64_t li = 0; li < num_layers; li++) {
+        const layer_t *L = layers + li;
+        rms_norm_rows(h, L->attn_norm, rows, s->hidden, s->eps, x);
+        if (project(&L->qkv, x, rows, big, NULL, s->threads)) return -1;
+        rotate_and_store(s, big, q, L->k_cache, L->v_cache);
+        if (radixd_attend_rows(q, L->k_cache, L->v_cache, DT_F32, s->block_size, s->hkv, s->hq / s->hkv, s->d,
+                               s->tables, s->width, s->row_table, s->row_pos, rows, s->scale, attn,
+                               s->attn_threads))
+            return -1;
+        if (project(&L->o, attn, rows, y, h, s->threads)) return -1;
+        rms_norm_rows(h, L->mlp_norm, rows, s->hidden, s->eps, x);
+        if (project(&L->gate_up, x, rows, big, NULL, s->threads)) return -1;
+        silu_mul_rows(big, rows, s->inter, act);
+        if (project(&L->down, act, rows, y, h, s->threads)) return -1;
+    }
+    rms_norm_rows(h, final_norm, rows, s->hidden, s->eps, out);
+    return 0;
+}
