@@ -12,6 +12,7 @@ K+V bytes read per decode call / time; the copy reference counts bytes read + wr
 from __future__ import annotations
 
 import argparse
+import faulthandler
 import math
 import os
 import platform
@@ -323,7 +324,24 @@ def copy_bandwidth(dev: torch.device, dry: bool) -> float:
     return 2 * n / (ms * 1e-3) / 1e9
 
 
-def bandwidth(report: Report, dev: torch.device, dry: bool, deadline: float) -> None:
+@dataclass
+class Sweep:
+    """Which bandwidth configurations to time (a rerun of a part names it on the command line)."""
+
+    models: list[str]
+    batches: list[int]
+    ctxs: list[int]
+
+
+def _progress(what: str) -> None:
+    """One stdout line per step, so a run killed from outside still shows where it was."""
+    print(f"[{time.monotonic() - _START:6.1f} s] {what}", flush=True)
+
+
+_START = time.monotonic()
+
+
+def bandwidth(report: Report, dev: torch.device, dry: bool, deadline: float, sweep: Sweep) -> None:
     copy_gbs = copy_bandwidth(dev, dry)
     report.add(
         "## Decode bandwidth (page 16, shuffled blocks; fp16)",
@@ -341,11 +359,13 @@ def bandwidth(report: Report, dev: torch.device, dry: bool, deadline: float) -> 
     if dry:
         batches, ctxs = [2], [64]
     else:
-        batches, ctxs = [1, 4, 16, 64, 256], [1024, 4096, 16384, 32768]
+        batches, ctxs = sweep.batches, sweep.ctxs
     cap = 12 << 30  # K+V bytes per config (the contiguous copy doubles it)
     big: list[tuple[float, float, float, float]] = []
     skipped = 0
     for model, (hq, hkv, d) in SHAPES.items():
+        if sweep.models and model not in sweep.models:
+            continue
         for ctx in ctxs:
             for batch in batches:
                 kv_bytes = 2 * batch * ctx * hkv * d * 2
@@ -354,6 +374,7 @@ def bandwidth(report: Report, dev: torch.device, dry: bool, deadline: float) -> 
                 if time.monotonic() > deadline:
                     skipped += 1
                     continue
+                _progress(f"bandwidth {model} {batch}x{ctx}")
                 try:
                     row, stats = _bench_one(dev, dry, model, hq, hkv, d, batch, ctx, copy_gbs)
                 except Exception as exc:
@@ -476,8 +497,26 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--out", type=Path, default=None, help="report folder (default: $OUT, else docs/)")
     ap.add_argument("--budget-s", type=float, default=420.0, help="stop starting new benchmarks after this")
     ap.add_argument("--skip-bandwidth", action="store_true")
+    ap.add_argument("--skip-correctness", action="store_true")
+    ap.add_argument("--models", default="", help="comma-separated SHAPES names (default: all)")
+    ap.add_argument("--batches", default="1,4,16,64,256")
+    ap.add_argument("--ctxs", default="1024,4096,16384,32768")
+    ap.add_argument(
+        "--watchdog-s",
+        type=float,
+        default=0.0,
+        help="dump every thread's stack and exit after this (default: budget + 60 s); a call blocked "
+        "in the driver never returns to Python, so a signal from outside cannot end it",
+    )
     args = ap.parse_args(argv)
     start = time.monotonic()
+    if not args.dry_run:  # the dry run is called in-process by the tests: no exit behind their back
+        faulthandler.dump_traceback_later(args.watchdog_s or args.budget_s + 60, exit=True)
+    sweep = Sweep(
+        models=[m for m in args.models.split(",") if m],
+        batches=[int(b) for b in args.batches.split(",")],
+        ctxs=[int(c) for c in args.ctxs.split(",")],
+    )
     if args.dry_run:
         os.environ["TRITON_INTERPRET"] = "1"
         dev = torch.device("cpu")
@@ -499,21 +538,25 @@ def main(argv: list[str] | None = None) -> int:
         "",
         f"- device: {gpu}",
         f"- torch {torch.__version__}, triton {triton.__version__}, python {platform.python_version()}",
-        f"- command: `bash bench/gpu_check.sh{' --dry-run' if args.dry_run else ''}`",
+        f"- command: `{' '.join(['bash bench/gpu_check.sh', *(sys.argv[1:] if argv is None else argv)])}`",
         f"- decode tiles: {DECODE_CONFIG}",
         "",
     )
     report.flush()
     torch.manual_seed(0)
-    correctness(report, dev, args.dry_run)
+    if not args.skip_correctness:
+        _progress("correctness")
+        correctness(report, dev, args.dry_run)
     if not args.skip_bandwidth:
         deadline = start + args.budget_s
-        bandwidth(report, dev, args.dry_run, deadline - (0 if args.dry_run else 45))
+        bandwidth(report, dev, args.dry_run, deadline - (0 if args.dry_run else 45), sweep)
+        _progress("tile sweep")
         tile_sweep(report, dev, args.dry_run, deadline)
     if _FALLBACKS:
         report.add(f"CUDA-graph capture failed for {len(_FALLBACKS)} timings; those used plain do_bench.", "")
     report.add(f"Total wall time {time.monotonic() - start:.0f} s. Failures: {len(report.failures)}.")
     report.flush()
+    faulthandler.cancel_dump_traceback_later()
     print(report.path.read_text())
     return 1 if report.failures else 0
 

@@ -43,3 +43,17 @@ def test_gpu_check_refuses_cpu_without_dry_run(monkeypatch: pytest.MonkeyPatch) 
     # Pretend there is no GPU, so the refusal is checked on every machine, GPU or not.
     monkeypatch.setattr(module.torch.cuda, "is_available", lambda: False)
     assert module.main([]) == 2
+
+
+@pytest.mark.slow
+def test_gpu_check_reruns_a_part(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """--skip-correctness and --models rerun only the named part (as after a hung run)."""
+    monkeypatch.setenv("TRITON_INTERPRET", "1")
+    monkeypatch.delenv("RADIXD_KERNEL_BACKEND", raising=False)
+    module = _load(monkeypatch)
+    rc = module.main(["--dry-run", "--out", str(tmp_path), "--skip-correctness", "--models", "Llama-3-8B"])
+    text = (tmp_path / "gpu-dry-run.md").read_text()
+    assert rc == 0, text
+    assert "## Correctness" not in text
+    assert "| Llama-3-8B |" in text and "| SmolLM2-135M |" not in text
+    assert "--skip-correctness --models Llama-3-8B" in text
