@@ -34,6 +34,7 @@ from pathlib import Path
 import torch
 
 from radixd.daemon.loaders import LoadedModel, default_model_path, load_model
+from radixd.daemon.model.native_decoder import ENV_DECODER
 from radixd.daemon.quality import QualityReport, reference_log_probs, teacher_forced_quality
 from radixd.daemon.runner import ModelRunner, StepSeq
 from radixd.daemon.sampling import SamplingParams, SamplingState
@@ -155,7 +156,12 @@ class ModeResult:
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--model", default=None, help="GGUF file (default: the embedded SmolLM2)")
-    ap.add_argument("--dtypes", default="float32,bfloat16,int8,int4", help="radixd modes (--dtype names)")
+    ap.add_argument(
+        "--dtypes",
+        default="float32,bfloat16,int8,int4",
+        help="radixd modes (--dtype names); MODE@DECODER also sets RADIXD_CPU_DECODER for that side "
+        "(float32,float32@torch: the compiled float32 step beside the layer-by-layer one)",
+    )
     ap.add_argument("--batches", default="1,8,32,64")
     ap.add_argument("--prompt-len", type=int, default=128, help="prompt tokens per sequence")
     ap.add_argument("--decode-tokens", type=int, default=32, help="timed decode steps per measurement")
@@ -178,10 +184,13 @@ def main(argv: list[str] | None = None) -> int:
     sides: dict[str, RadixdSide] = {}
     results: dict[str, ModeResult] = {}
     for mode in modes:
+        dtype, _, decoder = mode.partition("@")
+        os.environ[ENV_DECODER] = decoder or "auto"  # read when the model is built
         t0 = time.perf_counter()
-        lm = load_model(path, dtype=mode)
+        lm = load_model(path, dtype=dtype)
         results[mode] = ModeResult(load_s=time.perf_counter() - t0)
         sides[mode] = RadixdSide(lm, max(max(batches), args.prefill_batch), max_len)
+    os.environ.pop(ENV_DECODER)
     llama: dict[int, LlamaRow] = {}
     threads = torch.get_num_threads()
     with torch.inference_mode():
