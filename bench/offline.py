@@ -283,11 +283,10 @@ def render(
     lines += ["| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: |"]
     for mode, r in results.items():
         q = r.quality
-        qs = (
-            f"{q.mean_kl:.4f} | {100 * q.top1_agreement:.1f}% | {100 * q.ppl_change:+.2f}%"
-            if q
-            else "0 (reference) | 100% | -"
-        )
+        if q:
+            qs = f"{q.mean_kl:.4f} | {100 * q.top1_agreement:.1f}% | {100 * q.ppl_change:+.2f}%"
+        else:  # the reference itself, or quality not measured (--no-quality)
+            qs = "0 (reference) | 100% | -" if mode == "float32" else "- | - | -"
         step = 1e3 / _med(r.decode[1]) if 1 in r.decode else float("nan")
         busy = f"{100 * _med(r.busy):.0f}%" if r.busy else "-"
         lines.append(f"| {mode} | {r.floor_s * 1e3:.1f} | {step:.1f} | {busy} | {r.load_s:.1f} | {qs} |")

@@ -16,14 +16,14 @@
  * decode step. Built with -ffp-contract=off, like both sources (their arguments rely on it).
  * The numbers are not bitwise those of the torch path (llama.py): RMSNorm's sum and SiLU's exp are
  * computed here, in their own orders; the rotary is the same arithmetic as rope.apply_rotary. */
-#include "f32_gemm.c"
+#include "a8_gemm.c" /* and f32_gemm.c, which it includes */
 #include "cpu_attention.c"
 
 #include <math.h>
 
 /* One projection y = x W^T (+ bias): W as f32_gemm.c's `gemm` takes it. */
 typedef struct {
-    int64_t kind; /* SRC_F32, SRC_Q4_1, SRC_Q8_0 */
+    int64_t kind; /* SRC_F32, SRC_Q4_1, SRC_Q8_0, SRC_Q4_1_A8, SRC_Q8_0_A8 */
     const void *w;
     const float *d, *mn; /* block scales and minimums (NULL where unused) */
     const float *bias;   /* [n] or NULL */
@@ -109,7 +109,7 @@ static void rotate_and_store(const step_t *s, const float *qkv, float *q, float 
 
 /* y = x W^T (+ bias), or y += x W^T (+ bias) into `acc` (the residual) when it is given. */
 static int project(const proj_t *p, const float *x, int64_t rows, float *y, float *acc, int threads) {
-    if (gemm((int)p->kind, x, rows, p->k, p->w, p->d, p->mn, p->n, y, threads)) return -1;
+    if (any_gemm((int)p->kind, x, rows, p->k, p->w, p->d, p->mn, p->n, y, threads)) return -1;
     if (p->bias == NULL && acc == NULL) return 0;
     for (int64_t r = 0; r < rows; r++) {
         float *yr = y + r * p->n;

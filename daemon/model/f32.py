@@ -15,6 +15,11 @@ a few rows at a time into fp32, exactly as the GGUF reader did, right before the
 them, so it streams 6 or 9 bits per weight (fp32 scales) instead of 32 and still returns bitwise the
 result of the fp32 weights. Other weights (a Hugging Face checkpoint's) run as fp32.
 
+The w4a8 mode runs the same blocks times activations quantized to 8 bits per 32 inputs, multiplied
+in integers (`int8_activations`; kernels/a8_gemm.c): not the fp32 product, but ~2x fewer instructions
+a weight, so a one-row step that is compute-bound on the expansion runs faster. Weights without GGUF
+blocks stay fp32 there too.
+
 NOTE: row-invariant by construction: each output sums its products in 8 lanes over k in increasing
 order, then one fixed horizontal sum, whatever the row count, the row's position or the thread
 count. It still runs behind `RowInvariant`, whose probe checks that at load like every projection's.
@@ -33,8 +38,9 @@ from radixd.daemon.model.invariant import RowInvariant
 from radixd.daemon.model.linear import GROUP
 from radixd.kernels.native import cpu_flags, load
 
-_SOURCE = "f32_gemm.c"
-_KINDS = {"f32": 0, "q4_1": 1, "q8_0": 2}  # f32_gemm.c's SRC_*
+# a8_gemm.c includes f32_gemm.c: one library holds both families.
+_SOURCE = "a8_gemm.c"
+_KINDS = {"f32": 0, "q4_1": 1, "q8_0": 2, "q4_1_a8": 3, "q8_0_a8": 4}  # the sources' SRC_*
 # -O3: the tiles' loops over their constant row and output counts must unroll for the accumulators to
 # stay in registers.
 # -ffp-contract=off: expanding a Q4_1 weight must round (d * q) and then + m on their own, as the GGUF
@@ -44,7 +50,8 @@ _FLAGS = ("-O3", "-mavx2", "-mfma", "-mf16c", "-ffp-contract=off", "-fopenmp")
 
 @functools.cache
 def library() -> ctypes.CDLL | None:
-    """The loaded kernels (`f32_gemm`, `q4_1_gemm`, `q8_0_gemm` and the encoders), or None where they
+    """The loaded kernels (`f32_gemm`, `q4_1_gemm`, `q8_0_gemm`, their 8-bit-activation twins
+    `q4_1_a8_gemm` and `q8_0_a8_gemm`, and the encoders), or None where they
     cannot run (not x86-64 with AVX2, FMA and F16C, no compiler)."""
     if platform.machine() not in ("x86_64", "AMD64") or not {"avx2", "fma", "f16c"} <= cpu_flags():
         return None
@@ -56,9 +63,12 @@ def library() -> ctypes.CDLL | None:
     lib.f32_gemm.argtypes = [ptr, i64, i64, ptr, i64, ptr, i32]
     lib.q4_1_gemm.argtypes = [ptr, i64, i64, ptr, ptr, ptr, i64, ptr, i32]
     lib.q8_0_gemm.argtypes = [ptr, i64, i64, ptr, ptr, i64, ptr, i32]
+    lib.q4_1_a8_gemm.argtypes = lib.q4_1_gemm.argtypes
+    lib.q8_0_a8_gemm.argtypes = lib.q8_0_gemm.argtypes
     lib.q4_1_encode.argtypes = [ptr, i64, i64, ptr, ptr, ptr]
     lib.q8_0_encode.argtypes = [ptr, i64, i64, ptr, ptr]
-    for f in (lib.f32_gemm, lib.q4_1_gemm, lib.q8_0_gemm, lib.q4_1_encode, lib.q8_0_encode):
+    gemms = (lib.f32_gemm, lib.q4_1_gemm, lib.q8_0_gemm, lib.q4_1_a8_gemm, lib.q8_0_a8_gemm)
+    for f in (*gemms, lib.q4_1_encode, lib.q8_0_encode):
         f.restype = i32
     return lib
 
@@ -103,15 +113,22 @@ def run_gemm(
     if xf.shape[0] and gemm(
         xf.data_ptr(), xf.shape[0], in_f, *operands, out_f, y.data_ptr(), torch.get_num_threads()
     ):
-        raise MemoryError("the fp32 kernel could not allocate its expansion buffer")
+        raise MemoryError("the projection kernel could not allocate its buffer")
     return y if bias is None else y + bias
 
 
 class F32Linear:
     """fp32 `y = x W^T + b` over the [out, in] weight as given (`weight` is that very tensor), run from
-    its GGUF blocks where it has them and `gguf_blocks` allows (`coding`: "q4_1", "q8_0" or "f32")."""
+    its GGUF blocks where it has them and `gguf_blocks` allows (`coding`: "q4_1", "q8_0" or "f32"),
+    with `int8_activations` those blocks times 8-bit activations ("q4_1_a8", "q8_0_a8")."""
 
-    def __init__(self, w_out_in: torch.Tensor, bias: torch.Tensor | None, gguf_blocks: bool = True) -> None:
+    def __init__(
+        self,
+        w_out_in: torch.Tensor,
+        bias: torch.Tensor | None,
+        gguf_blocks: bool = True,
+        int8_activations: bool = False,
+    ) -> None:
         lib = library()
         if lib is None:
             raise RuntimeError("the fp32 kernel needs an x86-64 CPU with AVX2 and FMA and a C compiler")
@@ -121,6 +138,8 @@ class F32Linear:
         self.bias = bias
         blocks = _blocks(lib, self.weight) if gguf_blocks else None
         self.coding, self._operands = blocks if blocks is not None else ("f32", [self.weight])
+        if int8_activations and blocks is not None:
+            self.coding += "_a8"
         self._gemm = getattr(lib, f"{self.coding}_gemm")
         self._ptrs = [t.data_ptr() for t in self._operands]  # NOTE: the tensors live as long as self
         out_f, in_f = self.weight.shape
@@ -128,7 +147,8 @@ class F32Linear:
         self._rows = RowInvariant(kind, self._kernel, in_f, out_f, torch.float32, self.weight.device)
 
     def source(self) -> tuple[int, int, int, int]:
-        """The weights as kernels/f32_gemm.c's `gemm` takes them: (kind: 0 fp32, 1 Q4_1, 2 Q8_0, then
+        """The weights as kernels/a8_gemm.c's `any_gemm` takes them: (kind: 0 fp32, 1 Q4_1, 2 Q8_0,
+        3 Q4_1 x 8-bit activations, 4 Q8_0 x 8-bit activations, then
         the data pointers of the weights or codes, the scales and the minimums; 0 where unused). They
         stay valid as long as this projection lives."""
         ptrs = [*self._ptrs, 0, 0][:3]

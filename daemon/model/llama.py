@@ -142,7 +142,7 @@ def make_linear(w: torch.Tensor, bias: torch.Tensor | None, prec: Precision, dev
     if prec.dtype != torch.float32:
         return OutInLinear(wc, b)
     if device.type == "cpu" and f32_available():
-        return F32Linear(wc, b)
+        return F32Linear(wc, b, int8_activations=prec.activations == "int8")
     if device.type == "cpu" and torch._C._has_mkldnn:
         return PackedLinear(wc, b)
     return InOutLinear(wc, b)
@@ -224,7 +224,7 @@ class LlamaModel:
         self._native = self._native_decoder()
 
     def _native_decoder(self) -> NativeDecoder | None:
-        """The float32 layers as one compiled call, where every projection is an `F32Linear`."""
+        """The float32 / w4a8 layers as one compiled call, where every projection is an `F32Linear`."""
         layers = []
         for lw, m in zip(self.weights.layers, self._ops, strict=True):
             ops = (m.qkv, m.o_proj, m.gate_up, m.down)

@@ -1,9 +1,9 @@
-"""A float32 step's layers in one compiled call (kernels/cpu_decoder.c) instead of ~120 torch operations
-a layer.
+"""A float32 or w4a8 step's layers in one compiled call (kernels/cpu_decoder.c) instead of ~120 torch
+operations a layer.
 
 At batch 1 the layer-by-layer path (`LlamaModel.forward`'s torch loop) spends as long dispatching its
 small operations (norms, rotary, KV store, SiLU, residual adds, views) as the projections take to stream
-the weights. Where every projection is an `F32Linear` (float32 on an x86-64 CPU with AVX2) and the
+the weights. Where every projection is an `F32Linear` (float32 or w4a8 on an x86-64 CPU with AVX2) and the
 attention is the compiled row kernel, `NativeDecoder` runs the whole step's layers and the final norm
 in C with the same projection and attention kernels, so the step is the weight stream plus the
 attention and little else.

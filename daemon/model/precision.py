@@ -9,11 +9,15 @@
   embedded model) these are the file's own 4-bit codes. The lm_head is int8 per 32 inputs (`q8.py`;
   a Q8_0 head, the embedded model's, held exactly) where that kernel runs (x86-64 with AVX2 and FMA
   and a C compiler), else bf16.
+- ``w4a8``: ``float32`` (fp32 activations between projections, fp32 KV) with the projections that a
+  GGUF stores in Q4_1 / Q8_0 blocks (the embedded model's layers and head) run as those blocks times
+  activations quantized to 8 bits per 32 inputs, in integer dot products, as llama.cpp runs them
+  (`f32.py`, kernels/a8_gemm.c); other weights stay fp32.
 - ``auto``: the fastest of these that meets the quality contract (docs/bench-offline.md) on the
   machine. On CPUs with native bf16 (AVX512-BF16, AMX): ``int4`` when the layers' weights lie on its
   grid already (a Q4_0 / Q4_1 / Q4_K GGUF, whose own codes it then runs), else ``bfloat16``; on
-  other CPUs ``float32``; on CUDA GPUs ``bfloat16`` where supported. ``int8`` is never faster than
-  ``bfloat16``, so `auto` skips it.
+  other CPUs ``w4a8`` for such 4-bit layers, else ``float32``; on CUDA GPUs ``bfloat16`` where
+  supported. ``int8`` is never faster than ``bfloat16``, so `auto` skips it.
 
 Every mode's projections are row-invariant (`invariant.py`): a row's result does not depend on the
 other rows of its step.
@@ -44,6 +48,8 @@ class Precision:
     name: str
     dtype: torch.dtype
     weights: WeightFormat = "float"
+    # "int8": projections held in GGUF blocks multiply 8-bit activations (w4a8); else `dtype`'s
+    activations: Literal["float", "int8"] = "float"
 
 
 PRECISIONS: dict[str, Precision] = {
@@ -51,6 +57,7 @@ PRECISIONS: dict[str, Precision] = {
     "bfloat16": Precision("bfloat16", torch.bfloat16),
     "int8": Precision("int8", torch.bfloat16, weights="int8"),
     "int4": Precision("int4", torch.bfloat16, weights="int4"),
+    "w4a8": Precision("w4a8", torch.float32, activations="int8"),
 }
 DTYPE_CHOICES = ("auto", *PRECISIONS)
 
@@ -58,7 +65,7 @@ DTYPE_CHOICES = ("auto", *PRECISIONS)
 def precision_of_dtype(dtype: torch.dtype) -> Precision:
     """The plain (not quantized) mode executing in `dtype`."""
     for p in PRECISIONS.values():
-        if p.dtype == dtype and p.weights == "float":
+        if p.dtype == dtype and p.weights == "float" and p.activations == "float":
             return p
     return Precision(str(dtype).removeprefix("torch."), dtype)
 
@@ -76,17 +83,27 @@ def resolve_precision(name: str, device: str, on_int4_grid: Callable[[], bool] =
         if name not in PRECISIONS:
             raise ValueError(f"unknown dtype {name!r} (choose from {', '.join(DTYPE_CHOICES)})")
         p = PRECISIONS[name]
-        if p.weights != "float" and not device.startswith("cpu"):
+        if (p.weights != "float" or p.activations != "float") and not device.startswith("cpu"):
             raise ValueError(f"dtype {name} runs on CPU only; use bfloat16 on GPUs")
+        if p.activations == "int8" and not _a8_kernels():
+            raise ValueError(f"dtype {name} needs an x86-64 CPU with AVX2, FMA and F16C and a C compiler")
         return p
     if device.startswith("cuda"):
         bf16 = torch.cuda.is_available() and torch.cuda.is_bf16_supported()
         return PRECISIONS["bfloat16" if bf16 else "float32"]
-    # NOTE: without native bf16, oneDNN emulates it and fp32 is the faster mode.
+    # NOTE: without native bf16, oneDNN emulates it and fp32 activations are the faster ones; 4-bit
+    # layers then run as w4a8 (the file's own codes, 8-bit activations), other weights as float32.
     if not cpu_has_native_bf16():
-        return PRECISIONS["float32"]
+        return PRECISIONS["w4a8" if _a8_kernels() and on_int4_grid() else "float32"]
     # NOTE: int4 only where it loses nothing: re-quantizing other weights to 4 bits is a model change.
     return PRECISIONS["int4" if on_int4_grid() else "bfloat16"]
+
+
+def _a8_kernels() -> bool:
+    """Whether w4a8's kernels run here (they live in the fp32 projections' library)."""
+    from radixd.daemon.model.f32 import f32_available  # NOTE: lazy: f32 loads a compiled library
+
+    return f32_available()
 
 
 def default_dtype_name() -> str:
@@ -98,5 +115,6 @@ DTYPE_HELP = (
     "weights' execution mode, which also sets the KV cache dtype: float32 (reference; fp32 KV), "
     "bfloat16 (bf16 weights, activations and KV), int8 (int8 weights, bf16 activations and KV; CPU), "
     "int4 (GGUF Q4_1-style 4-bit weights, bf16 activations and KV; CPU), "
+    "w4a8 (a GGUF's Q4_1 / Q8_0 blocks times 8-bit activations, fp32 elsewhere and in the KV; CPU), "
     "auto (the fastest that meets the quality contract here); default: $RADIXD_DTYPE or auto"
 )

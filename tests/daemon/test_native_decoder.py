@@ -10,16 +10,16 @@ from daemon_testkit import tiny_model
 
 from radixd.daemon.model.f32 import f32_available
 from radixd.daemon.model.native_decoder import ENV_DECODER, choice
-from radixd.daemon.model.precision import precision_of_dtype
+from radixd.daemon.model.precision import PRECISIONS, precision_of_dtype
 from radixd.daemon.runner import ModelRunner, StepSeq
 from radixd.kernels.cpu_attention import plan_rows
 
 BS = 4
 
 
-def _runner(monkeypatch: pytest.MonkeyPatch, design: str, **kw: bool) -> ModelRunner:
+def _runner(monkeypatch: pytest.MonkeyPatch, design: str, mode: str = "float32", **kw: bool) -> ModelRunner:
     monkeypatch.setenv(ENV_DECODER, design)
-    model = tiny_model(seed=3, **kw)
+    model = tiny_model(seed=3, precision=PRECISIONS[mode], **kw)
     assert (model._native is not None) == (design == "native")
     return ModelRunner(model, num_blocks=64, block_size=BS)
 
@@ -61,11 +61,25 @@ def test_it_answers_as_the_torch_path_and_writes_the_same_kv(
         torch.testing.assert_close(mine, theirs, atol=2e-5, rtol=1e-5)
 
 
-def test_a_row_is_bitwise_the_same_alone_and_beside_others(monkeypatch: pytest.MonkeyPatch) -> None:
+def test_w4a8_runs_it_too_and_answers_as_its_torch_path(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The same projections with 8-bit activations: the two paths' inputs to them differ by rounding,
+    which can move an activation's code by one step, so the answers agree to that, not to fp32's."""
+    native = _runner(monkeypatch, "native", mode="w4a8", q4_1=True)
+    torch_ = _runner(monkeypatch, "torch", mode="w4a8", q4_1=True)
+    assert native.model.precision.name == "w4a8"
+    for step in _steps():
+        got, want = native.step_logits(step), torch_.step_logits(step)
+        torch.testing.assert_close(got, want, atol=2e-3 * float(want.abs().max()), rtol=0)
+
+
+@pytest.mark.parametrize("mode", ["float32", "w4a8"])
+def test_a_row_is_bitwise_the_same_alone_and_beside_others(
+    monkeypatch: pytest.MonkeyPatch, mode: str
+) -> None:
     steps = _steps()
-    together = _runner(monkeypatch, "native")
+    together = _runner(monkeypatch, "native", mode=mode, q4_1=True)
     mixed = [together.step_logits(s) for s in steps]
-    alone = _runner(monkeypatch, "native")
+    alone = _runner(monkeypatch, "native", mode=mode, q4_1=True)
     # Sequence 0 alone: its chunks and its decode row, nothing beside them.
     solo = [alone.step_logits([s for s in step if s.seq_id == 0]) for step in steps]
     assert torch.equal(solo[0], mixed[0][:10])

@@ -23,7 +23,8 @@ from radixd.daemon.runner import ModelRunner, StepSeq, num_blocks_for_budget
 
 def test_auto_follows_the_cpu_and_the_weights(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(precision, "cpu_has_native_bf16", lambda: False)
-    assert resolve_precision("auto", "cpu", lambda: True).name == "float32"
+    assert resolve_precision("auto", "cpu", lambda: True).name == "w4a8"
+    assert resolve_precision("auto", "cpu").name == "float32"
     monkeypatch.setattr(precision, "cpu_has_native_bf16", lambda: True)
     assert resolve_precision("auto", "cpu").name == "bfloat16"
     assert resolve_precision("auto", "cpu", lambda: True).name == "int4"
@@ -31,10 +32,16 @@ def test_auto_follows_the_cpu_and_the_weights(monkeypatch: pytest.MonkeyPatch) -
 
 
 def test_auto_picks_int4_only_for_weights_already_on_its_grid(monkeypatch: pytest.MonkeyPatch) -> None:
-    """A model whose layers are 4-bit already (a Q4_1 GGUF's) gets int4 under auto; others do not."""
-    monkeypatch.setattr(precision, "cpu_has_native_bf16", lambda: True)
-    for q4_1, want in ((True, "int4"), (False, "bfloat16")):
-        m = tiny_model(q4_1=q4_1)
+    """A model whose layers are 4-bit already (a Q4_1 GGUF's) gets int4 (w4a8 without native bf16)
+    under auto; others do not."""
+    for bf16, grid, want in (
+        (True, True, "int4"),
+        (True, False, "bfloat16"),
+        (False, True, "w4a8"),
+        (False, False, "float32"),
+    ):
+        monkeypatch.setattr(precision, "cpu_has_native_bf16", lambda bf16=bf16: bf16)
+        m = tiny_model(q4_1=grid)
         assert model_precision("cpu", "auto", m.weights).name == want
     w = tiny_model(q4_1=True).weights.layers[0].gate_up
     assert on_int4_grid(w) and not on_int4_grid(w + 1e-3 * torch.randn_like(w))

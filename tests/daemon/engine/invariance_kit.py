@@ -23,9 +23,9 @@ from radixd.daemon.sampling import SampleResult, SamplingParams
 # NOTE: the embedded GGUF is Q4_1, so its layers lie on the int4 grid: what `auto` resolves to for it
 # here. The "auto" rig loads with dtype="auto" and checks it got this.
 AUTO = resolve_precision("auto", "cpu", lambda: True).name
-# Every mode `auto` can pick on a CPU (int4, bfloat16, float32), each once: "auto" stands for the one
+# Every mode `auto` can pick on a CPU (int4, bfloat16, w4a8, float32), each once: "auto" stands for the one
 # it picks on this machine.
-MODES = ("auto", *(m for m in ("int4", "bfloat16", "float32") if m != AUTO))
+MODES = ("auto", *(m for m in ("int4", "bfloat16", "w4a8", "float32") if m != AUTO))
 # The default mode and the reference: one rig where `auto` is the reference here.
 AUTO_AND_REFERENCE = ("auto",) if AUTO == "float32" else ("auto", "float32")
 
