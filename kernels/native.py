@@ -2,7 +2,8 @@
 
 Torch has no CPU kernel for some of what radixd runs (a row-invariant paged attention, row-invariant fp32
 projections over GGUF blocks, a float32 step's layers in one call); those are small C files beside
-this module (``cpu_attention.c``, ``f32_gemm.c``, and ``cpu_decoder.c``, which includes both).
+this module (``cpu_attention.c``, ``f32_gemm.c``, ``a8_gemm.c`` and ``cpu_decoder.c``, which includes
+the others).
 :func:`load` compiles one into radixd's cache directory the first time a process needs it (keyed by
 the source and the sources it includes, the flags, the compiler, the OpenMP runtime and the CPU's
 flags, so a changed source or another machine builds anew) and loads it with ctypes, which releases the GIL
@@ -64,6 +65,26 @@ def _omp_runtime() -> str | None:
         if (lib / name).exists():
             return str(lib / name)
     return None
+
+
+def release_openmp_workers() -> bool:
+    """Stop the OpenMP worker threads the calling thread started (OpenMP 5's `omp_pause_resource_all`);
+    True where the runtime did. Call it from a thread that stops computing, before another takes over.
+
+    NOTE: libgomp lets its waiting workers spin only ~100 times, instead of ~300,000, once it manages
+    more threads than there are CPUs, and every thread that ever opened a parallel region keeps its
+    workers. A model loaded on one thread and run on another (the engine thread) therefore doubles
+    the workers, and on a 2-core machine each of a step's ~200 parallel regions then wakes its worker
+    through the kernel: a batch-1 step took 17 ms instead of 10 (bench/serve_step.py)."""
+    path = _omp_runtime()
+    try:
+        lib = ctypes.CDLL(path or "libgomp.so.1")
+        pause = lib.omp_pause_resource_all
+    except (OSError, AttributeError):
+        return False
+    pause.argtypes = [ctypes.c_int]
+    pause.restype = ctypes.c_int
+    return pause(1) == 0  # omp_pause_soft: the runtime starts workers again when it needs them
 
 
 def _compiler() -> str | None:

@@ -39,6 +39,7 @@ from radixd.daemon.engine.types import (
     Sink,
 )
 from radixd.daemon.host import HeapReleaser
+from radixd.kernels.native import release_openmp_workers
 
 T = TypeVar("T")
 
@@ -80,6 +81,9 @@ class Engine:
         if self._thread is not None:
             raise RuntimeError("Engine.start() was already called")
         self._accepting = True
+        # NOTE: from here the engine thread computes; the OpenMP workers this (loading) thread started
+        # would make every worker sleep between parallel regions (kernels.native).
+        release_openmp_workers()
         self._thread = threading.Thread(target=self._run, name="radixd-engine", daemon=True)
         self._thread.start()
         log.info("engine.started", num_blocks=self.core.kv.num_blocks, block_size=self.core.block_size)
