@@ -39,6 +39,7 @@ from radixd_client.types import Chunk
 from radixd.daemon.engine.config import EngineConfig
 from radixd.daemon.engine.factory import build_engine
 from radixd.daemon.engine.types import GenerateRequest, RequestOutput
+from radixd.daemon.model.precision import default_dtype_name
 from radixd.daemon.sampling import SamplingParams
 
 
@@ -184,7 +185,8 @@ def main() -> None:
         extra += ["--dtype", args.dtype]
     served = Served(args.address, extra)
     want_offline = not args.no_offline and (args.address is None or args.offline)
-    offline = Offline(args.dtype, args.stream_interval) if want_offline else None
+    # NOTE: the offline side resolves the daemon's default itself (build_engine's None means fp32).
+    offline = Offline(args.dtype or default_dtype_name(), args.stream_interval) if want_offline else None
     results: dict[str, dict[int, list[float]]] = {"offline": {}, "served": {}}
     # CPU per token of every thread of the daemon (served) and of this process (offline), per context.
     cpu: dict[tuple[str, int], CpuShares] = {}
