@@ -84,7 +84,7 @@ def release_openmp_workers() -> bool:
         return False
     pause.argtypes = [ctypes.c_int]
     pause.restype = ctypes.c_int
-    return pause(1) == 0  # omp_pause_soft: the runtime starts workers again when it needs them
+    return bool(pause(1) == 0)  # omp_pause_soft: the runtime starts workers again when it needs them
 
 
 def _compiler() -> str | None:
