@@ -23,6 +23,7 @@ rows to 12 there).
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Protocol
 
 import torch
@@ -131,13 +132,20 @@ class Int8Linear:
     """int8 weights [out, in] + fp32 scales per 32 inputs; `weight` is the dequantized matrix in
     `dtype`."""
 
-    def __init__(self, w_out_in: torch.Tensor, bias: torch.Tensor | None, dtype: torch.dtype) -> None:
+    def __init__(
+        self,
+        w_out_in: torch.Tensor,
+        bias: torch.Tensor | None,
+        dtype: torch.dtype,
+        dense: Callable[[torch.Tensor, torch.Tensor | None], Linear] | None = None,
+    ) -> None:
+        """`dense` builds the projection that runs the dequantized weights (default `OutInLinear`)."""
         self.q, self.scale = quantize_groups(w_out_in)
         self.weight = dequantize_groups(self.q, self.scale).to(dtype)
         self.bias = bias
         # NOTE: a one-row int8 matrix-vector kernel (a quarter of fp32's bytes) was faster at batch 1
         # but sums in another order than the GEMM: a token's result then depended on its batch.
-        self._dense = OutInLinear(self.weight, bias)
+        self._dense = (dense or OutInLinear)(self.weight, bias)
 
     def __call__(self, x: torch.Tensor) -> torch.Tensor:
         return self._dense(x)

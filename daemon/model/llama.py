@@ -15,11 +15,11 @@ import torch.nn.functional as F
 
 from radixd import kernels
 from radixd.daemon.model.config import ModelConfig
-from radixd.daemon.model.f32 import F32Linear, f32_available
+from radixd.daemon.model.f32 import F32Linear, Widened16Linear, f32_available
 from radixd.daemon.model.int4 import Int4Linear
 from radixd.daemon.model.linear import GROUP, InOutLinear, Int8Linear, Linear, OutInLinear, PackedLinear
 from radixd.daemon.model.native_decoder import DecoderLayer, NativeDecoder, native_decoder
-from radixd.daemon.model.precision import Precision, precision_of_dtype
+from radixd.daemon.model.precision import Precision, cpu_has_native_bf16, precision_of_dtype
 from radixd.daemon.model.q8 import Q8Linear, q8_available
 from radixd.daemon.model.rope import Rotary, apply_rotary
 
@@ -134,13 +134,17 @@ class _LayerOps:
 def make_linear(w: torch.Tensor, bias: torch.Tensor | None, prec: Precision, device: torch.device) -> Linear:
     """The projection of [out, in] matrix `w` (and `bias`) that `prec` runs, on `device`."""
     b = None if bias is None else bias.to(device=device, dtype=prec.dtype)
+    # NOTE: 16-bit GEMMs are emulated on CPUs without native bf16, and not row-invariant there
+    # (`Widened16Linear`): those run 16-bit weights through the fp32 kernel.
+    widen = device.type == "cpu" and not cpu_has_native_bf16() and f32_available()
+    dense16 = Widened16Linear if widen else OutInLinear
     if prec.weights == "int8":
-        return Int8Linear(w.to(device), b, prec.dtype)
+        return Int8Linear(w.to(device), b, prec.dtype, dense16)
     if prec.weights == "int4":
         return Int4Linear(w.to(device), b, prec.dtype)
     wc = w.to(device=device, dtype=prec.dtype).contiguous()
     if prec.dtype != torch.float32:
-        return OutInLinear(wc, b)
+        return dense16(wc, b)
     if device.type == "cpu" and f32_available():
         return F32Linear(wc, b, int8_activations=prec.activations == "int8")
     if device.type == "cpu" and torch._C._has_mkldnn:

@@ -29,7 +29,7 @@ FILE = (
     "def perimeter(width, height):\n    return 2 * (width + height)\n\n"
     "def describe(width, height):\n    print('area', area(width, height))\n"
 )
-COPY = f"Here is a file:\n{FILE}\nRewrite it with comments.\n\n{FILE[:40]}"
+COPY = f"Here is a file:\n{FILE}\nRewrite it with comments.\n\n{FILE[:25]}"
 CHAT = "Tell me a short story about a lighthouse keeper and a storm at sea."
 
 
