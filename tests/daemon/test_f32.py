@@ -9,7 +9,7 @@ import pytest
 import torch
 
 from radixd.daemon.loaders import LoadedModel
-from radixd.daemon.model.f32 import F32Linear, f32_available
+from radixd.daemon.model.f32 import F32Linear, Widened16Linear, f32_available
 from radixd.daemon.model.llama import make_linear, make_lm_head
 from radixd.daemon.model.precision import PRECISIONS
 from radixd.kernels.native import cpu_flags
@@ -147,3 +147,20 @@ def test_the_embedded_models_blocks_are_run_bitwise_as_its_fp32_weights(smollm: 
     layer = projections[2]
     assert isinstance(layer, F32Linear)
     same_as_fp32_weights(layer)
+
+
+def test_16_bit_weights_widened_to_the_fp32_kernel() -> None:
+    """Widened16Linear: the fp32 product of the bf16 weights' exact values, rounded to bf16, and a
+    row's result whatever its call's rows (bf16 rounding cannot hide an order change: there is none)."""
+    assert RUNS_HERE, "the fp32 kernel needs an x86-64 CPU with AVX2 and FMA and a C compiler on PATH"
+    g = torch.Generator().manual_seed(11)
+    w = torch.randn(96, 64, generator=g).bfloat16()
+    bias = torch.randn(96, generator=g).bfloat16()
+    lin = Widened16Linear(w, bias)
+    assert lin.weight is w and lin.bias is bias
+    x = torch.randn(9, 64, generator=g).bfloat16()
+    got = lin(x)
+    assert got.dtype == torch.bfloat16
+    want = (x.double() @ w.double().t() + bias.double()).bfloat16()
+    torch.testing.assert_close(got.float(), want.float(), rtol=1e-2, atol=1e-2)
+    assert torch.equal(torch.cat([lin(x[i : i + 1]) for i in range(9)]), got)

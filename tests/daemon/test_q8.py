@@ -10,10 +10,10 @@ import pytest
 import torch
 
 from radixd.daemon.loaders import LoadedModel
-from radixd.daemon.model.f32 import F32Linear
+from radixd.daemon.model.f32 import F32Linear, Widened16Linear
 from radixd.daemon.model.linear import GROUP, Int8Linear, OutInLinear, dequantize_groups
 from radixd.daemon.model.llama import make_lm_head
-from radixd.daemon.model.precision import PRECISIONS
+from radixd.daemon.model.precision import PRECISIONS, cpu_has_native_bf16
 from radixd.daemon.model.q8 import Q8Linear, q8_available
 from radixd.kernels.native import cpu_flags
 
@@ -87,14 +87,18 @@ def test_a_wrong_width_is_refused(head: Q8Linear) -> None:
         head._kernel(torch.zeros(2, 512))
 
 
-@pytest.mark.parametrize("mode", ["float32", "bfloat16", "int8", "int4"])
+@pytest.mark.parametrize("mode", ["float32", "bfloat16", "int8", "int4", "w4a8"])
 def test_each_mode_holds_its_head_as_documented(mode: str) -> None:
     w, _ = q8_0_weights(64, 96, seed=4)
     lin = make_lm_head(w, PRECISIONS[mode], CPU)
-    # Without the kernel, int8 runs its head as its layers and int4 in bf16.
+    # 16-bit heads run the fp32 kernel where bf16 is emulated (Widened16Linear). Without the kernel,
+    # int8 runs its head as its layers and int4 in bf16.
+    bf16 = OutInLinear if cpu_has_native_bf16() or not RUNS_HERE else Widened16Linear
     fallback = {"int8": Int8Linear, "int4": OutInLinear}
-    want = {"float32": F32Linear, "bfloat16": OutInLinear}.get(mode) or (
+    want = {"float32": F32Linear, "w4a8": F32Linear, "bfloat16": bf16}.get(mode) or (
         Q8Linear if RUNS_HERE else fallback[mode]
     )
     assert type(lin) is want
     assert lin.weight.dtype == PRECISIONS[mode].dtype
+    if mode == "w4a8":
+        assert isinstance(lin, F32Linear) and lin.coding == "q8_0_a8"  # the GGUF's Q8_0 head
