@@ -183,14 +183,18 @@ def main(argv: list[str] | None = None) -> int:
     max_len = args.prompt_len + args.decode_tokens + 1
     sides: dict[str, RadixdSide] = {}
     results: dict[str, ModeResult] = {}
+    caller_decoder = os.environ.get(ENV_DECODER)
     for mode in modes:
         dtype, _, decoder = mode.partition("@")
-        os.environ[ENV_DECODER] = decoder or "auto"  # read when the model is built
+        os.environ[ENV_DECODER] = decoder or caller_decoder or "auto"  # read when the model is built
         t0 = time.perf_counter()
         lm = load_model(path, dtype=dtype)
         results[mode] = ModeResult(load_s=time.perf_counter() - t0)
         sides[mode] = RadixdSide(lm, max(max(batches), args.prefill_batch), max_len)
-    os.environ.pop(ENV_DECODER)
+    if caller_decoder is None:
+        os.environ.pop(ENV_DECODER)
+    else:
+        os.environ[ENV_DECODER] = caller_decoder
     llama: dict[int, LlamaRow] = {}
     threads = torch.get_num_threads()
     with torch.inference_mode():

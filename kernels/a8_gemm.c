@@ -112,14 +112,12 @@ static const a8_tile_fn A8_TILES[2][2][2] = {
 static int a8_gemm(int kind, const float *x, int64_t m, int64_t k, const void *codes, const float *d,
                    const float *mn, int64_t n, float *y, int threads) {
     const int64_t groups = k / 32;
-    int8_t *q = malloc((size_t)(m * k));
-    float *e = malloc((size_t)(m * groups * 2) * sizeof(float));
-    if (!q || !e) {
-        free(q);
-        free(e);
-        return -1;
-    }
+    /* NOTE: the calling thread's scratch (f32_gemm.c), reused across calls: the tiles below never
+     * touch it, and a decode step makes ~120 of these calls. Scales first, then the codes. */
+    float *e = scratch(2 * m * groups + (m * k + 3) / 4);
+    if (!e) return -1;
     float *es = e + m * groups;
+    int8_t *q = (int8_t *)(es + m * groups);
     quantize_rows(x, m, k, q, e, es);
     const a8_tile_fn(*fns)[2] = A8_TILES[kind == SRC_Q4_1_A8 ? 0 : 1];
     const float *mins = kind == SRC_Q4_1_A8 ? mn : 0;
@@ -145,8 +143,6 @@ static int a8_gemm(int kind, const float *x, int64_t m, int64_t k, const void *c
             r += mt;
         }
     }
-    free(q);
-    free(e);
     return 0;
 }
 

@@ -137,15 +137,15 @@ class Int8Linear:
         w_out_in: torch.Tensor,
         bias: torch.Tensor | None,
         dtype: torch.dtype,
-        dense: Callable[[torch.Tensor, torch.Tensor | None], Linear] | None = None,
+        dense: Callable[[torch.Tensor, torch.Tensor | None], Linear] = OutInLinear,
     ) -> None:
-        """`dense` builds the projection that runs the dequantized weights (default `OutInLinear`)."""
+        """`dense` builds the projection that runs the dequantized weights."""
         self.q, self.scale = quantize_groups(w_out_in)
         self.weight = dequantize_groups(self.q, self.scale).to(dtype)
         self.bias = bias
         # NOTE: a one-row int8 matrix-vector kernel (a quarter of fp32's bytes) was faster at batch 1
         # but sums in another order than the GEMM: a token's result then depended on its batch.
-        self._dense = (dense or OutInLinear)(self.weight, bias)
+        self._dense = dense(self.weight, bias)
 
     def __call__(self, x: torch.Tensor) -> torch.Tensor:
         return self._dense(x)

@@ -35,6 +35,7 @@ from typing import Literal
 
 import torch
 
+from radixd.daemon.model.f32 import f32_available
 from radixd.kernels.native import cpu_flags
 
 WeightFormat = Literal["float", "int8", "int4"]
@@ -85,7 +86,7 @@ def resolve_precision(name: str, device: str, on_int4_grid: Callable[[], bool] =
         p = PRECISIONS[name]
         if (p.weights != "float" or p.activations != "float") and not device.startswith("cpu"):
             raise ValueError(f"dtype {name} runs on CPU only; use bfloat16 on GPUs")
-        if p.activations == "int8" and not _a8_kernels():
+        if p.activations == "int8" and not f32_available():
             raise ValueError(f"dtype {name} needs an x86-64 CPU with AVX2, FMA and F16C and a C compiler")
         return p
     if device.startswith("cuda"):
@@ -94,16 +95,9 @@ def resolve_precision(name: str, device: str, on_int4_grid: Callable[[], bool] =
     # NOTE: without native bf16, oneDNN emulates it and fp32 activations are the faster ones; 4-bit
     # layers then run as w4a8 (the file's own codes, 8-bit activations), other weights as float32.
     if not cpu_has_native_bf16():
-        return PRECISIONS["w4a8" if _a8_kernels() and on_int4_grid() else "float32"]
+        return PRECISIONS["w4a8" if f32_available() and on_int4_grid() else "float32"]
     # NOTE: int4 only where it loses nothing: re-quantizing other weights to 4 bits is a model change.
     return PRECISIONS["int4" if on_int4_grid() else "bfloat16"]
-
-
-def _a8_kernels() -> bool:
-    """Whether w4a8's kernels run here (they live in the fp32 projections' library)."""
-    from radixd.daemon.model.f32 import f32_available  # NOTE: lazy: f32 loads a compiled library
-
-    return f32_available()
 
 
 def default_dtype_name() -> str:

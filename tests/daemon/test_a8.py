@@ -11,7 +11,7 @@ import torch
 from radixd.daemon.model.f32 import F32Linear
 from radixd.daemon.model.llama import make_linear
 from radixd.daemon.model.precision import PRECISIONS
-from tests.daemon.test_f32 import RUNS_HERE, q4_1_weights, q8_0_weights
+from tests.daemon.test_f32 import RUNS_HERE, assert_rows_as_alone, q4_1_weights, q8_0_weights
 
 CPU = torch.device("cpu")
 
@@ -89,19 +89,8 @@ def test_zero_rows_and_weights_without_blocks() -> None:
 @pytest.mark.parametrize("kind", ["q4_1", "q8_0"])
 def test_a_row_is_bitwise_the_same_at_any_row_count_position_and_thread_count(kind: str) -> None:
     w = q4_1_weights(198, 576, seed=3)[0] if kind == "q4_1" else q8_0_weights(198, 576, seed=3)
-    lin = a8(w)
-    x = torch.randn(70, 576, generator=torch.Generator().manual_seed(4))
-    threads = torch.get_num_threads()
-    try:
-        torch.set_num_threads(1)
-        alone = torch.cat([lin._kernel(x[i : i + 1]) for i in range(70)])
-    finally:
-        torch.set_num_threads(threads)
-    # Every remainder of the 4-row tiles, a row's place among others, and the 2-output tail.
-    for m in (2, 3, 4, 5, 6, 7, 8, 13, 64, 65, 70):
-        assert torch.equal(lin._kernel(x[:m]), alone[:m]), m
-        assert torch.equal(lin._kernel(x[70 - m :]), alone[70 - m :]), m
-    assert torch.equal(lin(x), alone)
+    # 198 outputs: the 4-output blocks leave a 2-output tail.
+    assert_rows_as_alone(a8(w), torch.randn(70, 576, generator=torch.Generator().manual_seed(4)))
 
 
 def test_the_w4a8_mode_runs_its_blocks_with_8_bit_activations() -> None:

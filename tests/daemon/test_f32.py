@@ -27,6 +27,23 @@ def linear(out_f: int, in_f: int, seed: int, bias: bool = False) -> F32Linear:
     return F32Linear(w, torch.randn(out_f, generator=g) if bias else None)
 
 
+def assert_rows_as_alone(lin: F32Linear, x: torch.Tensor) -> torch.Tensor:
+    """Each row of `x` (70 rows) comes out of `lin` bitwise as it does alone on one thread, in calls of
+    every remainder of the 4-row tiles, first or last among others, and through the row plan;
+    -> the rows alone."""
+    threads = torch.get_num_threads()
+    try:
+        torch.set_num_threads(1)
+        alone = torch.cat([lin._kernel(x[i : i + 1]) for i in range(70)])
+    finally:
+        torch.set_num_threads(threads)
+    for m in (2, 3, 4, 5, 6, 7, 8, 13, 64, 65, 70):
+        assert torch.equal(lin._kernel(x[:m]), alone[:m]), m
+        assert torch.equal(lin._kernel(x[70 - m :]), alone[70 - m :]), m
+    assert torch.equal(lin(x), alone)
+    return alone
+
+
 def test_the_kernel_runs_where_the_cpu_and_a_compiler_allow() -> None:
     assert f32_available() == RUNS_HERE
 
@@ -54,17 +71,7 @@ def test_a_bias_is_added() -> None:
 def test_a_row_is_bitwise_the_same_at_any_row_count_position_and_thread_count(out_f: int, in_f: int) -> None:
     lin = linear(out_f, in_f, seed=3)
     x = torch.randn(70, in_f, generator=torch.Generator().manual_seed(4))
-    threads = torch.get_num_threads()
-    try:
-        torch.set_num_threads(1)
-        alone = torch.cat([lin._kernel(x[i : i + 1]) for i in range(70)])
-    finally:
-        torch.set_num_threads(threads)
-    # Every remainder of the 4-row tiles, and a row's place among others.
-    for m in (2, 3, 4, 5, 6, 7, 8, 13, 64, 65, 70):
-        assert torch.equal(lin._kernel(x[:m]), alone[:m]), m
-        assert torch.equal(lin._kernel(x[70 - m :]), alone[70 - m :]), m
-    assert torch.equal(lin(x), alone)
+    alone = assert_rows_as_alone(lin, x)
     assert torch.equal(lin(x[::2]), alone[::2])  # a strided input
     assert lin(x[:0]).shape == (0, out_f)
 
