@@ -16,36 +16,42 @@
 
 enum { SRC_Q4_1_A8 = 3, SRC_Q8_0_A8 = 4 };
 
+/* One group of 32 inputs as int8 codes (in input order, one 256-bit vector), with its scale
+ * e = amax / 127 and e * sum(codes) (Q4_1's minimums' term). */
+static inline __attribute__((always_inline)) __m256i quantize_group(const float *p, float *e, float *es) {
+    const __m256 sign = _mm256_set1_ps(-0.0f);
+    const __m256i order = _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7);
+    __m256 v[4], amax = _mm256_setzero_ps();
+    for (int i = 0; i < 4; i++) {
+        v[i] = _mm256_loadu_ps(p + 8 * i);
+        amax = _mm256_max_ps(amax, _mm256_andnot_ps(sign, v[i]));
+    }
+    float a = hmax(amax);
+    __m256 inv = _mm256_set1_ps(a > 0 ? 127.0f / a : 0.0f);
+    __m256i c[4];
+    for (int i = 0; i < 4; i++) c[i] = _mm256_cvtps_epi32(_mm256_round_ps(_mm256_mul_ps(v[i], inv), NEAREST));
+    /* packs interleave the 128-bit lanes; the permute puts inputs back in order */
+    __m256i b = _mm256_packs_epi16(_mm256_packs_epi32(c[0], c[1]), _mm256_packs_epi32(c[2], c[3]));
+    b = _mm256_permutevar8x32_epi32(b, order);
+    __m256i s16 = _mm256_maddubs_epi16(_mm256_set1_epi8(1), b);
+    __m256i s32 = _mm256_madd_epi16(s16, _mm256_set1_epi16(1));
+    __m128i h = _mm_add_epi32(_mm256_castsi256_si128(s32), _mm256_extracti128_si256(s32, 1));
+    h = _mm_add_epi32(h, _mm_shuffle_epi32(h, 0x4E));
+    h = _mm_add_epi32(h, _mm_shuffle_epi32(h, 0xB1));
+    *e = a / 127.0f;
+    *es = *e * (float)_mm_cvtsi128_si32(h);
+    return b;
+}
+
 /* Row r of x [m, k] as int8 codes per group of 32 (q [m, k]), their scales e [m, k / 32] and, for
  * Q4_1's minimums, e * sum(codes) per group (es [m, k / 32]). */
 static void quantize_rows(const float *x, int64_t m, int64_t k, int8_t *q, float *e, float *es) {
     const int64_t groups = k / 32;
-    const __m256 sign = _mm256_set1_ps(-0.0f);
-    const __m256i order = _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7);
     for (int64_t r = 0; r < m; r++)
         for (int64_t g = 0; g < groups; g++) {
-            const float *p = x + r * k + g * 32;
-            __m256 v[4], amax = _mm256_setzero_ps();
-            for (int i = 0; i < 4; i++) {
-                v[i] = _mm256_loadu_ps(p + 8 * i);
-                amax = _mm256_max_ps(amax, _mm256_andnot_ps(sign, v[i]));
-            }
-            float a = hmax(amax);
-            __m256 inv = _mm256_set1_ps(a > 0 ? 127.0f / a : 0.0f);
-            __m256i c[4];
-            for (int i = 0; i < 4; i++) c[i] = _mm256_cvtps_epi32(_mm256_round_ps(_mm256_mul_ps(v[i], inv), NEAREST));
-            /* packs interleave the 128-bit lanes; the permute puts inputs back in order */
-            __m256i b = _mm256_packs_epi16(_mm256_packs_epi32(c[0], c[1]), _mm256_packs_epi32(c[2], c[3]));
-            b = _mm256_permutevar8x32_epi32(b, order);
+            const int64_t at = r * groups + g;
+            __m256i b = quantize_group(x + r * k + g * 32, e + at, es + at);
             _mm256_storeu_si256((__m256i *)(q + r * k + g * 32), b);
-            __m256i s16 = _mm256_maddubs_epi16(_mm256_set1_epi8(1), b);
-            __m256i s32 = _mm256_madd_epi16(s16, _mm256_set1_epi16(1));
-            __m128i h = _mm_add_epi32(_mm256_castsi256_si128(s32), _mm256_extracti128_si256(s32, 1));
-            h = _mm_add_epi32(h, _mm_shuffle_epi32(h, 0x4E));
-            h = _mm_add_epi32(h, _mm_shuffle_epi32(h, 0xB1));
-            float scale = a / 127.0f;
-            e[r * groups + g] = scale;
-            es[r * groups + g] = scale * (float)_mm_cvtsi128_si32(h);
         }
 }
 
@@ -66,12 +72,23 @@ static inline __attribute__((always_inline)) __m256i dot_q8_0(const void *codes,
     return _mm256_madd_epi16(p, _mm256_set1_epi16(1));
 }
 
-/* NT outputs from j0 for MT rows of the quantized x (stride k), weights of KIND. The same operations
- * in the same order for an output whatever the tile: a row's result does not depend on its tile. */
+/* A call's activations, quantized, from the row a tile starts at: int8 codes q (stride k), scales e,
+ * Q4_1's minimums' terms es (stride k / 32) and, on the AVX512 path, the lanes' starts c (a8_avx512.c;
+ * e and c then have k / 4 entries a row, one per lane). */
+typedef struct {
+    int8_t *q;
+    float *e, *es;
+    int32_t *c;
+} a8_rows;
+
+typedef void (*a8_tile_fn)(const a8_rows *, int64_t, const void *, const float *, const float *, int64_t, float *,
+                           int64_t);
+
+/* NT outputs from j0 for MT rows of the quantized x, weights of KIND. The same operations in the
+ * same order for an output whatever the tile: a row's result does not depend on its tile. */
 #define A8TILE(KIND, MT, NT)                                                                            \
-    static void a8_##KIND##_##MT##_##NT(const int8_t *q, const float *e, const float *es, int64_t k,    \
-                                        const void *codes, const float *d, const float *mn, int64_t j0, \
-                                        float *y, int64_t ldy) {                                       \
+    static void a8_##KIND##_##MT##_##NT(const a8_rows *x, int64_t k, const void *codes, const float *d, \
+                                        const float *mn, int64_t j0, float *y, int64_t ldy) {          \
         const int64_t groups = k / 32;                                                                 \
         __m256 acc[MT][NT];                                                                            \
         float macc[MT][NT];                                                                            \
@@ -79,14 +96,14 @@ static inline __attribute__((always_inline)) __m256i dot_q8_0(const void *codes,
             for (int j = 0; j < NT; j++) acc[i][j] = _mm256_setzero_ps(), macc[i][j] = 0.0f;           \
         for (int64_t g = 0; g < groups; g++) {                                                         \
             __m256i a[MT];                                                                             \
-            for (int i = 0; i < MT; i++) a[i] = _mm256_loadu_si256((const __m256i *)(q + i * k + g * 32)); \
+            for (int i = 0; i < MT; i++) a[i] = _mm256_loadu_si256((const __m256i *)(x->q + i * k + g * 32)); \
             for (int j = 0; j < NT; j++) {                                                             \
                 const int64_t at = (j0 + j) * groups + g;                                              \
                 for (int i = 0; i < MT; i++) {                                                         \
                     __m256i p = dot_##KIND(codes, at, a[i]);                                           \
-                    __m256 s = _mm256_set1_ps(d[at] * e[i * groups + g]);                              \
+                    __m256 s = _mm256_set1_ps(d[at] * x->e[i * groups + g]);                           \
                     acc[i][j] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(p), s, acc[i][j]);                  \
-                    if (mn) macc[i][j] += mn[at] * es[i * groups + g];                                 \
+                    if (mn) macc[i][j] += mn[at] * x->es[i * groups + g];                              \
                 }                                                                                      \
             }                                                                                          \
         }                                                                                              \
@@ -98,12 +115,17 @@ static inline __attribute__((always_inline)) __m256i dot_q8_0(const void *codes,
 A8TILES(q4_1)
 A8TILES(q8_0)
 
-typedef void (*a8_tile_fn)(const int8_t *, const float *, const float *, int64_t, const void *, const float *,
-                           const float *, int64_t, float *, int64_t);
 /* [kind][rows 1 or 4][outputs: 1, or the wide tile (4 for one row, 2 for four)] */
 static const a8_tile_fn A8_TILES[2][2][2] = {
     {{a8_q4_1_1_1, a8_q4_1_1_4}, {a8_q4_1_4_1, a8_q4_1_4_2}},
     {{a8_q8_0_1_1, a8_q8_0_1_4}, {a8_q8_0_4_1, a8_q8_0_4_2}}};
+
+#if defined(__AVX512VNNI__) && defined(__AVX512BW__) && defined(__AVX512VL__)
+#define A8_AVX512 1
+#include "a8_avx512.c"
+#else
+#define A8_AVX512 0
+#endif
 
 /* y [m, n] = x [m, k] . W [n, k]^T over Q4_1 (kind SRC_Q4_1_A8: codes, d, mn) or Q8_0 (SRC_Q8_0_A8:
  * codes, d) blocks, x quantized here. Threads split the outputs into blocks of 4; rows run in tiles of
@@ -112,31 +134,42 @@ static const a8_tile_fn A8_TILES[2][2][2] = {
 static int a8_gemm(int kind, const float *x, int64_t m, int64_t k, const void *codes, const float *d,
                    const float *mn, int64_t n, float *y, int threads) {
     const int64_t groups = k / 32;
+    const int q4 = kind == SRC_Q4_1_A8;
+    /* NOTE: the path depends on the build and on k only, so a row's result never depends on its call. */
+    const int wide = A8_AVX512 && groups % 2 == 0;
+    const int64_t per_row = wide ? groups * 8 : groups; /* entries of e and c a row */
     /* NOTE: the calling thread's scratch (f32_gemm.c), reused across calls: the tiles below never
      * touch it, and a decode step makes ~120 of these calls. Scales first, then the codes. */
-    float *e = scratch(2 * m * groups + (m * k + 3) / 4);
-    if (!e) return -1;
-    float *es = e + m * groups;
-    int8_t *q = (int8_t *)(es + m * groups);
-    quantize_rows(x, m, k, q, e, es);
-    const a8_tile_fn(*fns)[2] = A8_TILES[kind == SRC_Q4_1_A8 ? 0 : 1];
-    const float *mins = kind == SRC_Q4_1_A8 ? mn : 0;
+    float *buf = scratch(m * (2 * per_row + groups) + (m * k + 3) / 4);
+    if (!buf) return -1;
+    a8_rows rows = {(int8_t *)(buf + m * (2 * per_row + groups)), buf, buf + m * 2 * per_row,
+                    (int32_t *)(buf + m * per_row)};
+    const a8_tile_fn(*fns)[2] = A8_TILES[q4 ? 0 : 1];
+    int wide_nt = 2;
+#if A8_AVX512
+    if (wide) {
+        quantize_pairs(x, m, k, q4, &rows);
+        fns = A8W_TILES[q4 ? 0 : 1];
+        wide_nt = 4;
+    } else
+#endif
+        quantize_rows(x, m, k, rows.q, rows.e, rows.es);
+    const float *mins = q4 ? mn : 0;
     const int64_t blocks = (n + 3) / 4;
 #pragma omp parallel for num_threads(threads) schedule(static) if (blocks * m * k >= 65536)
     for (int64_t b = 0; b < blocks; b++) {
         const int64_t j0 = 4 * b, j1 = j0 + 4 < n ? j0 + 4 : n;
         for (int64_t r = 0; r < m;) {
             const int mt = r + 4 <= m ? 4 : 1;
-            const int nt = mt == 4 ? 2 : 4;
-            const int8_t *qr = q + r * k;
-            const float *er = e + r * groups, *esr = es + r * groups;
+            const int nt = mt == 4 ? wide_nt : 4;
+            const a8_rows at = {rows.q + r * k, rows.e + r * per_row, rows.es + r * groups, rows.c + r * per_row};
             float *yr = y + r * n;
             for (int64_t j = j0; j < j1;) {
                 if (j + nt <= j1) {
-                    fns[mt == 4][1](qr, er, esr, k, codes, d, mins, j, yr + j, n);
+                    fns[mt == 4][1](&at, k, codes, d, mins, j, yr + j, n);
                     j += nt;
                 } else {
-                    fns[mt == 4][0](qr, er, esr, k, codes, d, mins, j, yr + j, n);
+                    fns[mt == 4][0](&at, k, codes, d, mins, j, yr + j, n);
                     j += 1;
                 }
             }

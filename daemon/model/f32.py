@@ -45,7 +45,18 @@ _KINDS = {"f32": 0, "q4_1": 1, "q8_0": 2, "q4_1_a8": 3, "q8_0_a8": 4}  # the sou
 # stay in registers.
 # -ffp-contract=off: expanding a Q4_1 weight must round (d * q) and then + m on their own, as the GGUF
 # reader's numpy does, never as one FMA.
-_FLAGS = ("-O3", "-mavx2", "-mfma", "-mf16c", "-ffp-contract=off", "-fopenmp")
+# -march=native: the w4a8 kernels take their AVX512-VNNI path where the CPU has it (a8_avx512.c).
+# NOTE: the same flags as the step's library (native_decoder.py), so that both run the same path.
+FLAGS = (
+    "-O3",
+    "-march=native",
+    "-mavx2",
+    "-mfma",
+    "-mf16c",
+    "-ffp-contract=off",
+    "-fno-fast-math",
+    "-fopenmp",
+)
 
 
 @functools.cache
@@ -55,7 +66,7 @@ def library() -> ctypes.CDLL | None:
     cannot run (not x86-64 with AVX2, FMA and F16C, no compiler)."""
     if platform.machine() not in ("x86_64", "AMD64") or not {"avx2", "fma", "f16c"} <= cpu_flags():
         return None
-    lib = load(_SOURCE, _FLAGS, "fp32 projections run through oneDNN")
+    lib = load(_SOURCE, FLAGS, "fp32 projections run through oneDNN")
     if lib is None:
         return None
     i64, ptr = ctypes.c_int64, ctypes.c_void_p

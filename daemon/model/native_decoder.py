@@ -26,6 +26,7 @@ from dataclasses import dataclass
 
 import torch
 
+from radixd.daemon.model.f32 import FLAGS as F32_FLAGS
 from radixd.daemon.model.f32 import F32Linear
 from radixd.daemon.model.f32 import library as f32_library
 from radixd.kernels import cpu_attention
@@ -34,17 +35,6 @@ from radixd.kernels.native import load
 ENV_DECODER = "RADIXD_CPU_DECODER"
 CHOICES = ("auto", "native", "torch")
 _SOURCE = "cpu_decoder.c"
-# f32_gemm.c's and cpu_attention.c's flags together (both sources rely on -ffp-contract=off).
-_FLAGS = (
-    "-O3",
-    "-march=native",
-    "-mavx2",
-    "-mfma",
-    "-mf16c",
-    "-ffp-contract=off",
-    "-fno-fast-math",
-    "-fopenmp",
-)
 
 _i64, _f32, _i32, _p = ctypes.c_int64, ctypes.c_float, ctypes.c_int32, ctypes.c_void_p
 
@@ -81,7 +71,8 @@ class _Step(ctypes.Structure):
 def _library() -> ctypes.CDLL | None:
     if f32_library() is None:  # the same CPU and compiler requirements as the projections
         return None
-    lib = load(_SOURCE, _FLAGS, "float32 steps run layer by layer in torch")
+    # f32.py's flags: cpu_attention.c relies on their -ffp-contract=off and -fno-fast-math too
+    lib = load(_SOURCE, F32_FLAGS, "float32 steps run layer by layer in torch")
     if lib is None:
         return None
     lib.radixd_decoder_workspace.argtypes = [_i64] * 6
