@@ -5,10 +5,11 @@
  * (split j holds [j * SPLIT, (j + 1) * SPLIT), the last one partial); a (row, split) pair is one unit
  * of work, computed by one thread with one code path:
  *   pass 1: s[t] = dot(q * scale, k[t]) for every head of the row and every key t of the split (one
- *           dot: 8 lanes over the head dim, lane i takes the elements i, i+8, ...; the lanes folded
- *           by a fixed tree); m_j = max s;
+ *           dot: 8 lanes over the head dim, lane i takes the elements i, i+8, ... by fused
+ *           multiply-adds; the lanes folded by a fixed tree, 8 keys' dots at once); m_j = max s;
  *   then:   e[t] = exp(s[t] - m_j); l_j = sum e (8 lanes over t mod 8, folded by the same tree);
- *   pass 2: acc_j = sum over t in position order of e[t] * v[t] (one element of the head dim per lane).
+ *   pass 2: acc_j = sum over t in position order of e[t] * v[t] (one element of the head dim per lane,
+ *           fused multiply-adds).
  * A row's splits are then folded in split order: m = max m_j, w_j = exp(m_j - m),
  * out = (sum acc_j w_j) / (sum l_j w_j) + 0.0 (no -0.0).
  * Nothing depends on the other rows of the call, on how many there are, on which thread runs a unit,
@@ -16,21 +17,32 @@
  *
  * NOTE: built with -ffp-contract=off and without -ffast-math: the compiler may vectorize the lane loops
  * (each lane keeps its own sequence of IEEE operations) but may neither reassociate a sum nor fuse a
- * multiply-add in one code path and not in another, so a vector loop and its scalar remainder agree.
+ * multiply-add in one code path and not in another, so a vector loop and its scalar remainder agree;
+ * the dots' multiply-adds are fused explicitly (fma8), the same in every path of a build.
+ * The pool is fp32, bf16 or f16 (widened exactly on load: F16C's vcvtph2ps where the CPU has it).
  * exp is computed here (a Cephes-style polynomial) rather than by libm, so that it vectorizes and its
  * bits do not depend on which libm variant a call site picks.
  */
 #include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
+#if defined(__F16C__) || defined(__FMA__)
+#include <immintrin.h>
+#endif
 
 #define LANES 8
 /* Keys per split: a row's keys are cut at fixed positions, so splits are units of parallel work whose
  * boundaries depend on the position only. */
 #define SPLIT 256
+/* Keys whose value rows pass 2 reads together (they stay in L1 while each query head sums them). */
+#define VCHUNK 16
+/* The largest head dim the kernel takes (cpu_attention.py's `supports` checks it). */
+#define MAX_D 256
 
 enum { DT_F32 = 0, DT_BF16 = 1, DT_F16 = 2 };
 
+#ifndef __F16C__
+/* f16 -> float32 where the CPU has no F16C conversion. */
 static inline float bits_to_float(uint32_t u) {
     float f;
     memcpy(&f, &u, sizeof f);
@@ -50,19 +62,7 @@ static float f16_to_float(uint16_t h) {
     }
     return bits_to_float(sign | ((exp + 112u) << 23) | (man << 13));
 }
-
-/* One head vector of the pool widened to float32 (fp32 rows are read in place). */
-static inline const float *load_row(const void *base, int64_t idx, int64_t d, int dtype, float *buf) {
-    if (dtype == DT_F32) return (const float *)base + idx;
-    if (dtype == DT_BF16) {
-        const uint16_t *p = (const uint16_t *)base + idx;
-        for (int64_t i = 0; i < d; i++) buf[i] = bits_to_float((uint32_t)p[i] << 16);
-        return buf;
-    }
-    const uint16_t *p = (const uint16_t *)base + idx;
-    for (int64_t i = 0; i < d; i++) buf[i] = f16_to_float(p[i]);
-    return buf;
-}
+#endif
 
 /* Eight float lanes (GCC/Clang vector extension: AVX on x86, two NEON registers on Arm). */
 typedef float v8f __attribute__((vector_size(32)));
@@ -76,6 +76,47 @@ static inline v8f ld(const float *p) {
 
 static inline void st(float *p, v8f v) { memcpy(p, &v, sizeof v); }
 
+/* Elements idx..idx+7 of a pool of `dtype` widened to float32 (exactly: every bf16 and f16 value is a
+ * float). `dtype` is a constant where the caller is specialized, so the branch folds away. */
+static inline __attribute__((always_inline)) v8f ld_kv(const void *base, int64_t idx, int dtype) {
+    if (dtype == DT_F32) return ld((const float *)base + idx);
+    const uint16_t *p = (const uint16_t *)base + idx;
+    if (dtype == DT_BF16) {
+        v8i w = {p[0], p[1], p[2], p[3], p[4], p[5], p[6], p[7]};
+        return (v8f)(w << 16);
+    }
+#ifdef __F16C__
+    return (v8f)_mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)p));
+#else
+    v8f r;
+    for (int i = 0; i < LANES; i++) r[i] = f16_to_float(p[i]);
+    return r;
+#endif
+}
+
+/* a * b + c rounded once where the CPU has FMA (one instruction instead of two in the dots), else
+ * rounded twice: a build runs one of them for every row, so the choice never depends on a row. */
+static inline __attribute__((always_inline)) v8f fma8(v8f a, v8f b, v8f c) {
+#ifdef __FMA__
+    return (v8f)_mm256_fmadd_ps((__m256)a, (__m256)b, (__m256)c);
+#else
+    return a * b + c;
+#endif
+}
+
+/* fold_lanes of 8 vectors at once: lane u of the result is fold_lanes(a[u]), by the same additions
+ * (pairs of neighbours, then pairs of pairs, then the halves), three shuffle levels for 8 dots. */
+static inline v8f fold8(const v8f a[LANES]) {
+#define EVEN(x, y) __builtin_shufflevector(x, y, 0, 2, 4, 6, 8, 10, 12, 14)
+#define ODD(x, y) __builtin_shufflevector(x, y, 1, 3, 5, 7, 9, 11, 13, 15)
+    v8f p[4], q[2];
+    for (int i = 0; i < 4; i++) p[i] = EVEN(a[2 * i], a[2 * i + 1]) + ODD(a[2 * i], a[2 * i + 1]);
+    for (int i = 0; i < 2; i++) q[i] = EVEN(p[2 * i], p[2 * i + 1]) + ODD(p[2 * i], p[2 * i + 1]);
+    return EVEN(q[0], q[1]) + ODD(q[0], q[1]);
+#undef EVEN
+#undef ODD
+}
+
 static inline float fold_lanes(v8f a) {
     return ((a[0] + a[1]) + (a[2] + a[3])) + ((a[4] + a[5]) + (a[6] + a[7]));
 }
@@ -83,13 +124,6 @@ static inline float fold_lanes(v8f a) {
 static inline void prefetch_row(const void *base, int64_t offset, int64_t bytes) {
     const char *p = (const char *)base + offset;
     for (int64_t i = 0; i < bytes; i += 64) __builtin_prefetch(p + i, 0, 3);
-}
-
-/* d is a multiple of LANES (checked by the caller). Lane l sums the elements l, l + 8, ... in order. */
-static inline __attribute__((always_inline)) float dot(const float *q, const float *k, int64_t d) {
-    v8f a = {0};
-    for (int64_t i = 0; i < d; i += LANES) a += ld(q + i) * ld(k + i);
-    return fold_lanes(a);
 }
 
 /* exp(x) for x <= 0 (0 below -87, where float32 leaves the normal range; -inf gives 0). */
@@ -127,36 +161,56 @@ typedef struct {
 } attn_args;
 
 /* Split j of a row: keys [j * SPLIT, min((j + 1) * SPLIT, pos + 1)), every query head of the row.
- * Writes part = [hq][d + 2]: acc (d), m, l. Scratch: scores [hq][SPLIT], qs [hq][d], kbuf [hkv * d].
- * Inlined with constant d and hq where the caller knows them: the same operations in the same order. */
+ * Writes part = [hq][d + 2]: acc (d), m, l. Scratch: scores [hq][SPLIT], qs [hq][d].
+ * Inlined with constant shapes and dtype where the caller specializes them: the same operations in
+ * the same order, with the loops over the head dim unrolled and their accumulators in registers. */
 static inline __attribute__((always_inline)) void attend_split(const attn_args *a, int64_t row, int64_t j,
                                                                float *part, float *scores, float *qs,
-                                                               float *kbuf, const int64_t d,
-                                                               const int64_t hq) {
-    const int64_t b = a->block_size, hkv = a->hkv, g_n = hq / hkv, stride_tok = hkv * d;
+                                                               const int64_t d, const int64_t hkv,
+                                                               const int64_t g_n, const int dtype) {
+    const int64_t b = a->block_size, hq = hkv * g_n, stride_tok = hkv * d, elem = dtype == DT_F32 ? 4 : 2;
     const int64_t t_lo = j * SPLIT, t_hi = (a->row_pos[row] + 1 < t_lo + SPLIT) ? a->row_pos[row] + 1 : t_lo + SPLIT;
-    const int64_t n = t_hi - t_lo, n8 = (n + LANES - 1) / LANES * LANES;
+    const int64_t n = t_hi - t_lo, n8 = (n + LANES - 1) / LANES * LANES, pos = a->row_pos[row];
     const int32_t *table = a->tables + a->row_table[row] * a->width;
     const float *q = a->q + row * hq * d;
     for (int64_t i = 0; i < hq * d; i++) qs[i] = q[i] * a->scale;
-    const int64_t row_bytes = stride_tok * (a->dtype == DT_F32 ? 4 : 2), pos = a->row_pos[row];
-    /* pass 1: scores of every head, one token row (all kv heads, contiguous) at a time */
-    for (int64_t t = t_lo; t < t_hi; t++) {
-        /* Blocks lie anywhere in the pool, so the hardware prefetcher restarts at every block: ask
-         * for the next block's key row now, and for this token's value row (pass 2 reads it from L2). */
-        const int64_t slot = (int64_t)table[t / b] * b + t % b;
-        if (t + b <= pos) prefetch_row(a->k, ((int64_t)table[(t + b) / b] * b + t % b) * row_bytes, row_bytes);
-        prefetch_row(a->v, slot * row_bytes, row_bytes);
-        const float *k = load_row(a->k, ((int64_t)table[t / b] * b + t % b) * stride_tok, stride_tok, a->dtype, kbuf);
-        for (int64_t h = 0; h < hkv; h++)
-            for (int64_t g = 0; g < g_n; g++)
-                scores[(h * g_n + g) * SPLIT + (t - t_lo)] = dot(qs + (h * g_n + g) * d, k + h * d, d);
+    /* pass 1: per head, the scores of 8 keys at once (8 dots, lanes over the head dim, folded together) */
+    for (int64_t t0 = t_lo; t0 < t_hi; t0 += LANES) {
+        int64_t at[LANES]; /* each key's row in the pool; past t_hi the last key again (scores unused) */
+        for (int u = 0; u < LANES; u++) {
+            const int64_t t = t0 + u < t_hi ? t0 + u : t_hi - 1;
+            at[u] = ((int64_t)table[t / b] * b + t % b) * stride_tok;
+            if (t0 + u >= t_hi) continue;
+            /* Blocks lie anywhere in the pool, so the hardware prefetcher restarts at every block: ask
+             * for the next block's key row now, and for this key's value row (pass 2 reads it from L2). */
+            if (t + b <= pos)
+                prefetch_row(a->k, ((int64_t)table[(t + b) / b] * b + t % b) * stride_tok * elem, stride_tok * elem);
+            prefetch_row(a->v, at[u] * elem, stride_tok * elem);
+        }
+        for (int64_t hh = 0; hh < hq; hh++) {
+            const float *qh = qs + hh * d;
+            const int64_t kh = (hh / g_n) * d;
+            v8f acc[LANES];
+            for (int u = 0; u < LANES; u++) {
+                v8f sum = {0};
+                for (int64_t i = 0; i < d; i += LANES) sum = fma8(ld(qh + i), ld_kv(a->k, at[u] + kh + i, dtype), sum);
+                acc[u] = sum;
+            }
+            st(scores + hh * SPLIT + (t0 - t_lo), fold8(acc));
+        }
     }
     for (int64_t hh = 0; hh < hq; hh++) {
         float *s = scores + hh * SPLIT;
-        float m = s[0];
-        for (int64_t t = 1; t < n; t++) m = s[t] > m ? s[t] : m;
         for (int64_t t = n; t < n8; t++) s[t] = -__builtin_inff(); /* exp gives exact zeros */
+        /* the max in 8 lanes (a max is exact in any order), not one serial chain of n compares */
+        v8f mv = ld(s);
+        for (int64_t t = LANES; t < n8; t += LANES) {
+            const v8f x = ld(s + t);
+            const v8i gt = x > mv;
+            mv = (v8f)(((v8i)x & gt) | ((v8i)mv & ~gt));
+        }
+        float m = mv[0];
+        for (int i = 1; i < LANES; i++) m = mv[i] > m ? mv[i] : m;
         v8f lane = {0};
         for (int64_t t = 0; t < n8; t += LANES) {
             v8f e = exp_nonpos(ld(s + t) - m);
@@ -168,30 +222,43 @@ static inline __attribute__((always_inline)) void attend_split(const attn_args *
         p[d + 1] = fold_lanes(lane);
         for (int64_t i = 0; i < d; i++) p[i] = 0.0f;
     }
-    /* pass 2: the weighted sum of the values, in position order */
-    for (int64_t t = t_lo; t < t_hi; t++) {
-        const float *v = load_row(a->v, ((int64_t)table[t / b] * b + t % b) * stride_tok, stride_tok, a->dtype, kbuf);
-        for (int64_t h = 0; h < hkv; h++)
-            for (int64_t g = 0; g < g_n; g++) {
-                const int64_t hh = h * g_n + g;
-                const float e = scores[hh * SPLIT + (t - t_lo)];
-                float *p = part + hh * (d + 2);
-                for (int64_t i = 0; i < d; i += LANES) st(p + i, ld(p + i) + e * ld(v + h * d + i));
-            }
+    /* pass 2: the weighted sum of the values, in position order, VCHUNK keys at a time: the chunk's
+     * value rows stay in L1 for the group's query heads, each head's sums in registers meanwhile. */
+    for (int64_t t0 = t_lo; t0 < t_hi; t0 += VCHUNK) {
+        const int64_t t1 = t0 + VCHUNK < t_hi ? t0 + VCHUNK : t_hi;
+        int64_t at[VCHUNK];
+        for (int64_t t = t0; t < t1; t++) at[t - t0] = ((int64_t)table[t / b] * b + t % b) * stride_tok;
+        for (int64_t hh = 0; hh < hq; hh++) {
+            const int64_t vh = (hh / g_n) * d;
+            const float *e = scores + hh * SPLIT + (t0 - t_lo);
+            float *p = part + hh * (d + 2);
+            v8f acc[MAX_D / LANES];
+            for (int64_t i = 0; i < d; i += LANES) acc[i / LANES] = ld(p + i);
+            for (int64_t t = 0; t < t1 - t0; t++)
+                for (int64_t i = 0; i < d; i += LANES) {
+                    const v8f et = {e[t], e[t], e[t], e[t], e[t], e[t], e[t], e[t]};
+                    acc[i / LANES] = fma8(et, ld_kv(a->v, at[t] + vh + i, dtype), acc[i / LANES]);
+                }
+            for (int64_t i = 0; i < d; i += LANES) st(p + i, acc[i / LANES]);
+        }
     }
 }
 
+/* attend_split specialized for the common shapes (and each pool dtype), generic otherwise. */
 static void attend_split_any(const attn_args *a, int64_t row, int64_t j, float *part, float *scores,
-                             float *qs, float *kbuf) {
-    const int64_t hq = a->hkv * a->group;
-    if (a->d == 64 && hq == 9)
-        attend_split(a, row, j, part, scores, qs, kbuf, 64, 9);
-    else if (a->d == 64 && hq == 32)
-        attend_split(a, row, j, part, scores, qs, kbuf, 64, 32);
-    else if (a->d == 128 && hq == 32)
-        attend_split(a, row, j, part, scores, qs, kbuf, 128, 32);
-    else
-        attend_split(a, row, j, part, scores, qs, kbuf, a->d, hq);
+                             float *qs) {
+#define SHAPE(D, HKV, G)                                                                                  \
+    if (a->d == D && a->hkv == HKV && a->group == G) {                                                   \
+        if (a->dtype == DT_F32) attend_split(a, row, j, part, scores, qs, D, HKV, G, DT_F32);            \
+        else if (a->dtype == DT_F16) attend_split(a, row, j, part, scores, qs, D, HKV, G, DT_F16);       \
+        else attend_split(a, row, j, part, scores, qs, D, HKV, G, DT_BF16);                              \
+        return;                                                                                          \
+    }
+    SHAPE(64, 3, 3)  /* SmolLM2-135M */
+    SHAPE(64, 8, 4)  /* Llama 3.2 1B */
+    SHAPE(128, 8, 4) /* Llama 3 8B */
+#undef SHAPE
+    attend_split(a, row, j, part, scores, qs, a->d, a->hkv, a->group, a->dtype);
 }
 
 /* Fold a row's splits in split order: out = sum_j acc_j w_j / sum_j l_j w_j, w_j = exp(m_j - m). */
@@ -250,14 +317,13 @@ int radixd_attend_rows(const float *q, const void *k, const void *v, int dtype, 
     int failed = 0;
 #pragma omp parallel num_threads(threads) if (threads > 1)
     {
-        float *scratch = malloc((size_t)(hq * SPLIT + hq * d + hkv * d) * sizeof(float));
+        float *scratch = malloc((size_t)(hq * SPLIT + hq * d) * sizeof(float));
         /* NOTE: every thread runs both worksharing loops (skipping one would hang the others at its end). */
 #pragma omp for schedule(dynamic, 1)
         for (int64_t u = 0; u < units; u++) {
             if (scratch != NULL) {
                 const int64_t r = unit_row[u];
-                attend_split_any(&a, r, u - first[r], parts + u * part_n, scratch, scratch + hq * SPLIT,
-                                 scratch + hq * SPLIT + hq * d);
+                attend_split_any(&a, r, u - first[r], parts + u * part_n, scratch, scratch + hq * SPLIT);
             } else {
 #pragma omp atomic write
                 failed = 1;

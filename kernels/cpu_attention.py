@@ -34,6 +34,7 @@ _SOURCE = "cpu_attention.c"
 _CFLAGS = ("-O3", "-march=native", "-ffp-contract=off", "-fno-fast-math", "-fopenmp", "-std=c11")
 _DTYPES = {torch.float32: 0, torch.bfloat16: 1, torch.float16: 2}
 _LANES = 8
+_MAX_D = 256  # cpu_attention.c's MAX_D
 # Below this many (key, kv head) visits per call a second thread costs more than it saves.
 _PARALLEL_MIN_WORK = 16384
 
@@ -63,6 +64,7 @@ def supports(k_cache: torch.Tensor, group: int) -> bool:
         k_cache.device.type == "cpu"
         and k_cache.dtype in _DTYPES
         and d % _LANES == 0
+        and d <= _MAX_D
         and group >= 1
         and k_cache.is_contiguous()
     )
