@@ -150,7 +150,7 @@ class ModelRunner:
         self.num_blocks = num_blocks
         self.block_size = block_size
         self.device = torch.device(device)
-        self.dtype = dtype or model.dtype
+        self.dtype = dtype or model.kv_dtype
         cfg = self.config
         shape = (num_blocks, block_size, cfg.num_kv_heads, cfg.head_dim)
         self.k_caches = [

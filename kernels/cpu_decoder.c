@@ -7,7 +7,8 @@
  *
  * It reuses the two kernels the layer-by-layer path calls, compiled into this library from the same
  * sources: the projections of f32_gemm.c and the row attention of cpu_attention.c. What it adds is
- * row-wise: RMSNorm, rotary, SiLU * up, the residual adds, the KV store.
+ * row-wise: RMSNorm, rotary, SiLU * up, the residual adds, the KV store (into fp32 pools, or f16 ones
+ * rounded to nearest even as torch rounds them: w4a8's).
  *
  * NOTE: row-invariant like the kernels it calls. Every operation here reads and writes one row (one
  * token) at a time, in a fixed order that depends neither on the number of rows nor on the thread
@@ -33,7 +34,7 @@ typedef struct {
 typedef struct {
     const float *attn_norm, *mlp_norm; /* [hidden] */
     proj_t qkv, o, gate_up, down;       /* qkv rows: q heads, k heads, v heads; gate_up: gate then up */
-    float *k_cache, *v_cache;           /* [blocks, block_size, hkv, d] float32 */
+    void *k_cache, *v_cache;            /* [blocks, block_size, hkv, d] of step_t's kv_dtype */
 } layer_t;
 
 /* The step's rows: shapes, rotary tables, KV slots and the attention's rows (cpu_attention.py's
@@ -42,6 +43,7 @@ typedef struct {
     int64_t rows, hidden, hq, hkv, d, inter, block_size, width;
     float eps, scale;
     int32_t threads, attn_threads;
+    int32_t kv_dtype;        /* the pools': DT_F32 or DT_F16 (cpu_attention.c) */
     const float *cos, *sin;  /* [rows, d]: halves duplicated; sin signed (-sin, sin) as in rope.py */
     const int64_t *slots;    /* [rows] slot = block * block_size + offset; -1 stores nothing */
     const int32_t *tables;   /* [num_tables, width] */
@@ -92,18 +94,32 @@ static inline void rotate(const float *x, const float *cos, const float *sin, in
     for (int64_t i = 0; i < d; i++) out[i] = x[i] * cos[i] + x[(i + half) % d] * sin[i];
 }
 
-/* Rotate q into `q` [rows, hq, d]; rotate k and copy v into their pool slots. */
-static void rotate_and_store(const step_t *s, const float *qkv, float *q, float *k_cache, float *v_cache) {
+/* n floats (n % 8 == 0) into a pool row of `dtype`: fp32 as they are, f16 rounded to nearest even,
+ * as torch's .to(torch.float16) rounds them on the layer-by-layer path (store_kv.py). */
+static void store_row(const float *src, void *dst, int64_t n, int dtype) {
+    if (dtype == DT_F32) {
+        memcpy(dst, src, (size_t)n * sizeof(float));
+        return;
+    }
+    uint16_t *o = (uint16_t *)dst;
+    for (int64_t i = 0; i < n; i += 8)
+        _mm_storeu_si128((__m128i *)(o + i), _mm256_cvtps_ph(_mm256_loadu_ps(src + i), _MM_FROUND_TO_NEAREST_INT));
+}
+
+/* Rotate q into `q` [rows, hq, d]; rotate k and store it and v into their pool slots. */
+static void rotate_and_store(const step_t *s, const float *qkv, float *q, void *k_cache, void *v_cache) {
     const int64_t d = s->d, hq = s->hq, hkv = s->hkv, width = (hq + 2 * hkv) * d;
+    const int64_t row_bytes = hkv * d * (s->kv_dtype == DT_F32 ? 4 : 2);
 #pragma omp parallel for schedule(static) if (s->rows * width >= PARALLEL_ELEMS)
     for (int64_t r = 0; r < s->rows; r++) {
         const float *row = qkv + r * width, *cos = s->cos + r * d, *sin = s->sin + r * d;
         for (int64_t h = 0; h < hq; h++) rotate(row + h * d, cos, sin, d, q + (r * hq + h) * d);
         const int64_t slot = s->slots[r];
         if (slot < 0) continue;
-        float *kd = k_cache + slot * hkv * d, *vd = v_cache + slot * hkv * d;
-        for (int64_t h = 0; h < hkv; h++) rotate(row + (hq + h) * d, cos, sin, d, kd + h * d);
-        memcpy(vd, row + (hq + hkv) * d, (size_t)(hkv * d) * sizeof(float));
+        float k[hkv * d]; /* NOTE: hkv * d floats, a few KiB at most */
+        for (int64_t h = 0; h < hkv; h++) rotate(row + (hq + h) * d, cos, sin, d, k + h * d);
+        store_row(k, (char *)k_cache + slot * row_bytes, hkv * d, s->kv_dtype);
+        store_row(row + (hq + hkv) * d, (char *)v_cache + slot * row_bytes, hkv * d, s->kv_dtype);
     }
 }
 
@@ -140,7 +156,7 @@ int radixd_decoder_forward(const layer_t *layers, int64_t num_layers, const floa
         rms_norm_rows(h, L->attn_norm, rows, s->hidden, s->eps, x);
         if (project(&L->qkv, x, rows, big, NULL, s->threads)) return -1;
         rotate_and_store(s, big, q, L->k_cache, L->v_cache);
-        if (radixd_attend_rows(q, L->k_cache, L->v_cache, DT_F32, s->block_size, s->hkv, s->hq / s->hkv, s->d,
+        if (radixd_attend_rows(q, L->k_cache, L->v_cache, s->kv_dtype, s->block_size, s->hkv, s->hq / s->hkv, s->d,
                                s->tables, s->width, s->row_table, s->row_pos, rows, s->scale, attn,
                                s->attn_threads))
             return -1;

@@ -34,11 +34,11 @@ def build_core(
 ) -> EngineCore:
     """An `EngineCore` over an already loaded model (`grammars`: its constraint compile cache, by
     default one over the model's tokenizer). Pool size: `num_blocks` if given, else what
-    `kv_cache_gb` holds (default `DEFAULT_KV_CACHE_GB`) in blocks of the model's KV dtype (bf16 blocks take
-    half of fp32's bytes, so the same budget holds twice as many)."""
+    `kv_cache_gb` holds (default `DEFAULT_KV_CACHE_GB`) in blocks of the model's KV dtype (bf16 / f16 blocks
+    take half of fp32's bytes, so the same budget holds twice as many)."""
     if num_blocks is None:
         budget = int((kv_cache_gb if kv_cache_gb is not None else DEFAULT_KV_CACHE_GB) * (1 << 30))
-        num_blocks = num_blocks_for_budget(loaded.config, block_size, budget, loaded.model.dtype)
+        num_blocks = num_blocks_for_budget(loaded.config, block_size, budget, loaded.model.kv_dtype)
     runner = ModelRunner(loaded.model, num_blocks=num_blocks, block_size=block_size, device=device)
     eos = tuple(loaded.tokenizer.eos_token_ids) or tuple(loaded.config.eos_token_ids)
     core = EngineCore(runner, loaded.tokenizer, config, eos_token_ids=eos, grammars=grammars)

@@ -193,6 +193,7 @@ class LlamaModel:
         prec = precision or precision_of_dtype(weights.embed.dtype)
         self.precision = prec
         self.dtype = prec.dtype
+        self.kv_dtype = prec.kv_dtype
         self.rotary = Rotary(config.head_dim, config.rope_theta, config.rope_scaling, self.device)
         self.scale = config.head_dim**-0.5
         self.q_size = config.num_heads * config.head_dim

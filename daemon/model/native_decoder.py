@@ -35,6 +35,8 @@ from radixd.kernels.native import load
 ENV_DECODER = "RADIXD_CPU_DECODER"
 CHOICES = ("auto", "native", "torch")
 _SOURCE = "cpu_decoder.c"
+# The pools the step stores into and attends over (cpu_attention.c's DT_F32, DT_F16).
+POOL_DTYPES = {torch.float32: 0, torch.float16: 2}
 
 _i64, _f32, _i32, _p = ctypes.c_int64, ctypes.c_float, ctypes.c_int32, ctypes.c_void_p
 
@@ -63,6 +65,7 @@ class _Step(ctypes.Structure):
         ("scale", _f32),
         ("threads", _i32),
         ("attn_threads", _i32),
+        ("kv_dtype", _i32),
         *((name, _p) for name in ("cos", "sin", "slots", "tables", "row_table", "row_pos")),
     ]
 
@@ -130,10 +133,10 @@ class NativeDecoder:
         self._pools: tuple[tuple[int, ...], ctypes.Array[_Layer]] | None = None
 
     def takes(self, k_cache: torch.Tensor) -> bool:
-        """Whether pools like `k_cache` run here: contiguous float32 on the CPU, with the compiled
-        attention in force (else the torch path runs, with whichever attention design is)."""
+        """Whether pools like `k_cache` run here: contiguous float32 or float16 on the CPU, with the
+        compiled attention in force (else the torch path runs, with whichever attention design is)."""
         return (
-            k_cache.dtype == torch.float32
+            k_cache.dtype in POOL_DTYPES
             and k_cache.device.type == "cpu"
             and cpu_attention.use_compiled(k_cache, self.hq // self.hkv)
         )
@@ -204,6 +207,7 @@ class NativeDecoder:
             self._scale,
             torch.get_num_threads(),
             cpu_attention.threads_for(plan, self.hkv),
+            POOL_DTYPES[k_caches[0].dtype],
             cos_c.data_ptr(),
             sin_c.data_ptr(),
             slots_c.data_ptr(),

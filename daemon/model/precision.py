@@ -9,10 +9,11 @@
   embedded model) these are the file's own 4-bit codes. The lm_head is int8 per 32 inputs (`q8.py`;
   a Q8_0 head, the embedded model's, held exactly) where that kernel runs (x86-64 with AVX2 and FMA
   and a C compiler), else bf16.
-- ``w4a8``: ``float32`` (fp32 activations between projections, fp32 KV) with the projections that a
-  GGUF stores in Q4_1 / Q8_0 blocks (the embedded model's layers and head) run as those blocks times
-  activations quantized to 8 bits per 32 inputs, in integer dot products, as llama.cpp runs them
-  (`f32.py`, kernels/a8_gemm.c); other weights stay fp32.
+- ``w4a8``: ``float32`` activations between projections, with the projections that a GGUF stores in
+  Q4_1 / Q8_0 blocks (the embedded model's layers and head) run as those blocks times activations
+  quantized to 8 bits per 32 inputs, in integer dot products, as llama.cpp runs them (`f32.py`,
+  kernels/a8_gemm.c); other weights stay fp32. Its KV cache is float16 (llama.cpp's default too):
+  half the bytes a long context's attention reads each step, widened exactly to fp32 on load.
 - ``auto``: the fastest of these that meets the quality contract (docs/bench-offline.md) on the
   machine. On CPUs with native bf16 (AVX512-BF16, AMX): ``int4`` when the layers' weights lie on its
   grid already (a Q4_0 / Q4_1 / Q4_K GGUF, whose own codes it then runs), else ``bfloat16``; on
@@ -43,22 +44,23 @@ WeightFormat = Literal["float", "int8", "int4"]
 
 @dataclass(frozen=True)
 class Precision:
-    """One execution mode: `dtype` is the activations', the float weights' and the KV cache's;
-    `weights` how the layers' projection matrices are held ("float": in `dtype`)."""
+    """One execution mode: `dtype` is the activations' and the float weights', `kv_dtype` the KV
+    cache's; `weights` how the layers' projection matrices are held ("float": in `dtype`)."""
 
     name: str
     dtype: torch.dtype
+    kv_dtype: torch.dtype
     weights: WeightFormat = "float"
     # "int8": projections held in GGUF blocks multiply 8-bit activations (w4a8); else `dtype`'s
     activations: Literal["float", "int8"] = "float"
 
 
 PRECISIONS: dict[str, Precision] = {
-    "float32": Precision("float32", torch.float32),
-    "bfloat16": Precision("bfloat16", torch.bfloat16),
-    "int8": Precision("int8", torch.bfloat16, weights="int8"),
-    "int4": Precision("int4", torch.bfloat16, weights="int4"),
-    "w4a8": Precision("w4a8", torch.float32, activations="int8"),
+    "float32": Precision("float32", torch.float32, torch.float32),
+    "bfloat16": Precision("bfloat16", torch.bfloat16, torch.bfloat16),
+    "int8": Precision("int8", torch.bfloat16, torch.bfloat16, weights="int8"),
+    "int4": Precision("int4", torch.bfloat16, torch.bfloat16, weights="int4"),
+    "w4a8": Precision("w4a8", torch.float32, torch.float16, activations="int8"),
 }
 DTYPE_CHOICES = ("auto", *PRECISIONS)
 
@@ -68,7 +70,7 @@ def precision_of_dtype(dtype: torch.dtype) -> Precision:
     for p in PRECISIONS.values():
         if p.dtype == dtype and p.weights == "float" and p.activations == "float":
             return p
-    return Precision(str(dtype).removeprefix("torch."), dtype)
+    return Precision(str(dtype).removeprefix("torch."), dtype, dtype)
 
 
 @functools.cache
@@ -109,6 +111,6 @@ DTYPE_HELP = (
     "weights' execution mode, which also sets the KV cache dtype: float32 (reference; fp32 KV), "
     "bfloat16 (bf16 weights, activations and KV), int8 (int8 weights, bf16 activations and KV; CPU), "
     "int4 (GGUF Q4_1-style 4-bit weights, bf16 activations and KV; CPU), "
-    "w4a8 (a GGUF's Q4_1 / Q8_0 blocks times 8-bit activations, fp32 elsewhere and in the KV; CPU), "
+    "w4a8 (a GGUF's Q4_1 / Q8_0 blocks times 8-bit activations, fp32 elsewhere, f16 KV; CPU), "
     "auto (the fastest that meets the quality contract here); default: $RADIXD_DTYPE or auto"
 )
