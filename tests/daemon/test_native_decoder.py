@@ -72,6 +72,23 @@ def test_w4a8_runs_it_too_and_answers_as_its_torch_path(monkeypatch: pytest.Monk
         torch.testing.assert_close(got, want, atol=2e-3 * float(want.abs().max()), rtol=0)
 
 
+@pytest.mark.parametrize("design", ["native", "torch"])
+def test_w4a8_pools_are_f16_holding_the_fp32_rows_rounded_to_nearest_even(
+    monkeypatch: pytest.MonkeyPatch, design: str
+) -> None:
+    """Layer 0's K/V do not depend on the pool (attention reads it only after the store), so an f16
+    pool must hold exactly the fp32 pool's rows rounded as torch rounds them, on both paths."""
+    half = _runner(monkeypatch, design, mode="w4a8", q4_1=True)
+    assert half.dtype == torch.float16 and half.k_caches[0].dtype == torch.float16
+    full = ModelRunner(half.model, num_blocks=64, block_size=BS, dtype=torch.float32)
+    step = _steps()[0]
+    half.step_logits(step)
+    full.step_logits(step)
+    assert torch.equal(half.k_caches[0], full.k_caches[0].half())
+    assert torch.equal(half.v_caches[0], full.v_caches[0].half())
+    assert half.k_caches[0].abs().amax() > 0  # the step did store something
+
+
 @pytest.mark.parametrize("mode", ["float32", "w4a8"])
 def test_a_row_is_bitwise_the_same_alone_and_beside_others(
     monkeypatch: pytest.MonkeyPatch, mode: str

@@ -110,18 +110,21 @@ def test_layouts_per_precision() -> None:
     torch.testing.assert_close(bf(x.bfloat16()).float(), x @ w.t(), rtol=2e-2, atol=5e-2)
 
 
-@pytest.mark.parametrize("mode", ["bfloat16", "int8", "int4"])
+@pytest.mark.parametrize("mode", ["bfloat16", "int8", "int4", "w4a8"])
 def test_kv_pool_follows_the_dtype(mode: str) -> None:
     # Weights on the Q4_1 grid (what the embedded GGUF ships) so that every mode holds them closely.
     fp32 = tiny_model(q4_1=True)
     low = tiny_model(precision=PRECISIONS[mode], q4_1=True)
-    assert low.precision.name == mode and low.dtype == torch.bfloat16
+    # w4a8 keeps fp32 activations and an f16 KV cache; the others run and cache in bf16
+    kv = torch.float16 if mode == "w4a8" else torch.bfloat16
+    assert low.precision.name == mode and low.kv_dtype == kv
+    assert low.dtype == (torch.float32 if mode == "w4a8" else torch.bfloat16)
     budget = 1 << 20
-    n32 = num_blocks_for_budget(fp32.config, 4, budget, fp32.dtype)
-    n16 = num_blocks_for_budget(low.config, 4, budget, low.dtype)
+    n32 = num_blocks_for_budget(fp32.config, 4, budget, fp32.kv_dtype)
+    n16 = num_blocks_for_budget(low.config, 4, budget, low.kv_dtype)
     assert n16 == 2 * n32
     r32, r16 = ModelRunner(fp32, n32, 4), ModelRunner(low, n16, 4)
-    assert r16.k_caches[0].dtype == torch.bfloat16 and r16.kv_bytes_per_block * 2 == r32.kv_bytes_per_block
+    assert r16.k_caches[0].dtype == kv and r16.kv_bytes_per_block * 2 == r32.kv_bytes_per_block
     ids = [5, 9, 2, 7, 1, 3]
     lg32 = r32.step_logits([StepSeq(0, ids, 0, [1, 2], None)])
     lg16 = r16.step_logits([StepSeq(0, ids, 0, [1, 2], None)])
