@@ -22,6 +22,7 @@
  * Its results differ from the AVX2 path's in the last bits (other lanes): for a given k, a build
  * runs one path only. */
 #include <immintrin.h>
+#include <string.h>
 
 /* The group (0 or 1 of its pair) each int32 lane of a pair's dot product sums. */
 static inline __m512i lane_groups(int q4) {
@@ -29,10 +30,16 @@ static inline __m512i lane_groups(int q4) {
               : _mm512_setr_epi32(0, 0, 0, 0, 0, 0, 0, 0, 1, 1, 1, 1, 1, 1, 1, 1);
 }
 
-/* Two consecutive floats (a pair's scales) spread over the lanes of their groups. */
+/* A pair's two scales spread over the lanes of their groups: floats, or fp16 bits widened. */
 static inline __m512 spread(const float *two, __m512i lanes) {
     const __m128 v = _mm_castsi128_ps(_mm_loadl_epi64((const __m128i *)two));
     return _mm512_permutexvar_ps(lanes, _mm512_castps128_ps512(v));
+}
+
+static inline __m512 spread_half(const half *two, __m512i lanes) {
+    int32_t bits;
+    memcpy(&bits, two, sizeof bits);
+    return _mm512_permutexvar_ps(lanes, _mm512_castps128_ps512(_mm_cvtph_ps(_mm_cvtsi32_si128(bits))));
 }
 
 /* x [m, k] as a8_rows: codes per pair in the kind's order, e spread over the lanes [m, k / 64, 16],
@@ -81,19 +88,20 @@ static inline __attribute__((always_inline)) __m512i start_q4_1(const int32_t *c
 static inline __attribute__((always_inline)) __m512i start_q8_0(const int32_t *c) { return _mm512_loadu_si512(c); }
 
 /* sum over g of mn[g] * es[g], 16 groups a vector in order, then one fixed horizontal sum. */
-static inline float mins_dot(const float *mn, const float *es, int64_t groups) {
+static inline float mins_dot(const half *mn, const float *es, int64_t groups) {
     __m512 acc = _mm512_setzero_ps();
     for (int64_t g = 0; g < groups; g += 16) {
         const __mmask16 live = groups - g >= 16 ? (__mmask16)0xFFFF : (__mmask16)((1u << (groups - g)) - 1);
-        acc = _mm512_fmadd_ps(_mm512_maskz_loadu_ps(live, mn + g), _mm512_maskz_loadu_ps(live, es + g), acc);
+        const __m512 m = _mm512_cvtph_ps(_mm256_maskz_loadu_epi16(live, mn + g));
+        acc = _mm512_fmadd_ps(m, _mm512_maskz_loadu_ps(live, es + g), acc);
     }
     return _mm512_reduce_add_ps(acc);
 }
 
 /* NT outputs from j0 for MT rows of `x` (a8_rows at the tile's first row), weights of KIND. */
 #define A8WTILE(KIND, Q4, MT, NT)                                                                       \
-    static void a8w_##KIND##_##MT##_##NT(const a8_rows *x, int64_t k, const void *codes, const float *d, \
-                                         const float *mn, int64_t j0, float *y, int64_t ldy) {          \
+    static void a8w_##KIND##_##MT##_##NT(const a8_rows *x, int64_t k, const void *codes, const half *d, \
+                                         const half *mn, int64_t j0, float *y, int64_t ldy) {           \
         const int64_t pairs = k / 64, groups = k / 32;                                                 \
         const __m512i lanes = lane_groups(Q4);                                                         \
         __m512 acc[MT][NT];                                                                            \
@@ -108,8 +116,9 @@ static inline float mins_dot(const float *mn, const float *es, int64_t groups) {
             }                                                                                          \
             for (int j = 0; j < NT; j++) {                                                             \
                 const int64_t at = (j0 + j) * groups + 2 * p;                                          \
+                prefetch_ahead(codes, d, mn, at, groups, GROUP_BYTES_##KIND);                           \
                 const __m512i w = pair_##KIND(codes, at);                                              \
-                const __m512 dv = spread(d + at, lanes);                                               \
+                const __m512 dv = spread_half(d + at, lanes);                                          \
                 for (int i = 0; i < MT; i++) {                                                         \
                     const __m512i s = _mm512_dpbusd_epi32(start_##KIND(x->c + (i * pairs + p) * 16), w, a[i]); \
                     acc[i][j] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(s), _mm512_mul_ps(dv, e[i]), acc[i][j]); \

@@ -81,14 +81,37 @@ typedef struct {
     int32_t *c;
 } a8_rows;
 
-typedef void (*a8_tile_fn)(const a8_rows *, int64_t, const void *, const float *, const float *, int64_t, float *,
+/* fp16 bits: the a8 kinds' block scales and minimums, as the GGUF stores them (every Q4_1 / Q8_0
+ * scale is an fp16 value), so a step streams 0.625 bytes a Q4_1 weight instead of 0.75. */
+typedef uint16_t half;
+
+typedef void (*a8_tile_fn)(const a8_rows *, int64_t, const void *, const half *, const half *, int64_t, float *,
                            int64_t);
+
+/* Outputs ahead whose weights a tile asks for while it computes its own (measured best of 4, 8, 16
+ * on a 2-vCPU Xeon: a batch-1 step's projections 6.6 -> 4.0 ms). A thread's outputs lie one after
+ * another, so this is the same stream the hardware prefetcher follows, but a tile reads 4 rows of
+ * a few hundred bytes at once and the prefetcher alone stays too close behind. */
+#define PREFETCH_OUTPUTS 8
+/* Code bytes a group of 32 weights. */
+#define GROUP_BYTES_q4_1 16
+#define GROUP_BYTES_q8_0 32
+
+/* Ask for the codes, scales and minimums (mn: NULL for Q8_0) of the group PREFETCH_OUTPUTS rows past
+ * group `at` (`bytes` of codes a group). Past the matrix's end the hints are for nothing, harmlessly. */
+static inline __attribute__((always_inline)) void prefetch_ahead(const void *codes, const half *d, const half *mn,
+                                                                 int64_t at, int64_t groups, int64_t bytes) {
+    const int64_t ahead = at + PREFETCH_OUTPUTS * groups;
+    _mm_prefetch((const char *)codes + ahead * bytes, _MM_HINT_T0);
+    _mm_prefetch((const char *)(d + ahead), _MM_HINT_T0);
+    if (mn) _mm_prefetch((const char *)(mn + ahead), _MM_HINT_T0);
+}
 
 /* NT outputs from j0 for MT rows of the quantized x, weights of KIND. The same operations in the
  * same order for an output whatever the tile: a row's result does not depend on its tile. */
 #define A8TILE(KIND, MT, NT)                                                                            \
-    static void a8_##KIND##_##MT##_##NT(const a8_rows *x, int64_t k, const void *codes, const float *d, \
-                                        const float *mn, int64_t j0, float *y, int64_t ldy) {          \
+    static void a8_##KIND##_##MT##_##NT(const a8_rows *x, int64_t k, const void *codes, const half *d, \
+                                        const half *mn, int64_t j0, float *y, int64_t ldy) {           \
         const int64_t groups = k / 32;                                                                 \
         __m256 acc[MT][NT];                                                                            \
         float macc[MT][NT];                                                                            \
@@ -99,11 +122,12 @@ typedef void (*a8_tile_fn)(const a8_rows *, int64_t, const void *, const float *
             for (int i = 0; i < MT; i++) a[i] = _mm256_loadu_si256((const __m256i *)(x->q + i * k + g * 32)); \
             for (int j = 0; j < NT; j++) {                                                             \
                 const int64_t at = (j0 + j) * groups + g;                                              \
+                prefetch_ahead(codes, d, mn, at, groups, GROUP_BYTES_##KIND);                               \
                 for (int i = 0; i < MT; i++) {                                                         \
                     __m256i p = dot_##KIND(codes, at, a[i]);                                           \
-                    __m256 s = _mm256_set1_ps(d[at] * x->e[i * groups + g]);                           \
+                    __m256 s = _mm256_set1_ps(_cvtsh_ss(d[at]) * x->e[i * groups + g]);                \
                     acc[i][j] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(p), s, acc[i][j]);                  \
-                    if (mn) macc[i][j] += mn[at] * x->es[i * groups + g];                              \
+                    if (mn) macc[i][j] += _cvtsh_ss(mn[at]) * x->es[i * groups + g];                   \
                 }                                                                                      \
             }                                                                                          \
         }                                                                                              \
@@ -131,8 +155,8 @@ static const a8_tile_fn A8_TILES[2][2][2] = {
  * codes, d) blocks, x quantized here. Threads split the outputs into blocks of 4; rows run in tiles of
  * 4 (each unpacked weight group serves 4 rows), the rest one at a time. Returns 0, or -1 where the
  * activations' buffer could not be allocated (y is then unset). */
-static int a8_gemm(int kind, const float *x, int64_t m, int64_t k, const void *codes, const float *d,
-                   const float *mn, int64_t n, float *y, int threads) {
+static int a8_gemm(int kind, const float *x, int64_t m, int64_t k, const void *codes, const half *d,
+                   const half *mn, int64_t n, float *y, int threads) {
     const int64_t groups = k / 32;
     const int q4 = kind == SRC_Q4_1_A8;
     /* NOTE: the path depends on the build and on k only, so a row's result never depends on its call. */
@@ -154,7 +178,7 @@ static int a8_gemm(int kind, const float *x, int64_t m, int64_t k, const void *c
     } else
 #endif
         quantize_rows(x, m, k, rows.q, rows.e, rows.es);
-    const float *mins = q4 ? mn : 0;
+    const half *mins = q4 ? mn : 0;
     const int64_t blocks = (n + 3) / 4;
 #pragma omp parallel for num_threads(threads) schedule(static) if (blocks * m * k >= 65536)
     for (int64_t b = 0; b < blocks; b++) {
@@ -181,20 +205,20 @@ static int a8_gemm(int kind, const float *x, int64_t m, int64_t k, const void *c
 
 /* Any projection kind: fp32 / Q4_1 / Q8_0 weights as f32_gemm.c runs them, or the blocks times 8-bit
  * activations (the w4a8 mode). The one entry point of the decoder (cpu_decoder.c). */
-static int any_gemm(int kind, const float *x, int64_t m, int64_t k, const void *w, const float *d,
-                    const float *mn, int64_t n, float *y, int threads) {
+static int any_gemm(int kind, const float *x, int64_t m, int64_t k, const void *w, const void *d,
+                    const void *mn, int64_t n, float *y, int threads) {
     if (kind == SRC_Q4_1_A8 || kind == SRC_Q8_0_A8) return a8_gemm(kind, x, m, k, w, d, mn, n, y, threads);
-    return gemm(kind, x, m, k, w, d, mn, n, y, threads);
+    return gemm(kind, x, m, k, w, (const float *)d, (const float *)mn, n, y, threads);
 }
 
-/* Q4_1 blocks x 8-bit activations: codes [n, k / 2], d and mn [n, k / 32]. */
-int q4_1_a8_gemm(const float *x, int64_t m, int64_t k, const uint8_t *codes, const float *d, const float *mn,
+/* Q4_1 blocks x 8-bit activations: codes [n, k / 2], d and mn [n, k / 32] fp16. */
+int q4_1_a8_gemm(const float *x, int64_t m, int64_t k, const uint8_t *codes, const half *d, const half *mn,
                  int64_t n, float *y, int threads) {
     return a8_gemm(SRC_Q4_1_A8, x, m, k, codes, d, mn, n, y, threads);
 }
 
-/* Q8_0 blocks x 8-bit activations: codes [n, k] int8, d [n, k / 32]. */
-int q8_0_a8_gemm(const float *x, int64_t m, int64_t k, const int8_t *codes, const float *d, int64_t n, float *y,
+/* Q8_0 blocks x 8-bit activations: codes [n, k] int8, d [n, k / 32] fp16. */
+int q8_0_a8_gemm(const float *x, int64_t m, int64_t k, const int8_t *codes, const half *d, int64_t n, float *y,
                  int threads) {
     return a8_gemm(SRC_Q8_0_A8, x, m, k, codes, d, 0, n, y, threads);
 }

@@ -26,7 +26,7 @@
 typedef struct {
     int64_t kind; /* SRC_F32, SRC_Q4_1, SRC_Q8_0, SRC_Q4_1_A8, SRC_Q8_0_A8 */
     const void *w;
-    const float *d, *mn; /* block scales and minimums (NULL where unused) */
+    const void *d, *mn;  /* block scales and minimums: fp32, fp16 for the a8 kinds (NULL where unused) */
     const float *bias;   /* [n] or NULL */
     int64_t n, k;
 } proj_t;

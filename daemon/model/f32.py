@@ -151,6 +151,12 @@ class F32Linear:
         self.coding, self._operands = blocks if blocks is not None else ("f32", [self.weight])
         if int8_activations and blocks is not None:
             self.coding += "_a8"
+            # The a8 kernels read the scales (and minimums) as the fp16 values they are (the encoder
+            # keeps only blocks whose scales are fp16 values): fewer bytes streamed a step.
+            codes, *scales = self._operands
+            halves = [t.half() for t in scales]
+            assert all(torch.equal(h.float(), t) for h, t in zip(halves, scales, strict=True))
+            self._operands = [codes, *halves]
         self._gemm = getattr(lib, f"{self.coding}_gemm")
         self._ptrs = [t.data_ptr() for t in self._operands]  # NOTE: the tensors live as long as self
         out_f, in_f = self.weight.shape
@@ -159,8 +165,8 @@ class F32Linear:
 
     def source(self) -> tuple[int, int, int, int]:
         """The weights as kernels/a8_gemm.c's `any_gemm` takes them: (kind: 0 fp32, 1 Q4_1, 2 Q8_0,
-        3 Q4_1 x 8-bit activations, 4 Q8_0 x 8-bit activations, then
-        the data pointers of the weights or codes, the scales and the minimums; 0 where unused). They
+        3 Q4_1 x 8-bit activations, 4 Q8_0 x 8-bit activations, then the data pointers of the weights
+        or codes, the scales and the minimums (fp32, fp16 for kinds 3 and 4); 0 where unused). They
         stay valid as long as this projection lives."""
         ptrs = [*self._ptrs, 0, 0][:3]
         return _KINDS[self.coding], ptrs[0], ptrs[1], ptrs[2]
