@@ -116,7 +116,7 @@ static inline float mins_dot(const half *mn, const float *es, int64_t groups) {
             }                                                                                          \
             for (int j = 0; j < NT; j++) {                                                             \
                 const int64_t at = (j0 + j) * groups + 2 * p;                                          \
-                prefetch_ahead(codes, d, mn, at, groups, GROUP_BYTES_##KIND);                           \
+                prefetch_ahead(codes, GROUP_BYTES_##KIND, d, mn, 2, at, groups);                       \
                 const __m512i w = pair_##KIND(codes, at);                                              \
                 const __m512 dv = spread_half(d + at, lanes);                                          \
                 for (int i = 0; i < MT; i++) {                                                         \

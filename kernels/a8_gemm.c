@@ -88,25 +88,6 @@ typedef uint16_t half;
 typedef void (*a8_tile_fn)(const a8_rows *, int64_t, const void *, const half *, const half *, int64_t, float *,
                            int64_t);
 
-/* Outputs ahead whose weights a tile asks for while it computes its own (measured best of 4, 8, 16
- * on a 2-vCPU Xeon: a batch-1 step's projections 6.6 -> 4.0 ms). A thread's outputs lie one after
- * another, so this is the same stream the hardware prefetcher follows, but a tile reads 4 rows of
- * a few hundred bytes at once and the prefetcher alone stays too close behind. */
-#define PREFETCH_OUTPUTS 8
-/* Code bytes a group of 32 weights. */
-#define GROUP_BYTES_q4_1 16
-#define GROUP_BYTES_q8_0 32
-
-/* Ask for the codes, scales and minimums (mn: NULL for Q8_0) of the group PREFETCH_OUTPUTS rows past
- * group `at` (`bytes` of codes a group). Past the matrix's end the hints are for nothing, harmlessly. */
-static inline __attribute__((always_inline)) void prefetch_ahead(const void *codes, const half *d, const half *mn,
-                                                                 int64_t at, int64_t groups, int64_t bytes) {
-    const int64_t ahead = at + PREFETCH_OUTPUTS * groups;
-    _mm_prefetch((const char *)codes + ahead * bytes, _MM_HINT_T0);
-    _mm_prefetch((const char *)(d + ahead), _MM_HINT_T0);
-    if (mn) _mm_prefetch((const char *)(mn + ahead), _MM_HINT_T0);
-}
-
 /* NT outputs from j0 for MT rows of the quantized x, weights of KIND. The same operations in the
  * same order for an output whatever the tile: a row's result does not depend on its tile. */
 #define A8TILE(KIND, MT, NT)                                                                            \
@@ -122,7 +103,7 @@ static inline __attribute__((always_inline)) void prefetch_ahead(const void *cod
             for (int i = 0; i < MT; i++) a[i] = _mm256_loadu_si256((const __m256i *)(x->q + i * k + g * 32)); \
             for (int j = 0; j < NT; j++) {                                                             \
                 const int64_t at = (j0 + j) * groups + g;                                              \
-                prefetch_ahead(codes, d, mn, at, groups, GROUP_BYTES_##KIND);                               \
+                prefetch_ahead(codes, GROUP_BYTES_##KIND, d, mn, 2, at, groups);                               \
                 for (int i = 0; i < MT; i++) {                                                         \
                     __m256i p = dot_##KIND(codes, at, a[i]);                                           \
                     __m256 s = _mm256_set1_ps(_cvtsh_ss(d[at]) * x->e[i * groups + g]);                \
