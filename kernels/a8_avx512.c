@@ -4,7 +4,8 @@
  * Why: a one-row step is compute-bound on the AVX2 path's work per group and output (unpack,
  * maddubs + madd, a scalar scale, a scalar minimum's term). Here one vpdpbusd multiplies and sums
  * two groups (64 codes), the two groups' scales are one vector product, and the minimums' terms are
- * one vector dot product per output after the loop: ~2.5x fewer instructions a weight.
+ * one vector dot product per output after the loop (a batch-1 step's projections 7.85 -> 6.55 ms on
+ * a 2-vCPU Xeon, before the prefetching both paths now share).
  *
  * Layout: a pair of groups (2p, 2p + 1) is 64 activation bytes. Q4_1 holds input j of a group in
  * the low nibble of byte j and input j + 16 in the high one, so a pair's 32 code bytes unpack (a
