@@ -10,6 +10,8 @@
  *   then:   e[t] = exp(s[t] - m_j); l_j = sum e (8 lanes over t mod 8, folded by the same tree);
  *   pass 2: acc_j = sum over t in position order of e[t] * v[t] (one element of the head dim per lane,
  *           fused multiply-adds).
+ * Both passes take a kv head's query heads together, so that each key and value row is loaded (and
+ * widened, for a 16-bit pool) once for all of them rather than once per query head.
  * A row's splits are then folded in split order: m = max m_j, w_j = exp(m_j - m),
  * out = (sum acc_j w_j) / (sum l_j w_j) + 0.0 (no -0.0).
  * Nothing depends on the other rows of the call, on how many there are, on which thread runs a unit,
@@ -38,6 +40,11 @@
 #define VCHUNK 16
 /* The largest head dim the kernel takes (cpu_attention.py's `supports` checks it). */
 #define MAX_D 256
+/* Query heads of one kv head whose dots pass 1 computes together (one widened key row serves them). */
+#define GB 4
+/* Vectors of value sums pass 2 keeps in registers: a batch of query heads' d / 8 each, at least one
+ * head (then up to MAX_D / 8). 24 leaves AVX512's 32 vector registers room for the rest. */
+#define VREGS 24
 
 enum { DT_F32 = 0, DT_BF16 = 1, DT_F16 = 2 };
 
@@ -187,17 +194,22 @@ static inline __attribute__((always_inline)) void attend_split(const attn_args *
                 prefetch_row(a->k, ((int64_t)table[(t + b) / b] * b + t % b) * stride_tok * elem, stride_tok * elem);
             prefetch_row(a->v, at[u] * elem, stride_tok * elem);
         }
-        for (int64_t hh = 0; hh < hq; hh++) {
-            const float *qh = qs + hh * d;
-            const int64_t kh = (hh / g_n) * d;
-            v8f acc[LANES];
-            for (int u = 0; u < LANES; u++) {
-                v8f sum = {0};
-                for (int64_t i = 0; i < d; i += LANES) sum = fma8(ld(qh + i), ld_kv(a->k, at[u] + kh + i, dtype), sum);
-                acc[u] = sum;
+        /* a kv head's query heads GB at a time: each key row is widened once for all of them */
+        for (int64_t h = 0; h < hkv; h++)
+            for (int64_t g0 = 0; g0 < g_n; g0 += GB) {
+                const int64_t gb = g_n - g0 < GB ? g_n - g0 : GB;
+                const float *qh = qs + (h * g_n + g0) * d;
+                v8f acc[GB][LANES];
+                for (int u = 0; u < LANES; u++) {
+                    v8f sum[GB] = {{0}};
+                    for (int64_t i = 0; i < d; i += LANES) {
+                        const v8f kv = ld_kv(a->k, at[u] + h * d + i, dtype);
+                        for (int64_t g = 0; g < gb; g++) sum[g] = fma8(ld(qh + g * d + i), kv, sum[g]);
+                    }
+                    for (int64_t g = 0; g < gb; g++) acc[g][u] = sum[g];
+                }
+                for (int64_t g = 0; g < gb; g++) st(scores + (h * g_n + g0 + g) * SPLIT + (t0 - t_lo), fold8(acc[g]));
             }
-            st(scores + hh * SPLIT + (t0 - t_lo), fold8(acc));
-        }
     }
     for (int64_t hh = 0; hh < hq; hh++) {
         float *s = scores + hh * SPLIT;
@@ -228,19 +240,30 @@ static inline __attribute__((always_inline)) void attend_split(const attn_args *
         const int64_t t1 = t0 + VCHUNK < t_hi ? t0 + VCHUNK : t_hi;
         int64_t at[VCHUNK];
         for (int64_t t = t0; t < t1; t++) at[t - t0] = ((int64_t)table[t / b] * b + t % b) * stride_tok;
-        for (int64_t hh = 0; hh < hq; hh++) {
-            const int64_t vh = (hh / g_n) * d;
-            const float *e = scores + hh * SPLIT + (t0 - t_lo);
-            float *p = part + hh * (d + 2);
-            v8f acc[MAX_D / LANES];
-            for (int64_t i = 0; i < d; i += LANES) acc[i / LANES] = ld(p + i);
-            for (int64_t t = 0; t < t1 - t0; t++)
-                for (int64_t i = 0; i < d; i += LANES) {
-                    const v8f et = {e[t], e[t], e[t], e[t], e[t], e[t], e[t], e[t]};
-                    acc[i / LANES] = fma8(et, ld_kv(a->v, at[t] + vh + i, dtype), acc[i / LANES]);
+        /* a kv head's query heads in batches whose sums stay in registers: each value row is widened
+         * once per batch instead of once per query head */
+        const int64_t vb = (VREGS * LANES) / d > 0 ? (VREGS * LANES) / d : 1;
+        for (int64_t h = 0; h < hkv; h++)
+            for (int64_t g0 = 0; g0 < g_n; g0 += vb) {
+                const int64_t gb = g_n - g0 < vb ? g_n - g0 : vb;
+                v8f acc[MAX_D / LANES > VREGS ? MAX_D / LANES : VREGS];
+                for (int64_t g = 0; g < gb; g++)
+                    for (int64_t i = 0; i < d; i += LANES) acc[g * (d / LANES) + i / LANES] = ld(part + (h * g_n + g0 + g) * (d + 2) + i);
+                for (int64_t t = 0; t < t1 - t0; t++) {
+                    v8f ev[VREGS];
+                    for (int64_t g = 0; g < gb; g++) {
+                        const float et = scores[(h * g_n + g0 + g) * SPLIT + (t0 - t_lo) + t];
+                        ev[g] = (v8f){et, et, et, et, et, et, et, et};
+                    }
+                    for (int64_t i = 0; i < d; i += LANES) {
+                        const v8f vv = ld_kv(a->v, at[t] + h * d + i, dtype);
+                        for (int64_t g = 0; g < gb; g++)
+                            acc[g * (d / LANES) + i / LANES] = fma8(ev[g], vv, acc[g * (d / LANES) + i / LANES]);
+                    }
                 }
-            for (int64_t i = 0; i < d; i += LANES) st(p + i, acc[i / LANES]);
-        }
+                for (int64_t g = 0; g < gb; g++)
+                    for (int64_t i = 0; i < d; i += LANES) st(part + (h * g_n + g0 + g) * (d + 2) + i, acc[g * (d / LANES) + i / LANES]);
+            }
     }
 }
 
