@@ -11,7 +11,10 @@
  * contract bounds what that costs (docs/bench-offline.md). It is row-invariant by construction:
  * a row is quantized on its own, and each output sums its groups in increasing order (8 int32 lanes
  * of a group converted and added by one FMA each, the minimums' terms in a scalar in the same order,
- * one fixed horizontal sum last), whatever the row count, the row's position or the thread count. */
+ * one fixed horizontal sum last), whatever the row count, the row's position or the thread count.
+ * On CPUs with AVX512-VNNI (a build with -march=native there) calls whose inputs are whole pairs of
+ * groups run a8_avx512.c's tiles instead: the same arithmetic, two groups per instruction. The
+ * weights' scales and minimums are fp16 here (the values the GGUF stores). */
 #include "f32_gemm.c"
 
 enum { SRC_Q4_1_A8 = 3, SRC_Q8_0_A8 = 4 };
@@ -103,7 +106,7 @@ typedef void (*a8_tile_fn)(const a8_rows *, int64_t, const void *, const half *,
             for (int i = 0; i < MT; i++) a[i] = _mm256_loadu_si256((const __m256i *)(x->q + i * k + g * 32)); \
             for (int j = 0; j < NT; j++) {                                                             \
                 const int64_t at = (j0 + j) * groups + g;                                              \
-                prefetch_ahead(codes, GROUP_BYTES_##KIND, d, mn, 2, at, groups);                               \
+                prefetch_ahead(codes, GROUP_BYTES_##KIND, d, mn, 2, at, groups);                       \
                 for (int i = 0; i < MT; i++) {                                                         \
                     __m256i p = dot_##KIND(codes, at, a[i]);                                           \
                     __m256 s = _mm256_set1_ps(_cvtsh_ss(d[at]) * x->e[i * groups + g]);                \
