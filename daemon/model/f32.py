@@ -16,9 +16,10 @@ them, so it streams 6 or 9 bits per weight (fp32 scales) instead of 32 and still
 result of the fp32 weights. Other weights (a Hugging Face checkpoint's) run as fp32.
 
 The w4a8 mode runs the same blocks times activations quantized to 8 bits per 32 inputs, multiplied
-in integers (`int8_activations`; kernels/a8_gemm.c): not the fp32 product, but ~2x fewer instructions
-a weight, so a one-row step that is compute-bound on the expansion runs faster. Weights without GGUF
-blocks stay fp32 there too.
+in integers (`int8_activations`; kernels/a8_gemm.c, and a8_avx512.c on CPUs with AVX512-VNNI): not
+the fp32 product, but no expansion of the weights to fp32, so a one-row step that is compute-bound on
+the expansion runs faster (docs/bench-single-stream.md). Weights without GGUF blocks stay fp32 there
+too.
 
 NOTE: row-invariant by construction: each output sums its products in 8 lanes over k in increasing
 order, then one fixed horizontal sum, whatever the row count, the row's position or the thread

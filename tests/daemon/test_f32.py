@@ -4,6 +4,7 @@ same whatever its call's rows, their number and the thread count, and the float3
 from __future__ import annotations
 
 import shutil
+from typing import Protocol
 
 import pytest
 import torch
@@ -27,7 +28,15 @@ def linear(out_f: int, in_f: int, seed: int, bias: bool = False) -> F32Linear:
     return F32Linear(w, torch.randn(out_f, generator=g) if bias else None)
 
 
-def assert_rows_as_alone(lin: F32Linear, x: torch.Tensor) -> torch.Tensor:
+class RowKernel(Protocol):
+    """A projection behind a row plan: its compiled kernel, and the planned call."""
+
+    def _kernel(self, x: torch.Tensor) -> torch.Tensor: ...
+
+    def __call__(self, x: torch.Tensor) -> torch.Tensor: ...
+
+
+def assert_rows_as_alone(lin: RowKernel, x: torch.Tensor) -> torch.Tensor:
     """Each row of `x` (70 rows) comes out of `lin` bitwise as it does alone on one thread, in calls of
     every remainder of the 4-row tiles, first or last among others, and through the row plan;
     -> the rows alone."""

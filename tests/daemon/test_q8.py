@@ -16,6 +16,7 @@ from radixd.daemon.model.llama import make_lm_head
 from radixd.daemon.model.precision import PRECISIONS, cpu_has_native_bf16
 from radixd.daemon.model.q8 import Q8Linear, q8_available
 from radixd.kernels.native import cpu_flags
+from tests.daemon.test_f32 import assert_rows_as_alone
 
 CPU = torch.device("cpu")
 RUNS_HERE = {"avx2", "fma"} <= cpu_flags() and shutil.which("cc") is not None
@@ -66,18 +67,8 @@ def test_the_kernel_computes_the_product_of_its_weights(head: Q8Linear) -> None:
 
 
 def test_a_row_is_bitwise_the_same_at_any_row_count_and_thread_count(head: Q8Linear) -> None:
-    g = torch.Generator().manual_seed(3)
-    x = torch.randn(70, 576, generator=g).bfloat16()
-    threads = torch.get_num_threads()
-    try:
-        torch.set_num_threads(1)
-        alone = torch.cat([head._kernel(x[i : i + 1]) for i in range(70)])
-    finally:
-        torch.set_num_threads(threads)
-    # Calls of 1..70 rows (the kernel tiles rows by 4: every remainder) and through the plan's chunks.
-    for m in (2, 3, 4, 5, 7, 8, 13, 64, 65, 70):
-        assert torch.equal(head._kernel(x[:m]), alone[:m]), m
-    assert torch.equal(head(x), alone)
+    x = torch.randn(70, 576, generator=torch.Generator().manual_seed(3)).bfloat16()
+    alone = assert_rows_as_alone(head, x)
     assert torch.equal(head(x[::2]), alone[::2])  # a strided input
     assert head(x[:0]).shape == (0, 1000)
 
