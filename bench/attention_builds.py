@@ -1,0 +1,121 @@
+"""A/B of builds of the CPU attention kernel (kernels/cpu_attention.c) from git revisions, interleaved.
+
+Each revision's source is compiled with kernels/cpu_attention.py's flags into a temporary library;
+every round calls each library once over the same pools (``--layers`` distinct pools of ``--ctx``
+tokens, SmolLM2-135M's attention shape, blocks scattered over the pool), through the kernel's own
+entry point, `radixd_attend_rows`, as the product calls it. Reports the median ms per step (all
+layers) of each build. A revision's results are the same kernel the product ran at that commit.
+
+    .venv/bin/python -P bench/attention_builds.py --revs 0871567,1b20e3e --ctx 4000 --dtype fp16 --threads 1
+"""
+
+from __future__ import annotations
+
+import argparse
+import ctypes
+import statistics
+import subprocess
+import tempfile
+import time
+from pathlib import Path
+
+import torch
+
+from radixd.kernels.cpu_attention import _CFLAGS, _DTYPES
+from radixd.kernels.native import _compiler, _omp_runtime
+
+ROOT = Path(__file__).resolve().parent.parent
+HQ, HKV, D, B = 9, 3, 64, 16
+DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
+
+
+def build(rev: str, out: Path) -> ctypes.CDLL:
+    """The kernel at git revision `rev` ("." for the working tree), compiled into `out`."""
+    path = ROOT / "kernels" / "cpu_attention.c"
+    src = (
+        path.read_bytes()
+        if rev == "."
+        else subprocess.check_output(["git", "-C", str(ROOT), "show", f"{rev}:kernels/cpu_attention.c"])
+    )
+    c = out.with_suffix(".c")
+    c.write_bytes(src)
+    cc, omp = _compiler(), _omp_runtime()
+    if cc is None:
+        raise SystemExit("no C compiler")
+    subprocess.run(
+        [cc, *_CFLAGS, "-fPIC", "-shared", str(c), "-o", str(out), *([omp] if omp else [])], check=True
+    )
+    lib = ctypes.CDLL(str(out))
+    i64, p = ctypes.c_int64, ctypes.c_void_p
+    lib.radixd_attend_rows.argtypes = [
+        p,
+        p,
+        p,
+        ctypes.c_int,
+        i64,
+        i64,
+        i64,
+        i64,
+        p,
+        i64,
+        p,
+        p,
+        i64,
+        ctypes.c_float,
+        p,
+        ctypes.c_int,
+    ]
+    lib.radixd_attend_rows.restype = ctypes.c_int
+    return lib
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--revs", required=True, help="git revisions, comma-separated ('.' = the working tree)")
+    ap.add_argument("--ctx", type=int, default=4000)
+    ap.add_argument("--layers", type=int, default=30)
+    ap.add_argument("--rounds", type=int, default=15)
+    ap.add_argument("--threads", type=int, default=1)
+    ap.add_argument("--dtype", choices=sorted(DTYPES), default="fp16")
+    args = ap.parse_args()
+    dtype = DTYPES[args.dtype]
+    g = torch.Generator().manual_seed(0)
+    nb = args.ctx // B + 2
+    pools = [
+        (torch.randn(nb, B, HKV, D, generator=g).to(dtype), torch.randn(nb, B, HKV, D, generator=g).to(dtype))
+        for _ in range(args.layers)
+    ]
+    tables = (torch.randperm(nb - 1, generator=g).to(torch.int32) + 1)[None].contiguous()
+    row_table, row_pos = torch.zeros(1, dtype=torch.int64), torch.tensor([args.ctx - 1])
+    q, out = torch.randn(1, HQ, D, generator=g), torch.empty(1, HQ, D)
+    revs = args.revs.split(",")
+    with tempfile.TemporaryDirectory() as tmp:
+        libs = [build(rev, Path(tmp) / f"k{i}.so") for i, rev in enumerate(revs)]
+
+        def step(lib: ctypes.CDLL) -> float:
+            t0 = time.perf_counter()
+            for k, v in pools:
+                rc = lib.radixd_attend_rows(
+                    q.data_ptr(), k.data_ptr(), v.data_ptr(), _DTYPES[dtype], B, HKV, HQ // HKV, D,
+                    tables.data_ptr(), tables.shape[1], row_table.data_ptr(), row_pos.data_ptr(), 1,
+                    ctypes.c_float(D**-0.5), out.data_ptr(), args.threads,
+                )  # fmt: skip
+                if rc:
+                    raise MemoryError("the kernel could not allocate its buffers")
+            return time.perf_counter() - t0
+
+        times: list[list[float]] = [[] for _ in libs]
+        for _ in range(2):  # warm-up
+            for lib in libs:
+                step(lib)
+        for _ in range(args.rounds):
+            for i, lib in enumerate(libs):
+                times[i].append(step(lib))
+    shape = f"{args.ctx} tokens, {args.layers} layers, {args.dtype}, {args.threads} threads"
+    print(f"batch 1, {shape}, {args.rounds} rounds")
+    for rev, t in zip(revs, times, strict=True):
+        print(f"  {rev}: median {statistics.median(t) * 1e3:.2f} ms a step")
+
+
+if __name__ == "__main__":
+    main()
