@@ -7,9 +7,10 @@ a call of fewer than 12, through another kernel, so the same row comes out a few
 row counts share an order is not documented and differs by library, version, CPU and thread count,
 so it is measured here, once per kernel and shape, when the model loads:
 
-- the probe runs one fixed row through the kernel in calls of every row count of `PROBE_ROWS` (at a
-  different position each time, beside random rows) and finds the *floor*: the smallest row count
-  from which every probed count gives the row bitwise the same result as the largest;
+- the probe runs the same `COMPARED_ROWS` rows through the kernel in calls of every row count of
+  `PROBE_ROWS` (each row at every position of a call, or first and last above that many rows) and
+  finds the *floor*: the smallest row count from which every probed count gives every compared row
+  bitwise the same result as the largest;
 - `RowPlan.run` then pads a call of fewer rows than the floor with zero rows up to it, and splits one
   of more rows than the probe's largest count into calls of that count (the last one padded up to
   the floor if short), so that every row runs in a call of a probed, agreeing size.
@@ -59,6 +60,10 @@ PROBE_ROWS: tuple[int, ...] = (
 # seconds. The lm_head's calls have one row per sampled sequence; larger ones run in chunks of 64.
 WIDE_PROBE_ROWS: tuple[int, ...] = (*range(1, 14), 16, 31, 32, 64)
 WIDE_OUTPUTS = 16384
+# Rows whose results the probe compares at each count (all of them at smaller counts); a wide matrix
+# gives each row ~50k outputs to compare, so fewer rows there.
+COMPARED_ROWS = 64
+WIDE_COMPARED_ROWS = 16
 
 
 @dataclass(frozen=True)
@@ -92,24 +97,30 @@ def probe_rows_for(out_features: int) -> tuple[int, ...]:
 
 
 def probe_floor(
-    kernel: Kernel, in_features: int, dtype: torch.dtype, device: torch.device, rows: Sequence[int]
+    kernel: Kernel,
+    in_features: int,
+    dtype: torch.dtype,
+    device: torch.device,
+    rows: Sequence[int],
+    compared: int = COMPARED_ROWS,
 ) -> RowPlan:
-    """Measure `kernel`'s plan: the smallest count of `rows` from which one row's result agrees."""
+    """Measure `kernel`'s plan: the smallest count of `rows` from which `compared` rows agree."""
     g = torch.Generator().manual_seed(0)
     top = max(rows)
-    probe = torch.randn(1, in_features, generator=g).to(device=device, dtype=dtype)
-    noise = torch.randn(top, in_features, generator=g).to(device=device, dtype=dtype)
+    n = min(compared, top)
+    probe = torch.randn(n + top, in_features, generator=g).to(device=device, dtype=dtype)
     found: dict[int, torch.Tensor | None] = {}
     with torch.inference_mode():
-        for i, m in enumerate(rows):
-            x = noise[:m].clone()
-            # Kernels run rows in blocks (MKL: 4) and a short last block can take another kernel:
-            # the probe row goes first, last and somewhere between, and all of them must agree.
-            at = sorted({0, m - 1, i % m})
-            x[at] = probe
-            y = kernel(x)
-            first = y[at[0]].clone()
-            found[m] = first if all(torch.equal(y[a], first) for a in at[1:]) else None
+        for m in rows:
+            # NOTE: a 16-bit output rounds most order differences away (a row of a bf16 GEMM on an
+            # AVX512-BF16 CPU differs from its 1-row call in ~1 output of 7,000), so a count is
+            # judged on `n` rows at once, each in calls of exactly m rows; counts above n also put
+            # the rows last, where kernels that run rows in blocks (MKL: 4) take a short block.
+            got = torch.cat([kernel(probe[s : s + m])[: min(m, n - s)] for s in range(0, n, m)])
+            if m > n and not torch.equal(kernel(torch.cat([probe[n:m], probe[:n]]))[m - n :], got):
+                found[m] = None
+            else:
+                found[m] = got
     counts = sorted(found)
     ref = found[top]
 
@@ -138,7 +149,9 @@ def plan_for(
     key = (name, in_features, out_features, dtype, str(device), torch.get_num_threads())
     plan = _PLANS.get(key)
     if plan is None:
-        plan = probe_floor(kernel, in_features, dtype, device, probe_rows_for(out_features))
+        wide = out_features >= WIDE_OUTPUTS
+        compared = WIDE_COMPARED_ROWS if wide else COMPARED_ROWS
+        plan = probe_floor(kernel, in_features, dtype, device, probe_rows_for(out_features), compared)
         _PLANS[key] = plan
     return plan
 

@@ -158,3 +158,24 @@ def test_the_probe_falls_back_to_one_call_shape_when_the_top_counts_disagree() -
     full = plan.run(kernel, x)
     for m in (1, 7, 9, 20):
         assert torch.equal(plan.run(kernel, x[:m]), full[:m])
+
+
+def test_the_probe_sees_order_differences_that_a_16_bit_output_mostly_rounds_away() -> None:
+    """A bf16 kernel whose 1-row calls sum in another order (as oneDNN's bf16 GEMM does at some shapes
+    on AVX512-BF16 CPUs): after rounding to bf16 only a few outputs of a few rows differ, which one
+    probe row would likely miss; the probe compares many rows and pads 1-row calls to 2."""
+    w = torch.randn(1536, 1024, generator=torch.Generator().manual_seed(1)).bfloat16().float()
+
+    def kernel(x: torch.Tensor) -> torch.Tensor:
+        # each row on its own (one order per row whatever the call), reversed in 1-row calls
+        if x.shape[0] == 1:
+            return (x.float()[0].flip(0)[:, None] * w.flip(0)).sum(0, keepdim=True).bfloat16()
+        return torch.stack([(r[:, None] * w).sum(0) for r in x.float()]).bfloat16()
+
+    x = torch.randn(64, 1536, generator=torch.Generator().manual_seed(2)).bfloat16()
+    alone = torch.cat([kernel(x[i : i + 1]) for i in range(64)])
+    differs = (alone != kernel(x)).any(dim=1)
+    assert 0 < int(differs.sum()) < 16  # most rows agree: one probe row would likely pass
+    plan = probe_floor(kernel, 1536, torch.bfloat16, torch.device("cpu"), (*range(1, 9), 16, 64))
+    assert plan == RowPlan(2, 64)
+    assert torch.equal(torch.cat([plan.run(kernel, x[i : i + 1]) for i in range(64)]), kernel(x))
