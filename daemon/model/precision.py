@@ -15,10 +15,11 @@
   kernels/a8_gemm.c); other weights stay fp32. Its KV cache is float16 (llama.cpp's default too):
   half the bytes a long context's attention reads each step, widened exactly to fp32 on load.
 - ``auto``: the fastest of these that meets the quality contract (docs/bench-offline.md) on the
-  machine. On CPUs with native bf16 (AVX512-BF16, AMX): ``int4`` when the layers' weights lie on its
-  grid already (a Q4_0 / Q4_1 / Q4_K GGUF, whose own codes it then runs), else ``bfloat16``; on
-  other CPUs ``w4a8`` for such 4-bit layers, else ``float32``; on CUDA GPUs ``bfloat16`` where
-  supported. ``int8`` is never faster than ``bfloat16``, so `auto` skips it.
+  machine. When the layers' weights lie on the 4-bit grid already (a Q4_0 / Q4_1 / Q4_K GGUF, whose
+  own codes it then runs): ``w4a8`` where its kernels build (x86-64 with AVX2, FMA and F16C, a C
+  compiler), else ``int4`` on CPUs with native bf16 (AVX512-BF16, AMX). Other weights: ``bfloat16``
+  on CPUs with native bf16, else ``float32``. On CUDA GPUs ``bfloat16`` where supported. ``int8`` is
+  never faster than ``bfloat16``, so `auto` skips it.
 
 Every mode's projections are row-invariant (`invariant.py`): a row's result does not depend on the
 other rows of its step.
@@ -94,12 +95,17 @@ def resolve_precision(name: str, device: str, on_int4_grid: Callable[[], bool] =
     if device.startswith("cuda"):
         bf16 = torch.cuda.is_available() and torch.cuda.is_bf16_supported()
         return PRECISIONS["bfloat16" if bf16 else "float32"]
-    # NOTE: without native bf16, oneDNN emulates it and fp32 activations are the faster ones; 4-bit
-    # layers then run as w4a8 (the file's own codes, 8-bit activations), other weights as float32.
+    # NOTE: 4-bit layers (the file's own codes) run as w4a8 wherever its kernels build, native bf16 or
+    # not: on an AVX512-BF16 CPU (Zen 4) it decodes 2.1x int4's tokens/s at batch 1 and 1.5x at 64
+    # (docs/bench-offline.md); int4 is the pick only where w4a8 cannot run.
+    four_bit = on_int4_grid()
+    if four_bit and f32_available():
+        return PRECISIONS["w4a8"]
+    # NOTE: without native bf16, oneDNN emulates it and fp32 activations are the faster ones.
     if not cpu_has_native_bf16():
-        return PRECISIONS["w4a8" if f32_available() and on_int4_grid() else "float32"]
+        return PRECISIONS["float32"]
     # NOTE: int4 only where it loses nothing: re-quantizing other weights to 4 bits is a model change.
-    return PRECISIONS["int4" if on_int4_grid() else "bfloat16"]
+    return PRECISIONS["int4" if four_bit else "bfloat16"]
 
 
 def default_dtype_name() -> str:

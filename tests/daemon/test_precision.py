@@ -27,20 +27,26 @@ def test_auto_follows_the_cpu_and_the_weights(monkeypatch: pytest.MonkeyPatch) -
     assert resolve_precision("auto", "cpu").name == "float32"
     monkeypatch.setattr(precision, "cpu_has_native_bf16", lambda: True)
     assert resolve_precision("auto", "cpu").name == "bfloat16"
-    assert resolve_precision("auto", "cpu", lambda: True).name == "int4"
+    assert resolve_precision("auto", "cpu", lambda: True).name == "w4a8"
     assert resolve_precision("bfloat16", "cpu", lambda: True).name == "bfloat16"
+    monkeypatch.setattr(precision, "f32_available", lambda: False)
+    assert resolve_precision("auto", "cpu", lambda: True).name == "int4"
+    monkeypatch.setattr(precision, "cpu_has_native_bf16", lambda: False)
+    assert resolve_precision("auto", "cpu", lambda: True).name == "float32"
 
 
-def test_auto_picks_int4_only_for_weights_already_on_its_grid(monkeypatch: pytest.MonkeyPatch) -> None:
-    """A model whose layers are 4-bit already (a Q4_1 GGUF's) gets int4 (w4a8 without native bf16)
-    under auto; others do not."""
-    for bf16, grid, want in (
-        (True, True, "int4"),
-        (True, False, "bfloat16"),
-        (False, True, "w4a8"),
-        (False, False, "float32"),
+def test_auto_picks_a_4_bit_mode_only_for_weights_on_its_grid(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A model whose layers are 4-bit already (a Q4_1 GGUF's) gets w4a8 (int4 where w4a8's kernels
+    cannot build and bf16 is native) under auto; others do not."""
+    for bf16, kernels, grid, want in (
+        (True, True, True, "w4a8"),
+        (True, False, True, "int4"),
+        (True, True, False, "bfloat16"),
+        (False, True, True, "w4a8"),
+        (False, True, False, "float32"),
     ):
         monkeypatch.setattr(precision, "cpu_has_native_bf16", lambda bf16=bf16: bf16)
+        monkeypatch.setattr(precision, "f32_available", lambda kernels=kernels: kernels)
         m = tiny_model(q4_1=grid)
         assert model_precision("cpu", "auto", m.weights).name == want
     w = tiny_model(q4_1=True).weights.layers[0].gate_up
