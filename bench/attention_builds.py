@@ -30,13 +30,15 @@ DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
 
 
 def build(rev: str, out: Path) -> ctypes.CDLL:
-    """The kernel at git revision `rev` ("." for the working tree), compiled into `out`."""
+    """The kernel at git revision `rev` ("." for the working tree, a path ending in .c for that file: a
+    variant under test), compiled into `out`."""
     path = ROOT / "kernels" / "cpu_attention.c"
-    src = (
-        path.read_bytes()
-        if rev == "."
-        else subprocess.check_output(["git", "-C", str(ROOT), "show", f"{rev}:kernels/cpu_attention.c"])
-    )
+    if rev == ".":
+        src = path.read_bytes()
+    elif rev.endswith(".c"):
+        src = Path(rev).read_bytes()
+    else:
+        src = subprocess.check_output(["git", "-C", str(ROOT), "show", f"{rev}:kernels/cpu_attention.c"])
     c = out.with_suffix(".c")
     c.write_bytes(src)
     cc, omp = _compiler(), _omp_runtime()
@@ -71,7 +73,11 @@ def build(rev: str, out: Path) -> ctypes.CDLL:
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--revs", required=True, help="git revisions, comma-separated ('.' = the working tree)")
+    ap.add_argument(
+        "--revs",
+        required=True,
+        help="git revisions, comma-separated ('.' = the working tree; a path ending in .c = that file)",
+    )
     ap.add_argument("--ctx", type=int, default=4000)
     ap.add_argument("--layers", type=int, default=30)
     ap.add_argument("--rounds", type=int, default=15)
@@ -114,7 +120,7 @@ def main() -> None:
     shape = f"{args.ctx} tokens, {args.layers} layers, {args.dtype}, {args.threads} threads"
     print(f"batch 1, {shape}, {args.rounds} rounds")
     for rev, t in zip(revs, times, strict=True):
-        print(f"  {rev}: median {statistics.median(t) * 1e3:.2f} ms a step")
+        print(f"  {rev}: median {statistics.median(t) * 1e3:.3f} ms a step")
 
 
 if __name__ == "__main__":
