@@ -4,22 +4,17 @@ Decode batch of ``--batch`` sequences at SmolLM2-135M's attention shape (9 query
 head_dim 64), 16-token blocks scattered over the pool, for each context of ``--ctx`` (a comma list).
 With ``--layers L`` every variant attends over L distinct pools per round (one per layer, as a decode
 step does), so K/V come from memory rather than the caches; the figure is per step (all L layers).
-The pools are allocated as the daemon allocates them (kernels/host_pool.py: huge pages where the OS
-gives them); the report says how much of them got huge pages.
 
 Variants, timed interleaved (one call of each per round, after two warm-up rounds):
 - ``compiled``: the compiled row kernel (kernels/cpu_attention.c, the default design);
-- ``compiled, 4 KiB pages``: the same over copies of the pools allocated by ``torch.zeros``
-  (``--small-pages``);
 - ``split``: the torch split design (kernels/split_attention.py, the fallback without a compiler);
 - ``baseline``: the torch twin of ``--baseline-commit`` (its kernels package loaded side by side,
   e.g. 0fcdfc1, before issue 25);
 - ``SDPA``: ``F.scaled_dot_product_attention`` on a contiguous copy of the same K/V (``--sdpa``).
 
-Each round also times one full read of a 256 MiB tensor (``sum``) at the same thread count, once on
-4 KiB pages and once on huge pages: the faster is the machine's read bandwidth. The floor is the K/V
-bytes the step reads / that bandwidth; ``x floor`` is the median over rounds of (variant time / floor
-of the same round).
+Each round also times one full read of a 256 MiB tensor (``sum``) at the same thread count: the
+machine's read bandwidth. The floor is the K/V bytes the step reads / that bandwidth; ``x floor`` is
+the median over rounds of (variant time / floor of the same round).
 
     .venv/bin/python bench/kernels_cpu.py --ctx 128,1000,4000,16000 --layers 30 --threads 1 \\
         --baseline-commit 0fcdfc1
@@ -43,7 +38,7 @@ from types import ModuleType
 import torch
 import torch.nn.functional as F
 
-from radixd.kernels import cpu_attention, host_pool
+from radixd.kernels import cpu_attention
 from radixd.kernels.paged_decode import paged_decode_torch, plan_for, rows_plan_for
 from radixd.kernels.paged_prefill import paged_prefill_torch
 from radixd.kernels.paging import gather_kv
@@ -72,38 +67,25 @@ def load_baseline(commit: str) -> ModuleType:
     return importlib.import_module(f"{name}.paged_decode")
 
 
-def read_bandwidth_fns(mib: int = 256) -> tuple[dict[str, Callable[[], object]], int]:
-    """One full read of a `mib` MiB tensor on 4 KiB pages and one on huge pages (where the OS gives
-    them): the floor takes the faster, the machine's measured bandwidth."""
-    small = torch.ones(mib << 18, dtype=torch.float32)
-    huge = host_pool.cpu_pools(1, (mib << 18,), torch.float32)[0].fill_(1.0)
-    return {"(read, 4 KiB pages)": small.sum, "(read, huge pages)": huge.sum}, mib << 20
-
-
-def pools_like(xs: list[torch.Tensor], pages: str) -> list[torch.Tensor]:
-    """`xs` (same shape and dtype) copied into pools allocated as the daemon allocates them ("huge":
-    host_pool.cpu_pools, one mapping) or as torch.zeros does ("4k")."""
-    x0 = xs[0]
-    if pages == "huge":
-        pools = host_pool.cpu_pools(len(xs), tuple(x0.shape), x0.dtype)
-    else:
-        pools = [torch.zeros_like(x0) for _ in xs]
-    return [p.copy_(x) for p, x in zip(pools, xs, strict=True)]
+def read_bandwidth_fn(mib: int = 256) -> tuple[Callable[[], object], int]:
+    buf = torch.ones(mib << 18, dtype=torch.float32)
+    return (lambda: buf.sum()), buf.numel() * 4
 
 
 def build(
-    batch: int, ctx: int, layers: int, dtype: torch.dtype, ragged: bool, sdpa: bool, pages: str = "huge"
+    batch: int, ctx: int, layers: int, dtype: torch.dtype, ragged: bool, sdpa: bool
 ) -> dict[str, object]:
-    """``layers`` pools sharing one block table (blocks scattered at random), allocated on ``pages``
-    (see `pool_like`), queries, lengths and, with ``sdpa``, contiguous [S, Hkv, L, D] copies of each
-    layer's K/V."""
+    """``layers`` pools sharing one block table (blocks scattered at random), queries, lengths and,
+    with ``sdpa``, contiguous [S, Hkv, L, D] copies of each layer's K/V."""
     g = torch.Generator().manual_seed(ctx)
     lens = torch.randint(ctx // 2, ctx + 1, (batch,), generator=g) if ragged else torch.full((batch,), ctx)
     nb = -(-ctx // B)
     n = batch * nb + 1
     tables = (torch.randperm(n - 1, generator=g)[: batch * nb] + 1).view(batch, nb).to(torch.int32)
-    flat = pools_like([torch.randn(n, B, HKV, D, generator=g).to(dtype) for _ in range(2 * layers)], pages)
-    pools = list(zip(flat[0::2], flat[1::2], strict=True))
+    pools = [
+        (torch.randn(n, B, HKV, D, generator=g).to(dtype), torch.randn(n, B, HKV, D, generator=g).to(dtype))
+        for _ in range(layers)
+    ]
     cont = []
     if sdpa:
         for k, v in pools:
@@ -118,7 +100,7 @@ def build(
 
 
 def variants(
-    t: dict[str, object], baseline: ModuleType | None, sdpa: bool, small_pages: bool = False
+    t: dict[str, object], baseline: ModuleType | None, sdpa: bool
 ) -> dict[str, Callable[[], object]]:
     q, tables, lens = t["q"], t["tables"], t["lens"]
     pools, cont = t["pools"], t["cont"]
@@ -138,15 +120,6 @@ def variants(
         return run
 
     fns = {"compiled": with_design("compiled", rows_plan), "split": with_design("split", split_plan)}
-    if small_pages:
-        flat = pools_like([x for pair in pools for x in pair], "4k")
-        small = list(zip(flat[0::2], flat[1::2], strict=True))
-
-        def on_small_pages() -> object:
-            os.environ[cpu_attention.ENV_DESIGN] = "compiled"
-            return [paged_decode_torch(q, k, v, tables, lens, scale, rows_plan) for k, v in small]
-
-        fns["compiled, 4 KiB pages"] = on_small_pages
     if baseline is not None:
         old_plan = baseline.plan_for(tables, lens, k0)
         fns["baseline"] = lambda: [
@@ -204,8 +177,8 @@ def prefill_variants(t: dict[str, object], baseline: ModuleType | None) -> dict[
 
 def measure(fns: dict[str, Callable[[], object]], rounds: int) -> dict[str, list[float]]:
     """Seconds per call of each variant and of the bandwidth read, one of each per round."""
-    bw_fns, _ = read_bandwidth_fns()
-    all_fns = {**bw_fns, **fns}
+    bw_fn, _ = read_bandwidth_fn()
+    all_fns = {"(bandwidth read)": bw_fn, **fns}
     times: dict[str, list[float]] = {name: [] for name in all_fns}
     for r in range(rounds + 2):
         for name, fn in all_fns.items():
@@ -233,11 +206,6 @@ def main(argv: list[str] | None = None) -> str:
     )
     ap.add_argument("--sdpa", action="store_true", help="also time SDPA on contiguous copies")
     ap.add_argument(
-        "--small-pages",
-        action="store_true",
-        help="also time the compiled kernel over copies of the pools on 4 KiB pages (torch.zeros)",
-    )
-    ap.add_argument(
         "--prefill", action="store_true", help="time the prefill twins instead: each context as one chunk"
     )
     args = ap.parse_args(argv)
@@ -245,7 +213,7 @@ def main(argv: list[str] | None = None) -> str:
         torch.set_num_threads(args.threads)
     dtype = DTYPES[args.dtype]
     baseline = load_baseline(args.baseline_commit) if args.baseline_commit else None
-    _, bw_bytes = read_bandwidth_fns()
+    _, bw_bytes = read_bandwidth_fn()
     lines = [
         f"{'prefill' if args.prefill else 'decode'} batch {args.batch}"
         f"{' (ragged, ctx/2..ctx)' if args.ragged else ''}, "
@@ -257,25 +225,14 @@ def main(argv: list[str] | None = None) -> str:
         "| vs baseline |",
         "| ---: | ---: | ---: | ---: | --- | ---: | ---: | ---: | ---: |",
     ]
-    notes: list[str] = []
     for ctx in [int(c) for c in args.ctx.split(",")]:
         t = build(args.batch, ctx, args.layers, dtype, args.ragged, args.sdpa and not args.prefill)
-        fns = (
-            prefill_variants(t, baseline)
-            if args.prefill
-            else variants(t, baseline, args.sdpa, args.small_pages)
-        )
+        fns = prefill_variants(t, baseline) if args.prefill else variants(t, baseline, args.sdpa)
         times = measure(fns, args.rounds)
-        read_names = [n for n in times if n.startswith("(read")]
-        pools = t["pools"]
-        assert isinstance(pools, list)
-        huge = sum(host_pool.huge_page_bytes(x) for pair in pools for x in pair) / 2**20
-        total = sum(x.nbytes for pair in pools for x in pair) / 2**20
-        notes.append(f"ctx {ctx}: {huge:.0f} of {total:.0f} MiB of the pools on huge pages")
         lens = t["lens"]
         assert isinstance(lens, torch.Tensor)
         kv_bytes = args.layers * 2 * int(lens.sum()) * HKV * D * dtype.itemsize
-        bws = [bw_bytes / min(a, b) for a, b in zip(*(times[n] for n in read_names), strict=True)]
+        bws = [bw_bytes / x for x in times["(bandwidth read)"]]
         floors = [kv_bytes / bw for bw in bws]
         for name in fns:
             ts = times[name]
@@ -291,7 +248,7 @@ def main(argv: list[str] | None = None) -> str:
                 f"{x_floor:.2f} | {vs.get('split', math.nan):.2f}x | {vs.get('baseline', math.nan):.2f}x |"
             )
         print("\n".join(lines[-len(fns) :]), flush=True)
-    report = "\n".join([*lines, "", *notes])
+    report = "\n".join(lines)
     print()
     print(report)
     return report

@@ -153,13 +153,12 @@ class ModelRunner:
         self.dtype = dtype or model.kv_dtype
         cfg = self.config
         shape = (num_blocks, block_size, cfg.num_kv_heads, cfg.head_dim)
-        n = cfg.num_layers
-        if self.device.type == "cpu":
-            # on huge pages where the OS gives them: the CPU attention reads blocks scattered over the pool
-            pools = kernels.cpu_pools(2 * n, shape, self.dtype)
-        else:
-            pools = [torch.zeros(shape, dtype=self.dtype, device=self.device) for _ in range(2 * n)]
-        self.k_caches, self.v_caches = pools[:n], pools[n:]
+        self.k_caches = [
+            torch.zeros(shape, dtype=self.dtype, device=self.device) for _ in range(cfg.num_layers)
+        ]
+        self.v_caches = [
+            torch.zeros(shape, dtype=self.dtype, device=self.device) for _ in range(cfg.num_layers)
+        ]
         self.kv_bytes_per_block = kv_bytes_per_block(cfg, block_size, self.dtype)
         if self.device.type == "cpu":
             # The compiled CPU attention builds (once per machine) now, not inside the first request.

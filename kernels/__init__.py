@@ -8,8 +8,6 @@ Public API (the model calls only these; each takes ``backend: str | None = None`
 - :func:`copy_blocks` - (src, dst, n_tokens) block copies over every layer (CoW, device<->host swap).
 - :func:`cpu_attention_design` - the CPU attention in force ("compiled" or "split"); the first call
   builds the compiled kernel (cpu_attention.py).
-- :func:`cpu_pools` - a model's zeroed CPU KV pools in one mapping, on huge pages where the OS gives
-  them (host_pool.py).
 - :func:`cpu_step_plan` - a whole step's rows (prefill tokens, then decode sequences) for the compiled
   CPU attention, checked once for every layer (the float32 native decoder's attention plan).
 
@@ -22,7 +20,6 @@ from radixd.kernels.copy_blocks import copy_blocks
 from radixd.kernels.cpu_attention import design as cpu_attention_design
 from radixd.kernels.cpu_attention import step_plan as cpu_step_plan
 from radixd.kernels.dispatch import ENV_BACKEND, resolve_backend
-from radixd.kernels.host_pool import cpu_pools
 from radixd.kernels.paged_decode import decode_step_plan, paged_decode
 from radixd.kernels.paged_prefill import paged_prefill
 from radixd.kernels.store_kv import store_kv
@@ -31,7 +28,6 @@ __all__ = [
     "ENV_BACKEND",
     "copy_blocks",
     "cpu_attention_design",
-    "cpu_pools",
     "cpu_step_plan",
     "decode_step_plan",
     "paged_decode",
