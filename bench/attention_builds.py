@@ -4,7 +4,10 @@ Each revision's source is compiled with kernels/cpu_attention.py's flags into a 
 every round calls each library once over the same pools (``--layers`` distinct pools of ``--ctx``
 tokens, SmolLM2-135M's attention shape, blocks scattered over the pool), through the kernel's own
 entry point, `radixd_attend_rows`, as the product calls it. Reports the median ms per step (all
-layers) of each build. A revision's results are the same kernel the product ran at that commit.
+layers) of each build, and the median of its per-round ratios to the floor: the step's K+V bytes
+over the rate of one read of a 256 MiB tensor at the same thread count, timed each round. A
+revision's results are the same kernel the product ran at that commit; it is the call the compiled
+decoder step (kernels/cpu_decoder.c, `w4a8` and `float32`) makes for each layer.
 
     .venv/bin/python -P bench/attention_builds.py --revs 0871567,1b20e3e --ctx 4000 --dtype fp16 --threads 1
 """
@@ -110,17 +113,32 @@ def main() -> None:
                     raise MemoryError("the kernel could not allocate its buffers")
             return time.perf_counter() - t0
 
+        # The floor: one read of a 256 MiB tensor at the same thread count each round, and the step's
+        # K+V bytes over that round's rate.
+        torch.set_num_threads(args.threads)
+        big = torch.ones(64 << 20, dtype=torch.float32)
+        kv_bytes = 2 * args.layers * args.ctx * HKV * D * dtype.itemsize
+
+        def read() -> float:
+            t0 = time.perf_counter()
+            big.sum()
+            return time.perf_counter() - t0
+
         times: list[list[float]] = [[] for _ in libs]
+        floors: list[float] = []
         for _ in range(2):  # warm-up
             for lib in libs:
                 step(lib)
         for _ in range(args.rounds):
+            floors.append(kv_bytes * read() / big.nbytes)
             for i, lib in enumerate(libs):
                 times[i].append(step(lib))
     shape = f"{args.ctx} tokens, {args.layers} layers, {args.dtype}, {args.threads} threads"
-    print(f"batch 1, {shape}, {args.rounds} rounds")
+    floor_ms = statistics.median(floors) * 1e3
+    print(f"batch 1, {shape}, {args.rounds} rounds; floor (K+V read once) {floor_ms:.3f} ms")
     for rev, t in zip(revs, times, strict=True):
-        print(f"  {rev}: median {statistics.median(t) * 1e3:.3f} ms a step")
+        x = statistics.median(a / f for a, f in zip(t, floors, strict=True))
+        print(f"  {rev}: median {statistics.median(t) * 1e3:.3f} ms a step, {x:.2f}x the floor")
 
 
 if __name__ == "__main__":
