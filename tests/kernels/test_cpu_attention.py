@@ -134,6 +134,40 @@ def test_decode_row_independent_of_batch_and_threads(monkeypatch: pytest.MonkeyP
         torch.set_num_threads(threads)
 
 
+@pytest.mark.parametrize("threads", [2, 3, 5, 8])
+def test_every_unit_runs_once_at_any_thread_count(monkeypatch: pytest.MonkeyPatch, threads: int) -> None:
+    """The threads share a call's (row, split) units by their keys in contiguous runs: with more threads
+    than units, with uneven rows, in a prefill chunk and a decode batch, every unit is computed once and
+    the answer is the one-thread answer bit for bit."""
+    lens = [3 * SPLIT + 40, 1, SPLIT + 1, 0, 90]
+    q_lens = [SPLIT + 7, 1, 30, 0, 2]
+    pool = make_pool(lens, 16, HKV, D, seed=11)
+    g = torch.Generator().manual_seed(12)
+    qp = torch.randn(sum(q_lens), HQ, D, generator=g)
+    qd = torch.randn(len(lens), HQ, D, generator=g)
+    seq_lens = torch.tensor(lens, dtype=torch.int32)
+    monkeypatch.setattr(cpu_attention, "_PARALLEL_MIN_WORK", 0)  # every call threaded
+    before = torch.get_num_threads()
+    outs = []
+    try:
+        for n in (1, threads):
+            torch.set_num_threads(n)
+            outs.append(
+                (
+                    _prefill(qp, pool.k, pool.v, pool.block_tables, q_lens, lens),
+                    _decode(qd, pool.k, pool.v, pool.block_tables, lens),
+                )
+            )
+    finally:
+        torch.set_num_threads(before)
+    (one_p, one_d), (many_p, many_d) = outs
+    assert torch.equal(one_p, many_p) and torch.equal(one_d, many_d)
+    want = ref_prefill(qp, pool.k, pool.v, pool.tables, q_lens, lens, D**-0.5)
+    torch.testing.assert_close(many_p.double(), want, **tol(torch.float32))
+    want_d = ref_decode(qd, pool.k, pool.v, pool.tables, lens, D**-0.5)
+    torch.testing.assert_close(many_d.double(), want_d, **tol(torch.float32))
+
+
 def test_designs_agree_and_the_switch_is_checked(monkeypatch: pytest.MonkeyPatch) -> None:
     """The split design (RADIXD_CPU_ATTENTION=split) answers the same to rounding; an unknown name is
     refused with the names to use."""
