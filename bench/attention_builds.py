@@ -20,6 +20,7 @@ import statistics
 import subprocess
 import tempfile
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 import torch
@@ -32,9 +33,10 @@ HQ, HKV, D, B = 9, 3, 64, 16
 DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
 
 
-def build(rev: str, out: Path) -> ctypes.CDLL:
+def build(rev: str, out: Path) -> Callable[..., int]:
     """The kernel at git revision `rev` ("." for the working tree, a path ending in .c for that file: a
-    variant under test), compiled into `out`."""
+    variant under test), compiled into `out`: its entry point, called with today's arguments (a float32
+    query and output: revisions before the query's dtype became an argument take them without it)."""
     path = ROOT / "kernels" / "cpu_attention.c"
     if rev == ".":
         src = path.read_bytes()
@@ -52,8 +54,10 @@ def build(rev: str, out: Path) -> ctypes.CDLL:
     )
     lib = ctypes.CDLL(str(out))
     i64, p = ctypes.c_int64, ctypes.c_void_p
+    takes_io = b"int io_dtype" in src
     lib.radixd_attend_rows.argtypes = [
         p,
+        *([ctypes.c_int] if takes_io else []),
         p,
         p,
         ctypes.c_int,
@@ -71,7 +75,12 @@ def build(rev: str, out: Path) -> ctypes.CDLL:
         ctypes.c_int,
     ]
     lib.radixd_attend_rows.restype = ctypes.c_int
-    return lib
+    fn = lib.radixd_attend_rows
+
+    def attend(q: int, *rest: object) -> int:
+        return int(fn(q, _DTYPES[torch.float32], *rest) if takes_io else fn(q, *rest))
+
+    return attend
 
 
 def main() -> None:
@@ -101,10 +110,10 @@ def main() -> None:
     with tempfile.TemporaryDirectory() as tmp:
         libs = [build(rev, Path(tmp) / f"k{i}.so") for i, rev in enumerate(revs)]
 
-        def step(lib: ctypes.CDLL) -> float:
+        def step(attend: Callable[..., int]) -> float:
             t0 = time.perf_counter()
             for k, v in pools:
-                rc = lib.radixd_attend_rows(
+                rc = attend(
                     q.data_ptr(), k.data_ptr(), v.data_ptr(), _DTYPES[dtype], B, HKV, HQ // HKV, D,
                     tables.data_ptr(), tables.shape[1], row_table.data_ptr(), row_pos.data_ptr(), 1,
                     ctypes.c_float(D**-0.5), out.data_ptr(), args.threads,

@@ -74,6 +74,13 @@ static float f16_to_float(uint16_t h) {
 }
 #endif
 
+static inline float bf16_to_float(uint16_t h) {
+    const uint32_t u = (uint32_t)h << 16;
+    float f;
+    memcpy(&f, &u, sizeof f);
+    return f;
+}
+
 /* Eight float lanes (GCC/Clang vector extension: AVX on x86, two NEON registers on Arm). */
 typedef float v8f __attribute__((vector_size(32)));
 typedef int32_t v8i __attribute__((vector_size(32)));
@@ -162,7 +169,8 @@ static inline v8f exp_nonpos(v8f x) {
 }
 
 typedef struct {
-    const float *q; /* [rows, hq, d] float32 */
+    const void *q; /* [rows, hq, d] in io_dtype */
+    int io_dtype;  /* the query's and the output's: DT_F32 or DT_BF16 */
     const void *k, *v; /* [blocks, block_size, hkv, d] */
     int dtype;
     int64_t block_size, hkv, group, d;
@@ -172,7 +180,7 @@ typedef struct {
     const int64_t *row_pos;   /* [rows] last key position (-1: no keys, zero output) */
     int64_t rows;
     float scale;
-    float *out; /* [rows, hq, d] float32 */
+    void *out; /* [rows, hq, d] in io_dtype */
 } attn_args;
 
 /* Split j of a row: keys [j * SPLIT, min((j + 1) * SPLIT, pos + 1)), every query head of the row.
@@ -189,8 +197,13 @@ static inline __attribute__((always_inline)) void attend_split(const attn_args *
     const int32_t *table = a->tables + a->row_table[row] * a->width;
     const int alone = (row == 0 || a->row_table[row - 1] != a->row_table[row]) &&
                       (row == a->rows - 1 || a->row_table[row + 1] != a->row_table[row]);
-    const float *q = a->q + row * hq * d;
-    for (int64_t i = 0; i < hq * d; i++) qs[i] = q[i] * a->scale;
+    if (a->io_dtype == DT_F32) {
+        const float *q = (const float *)a->q + row * hq * d;
+        for (int64_t i = 0; i < hq * d; i++) qs[i] = q[i] * a->scale;
+    } else {
+        const uint16_t *q = (const uint16_t *)a->q + row * hq * d;
+        for (int64_t i = 0; i < hq * d; i++) qs[i] = bf16_to_float(q[i]) * a->scale;
+    }
     /* pass 1: per head, the scores of 8 keys at once (8 dots, lanes over the head dim, folded together) */
     for (int64_t t0 = t_lo; t0 < t_hi; t0 += LANES) {
         int64_t at[LANES]; /* each key's row in the pool; past t_hi the last key again (scores unused) */
@@ -300,22 +313,35 @@ static void attend_split_any(const attn_args *a, int64_t row, int64_t j, float *
     attend_split(a, row, j, part, scores, qs, a->d, a->hkv, a->group, a->dtype);
 }
 
+/* Output row `i` (a query head of a row) from its float32 values `o`: in place for a float32 output,
+ * rounded to nearest even for a bfloat16 one (torch's rounding: a NaN becomes 0x7fc0). */
+static void put_row(const attn_args *a, int64_t i, const float *o) {
+    if (a->io_dtype == DT_F32) return;
+    uint16_t *dst = (uint16_t *)a->out + i * a->d;
+    for (int64_t e = 0; e < a->d; e++) {
+        uint32_t u;
+        memcpy(&u, &o[e], sizeof u);
+        dst[e] = o[e] != o[e] ? 0x7fc0 : (uint16_t)((u + 0x7fffu + ((u >> 16) & 1u)) >> 16);
+    }
+}
+
 /* Fold a row's splits in split order: out = sum_j acc_j w_j / sum_j l_j w_j, w_j = exp(m_j - m). */
 static void fold_row(const attn_args *a, int64_t row, const float *parts, int64_t splits) {
     const int64_t d = a->d, hq = a->hkv * a->group;
-    float *out = a->out + row * hq * d;
-    if (splits == 0) {
-        memset(out, 0, (size_t)(hq * d) * sizeof(float));
-        return;
-    }
+    float buf[MAX_D];
     for (int64_t hh = 0; hh < hq; hh++) {
+        float *o = a->io_dtype == DT_F32 ? (float *)a->out + (row * hq + hh) * d : buf;
+        if (splits == 0) {
+            for (int64_t i = 0; i < d; i++) o[i] = 0.0f;
+            put_row(a, row * hq + hh, o);
+            continue;
+        }
         float m = parts[hh * (d + 2) + d];
         for (int64_t j = 1; j < splits; j++) {
             const float mj = parts[(j * hq + hh) * (d + 2) + d];
             m = mj > m ? mj : m;
         }
         float l = 0.0f;
-        float *o = out + hh * d;
         for (int64_t i = 0; i < d; i++) o[i] = 0.0f;
         for (int64_t j = 0; j < splits; j++) {
             const float *p = parts + (j * hq + hh) * (d + 2);
@@ -325,6 +351,7 @@ static void fold_row(const attn_args *a, int64_t row, const float *parts, int64_
             for (int64_t i = 0; i < d; i += LANES) st(o + i, ld(o + i) + ld(p + i) * w);
         }
         for (int64_t i = 0; i < d; i++) o[i] = o[i] / l + 0.0f;
+        put_row(a, row * hq + hh, o);
     }
 }
 
@@ -350,12 +377,14 @@ static int thread_count(void) { return 1; }
 #endif
 
 /* Attend rows [0, rows) on up to `threads` threads. Returns 0, or -1 when memory is missing.
- * The caller checks shapes: d % LANES == 0, tables and block ids cover every position read. */
-int radixd_attend_rows(const float *q, const void *k, const void *v, int dtype, int64_t block_size,
+ * q and out are float32 or bfloat16 (`io_dtype`; the pools' `dtype` is separate), so that a caller
+ * with bfloat16 activations passes them as they are.
+ * The caller checks shapes: d % LANES == 0, d <= MAX_D, tables and block ids cover every position read. */
+int radixd_attend_rows(const void *q, int io_dtype, const void *k, const void *v, int dtype, int64_t block_size,
                        int64_t hkv, int64_t group, int64_t d, const int32_t *tables, int64_t width,
                        const int64_t *row_table, const int64_t *row_pos, int64_t rows, float scale,
-                       float *out, int threads) {
-    attn_args a = {q, k, v, dtype, block_size, hkv, group, d, tables, width, row_table, row_pos, rows, scale, out};
+                       void *out, int threads) {
+    attn_args a = {q, io_dtype, k, v, dtype, block_size, hkv, group, d, tables, width, row_table, row_pos, rows, scale, out};
     const int64_t hq = hkv * group, part_n = hq * (d + 2);
     /* units: (row, split) pairs, row-major; first[r] = the first unit of row r */
     int64_t *first = malloc((size_t)(rows + 1) * sizeof(int64_t));

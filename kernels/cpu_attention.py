@@ -33,6 +33,8 @@ _SOURCE = "cpu_attention.c"
 # NOTE: -ffp-contract=off and no -ffast-math are part of the invariance argument (cpu_attention.c).
 _CFLAGS = ("-O3", "-march=native", "-ffp-contract=off", "-fno-fast-math", "-fopenmp", "-std=c11")
 _DTYPES = {torch.float32: 0, torch.bfloat16: 1, torch.float16: 2}
+# Query / output dtypes the kernel reads and writes as they are (others go through float32).
+_IO_DTYPES = {torch.float32: 0, torch.bfloat16: 1}
 _LANES = 8
 _MAX_D = 256  # cpu_attention.c's MAX_D
 # Below this many (key, kv head) visits per call a second thread costs more than it saves (measured
@@ -181,7 +183,12 @@ def attend_rows(
     q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, plan: RowsPlan, scale: float
 ) -> torch.Tensor:
     """Attention of the query rows q [R, Hq, D] along ``plan`` (:func:`plan_rows`) over pools
-    [N, B, Hkv, D] that :func:`supports`. -> float32 [R, Hq, D]."""
+    [N, B, Hkv, D] that :func:`supports`. -> [R, Hq, D] in q's dtype.
+
+    NOTE: called once per layer, right after the kernel has streamed a layer's KV through the caches,
+    so the Python here runs cold: a call's own work cost ~29 us beside a ~160 us layer (4,000 tokens,
+    2 threads), 8 of them torch's conversions of the query and the output. float32 and bfloat16
+    queries now go in and come out as they are (~15 us a call left; docs/bench-kernels.md)."""
     lib = _library()
     if lib is None:
         raise RuntimeError("the compiled CPU attention is not available")
@@ -194,13 +201,15 @@ def attend_rows(
         )
     if v_cache.shape != k_cache.shape or not v_cache.is_contiguous() or v_cache.dtype != k_cache.dtype:
         raise ValueError("attention: v_cache must be a contiguous pool shaped and typed like k_cache")
-    qf = q.to(torch.float32).contiguous()
-    out = torch.empty(r, hq, d, dtype=torch.float32)
+    io = _IO_DTYPES.get(q.dtype)
+    qx = q.contiguous() if io is not None else q.to(torch.float32).contiguous()
+    out = torch.empty(r, hq, d, dtype=qx.dtype)
     if r == 0:
-        return out
+        return out.to(q.dtype)
     threads = threads_for(plan, hkv)
     rc = lib.radixd_attend_rows(
-        qf.data_ptr(),
+        qx.data_ptr(),
+        _IO_DTYPES[qx.dtype],
         k_cache.data_ptr(),
         v_cache.data_ptr(),
         _DTYPES[k_cache.dtype],
@@ -219,7 +228,7 @@ def attend_rows(
     )
     if rc != 0:
         raise MemoryError("attention: the CPU kernel could not allocate its buffers")
-    return out
+    return out if io is not None else out.to(q.dtype)
 
 
 @functools.cache
@@ -232,6 +241,7 @@ def _library() -> ctypes.CDLL | None:
     i64, ptr = ctypes.c_int64, ctypes.c_void_p
     fn.argtypes = [
         ptr,
+        ctypes.c_int,
         ptr,
         ptr,
         ctypes.c_int,

@@ -156,7 +156,7 @@ int radixd_decoder_forward(const layer_t *layers, int64_t num_layers, const floa
         rms_norm_rows(h, L->attn_norm, rows, s->hidden, s->eps, x);
         if (project(&L->qkv, x, rows, big, NULL, s->threads)) return -1;
         rotate_and_store(s, big, q, L->k_cache, L->v_cache);
-        if (radixd_attend_rows(q, L->k_cache, L->v_cache, s->kv_dtype, s->block_size, s->hkv, s->hq / s->hkv, s->d,
+        if (radixd_attend_rows(q, DT_F32, L->k_cache, L->v_cache, s->kv_dtype, s->block_size, s->hkv, s->hq / s->hkv, s->d,
                                s->tables, s->width, s->row_table, s->row_pos, rows, s->scale, attn,
                                s->attn_threads))
             return -1;

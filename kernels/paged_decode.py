@@ -122,7 +122,7 @@ def paged_decode_torch(
             check_plan(plan, s, k_cache.shape[1])
         if not isinstance(plan, cpu_attention.RowsPlan):
             plan = rows_plan_for(block_tables, seq_lens, k_cache)
-        return cpu_attention.attend_rows(q, k_cache, v_cache, plan, scale).to(q.dtype)
+        return cpu_attention.attend_rows(q, k_cache, v_cache, plan, scale)
     if not isinstance(plan, DecodePlan):
         plan = plan_for(block_tables, seq_lens, k_cache)
     return decode_with_plan(q, k_cache, v_cache, plan, scale)

@@ -89,8 +89,7 @@ def paged_prefill_torch(
     if cpu_attention.use_compiled(k_cache, hq // hkv):
         row_table, row_pos = cpu_attention.prefill_rows(cu_q_lens, seq_lens, t)
         plan = cpu_attention.plan_rows(block_tables.cpu(), row_table, row_pos, b, k_cache.shape[0])
-        o = cpu_attention.attend_rows(q, k_cache, v_cache, plan, scale)
-        return o.to(q.dtype)
+        return cpu_attention.attend_rows(q, k_cache, v_cache, plan, scale)
     cu, lens, q_lens = cpu_attention.query_lens(cu_q_lens, seq_lens)
     # Sequences without new tokens contribute nothing: give them length 0 so the chunking drops them.
     order, counts = length_chunks(

@@ -145,7 +145,6 @@ def test_every_unit_runs_once_at_any_thread_count(monkeypatch: pytest.MonkeyPatc
     g = torch.Generator().manual_seed(12)
     qp = torch.randn(sum(q_lens), HQ, D, generator=g)
     qd = torch.randn(len(lens), HQ, D, generator=g)
-    seq_lens = torch.tensor(lens, dtype=torch.int32)
     monkeypatch.setattr(cpu_attention, "_PARALLEL_MIN_WORK", 0)  # every call threaded
     before = torch.get_num_threads()
     outs = []
@@ -166,6 +165,23 @@ def test_every_unit_runs_once_at_any_thread_count(monkeypatch: pytest.MonkeyPatc
     torch.testing.assert_close(many_p.double(), want, **tol(torch.float32))
     want_d = ref_decode(qd, pool.k, pool.v, pool.tables, lens, D**-0.5)
     torch.testing.assert_close(many_d.double(), want_d, **tol(torch.float32))
+
+
+@pytest.mark.parametrize("pool_dtype", [torch.bfloat16, torch.float16], ids=["bf16", "fp16"])
+def test_bfloat16_queries_go_in_and_out_as_they_are(pool_dtype: torch.dtype) -> None:
+    """A bfloat16 query is read and its output rounded (to nearest even) inside the kernel: the very
+    bits of widening it to float32, attending, and rounding with torch; other dtypes still go
+    through float32."""
+    lens = [SPLIT + 40, 3, 0]
+    pool = make_pool(lens, 16, HKV, D, pool_dtype, seed=13)
+    plan = cpu_attention.plan_rows(
+        pool.block_tables, torch.arange(3), torch.tensor(lens) - 1, 16, pool.k.shape[0]
+    )
+    q = torch.randn(3, HQ, D, generator=torch.Generator().manual_seed(14)) * 4
+    for dtype in (torch.bfloat16, torch.float16):
+        got = cpu_attention.attend_rows(q.to(dtype), pool.k, pool.v, plan, 0.125)
+        want = cpu_attention.attend_rows(q.to(dtype).float(), pool.k, pool.v, plan, 0.125).to(dtype)
+        assert got.dtype == dtype and torch.equal(got, want)
 
 
 def test_designs_agree_and_the_switch_is_checked(monkeypatch: pytest.MonkeyPatch) -> None:
