@@ -7,7 +7,8 @@ entry point, `radixd_attend_rows`, as the product calls it. Reports the median m
 layers) of each build, and the median of its per-round ratios to the floor: the step's K+V bytes
 over the rate of one read of a 256 MiB tensor at the same thread count, timed each round. A
 revision's results are the same kernel the product ran at that commit; it is the call the compiled
-decoder step (kernels/cpu_decoder.c, `w4a8` and `float32`) makes for each layer.
+decoder step (kernels/cpu_decoder.c, `w4a8` and `float32`) makes for each layer. ``--prefill N``
+times a prefill chunk instead: the context's last N positions as N rows of one call.
 
     .venv/bin/python -P bench/attention_builds.py --revs 0871567,1b20e3e --ctx 4000 --dtype fp16 --threads 1
 """
@@ -95,6 +96,12 @@ def main() -> None:
     ap.add_argument("--rounds", type=int, default=15)
     ap.add_argument("--threads", type=int, default=1)
     ap.add_argument("--dtype", choices=sorted(DTYPES), default="fp16")
+    ap.add_argument(
+        "--prefill",
+        type=int,
+        default=0,
+        help="instead of one decode row, a prefill chunk: the context's last N positions as N rows",
+    )
     args = ap.parse_args()
     dtype = DTYPES[args.dtype]
     g = torch.Generator().manual_seed(0)
@@ -104,8 +111,9 @@ def main() -> None:
         for _ in range(args.layers)
     ]
     tables = (torch.randperm(nb - 1, generator=g).to(torch.int32) + 1)[None].contiguous()
-    row_table, row_pos = torch.zeros(1, dtype=torch.int64), torch.tensor([args.ctx - 1])
-    q, out = torch.randn(1, HQ, D, generator=g), torch.empty(1, HQ, D)
+    rows = args.prefill or 1
+    row_table, row_pos = torch.zeros(rows, dtype=torch.int64), torch.arange(args.ctx - rows, args.ctx)
+    q, out = torch.randn(rows, HQ, D, generator=g), torch.empty(rows, HQ, D)
     revs = args.revs.split(",")
     with tempfile.TemporaryDirectory() as tmp:
         libs = [build(rev, Path(tmp) / f"k{i}.so") for i, rev in enumerate(revs)]
@@ -115,7 +123,7 @@ def main() -> None:
             for k, v in pools:
                 rc = attend(
                     q.data_ptr(), k.data_ptr(), v.data_ptr(), _DTYPES[dtype], B, HKV, HQ // HKV, D,
-                    tables.data_ptr(), tables.shape[1], row_table.data_ptr(), row_pos.data_ptr(), 1,
+                    tables.data_ptr(), tables.shape[1], row_table.data_ptr(), row_pos.data_ptr(), rows,
                     ctypes.c_float(D**-0.5), out.data_ptr(), args.threads,
                 )  # fmt: skip
                 if rc:
@@ -144,7 +152,8 @@ def main() -> None:
                 times[i].append(step(lib))
     shape = f"{args.ctx} tokens, {args.layers} layers, {args.dtype}, {args.threads} threads"
     floor_ms = statistics.median(floors) * 1e3
-    print(f"batch 1, {shape}, {args.rounds} rounds; floor (K+V read once) {floor_ms:.3f} ms")
+    what = f"prefill chunk of {rows} rows" if args.prefill else "batch 1"
+    print(f"{what}, {shape}, {args.rounds} rounds; floor (K+V read once) {floor_ms:.3f} ms")
     for rev, t in zip(revs, times, strict=True):
         x = statistics.median(a / f for a, f in zip(t, floors, strict=True))
         print(f"  {rev}: median {statistics.median(t) * 1e3:.3f} ms a step, {x:.2f}x the floor")

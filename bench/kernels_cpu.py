@@ -8,8 +8,8 @@ step does), so K/V come from memory rather than the caches; the figure is per st
 Variants, timed interleaved (one call of each per round, after two warm-up rounds):
 - ``compiled``: the compiled row kernel (kernels/cpu_attention.c, the default design);
 - ``split``: the torch split design (kernels/split_attention.py, the fallback without a compiler);
-- ``baseline``: the torch twin of ``--baseline-commit`` (its kernels package loaded side by side,
-  e.g. 0fcdfc1, before issue 25);
+- ``baseline``: the torch twin of ``--baseline-commit`` in its default design (its kernels package
+  loaded side by side: e.g. 0fcdfc1, before issue 25, or a commit with the compiled kernel);
 - ``SDPA``: ``F.scaled_dot_product_attention`` on a contiguous copy of the same K/V (``--sdpa``).
 
 Each round also times one full read of a 256 MiB tensor (``sum``) at the same thread count: the
@@ -125,10 +125,18 @@ def variants(
 
     fns = {"compiled": with_design("compiled", rows_plan), "split": with_design("split", split_plan)}
     if baseline is not None:
-        old_plan = baseline.plan_for(tables, lens, k0)
-        fns["baseline"] = lambda: [
-            baseline.paged_decode_torch(q, k, v, tables, lens, scale, old_plan) for k, v in pools
-        ]
+        # The baseline's default design, planned once for the step as its model planned it.
+        os.environ[cpu_attention.ENV_DESIGN] = "auto"
+        if hasattr(baseline, "decode_step_plan"):
+            old_plan = baseline.decode_step_plan(tables, lens, k0, "torch")
+        else:
+            old_plan = baseline.plan_for(tables, lens, k0)
+
+        def run_baseline() -> object:
+            os.environ[cpu_attention.ENV_DESIGN] = "auto"
+            return [baseline.paged_decode_torch(q, k, v, tables, lens, scale, old_plan) for k, v in pools]
+
+        fns["baseline"] = run_baseline
     if sdpa:
         s = q.shape[0]
         length = cont[0][0].shape[2]
@@ -169,9 +177,12 @@ def prefill_variants(t: dict[str, object], baseline: ModuleType | None) -> dict[
     fns = {"compiled": with_design("compiled"), "split": with_design("split")}
     if baseline is not None:
         old = sys.modules[baseline.__name__.rsplit(".", 1)[0] + ".paged_prefill"]
-        fns["baseline"] = lambda: [
-            old.paged_prefill_torch(q, k, v, tables, cu, lens, scale) for k, v in pools
-        ]
+
+        def run_baseline() -> object:
+            os.environ[cpu_attention.ENV_DESIGN] = "auto"  # the baseline's default design
+            return [old.paged_prefill_torch(q, k, v, tables, cu, lens, scale) for k, v in pools]
+
+        fns["baseline"] = run_baseline
     want = fns["split"]()
     for name, fn in fns.items():
         for got, ref in zip(fn(), want, strict=True):  # type: ignore[call-overload]
