@@ -5,7 +5,8 @@ every round calls each library once over the same pools (``--layers`` distinct p
 tokens, SmolLM2-135M's attention shape, blocks scattered over the pool), through the kernel's own
 entry point, `radixd_attend_rows`, as the product calls it. Reports the median ms per step (all
 layers) of each build, and the median of its per-round ratios to the floor: the step's K+V bytes
-over the rate of one read of a 256 MiB tensor at the same thread count, timed each round. A
+over the rate of a read of a 256 MiB tensor at the same thread count (one before each build's step, the
+round's median). A
 revision's results are the same kernel the product ran at that commit; it is the call the compiled
 decoder step (kernels/cpu_decoder.c, `w4a8` and `float32`) makes for each layer. ``--prefill N``
 times a prefill chunk instead: the context's last N positions as N rows of one call.
@@ -130,8 +131,8 @@ def main() -> None:
                     raise MemoryError("the kernel could not allocate its buffers")
             return time.perf_counter() - t0
 
-        # The floor: one read of a 256 MiB tensor at the same thread count each round, and the step's
-        # K+V bytes over that round's rate.
+        # The floor: the step's K+V bytes over the rate of a read of a 256 MiB tensor at the same
+        # thread count (a round's median).
         torch.set_num_threads(args.threads)
         big = torch.ones(64 << 20, dtype=torch.float32)
         kv_bytes = 2 * args.layers * args.ctx * HKV * D * dtype.itemsize
@@ -147,9 +148,12 @@ def main() -> None:
             for lib in libs:
                 step(lib)
         for _ in range(args.rounds):
-            floors.append(kv_bytes * read() / big.nbytes)
+            # a read before every build's step, so that each starts from caches as cold as the others'
+            reads = []
             for i, lib in enumerate(libs):
+                reads.append(read())
                 times[i].append(step(lib))
+            floors.append(kv_bytes * statistics.median(reads) / big.nbytes)
     shape = f"{args.ctx} tokens, {args.layers} layers, {args.dtype}, {args.threads} threads"
     floor_ms = statistics.median(floors) * 1e3
     what = f"prefill chunk of {rows} rows" if args.prefill else "batch 1"
