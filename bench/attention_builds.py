@@ -8,8 +8,8 @@ layers) of each build, and the median of its per-round ratios to the floor: the 
 over the rate of a read of a 256 MiB tensor at the same thread count (one before each build's
 step, the round's median). A revision's results are the same kernel the product ran at that commit;
 it is the call the compiled decoder step (kernels/cpu_decoder.c, `w4a8` and `float32`) makes for
-each layer. ``--prefill N``
-times a prefill chunk instead: the context's last N positions as N rows of one call.
+each layer. ``--prefill N`` times a prefill chunk instead: the context's last N positions as N
+rows of one call.
 
     .venv/bin/python -P bench/attention_builds.py --revs 0871567,1b20e3e --ctx 4000 --dtype fp16 --threads 1
 """
