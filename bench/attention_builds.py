@@ -103,6 +103,9 @@ def main() -> None:
         default=0,
         help="instead of one decode row, a prefill chunk: the context's last N positions as N rows",
     )
+    ap.add_argument(
+        "--in-order", action="store_true", help="blocks in table order instead of scattered over the pool"
+    )
     args = ap.parse_args()
     dtype = DTYPES[args.dtype]
     g = torch.Generator().manual_seed(0)
@@ -111,7 +114,8 @@ def main() -> None:
         (torch.randn(nb, B, HKV, D, generator=g).to(dtype), torch.randn(nb, B, HKV, D, generator=g).to(dtype))
         for _ in range(args.layers)
     ]
-    tables = (torch.randperm(nb - 1, generator=g).to(torch.int32) + 1)[None].contiguous()
+    order = torch.arange(nb - 1) if args.in_order else torch.randperm(nb - 1, generator=g)
+    tables = (order.to(torch.int32) + 1)[None].contiguous()
     rows = args.prefill or 1
     row_table, row_pos = torch.zeros(rows, dtype=torch.int64), torch.arange(args.ctx - rows, args.ctx)
     q, out = torch.randn(rows, HQ, D, generator=g), torch.empty(rows, HQ, D)
@@ -157,6 +161,7 @@ def main() -> None:
     shape = f"{args.ctx} tokens, {args.layers} layers, {args.dtype}, {args.threads} threads"
     floor_ms = statistics.median(floors) * 1e3
     what = f"prefill chunk of {rows} rows" if args.prefill else "batch 1"
+    what += ", blocks in table order" if args.in_order else ""
     print(f"{what}, {shape}, {args.rounds} rounds; floor (K+V read once) {floor_ms:.3f} ms")
     for rev, t in zip(revs, times, strict=True):
         x = statistics.median(a / f for a, f in zip(t, floors, strict=True))
