@@ -190,7 +190,8 @@ def main(argv: list[str] | None = None) -> int:
         t0 = time.perf_counter()
         lm = load_model(path, dtype=dtype)
         results[mode] = ModeResult(load_s=time.perf_counter() - t0)
-        sides[mode] = RadixdSide(lm, max(max(batches), args.prefill_batch), max_len)
+        # the warm-up below decodes 2 sequences
+        sides[mode] = RadixdSide(lm, max(max(batches), args.prefill_batch, 2), max_len)
     if caller_decoder is None:
         os.environ.pop(ENV_DECODER)
     else:
