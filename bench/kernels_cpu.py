@@ -72,6 +72,12 @@ def read_bandwidth_fn(mib: int = 256) -> tuple[Callable[[], object], int]:
     return (lambda: buf.sum()), buf.numel() * 4
 
 
+def query_dtype(pool: torch.dtype) -> torch.dtype:
+    """The query's dtype beside a pool of `pool`: that of the activations of the modes that keep such a
+    pool (bfloat16 beside bfloat16: int4, bfloat16; float32 beside float32 and f16: float32, w4a8)."""
+    return torch.bfloat16 if pool == torch.bfloat16 else torch.float32
+
+
 def build(
     batch: int, ctx: int, layers: int, dtype: torch.dtype, ragged: bool, sdpa: bool
 ) -> dict[str, object]:
@@ -95,11 +101,7 @@ def build(
                     gather_kv(v, tables, nb).transpose(1, 2).contiguous(),
                 )
             )
-    # The query in the dtype of the activations of the modes that keep such a pool: bfloat16 beside a
-    # bfloat16 pool (int4, bfloat16), float32 beside a float32 or f16 one (float32, w4a8).
-    q = torch.randn(batch, HQ, D, generator=g).to(
-        torch.bfloat16 if dtype == torch.bfloat16 else torch.float32
-    )
+    q = torch.randn(batch, HQ, D, generator=g).to(query_dtype(dtype))
     return {"q": q, "pools": pools, "cont": cont, "tables": tables, "lens": lens.to(torch.int32)}
 
 
@@ -163,7 +165,9 @@ def prefill_variants(t: dict[str, object], baseline: ModuleType | None) -> dict[
     tables, lens, pools = t["tables"], t["lens"], t["pools"]
     assert isinstance(tables, torch.Tensor) and isinstance(lens, torch.Tensor) and isinstance(pools, list)
     total = int(lens.sum())
-    q = torch.randn(total, HQ, D, generator=torch.Generator().manual_seed(1)).to(pools[0][0].dtype)
+    q = torch.randn(total, HQ, D, generator=torch.Generator().manual_seed(1)).to(
+        query_dtype(pools[0][0].dtype)
+    )
     cu = torch.cat((torch.zeros(1, dtype=torch.int64), lens.long().cumsum(0))).to(torch.int32)
     scale = 1.0 / math.sqrt(D)
 
@@ -186,7 +190,8 @@ def prefill_variants(t: dict[str, object], baseline: ModuleType | None) -> dict[
     want = fns["split"]()
     for name, fn in fns.items():
         for got, ref in zip(fn(), want, strict=True):  # type: ignore[call-overload]
-            torch.testing.assert_close(got.float(), ref.float(), atol=1e-4, rtol=1e-4, msg=name)
+            atol = 1e-4 if pools[0][0].dtype == torch.float32 else 3e-2
+            torch.testing.assert_close(got.float(), ref.float(), atol=atol, rtol=atol, msg=name)
     return fns
 
 
