@@ -27,7 +27,7 @@ from pathlib import Path
 
 import torch
 
-from radixd.kernels.cpu_attention import _CFLAGS, _DTYPES
+from radixd.kernels.cpu_attention import _CFLAGS, _DTYPES, _IO_DTYPES
 from radixd.kernels.native import _compiler, _omp_runtime
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -80,7 +80,7 @@ def build(rev: str, out: Path) -> Callable[..., int]:
     fn = lib.radixd_attend_rows
 
     def attend(q: int, *rest: object) -> int:
-        return int(fn(q, _DTYPES[torch.float32], *rest) if takes_io else fn(q, *rest))
+        return int(fn(q, _IO_DTYPES[torch.float32], *rest) if takes_io else fn(q, *rest))
 
     return attend
 

@@ -78,6 +78,11 @@ def query_dtype(pool: torch.dtype) -> torch.dtype:
     return torch.bfloat16 if pool == torch.bfloat16 else torch.float32
 
 
+def tolerance(pool: torch.dtype) -> float:
+    """How far the variants' answers may lie from the split design's over a pool of `pool`."""
+    return 1e-4 if pool == torch.float32 else 3e-2
+
+
 def build(
     batch: int, ctx: int, layers: int, dtype: torch.dtype, ragged: bool, sdpa: bool
 ) -> dict[str, object]:
@@ -153,7 +158,7 @@ def variants(
     want = fns["split"]()
     for name, fn in fns.items():
         for got, ref in zip(fn(), want, strict=True):  # type: ignore[call-overload]
-            atol = 1e-4 if pools[0][0].dtype == torch.float32 else 3e-2
+            atol = tolerance(pools[0][0].dtype)
             torch.testing.assert_close(
                 got.reshape(ref.shape).float(), ref.float(), atol=atol, rtol=atol, msg=name
             )
@@ -190,7 +195,7 @@ def prefill_variants(t: dict[str, object], baseline: ModuleType | None) -> dict[
     want = fns["split"]()
     for name, fn in fns.items():
         for got, ref in zip(fn(), want, strict=True):  # type: ignore[call-overload]
-            atol = 1e-4 if pools[0][0].dtype == torch.float32 else 3e-2
+            atol = tolerance(pools[0][0].dtype)
             torch.testing.assert_close(got.float(), ref.float(), atol=atol, rtol=atol, msg=name)
     return fns
 

@@ -28,6 +28,9 @@
 #include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
+#ifdef _OPENMP
+#include <omp.h>
+#endif
 #if defined(__F16C__) || defined(__FMA__)
 #include <immintrin.h>
 #endif
@@ -325,32 +328,34 @@ static void put_row(const attn_args *a, int64_t i, const float *o) {
     }
 }
 
-/* Fold a row's splits in split order: out = sum_j acc_j w_j / sum_j l_j w_j, w_j = exp(m_j - m). */
+/* One query head's output row `o` (zeroed) from a row's splits, in split order:
+ * o = sum_j acc_j w_j / sum_j l_j w_j, w_j = exp(m_j - m). */
+static void fold_head(const attn_args *a, int64_t hh, const float *parts, int64_t splits, float *o) {
+    const int64_t d = a->d, hq = a->hkv * a->group;
+    float m = parts[hh * (d + 2) + d];
+    for (int64_t j = 1; j < splits; j++) {
+        const float mj = parts[(j * hq + hh) * (d + 2) + d];
+        m = mj > m ? mj : m;
+    }
+    float l = 0.0f;
+    for (int64_t j = 0; j < splits; j++) {
+        const float *p = parts + (j * hq + hh) * (d + 2);
+        const v8f diff = {p[d] - m};
+        const float w = exp_nonpos(diff)[0];
+        l = l + p[d + 1] * w;
+        for (int64_t i = 0; i < d; i += LANES) st(o + i, ld(o + i) + ld(p + i) * w);
+    }
+    for (int64_t i = 0; i < d; i++) o[i] = o[i] / l + 0.0f;
+}
+
+/* Fold a row's splits into its output (zeros for a row with no keys), head by head. */
 static void fold_row(const attn_args *a, int64_t row, const float *parts, int64_t splits) {
     const int64_t d = a->d, hq = a->hkv * a->group;
     float buf[MAX_D];
     for (int64_t hh = 0; hh < hq; hh++) {
         float *o = a->io_dtype == DT_F32 ? (float *)a->out + (row * hq + hh) * d : buf;
-        if (splits == 0) {
-            for (int64_t i = 0; i < d; i++) o[i] = 0.0f;
-            put_row(a, row * hq + hh, o);
-            continue;
-        }
-        float m = parts[hh * (d + 2) + d];
-        for (int64_t j = 1; j < splits; j++) {
-            const float mj = parts[(j * hq + hh) * (d + 2) + d];
-            m = mj > m ? mj : m;
-        }
-        float l = 0.0f;
         for (int64_t i = 0; i < d; i++) o[i] = 0.0f;
-        for (int64_t j = 0; j < splits; j++) {
-            const float *p = parts + (j * hq + hh) * (d + 2);
-            const v8f diff = {p[d] - m};
-            const float w = exp_nonpos(diff)[0];
-            l = l + p[d + 1] * w;
-            for (int64_t i = 0; i < d; i += LANES) st(o + i, ld(o + i) + ld(p + i) * w);
-        }
-        for (int64_t i = 0; i < d; i++) o[i] = o[i] / l + 0.0f;
+        if (splits > 0) fold_head(a, hh, parts, splits, o);
         put_row(a, row * hq + hh, o);
     }
 }
@@ -368,7 +373,6 @@ static int64_t unit_near(const int64_t *cost, int64_t units, int64_t target) {
 }
 
 #ifdef _OPENMP
-#include <omp.h>
 static int thread_num(void) { return omp_get_thread_num(); }
 static int thread_count(void) { return omp_get_num_threads(); }
 #else

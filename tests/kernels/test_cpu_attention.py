@@ -134,14 +134,18 @@ def test_decode_row_independent_of_batch_and_threads(monkeypatch: pytest.MonkeyP
         torch.set_num_threads(threads)
 
 
+@pytest.mark.parametrize("pool_dtype", [torch.float16, torch.float32], ids=["fp16", "fp32"])
 @pytest.mark.parametrize("threads", [2, 3, 5, 8])
-def test_every_unit_runs_once_at_any_thread_count(monkeypatch: pytest.MonkeyPatch, threads: int) -> None:
+def test_every_unit_runs_once_at_any_thread_count(
+    monkeypatch: pytest.MonkeyPatch, threads: int, pool_dtype: torch.dtype
+) -> None:
     """The threads share a call's (row, split) units by their keys in contiguous runs: with more threads
     than units, with uneven rows, in a prefill chunk and a decode batch, every unit is computed once and
-    the answer is the one-thread answer bit for bit."""
+    the answer is the one-thread answer bit for bit. The f16 pool with float32 queries is the default
+    mode's (w4a8)."""
     lens = [3 * SPLIT + 40, 1, SPLIT + 1, 0, 90]
     q_lens = [SPLIT + 7, 1, 30, 0, 2]
-    pool = make_pool(lens, 16, HKV, D, seed=11)
+    pool = make_pool(lens, 16, HKV, D, pool_dtype, seed=11)
     g = torch.Generator().manual_seed(12)
     qp = torch.randn(sum(q_lens), HQ, D, generator=g)
     qd = torch.randn(len(lens), HQ, D, generator=g)
@@ -162,9 +166,9 @@ def test_every_unit_runs_once_at_any_thread_count(monkeypatch: pytest.MonkeyPatc
     (one_p, one_d), (many_p, many_d) = outs
     assert torch.equal(one_p, many_p) and torch.equal(one_d, many_d)
     want = ref_prefill(qp, pool.k, pool.v, pool.tables, q_lens, lens, D**-0.5)
-    torch.testing.assert_close(many_p.double(), want, **tol(torch.float32))
+    torch.testing.assert_close(many_p.double(), want, **tol(pool_dtype))
     want_d = ref_decode(qd, pool.k, pool.v, pool.tables, lens, D**-0.5)
-    torch.testing.assert_close(many_d.double(), want_d, **tol(torch.float32))
+    torch.testing.assert_close(many_d.double(), want_d, **tol(pool_dtype))
 
 
 @pytest.mark.parametrize("pool_dtype", [torch.bfloat16, torch.float16], ids=["bf16", "fp16"])
