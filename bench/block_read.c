@@ -4,11 +4,12 @@
  * Pools as bench/kernels_cpu.py builds them (30 layers, K and V, SmolLM2's 3 kv heads x 64 dims in
  * f16: 384 bytes a token), blocks of B tokens in a random order; every layer's K blocks are read in
  * table order with 256-bit loads, then its V blocks, as the kernel's two passes do. Modes: 0 plain
- * loads (the hardware prefetchers alone), 1 each next block prefetched into L1 (prefetcht0), 2 into
- * L2 (prefetcht1). Prints the best of 15 passes.
+ * loads (the hardware prefetchers alone), 1 each next block prefetched into L1 (prefetcht0) when the
+ * block's reads begin, 2 the same into L2 (prefetcht1), 3 into L2 a line with each 64 bytes read
+ * (the requests spread over the reads, as the kernel asks). Prints the best of 15 passes.
  *
  *     gcc -O2 -march=native bench/block_read.c -o /tmp/block_read
- *     for m in 0 1 2; do /tmp/block_read $m 16; done; /tmp/block_read 0 4096   # 4096: one block a layer
+ *     for m in 0 1 2 3; do /tmp/block_read $m 16; done; /tmp/block_read 0 4096   # 4096: one block a layer
  */
 #include <immintrin.h>
 #include <stdint.h>
@@ -50,15 +51,17 @@ int main(int argc, char **argv) {
             for (int kv = 0; kv < 2; kv++)
                 for (int i = 0; i < used; i++) {
                     const char *p = pools[kv][l] + (size_t)table[i] * blk;
-                    if (mode && i + 1 < used) {
-                        const char *next = pools[kv][l] + (size_t)table[i + 1] * blk;
+                    const char *next = pools[kv][l] + (size_t)table[i + 1 < used ? i + 1 : i] * blk;
+                    if ((mode == 1 || mode == 2) && i + 1 < used) {
                         for (size_t o = 0; o < blk; o += 64) {
                             if (mode == 1) _mm_prefetch(next + o, _MM_HINT_T0);
                             else _mm_prefetch(next + o, _MM_HINT_T1);
                         }
                     }
-                    for (size_t o = 0; o < blk; o += 32)
+                    for (size_t o = 0; o < blk; o += 32) {
+                        if (mode == 3 && o % 64 == 0) _mm_prefetch(next + o, _MM_HINT_T1);
                         acc = _mm256_add_epi32(acc, _mm256_loadu_si256((const __m256i *)(p + o)));
+                    }
                 }
         const double dt = now() - t0;
         best = dt < best ? dt : best;

@@ -141,13 +141,38 @@ static inline float fold_lanes(v8f a) {
     return ((a[0] + a[1]) + (a[2] + a[3])) + ((a[4] + a[5]) + (a[6] + a[7]));
 }
 
-/* NOTE: into L2 (locality 2, prefetcht1), not L1: a 4,000-token context's blocks are scattered 6 KiB
- * runs, and L1's few miss buffers cap what one core has in flight; requests for L2 take its larger
- * queue. On a Zen 4 EPYC the 4,000-token step went 17.1 -> 8.8 ms (1 thread); on an AVX512 Xeon an
- * earlier build measured 12.5 -> 13.2 ms (docs/bench-kernels.md). */
-static inline void prefetch_row(const void *base, int64_t offset, int64_t bytes) {
-    const char *p = (const char *)base + offset;
-    for (int64_t i = 0; i < bytes; i += 64) __builtin_prefetch(p + i, 0, 2);
+/* Pool rows to prefetch, asked for a few cache lines at a time from inside a loop's arithmetic, so
+ * that the requests are spread over it.
+ * NOTE: spread, not asked for a row or a block at once: a burst of prefetches fills the core's miss
+ * buffers and stalls the loads behind it, so memory and arithmetic take turns instead of overlapping
+ * (one core reading 16-token blocks: 16.9 -> 20.6 GB/s, bench/block_read.c modes 2 and 3; the
+ * 4,000-token step on 2 threads 4.8 -> 4.3 ms, docs/bench-kernels.md).
+ * Into L2 (locality 2, prefetcht1), not L1: a 4,000-token context's blocks are scattered 6 KiB runs,
+ * and L1's few miss buffers cap what one core has in flight; requests for L2 take its larger queue
+ * (on a Zen 4 EPYC the 4,000-token step went 17.1 -> 8.8 ms on 1 thread). */
+typedef struct {
+    const char *base;    /* the pool */
+    const int64_t *rows; /* the rows' offsets in elements, in the order asked */
+    int64_t n, elem, row_bytes;
+    int64_t i, byte; /* the next line: row i, at `byte` */
+} prefetch_stream;
+
+static inline prefetch_stream stream_of(const void *base, const int64_t *rows, int64_t n, int64_t elem,
+                                        int64_t row_bytes) {
+    const prefetch_stream s = {(const char *)base, rows, n > 0 ? n : 0, elem, row_bytes, 0, 0};
+    return s;
+}
+
+/* Ask for the stream's next `lines` cache lines (fewer at its end). */
+static inline void stream_ask(prefetch_stream *s, int lines) {
+    for (int k = 0; k < lines && s->i < s->n; k++) {
+        __builtin_prefetch(s->base + s->rows[s->i] * s->elem + s->byte, 0, 2);
+        s->byte += 64;
+        if (s->byte >= s->row_bytes) {
+            s->byte = 0;
+            s->i++;
+        }
+    }
 }
 
 /* exp(x) for x <= 0 (0 below -87, where float32 leaves the normal range; -inf gives 0). */
@@ -186,6 +211,13 @@ typedef struct {
     void *out; /* [rows, hq, d] in io_dtype */
 } attn_args;
 
+/* Whether a row's neighbours in the call read other tables: then nothing else of the call brings its
+ * keys into cache (the rows of a prefill chunk read one table, and each other's keys). */
+static inline int row_alone(const attn_args *a, int64_t row) {
+    return (row == 0 || a->row_table[row - 1] != a->row_table[row]) &&
+           (row == a->rows - 1 || a->row_table[row + 1] != a->row_table[row]);
+}
+
 /* Split j of a row: keys [j * SPLIT, min((j + 1) * SPLIT, pos + 1)), every query head of the row.
  * Writes part = [hq][d + 2]: acc (d), m, l. Scratch: scores [hq][SPLIT], qs [hq][d].
  * Inlined with constant shapes and dtype where the caller specializes them: the same operations in
@@ -195,11 +227,28 @@ static inline __attribute__((always_inline)) void attend_split(const attn_args *
                                                                const int64_t d, const int64_t hkv,
                                                                const int64_t g_n, const int dtype) {
     const int64_t b = a->block_size, hq = hkv * g_n, stride_tok = hkv * d, elem = dtype == DT_F32 ? 4 : 2;
-    const int64_t t_lo = j * SPLIT, t_hi = (a->row_pos[row] + 1 < t_lo + SPLIT) ? a->row_pos[row] + 1 : t_lo + SPLIT;
-    const int64_t n = t_hi - t_lo, n8 = (n + LANES - 1) / LANES * LANES, pos = a->row_pos[row];
+    const int64_t pos = a->row_pos[row], t_lo = j * SPLIT, t_hi = pos + 1 < t_lo + SPLIT ? pos + 1 : t_lo + SPLIT;
+    const int64_t n = t_hi - t_lo, n8 = (n + LANES - 1) / LANES * LANES;
     const int32_t *table = a->tables + a->row_table[row] * a->width;
-    const int alone = (row == 0 || a->row_table[row - 1] != a->row_table[row]) &&
-                      (row == a->rows - 1 || a->row_table[row + 1] != a->row_table[row]);
+    /* rows[t - t_lo]: the pool row (in elements) of key t, for this split's keys and the next
+     * split's; filled a block at a time, so that no loop over keys divides by the block size */
+    int64_t rows[2 * SPLIT];
+    const int64_t t_end = pos + 1 < t_lo + 2 * SPLIT ? pos + 1 : t_lo + 2 * SPLIT;
+    for (int64_t t = t_lo, blk = t_lo / b, off = t_lo % b; t < t_end; blk++, off = 0) {
+        const int64_t base = (int64_t)table[blk] * b;
+        for (; off < b && t < t_end; off++, t++) rows[t - t_lo] = (base + off) * stride_tok;
+    }
+    /* Blocks lie anywhere in the pool, so the hardware prefetcher restarts at every block. Pass 1 asks
+     * for this split's value rows (pass 2 reads them from L2) and for its key rows a block ahead; the
+     * softmax and pass 2 ask for the next split's key rows when the row is alone (a thread takes a
+     * row's splits in order, radixd_attend_rows). Pass 1 asks for its keys even when split j - 1
+     * did: without that second request the 4,000-token step took 4.62 ms instead of 4.32 (2 threads). */
+    const int64_t row_bytes = stride_tok * elem;
+    prefetch_stream values = stream_of(a->v, rows, n, elem, row_bytes);
+    prefetch_stream keys = stream_of(a->k, rows + b, b >= n ? 0 : n - b, elem, row_bytes);
+    prefetch_stream next = stream_of(a->k, rows + n, row_alone(a, row) ? t_end - t_hi : 0, elem, row_bytes);
+    /* lines asked for with each head of each key: its share of a row */
+    const int per_head = (int)((row_bytes / hkv + 63) / 64);
     if (a->io_dtype == DT_F32) {
         const float *q = (const float *)a->q + row * hq * d;
         for (int64_t i = 0; i < hq * d; i++) qs[i] = q[i] * a->scale;
@@ -209,17 +258,8 @@ static inline __attribute__((always_inline)) void attend_split(const attn_args *
     }
     /* pass 1: per head, the scores of 8 keys at once (8 dots, lanes over the head dim, folded together) */
     for (int64_t t0 = t_lo; t0 < t_hi; t0 += LANES) {
-        int64_t at[LANES]; /* each key's row in the pool; past t_hi the last key again (scores unused) */
-        for (int u = 0; u < LANES; u++) {
-            const int64_t t = t0 + u < t_hi ? t0 + u : t_hi - 1;
-            at[u] = ((int64_t)table[t / b] * b + t % b) * stride_tok;
-            if (t0 + u >= t_hi) continue;
-            /* Blocks lie anywhere in the pool, so the hardware prefetcher restarts at every block: ask
-             * for the next block's key row now, and for this key's value row (pass 2 reads it from L2). */
-            if (t + b <= pos)
-                prefetch_row(a->k, ((int64_t)table[(t + b) / b] * b + t % b) * stride_tok * elem, stride_tok * elem);
-            prefetch_row(a->v, at[u] * elem, stride_tok * elem);
-        }
+        const int64_t *at = rows + (t0 - t_lo);
+        const int live = t_hi - t0 < LANES ? (int)(t_hi - t0) : LANES; /* keys past t_hi read the last one */
         /* a kv head's query heads GB at a time: each key row is widened once for all of them */
         for (int64_t h = 0; h < hkv; h++)
             for (int64_t g0 = 0; g0 < g_n; g0 += GB) {
@@ -227,9 +267,14 @@ static inline __attribute__((always_inline)) void attend_split(const attn_args *
                 const float *qh = qs + (h * g_n + g0) * d;
                 v8f acc[GB][LANES];
                 for (int u = 0; u < LANES; u++) {
+                    const int64_t kt = at[u < live ? u : live - 1];
+                    if (g0 == 0) {
+                        stream_ask(&values, per_head);
+                        stream_ask(&keys, per_head);
+                    }
                     v8f sum[GB] = {{0}};
                     for (int64_t i = 0; i < d; i += LANES) {
-                        const v8f kv = ld_kv(a->k, at[u] + h * d + i, dtype);
+                        const v8f kv = ld_kv(a->k, kt + h * d + i, dtype);
                         for (int64_t g = 0; g < gb; g++) sum[g] = fma8(ld(qh + g * d + i), kv, sum[g]);
                     }
                     for (int64_t g = 0; g < gb; g++) acc[g][u] = sum[g];
@@ -251,6 +296,7 @@ static inline __attribute__((always_inline)) void attend_split(const attn_args *
         for (int i = 1; i < LANES; i++) m = mv[i] > m ? mv[i] : m;
         v8f lane = {0};
         for (int64_t t = 0; t < n8; t += LANES) {
+            stream_ask(&next, 1);
             v8f e = exp_nonpos(ld(s + t) - m);
             st(s + t, e);
             lane += e;
@@ -264,14 +310,7 @@ static inline __attribute__((always_inline)) void attend_split(const attn_args *
      * value rows stay in L1 for the group's query heads, each head's sums in registers meanwhile. */
     for (int64_t t0 = t_lo; t0 < t_hi; t0 += VCHUNK) {
         const int64_t t1 = t0 + VCHUNK < t_hi ? t0 + VCHUNK : t_hi;
-        int64_t at[VCHUNK];
-        for (int64_t t = t0; t < t1; t++) at[t - t0] = ((int64_t)table[t / b] * b + t % b) * stride_tok;
-        /* The next split's key rows, asked for while this split's values are summed: a thread takes a
-         * row's splits in order (radixd_attend_rows), so it reads them next. Pass 1 then finds its keys
-         * in L2 and the memory traffic is spread over both passes instead of all falling in pass 1.
-         * Not for a row of a prefill chunk, whose neighbours read the same keys: they are in cache. */
-        for (int64_t t = t0 + SPLIT; alone && t < t1 + SPLIT && t <= pos; t++)
-            prefetch_row(a->k, ((int64_t)table[t / b] * b + t % b) * stride_tok * elem, stride_tok * elem);
+        const int64_t *at = rows + (t0 - t_lo);
         /* a kv head's query heads in batches whose sums stay in registers: each value row is widened
          * once per batch instead of once per query head */
         const int64_t vb = (VREGS * LANES) / d > 0 ? (VREGS * LANES) / d : 1;
@@ -282,6 +321,7 @@ static inline __attribute__((always_inline)) void attend_split(const attn_args *
                 for (int64_t g = 0; g < gb; g++)
                     for (int64_t i = 0; i < d; i += LANES) acc[g * (d / LANES) + i / LANES] = ld(part + (h * g_n + g0 + g) * (d + 2) + i);
                 for (int64_t t = 0; t < t1 - t0; t++) {
+                    if (g0 == 0) stream_ask(&next, per_head);
                     v8f ev[VREGS];
                     for (int64_t g = 0; g < gb; g++) {
                         const float et = scores[(h * g_n + g0 + g) * SPLIT + (t0 - t_lo) + t];
