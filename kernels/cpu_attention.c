@@ -20,7 +20,7 @@
  * NOTE: built with -ffp-contract=off and without -ffast-math: the compiler may vectorize the lane loops
  * (each lane keeps its own sequence of IEEE operations) but may neither reassociate a sum nor fuse a
  * multiply-add in one code path and not in another, so a vector loop and its scalar remainder agree;
- * the dots' multiply-adds are fused explicitly (fma8), the same in every path of a build.
+ * the multiply-adds of the dots and of exp are fused explicitly (fma8), the same in every path of a build.
  * The pool is fp32, bf16 or f16 (widened exactly on load: F16C's vcvtph2ps where the CPU has it).
  * exp is computed here (a Cephes-style polynomial) rather than by libm, so that it vectorizes and its
  * bits do not depend on which libm variant a call site picks.
@@ -31,7 +31,7 @@
 #ifdef _OPENMP
 #include <omp.h>
 #endif
-#if defined(__F16C__) || defined(__FMA__)
+#if defined(__F16C__) || defined(__FMA__) || defined(__AVX__)
 #include <immintrin.h>
 #endif
 
@@ -39,7 +39,8 @@
 /* Keys per split: a row's keys are cut at fixed positions, so splits are units of parallel work whose
  * boundaries depend on the position only. */
 #define SPLIT 256
-/* Keys whose value rows pass 2 reads together (they stay in L1 while each query head sums them). */
+/* Keys whose value rows pass 2 reads together where a kv head's query heads take several batches (the rows
+ * stay in L1 for each batch). */
 #define VCHUNK 16
 /* The largest head dim the kernel takes (cpu_attention.py's `supports` checks it). */
 #define MAX_D 256
@@ -127,6 +128,13 @@ static inline __attribute__((always_inline)) v8f fma8(v8f a, v8f b, v8f c) {
 /* fold_lanes of 8 vectors at once: lane u of the result is fold_lanes(a[u]), by the same additions
  * (pairs of neighbours, then pairs of pairs, then the halves), three shuffle levels for 8 dots. */
 static inline v8f fold8(const v8f a[LANES]) {
+#ifdef __AVX__
+    /* in-lane horizontal adds (neighbours, then pairs of pairs), then the halves: the same tree */
+    const __m256 t0 = _mm256_hadd_ps((__m256)a[0], (__m256)a[1]), t1 = _mm256_hadd_ps((__m256)a[2], (__m256)a[3]);
+    const __m256 t2 = _mm256_hadd_ps((__m256)a[4], (__m256)a[5]), t3 = _mm256_hadd_ps((__m256)a[6], (__m256)a[7]);
+    const __m256 u0 = _mm256_hadd_ps(t0, t1), u1 = _mm256_hadd_ps(t2, t3);
+    return (v8f)_mm256_add_ps(_mm256_permute2f128_ps(u0, u1, 0x20), _mm256_permute2f128_ps(u0, u1, 0x31));
+#else
 #define EVEN(x, y) __builtin_shufflevector(x, y, 0, 2, 4, 6, 8, 10, 12, 14)
 #define ODD(x, y) __builtin_shufflevector(x, y, 1, 3, 5, 7, 9, 11, 13, 15)
     v8f p[4], q[2];
@@ -135,6 +143,7 @@ static inline v8f fold8(const v8f a[LANES]) {
     return EVEN(q[0], q[1]) + ODD(q[0], q[1]);
 #undef EVEN
 #undef ODD
+#endif
 }
 
 static inline float fold_lanes(v8f a) {
@@ -175,23 +184,26 @@ static inline void stream_ask(prefetch_stream *s, int lines) {
     }
 }
 
+/* a float in every lane */
+#define SPLAT(x) ((v8f){x, x, x, x, x, x, x, x})
+
 /* exp(x) for x <= 0 (0 below -87, where float32 leaves the normal range; -inf gives 0). */
 static inline v8f exp_nonpos(v8f x) {
-    const v8f lo = {-87.f, -87.f, -87.f, -87.f, -87.f, -87.f, -87.f, -87.f};
+    const v8f lo = SPLAT(-87.f);
     v8i under = x < lo;
     v8f xc = (v8f)(((v8i)x & ~under) | ((v8i)lo & under));
     /* round to nearest: adding 1.5 * 2^23 leaves the integer part in the low mantissa bits */
-    v8f t = xc * 1.44269504088896341f + 12582912.0f;
-    v8f n = t - 12582912.0f;
-    v8f r = xc - n * 0.693359375f;
-    r = r - n * -2.12194440e-4f;
-    v8f z = r * r;
-    v8f y = r * 1.9875691500e-4f + 1.3981999507e-3f;
-    y = y * r + 8.3334519073e-3f;
-    y = y * r + 4.1665795894e-2f;
-    y = y * r + 1.6666665459e-1f;
-    y = y * r + 5.0000001201e-1f;
-    y = y * z + r + 1.0f;
+    const v8f t = fma8(xc, SPLAT(1.44269504088896341f), SPLAT(12582912.0f));
+    const v8f n = t - 12582912.0f;
+    v8f r = fma8(n, SPLAT(-0.693359375f), xc);
+    r = fma8(n, SPLAT(2.12194440e-4f), r);
+    const v8f z = r * r;
+    v8f y = fma8(r, SPLAT(1.9875691500e-4f), SPLAT(1.3981999507e-3f));
+    y = fma8(y, r, SPLAT(8.3334519073e-3f));
+    y = fma8(y, r, SPLAT(4.1665795894e-2f));
+    y = fma8(y, r, SPLAT(1.6666665459e-1f));
+    y = fma8(y, r, SPLAT(5.0000001201e-1f));
+    y = fma8(y, z, r) + 1.0f;
     v8i e = (__builtin_convertvector(n, v8i) + 127) << 23;
     return (v8f)((v8i)(y * (v8f)e) & ~under);
 }
@@ -306,14 +318,14 @@ static inline __attribute__((always_inline)) void attend_split(const attn_args *
         p[d + 1] = fold_lanes(lane);
         for (int64_t i = 0; i < d; i++) p[i] = 0.0f;
     }
-    /* pass 2: the weighted sum of the values, in position order, VCHUNK keys at a time: the chunk's
-     * value rows stay in L1 for the group's query heads, each head's sums in registers meanwhile. */
-    for (int64_t t0 = t_lo; t0 < t_hi; t0 += VCHUNK) {
-        const int64_t t1 = t0 + VCHUNK < t_hi ? t0 + VCHUNK : t_hi;
+    /* pass 2: the weighted sum of the values, in position order. A kv head's query heads go in
+     * batches whose sums stay in registers, so that each value row is widened once per batch instead
+     * of once per query head. Where one batch holds them all, it sums the whole split at once; else
+     * VCHUNK keys at a time, whose value rows stay in L1 for the next batch. */
+    const int64_t vb = (VREGS * LANES) / d > 0 ? (VREGS * LANES) / d : 1, chunk = g_n <= vb ? SPLIT : VCHUNK;
+    for (int64_t t0 = t_lo; t0 < t_hi; t0 += chunk) {
+        const int64_t t1 = t0 + chunk < t_hi ? t0 + chunk : t_hi;
         const int64_t *at = rows + (t0 - t_lo);
-        /* a kv head's query heads in batches whose sums stay in registers: each value row is widened
-         * once per batch instead of once per query head */
-        const int64_t vb = (VREGS * LANES) / d > 0 ? (VREGS * LANES) / d : 1;
         for (int64_t h = 0; h < hkv; h++)
             for (int64_t g0 = 0; g0 < g_n; g0 += vb) {
                 const int64_t gb = g_n - g0 < vb ? g_n - g0 : vb;
