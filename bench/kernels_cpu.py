@@ -4,6 +4,8 @@ Decode batch of ``--batch`` sequences at SmolLM2-135M's attention shape (9 query
 head_dim 64), 16-token blocks scattered over the pool, for each context of ``--ctx`` (a comma list).
 With ``--layers L`` every variant attends over L distinct pools per round (one per layer, as a decode
 step does), so K/V come from memory rather than the caches; the figure is per step (all L layers).
+The pools are the daemon's: as large as its default KV budget (or the context, if larger), in 2 MiB
+pages where the OS lends them, as its ModelRunner allocates them.
 
 Variants, timed interleaved (one call of each per round, after two warm-up rounds):
 - ``compiled``: the compiled row kernel (kernels/cpu_attention.c, the default design);
@@ -12,9 +14,10 @@ Variants, timed interleaved (one call of each per round, after two warm-up round
   loaded side by side: e.g. 0fcdfc1, before issue 25, or a commit with the compiled kernel);
 - ``SDPA``: ``F.scaled_dot_product_attention`` on a contiguous copy of the same K/V (``--sdpa``).
 
-Each variant's call follows one full read of a 256 MiB tensor (``sum``) at the same thread count,
-timed: the machine's read bandwidth (a round's median). The floor is the K/V bytes the step reads /
-that bandwidth; ``x floor`` is the median over rounds of (variant time / floor of the same round).
+Each variant's call follows one full read of a 256 MiB tensor (``sum``, in 2 MiB pages) at the same
+thread count, timed: the machine's read bandwidth (a round's median). The floor is the K/V bytes the
+step reads / that bandwidth; ``x floor`` is the median over rounds of (variant time / floor of the
+same round).
 
     .venv/bin/python bench/kernels_cpu.py --ctx 128,1000,4000,16000 --layers 30 --threads 1 \\
         --baseline-commit 0fcdfc1
@@ -38,6 +41,8 @@ from types import ModuleType
 import torch
 import torch.nn.functional as F
 
+from radixd.daemon.engine.config import DEFAULT_KV_CACHE_GB
+from radixd.daemon.host import zeros_on_huge_pages
 from radixd.kernels import cpu_attention
 from radixd.kernels.paged_decode import paged_decode_torch, plan_for, rows_plan_for
 from radixd.kernels.paged_prefill import paged_prefill_torch
@@ -68,7 +73,7 @@ def load_baseline(commit: str) -> ModuleType:
 
 
 def read_bandwidth_fn(mib: int = 256) -> tuple[Callable[[], object], int]:
-    buf = torch.ones(mib << 18, dtype=torch.float32)
+    buf = zeros_on_huge_pages((mib << 18,), torch.float32).fill_(1.0)
     return (lambda: buf.sum()), buf.numel() * 4
 
 
@@ -91,12 +96,15 @@ def build(
     g = torch.Generator().manual_seed(ctx)
     lens = torch.randint(ctx // 2, ctx + 1, (batch,), generator=g) if ragged else torch.full((batch,), ctx)
     nb = -(-ctx // B)
-    n = batch * nb + 1
-    tables = (torch.randperm(n - 1, generator=g)[: batch * nb] + 1).view(batch, nb).to(torch.int32)
-    pools = [
-        (torch.randn(n, B, HKV, D, generator=g).to(dtype), torch.randn(n, B, HKV, D, generator=g).to(dtype))
-        for _ in range(layers)
-    ]
+    budget = int(DEFAULT_KV_CACHE_GB * (1 << 30)) // (2 * layers * B * HKV * D * dtype.itemsize)
+    n = max(batch * nb + 1, budget)
+    chosen = torch.randperm(n - 1, generator=g)[: batch * nb] + 1
+    tables = chosen.view(batch, nb).to(torch.int32)
+    pools = []
+    for _ in range(layers):
+        k, v = zeros_on_huge_pages((n, B, HKV, D), dtype), zeros_on_huge_pages((n, B, HKV, D), dtype)
+        k[chosen], v[chosen] = (torch.randn(2, batch * nb, B, HKV, D, generator=g).to(dtype)).unbind(0)
+        pools.append((k, v))
     cont = []
     if sdpa:
         for k, v in pools:
@@ -271,14 +279,14 @@ def main(argv: list[str] | None = None) -> str:
             ts = times[name]
             x_floor = statistics.median(a / f for a, f in zip(ts, floors, strict=True))
             vs = {
-                other: statistics.median(b_ / a for a, b_ in zip(ts, times[other], strict=True))
+                other: f"{statistics.median(b_ / a for a, b_ in zip(ts, times[other], strict=True)):.2f}x"
                 for other in ("split", "baseline")
                 if other in times
             }
             lines.append(
                 f"| {ctx} | {kv_bytes / 2**20:.1f} | {statistics.median(bws) / 1e9:.1f} | "
                 f"{statistics.median(floors) * 1e3:.2f} | {name} | {statistics.median(ts) * 1e3:.2f} | "
-                f"{x_floor:.2f} | {vs.get('split', math.nan):.2f}x | {vs.get('baseline', math.nan):.2f}x |"
+                f"{x_floor:.2f} | {vs.get('split', '-')} | {vs.get('baseline', '-')} |"
             )
         print("\n".join(lines[-len(fns) :]), flush=True)
     report = "\n".join(lines)

@@ -16,6 +16,12 @@ its arenas, one per thread that allocated, so after a burst of traffic the daemo
 burst's high-water mark although nothing is live. `HeapReleaser` hands that memory back with
 `malloc_trim` once the engine has been idle for a moment; never between steps, where the next step
 would only fault the same pages back in.
+
+Pages: a decode step reads the KV pools in scattered blocks (6 KiB a layer's block for SmolLM2), a
+4,000-token context from ~22,000 distinct 4 KiB pages, far beyond what the TLB maps, so each block
+costs a page walk on top of its memory read, and a prefetch that misses the TLB does not fetch in
+time. `zeros_on_huge_pages` backs the pools with 2 MiB pages where Linux lends them (transparent
+huge pages in "madvise" or "always" mode; docs/bench-kernels.md has the measurements).
 """
 
 from __future__ import annotations
@@ -25,13 +31,16 @@ import ctypes.util
 import gc
 import math
 import os
-from collections.abc import Callable, Iterator
+import sys
+from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from pathlib import Path
 
 import torch
 
 ENV_THREADS = "RADIXD_NUM_THREADS"
+HUGE_PAGE = 2 << 20  # a transparent huge page on x86-64 and on arm64 with 4 KiB base pages
+MADV_HUGEPAGE = 14  # Linux's madvise advice
 # Idle time after which freed heap is released: longer than the gap between two steps or two
 # back-to-back requests of one client, short enough that an idle daemon's RSS reflects live memory.
 IDLE_RELEASE_S = 0.2
@@ -114,6 +123,36 @@ def _malloc_trim() -> Callable[[int], int] | None:
     trim.argtypes = [ctypes.c_size_t]
     trim.restype = ctypes.c_int
     return trim
+
+
+def _madvise() -> Callable[[int, int, int], int] | None:
+    try:
+        libc = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6")
+        advise = libc.madvise
+    except (OSError, AttributeError):
+        return None
+    advise.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int]
+    advise.restype = ctypes.c_int
+    return advise
+
+
+def zeros_on_huge_pages(shape: Sequence[int], dtype: torch.dtype) -> torch.Tensor:
+    """A zeroed, contiguous CPU tensor whose memory starts on a 2 MiB boundary and is advised to the
+    kernel as huge-page memory before its first touch, so that Linux backs it with 2 MiB pages where
+    it lends them; elsewhere (another OS, huge pages off, a tensor under 2 MiB) plain `torch.zeros`.
+
+    NOTE: the tensor is a view into a buffer up to 2 MiB longer, whose slack is never touched (so
+    never resident); its data_ptr, strides and contents are those of `torch.zeros(shape)`.
+    """
+    nbytes = math.prod(shape) * torch.empty((), dtype=dtype).element_size()
+    advise = _madvise() if sys.platform == "linux" and nbytes >= HUGE_PAGE else None
+    if advise is None:
+        return torch.zeros(tuple(shape), dtype=dtype)
+    buf = torch.empty(nbytes + HUGE_PAGE, dtype=torch.uint8)
+    start = -buf.data_ptr() % HUGE_PAGE
+    region = buf[start : start + nbytes]
+    advise(region.data_ptr(), nbytes, MADV_HUGEPAGE)  # advice only: a refusal leaves 4 KiB pages
+    return region.zero_().view(dtype).view(tuple(shape))
 
 
 class HeapReleaser:

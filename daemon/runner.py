@@ -26,7 +26,7 @@ import torch
 from radixd import kernels
 from radixd.daemon.draft_sampling import verify_sampled
 from radixd.daemon.engine.limits import check_token_ids
-from radixd.daemon.host import configure_threads
+from radixd.daemon.host import configure_threads, zeros_on_huge_pages
 from radixd.daemon.model import AttentionMetadata, LlamaModel, ModelConfig
 from radixd.daemon.prompt_logprobs import PromptLogprobs, score_chunk
 from radixd.daemon.sampling import SampleResult, SamplingState, sample
@@ -153,17 +153,19 @@ class ModelRunner:
         self.dtype = dtype or model.kv_dtype
         cfg = self.config
         shape = (num_blocks, block_size, cfg.num_kv_heads, cfg.head_dim)
-        self.k_caches = [
-            torch.zeros(shape, dtype=self.dtype, device=self.device) for _ in range(cfg.num_layers)
-        ]
-        self.v_caches = [
-            torch.zeros(shape, dtype=self.dtype, device=self.device) for _ in range(cfg.num_layers)
-        ]
+        self.k_caches = [self._pool(shape) for _ in range(cfg.num_layers)]
+        self.v_caches = [self._pool(shape) for _ in range(cfg.num_layers)]
         self.kv_bytes_per_block = kv_bytes_per_block(cfg, block_size, self.dtype)
         if self.device.type == "cpu":
             # The compiled CPU attention builds (once per machine) now, not inside the first request.
             kernels.cpu_attention_design()
         self._step_masks: StepMasks | None = None  # built on the first step with a constrained row
+
+    def _pool(self, shape: tuple[int, ...]) -> torch.Tensor:
+        """One layer's K or V pool, zeroed; on the CPU in 2 MiB pages where the OS lends them."""
+        if self.device.type == "cpu":
+            return zeros_on_huge_pages(shape, self.dtype)
+        return torch.zeros(shape, dtype=self.dtype, device=self.device)
 
     def copy_blocks(self, ops: Sequence[tuple[int, int, int]]) -> None:
         """Apply copy-on-write copies (src_block, dst_block, n_tokens) in every layer, in order; call

@@ -1,4 +1,5 @@
-"""Host resources: the thread count compute may use, and freed heap going back to the OS when idle."""
+"""Host resources: the thread count compute may use, freed heap going back to the OS when idle, and the
+KV pools' pages."""
 
 from __future__ import annotations
 
@@ -10,7 +11,15 @@ import pytest
 import torch
 
 from radixd.daemon import host
-from radixd.daemon.host import ENV_THREADS, HeapReleaser, configure_threads, cpu_quota, usable_cpus
+from radixd.daemon.host import (
+    ENV_THREADS,
+    HUGE_PAGE,
+    HeapReleaser,
+    configure_threads,
+    cpu_quota,
+    usable_cpus,
+    zeros_on_huge_pages,
+)
 
 
 @pytest.mark.parametrize(
@@ -118,3 +127,33 @@ def test_the_startup_heap_is_frozen_while_serving_and_later_objects_are_not() ->
     assert int(frozen) > 50_000 and int(count) > 50_000  # (a frozen object that dies leaves the count)
     assert (old_seen, new_seen) == ("False", "True")  # full collections walk only what came after
     assert (after, thawed_seen) == ("0", "True")  # thawed once serving ends
+
+
+def vm_flags(addr: int) -> list[str]:
+    """The VmFlags of this process's mapping that holds `addr` (/proc/self/smaps)."""
+    inside = False
+    for line in Path("/proc/self/smaps").read_text().splitlines():
+        head = line.split()[0]
+        if "-" in head and ":" not in head:
+            lo, hi = (int(x, 16) for x in head.split("-"))
+            inside = lo <= addr < hi
+        elif inside and line.startswith("VmFlags:"):
+            return line.split()[1:]
+    raise AssertionError(f"no mapping holds {addr:#x}")
+
+
+def test_large_pools_start_on_a_huge_page_advised_as_huge_pages() -> None:
+    shape = (700, 16, 3, 64)  # 4.1 MiB of f16: two huge pages and a tail
+    t = zeros_on_huge_pages(shape, torch.float16)
+    assert t.shape == shape and t.dtype == torch.float16 and t.is_contiguous()
+    assert torch.equal(t, torch.zeros(shape, dtype=torch.float16))
+    if sys.platform == "linux":
+        assert t.data_ptr() % HUGE_PAGE == 0
+        assert "hg" in vm_flags(t.data_ptr()), "the pool's mapping was not advised MADV_HUGEPAGE"
+    t[-1] = 1.0  # the whole view is the tensor's own memory
+    assert float(t.sum()) == 16 * 3 * 64
+
+
+def test_small_tensors_are_plain_zeros() -> None:
+    t = zeros_on_huge_pages((3, 5), torch.float32)
+    assert torch.equal(t, torch.zeros(3, 5)) and t.is_contiguous()

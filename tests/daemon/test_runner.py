@@ -2,12 +2,14 @@
 
 from __future__ import annotations
 
+import sys
 from array import array
 
 import pytest
 import torch
 from daemon_testkit import tiny_model
 
+from radixd.daemon.host import HUGE_PAGE
 from radixd.daemon.runner import DecodeRows, ModelRunner, StepSeq, kv_bytes_per_block, num_blocks_for_budget
 from radixd.daemon.sampling import SamplingParams, SamplingState
 
@@ -139,3 +141,14 @@ def test_pool_sizing() -> None:
     assert r.kv_bytes_per_block == per_block
     with pytest.raises(ValueError, match="num_blocks"):
         ModelRunner(tiny_model(), num_blocks=1, block_size=16)
+
+
+def test_cpu_pools_are_allocated_on_huge_pages() -> None:
+    """Each layer's pool starts on a huge-page boundary (daemon/host.py), zeroed."""
+    model = tiny_model()
+    per_block = kv_bytes_per_block(model.config, BS, model.kv_dtype) // (2 * model.config.num_layers)
+    runner = ModelRunner(model, num_blocks=-(-2 * HUGE_PAGE // per_block), block_size=BS)
+    pools = (*runner.k_caches, *runner.v_caches)
+    assert all(t.nbytes >= HUGE_PAGE and not t.any() for t in pools)
+    if sys.platform == "linux":
+        assert all(t.data_ptr() % HUGE_PAGE == 0 for t in pools)
