@@ -89,16 +89,20 @@ def tolerance(pool: torch.dtype) -> float:
 
 
 def build(
-    batch: int, ctx: int, layers: int, dtype: torch.dtype, ragged: bool, sdpa: bool
+    batch: int, ctx: int, layers: int, dtype: torch.dtype, ragged: bool, sdpa: bool, in_order: bool = False
 ) -> dict[str, object]:
-    """``layers`` pools sharing one block table (blocks scattered at random), queries, lengths and,
-    with ``sdpa``, contiguous [S, Hkv, L, D] copies of each layer's K/V."""
+    """``layers`` pools sharing one block table (blocks scattered at random over the pool, or with
+    ``in_order`` consecutive ids from 1: what one conversation takes from a fresh pool, whose free
+    blocks are handed out in runs), queries, lengths and, with ``sdpa``, contiguous [S, Hkv, L, D]
+    copies of each layer's K/V."""
     g = torch.Generator().manual_seed(ctx)
     lens = torch.randint(ctx // 2, ctx + 1, (batch,), generator=g) if ragged else torch.full((batch,), ctx)
     nb = -(-ctx // B)
     budget = int(DEFAULT_KV_CACHE_GB * (1 << 30)) // (2 * layers * B * HKV * D * dtype.itemsize)
     n = max(batch * nb + 1, budget)
-    chosen = torch.randperm(n - 1, generator=g)[: batch * nb] + 1
+    chosen = (
+        torch.arange(1, batch * nb + 1) if in_order else torch.randperm(n - 1, generator=g)[: batch * nb] + 1
+    )
     tables = chosen.view(batch, nb).to(torch.int32)
     pools = []
     for _ in range(layers):
@@ -241,6 +245,11 @@ def main(argv: list[str] | None = None) -> str:
     ap.add_argument(
         "--ragged", action="store_true", help="lengths uniform in [ctx/2, ctx] instead of all ctx"
     )
+    ap.add_argument(
+        "--in-order",
+        action="store_true",
+        help="blocks in consecutive ids (one conversation on a fresh pool) instead of scattered at random",
+    )
     ap.add_argument("--threads", type=int, default=0, help="torch intra-op threads (0 = torch's default)")
     ap.add_argument(
         "--baseline-commit", default=None, help="also time this commit's torch twin (e.g. 0fcdfc1)"
@@ -257,7 +266,8 @@ def main(argv: list[str] | None = None) -> str:
     _, bw_bytes = read_bandwidth_fn()
     lines = [
         f"{'prefill' if args.prefill else 'decode'} batch {args.batch}"
-        f"{' (ragged, ctx/2..ctx)' if args.ragged else ''}, "
+        f"{' (ragged, ctx/2..ctx)' if args.ragged else ''}"
+        f"{', blocks in consecutive ids' if args.in_order else ', blocks scattered over the pool'}, "
         f"{args.layers} layers' pools per round, Hq={HQ} Hkv={HKV} D={D} block={B}, {args.dtype}, "
         f"{torch.get_num_threads()} threads, "
         f"{args.rounds} interleaved rounds; ms per step (all layers)",
@@ -267,7 +277,9 @@ def main(argv: list[str] | None = None) -> str:
         "| ---: | ---: | ---: | ---: | --- | ---: | ---: | ---: | ---: |",
     ]
     for ctx in [int(c) for c in args.ctx.split(",")]:
-        t = build(args.batch, ctx, args.layers, dtype, args.ragged, args.sdpa and not args.prefill)
+        t = build(
+            args.batch, ctx, args.layers, dtype, args.ragged, args.sdpa and not args.prefill, args.in_order
+        )
         fns = prefill_variants(t, baseline) if args.prefill else variants(t, baseline, args.sdpa)
         times = measure(fns, args.rounds)
         lens = t["lens"]

@@ -155,7 +155,7 @@ static inline float fold_lanes(v8f a) {
  * NOTE: spread, not asked for a row or a block at once: a burst of prefetches fills the core's miss
  * buffers and stalls the loads behind it, so memory and arithmetic take turns instead of overlapping
  * (one core reading 16-token blocks: 16.9 -> 20.6 GB/s, bench/block_read.c modes 2 and 3; the
- * 4,000-token step on 2 threads 4.8 -> 4.3 ms, docs/bench-kernels.md).
+ * 4,000-token step on 2 threads 4.69 -> 4.19 ms, docs/bench-kernels.md).
  * Into L2 (locality 2, prefetcht1), not L1: a 4,000-token context's blocks are scattered 6 KiB runs,
  * and L1's few miss buffers cap what one core has in flight; requests for L2 take its larger queue
  * (on a Zen 4 EPYC the 4,000-token step went 17.1 -> 8.8 ms on 1 thread). */
