@@ -44,6 +44,9 @@
 #define VCHUNK 16
 /* The largest head dim the kernel takes (cpu_attention.py's `supports` checks it). */
 #define MAX_D 256
+/* Keys whose dots pass 1 computes together (their chains of multiply-adds overlap; 4 spills registers). */
+#define UK 2
+_Static_assert(LANES % UK == 0, "pass 1 takes a group's keys UK at a time");
 /* Query heads of one kv head whose dots pass 1 computes together (one widened key row serves them). */
 #define GB 4
 /* Vectors of value sums pass 2 keeps in registers: a batch of query heads' d / 8 each, at least one
@@ -278,18 +281,25 @@ static inline __attribute__((always_inline)) void attend_split(const attn_args *
                 const int64_t gb = g_n - g0 < GB ? g_n - g0 : GB;
                 const float *qh = qs + (h * g_n + g0) * d;
                 v8f acc[GB][LANES];
-                for (int u = 0; u < LANES; u++) {
-                    const int64_t kt = at[u < live ? u : live - 1];
-                    if (g0 == 0) {
-                        stream_ask(&values, per_head);
-                        stream_ask(&keys, per_head);
+                /* UK keys at a time: their dots are independent chains of multiply-adds, so that
+                 * each chain's latency hides behind the others' (each dot's own order unchanged) */
+                for (int u0 = 0; u0 < LANES; u0 += UK) {
+                    int64_t kt[UK];
+                    for (int uu = 0; uu < UK; uu++) {
+                        kt[uu] = at[u0 + uu < live ? u0 + uu : live - 1];
+                        if (g0 == 0) {
+                            stream_ask(&values, per_head);
+                            stream_ask(&keys, per_head);
+                        }
                     }
-                    v8f sum[GB] = {{0}};
-                    for (int64_t i = 0; i < d; i += LANES) {
-                        const v8f kv = ld_kv(a->k, kt + h * d + i, dtype);
-                        for (int64_t g = 0; g < gb; g++) sum[g] = fma8(ld(qh + g * d + i), kv, sum[g]);
-                    }
-                    for (int64_t g = 0; g < gb; g++) acc[g][u] = sum[g];
+                    v8f sum[UK][GB] = {{{0}}};
+                    for (int64_t i = 0; i < d; i += LANES)
+                        for (int uu = 0; uu < UK; uu++) {
+                            const v8f kv = ld_kv(a->k, kt[uu] + h * d + i, dtype);
+                            for (int64_t g = 0; g < gb; g++) sum[uu][g] = fma8(ld(qh + g * d + i), kv, sum[uu][g]);
+                        }
+                    for (int uu = 0; uu < UK; uu++)
+                        for (int64_t g = 0; g < gb; g++) acc[g][u0 + uu] = sum[uu][g];
                 }
                 for (int64_t g = 0; g < gb; g++) st(scores + (h * g_n + g0 + g) * SPLIT + (t0 - t_lo), fold8(acc[g]));
             }
