@@ -28,6 +28,7 @@ from __future__ import annotations
 
 import ctypes
 import ctypes.util
+import functools
 import gc
 import math
 import os
@@ -35,6 +36,7 @@ import sys
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from pathlib import Path
+from typing import cast
 
 import torch
 
@@ -114,38 +116,37 @@ def startup_heap_frozen() -> Iterator[int]:
         gc.unfreeze()
 
 
-def _malloc_trim() -> Callable[[int], int] | None:
+@functools.cache
+def _libc() -> ctypes.CDLL | None:
     try:
-        libc = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6")
-        trim = libc.malloc_trim  # glibc only: musl and macOS have no such call
-    except (OSError, AttributeError):
+        return ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6")
+    except OSError:
         return None
-    trim.argtypes = [ctypes.c_size_t]
-    trim.restype = ctypes.c_int
-    return trim
 
 
-def _madvise() -> Callable[[int, int, int], int] | None:
-    try:
-        libc = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6")
-        advise = libc.madvise
-    except (OSError, AttributeError):
+def _libc_call(name: str, argtypes: list[type], restype: type) -> Callable[..., int] | None:
+    """The C library's function `name` with its signature set; None where the library lacks it."""
+    fn = getattr(_libc(), name, None)
+    if fn is None:
         return None
-    advise.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int]
-    advise.restype = ctypes.c_int
-    return advise
+    fn.argtypes = argtypes
+    fn.restype = restype
+    return cast(Callable[..., int], fn)
 
 
 def zeros_on_huge_pages(shape: Sequence[int], dtype: torch.dtype) -> torch.Tensor:
     """A zeroed, contiguous CPU tensor whose memory starts on a 2 MiB boundary and is advised to the
     kernel as huge-page memory before its first touch, so that Linux backs it with 2 MiB pages where
-    it lends them; elsewhere (another OS, huge pages off, a tensor under 2 MiB) plain `torch.zeros`.
+    it lends them (with transparent huge pages off, the advice changes nothing); on another OS, or for
+    a tensor under 2 MiB, plain `torch.zeros`.
 
     NOTE: the tensor is a view into a buffer up to 2 MiB longer, whose slack is never touched (so
     never resident); its data_ptr, strides and contents are those of `torch.zeros(shape)`.
     """
-    nbytes = math.prod(shape) * torch.empty((), dtype=dtype).element_size()
-    advise = _madvise() if sys.platform == "linux" and nbytes >= HUGE_PAGE else None
+    nbytes = math.prod(shape) * dtype.itemsize
+    advise = None
+    if sys.platform == "linux" and nbytes >= HUGE_PAGE:
+        advise = _libc_call("madvise", [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int], ctypes.c_int)
     if advise is None:
         return torch.zeros(tuple(shape), dtype=dtype)
     buf = torch.empty(nbytes + HUGE_PAGE, dtype=torch.uint8)
@@ -164,7 +165,8 @@ class HeapReleaser:
 
     def __init__(self, idle_s: float = IDLE_RELEASE_S) -> None:
         self.idle_s = idle_s
-        self._trim = _malloc_trim()
+        # glibc only: musl and macOS have no malloc_trim
+        self._trim = _libc_call("malloc_trim", [ctypes.c_size_t], ctypes.c_int)
         self._dirty = False
         self._busy_at = 0.0
         self.releases = 0

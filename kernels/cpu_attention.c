@@ -39,8 +39,8 @@
 /* Keys per split: a row's keys are cut at fixed positions, so splits are units of parallel work whose
  * boundaries depend on the position only. */
 #define SPLIT 256
-/* Keys whose value rows pass 2 reads together where a kv head's query heads take several batches (the rows
- * stay in L1 for each batch). */
+/* Keys whose value rows pass 2 reads together where a kv head's query heads take several batches
+ * (the rows stay in L1 for each batch). */
 #define VCHUNK 16
 /* The largest head dim the kernel takes (cpu_attention.py's `supports` checks it). */
 #define MAX_D 256
@@ -245,10 +245,12 @@ static inline __attribute__((always_inline)) void attend_split(const attn_args *
     const int64_t pos = a->row_pos[row], t_lo = j * SPLIT, t_hi = pos + 1 < t_lo + SPLIT ? pos + 1 : t_lo + SPLIT;
     const int64_t n = t_hi - t_lo, n8 = (n + LANES - 1) / LANES * LANES;
     const int32_t *table = a->tables + a->row_table[row] * a->width;
-    /* rows[t - t_lo]: the pool row (in elements) of key t, for this split's keys and the next
-     * split's; filled a block at a time, so that no loop over keys divides by the block size */
+    /* rows[t - t_lo]: the pool row (in elements) of key t, for this split's keys and, for a row
+     * alone (the only one whose next split's keys are asked for), the next split's; filled a block at
+     * a time, so that no loop over keys divides by the block size */
+    const int alone = row_alone(a, row);
     int64_t rows[2 * SPLIT];
-    const int64_t t_end = pos + 1 < t_lo + 2 * SPLIT ? pos + 1 : t_lo + 2 * SPLIT;
+    const int64_t t_end = !alone ? t_hi : pos + 1 < t_lo + 2 * SPLIT ? pos + 1 : t_lo + 2 * SPLIT;
     for (int64_t t = t_lo, blk = t_lo / b, off = t_lo % b; t < t_end; blk++, off = 0) {
         const int64_t base = (int64_t)table[blk] * b;
         for (; off < b && t < t_end; off++, t++) rows[t - t_lo] = (base + off) * stride_tok;
@@ -261,7 +263,7 @@ static inline __attribute__((always_inline)) void attend_split(const attn_args *
     const int64_t row_bytes = stride_tok * elem;
     prefetch_stream values = stream_of(a->v, rows, n, elem, row_bytes);
     prefetch_stream keys = stream_of(a->k, rows + b, b >= n ? 0 : n - b, elem, row_bytes);
-    prefetch_stream next = stream_of(a->k, rows + n, row_alone(a, row) ? t_end - t_hi : 0, elem, row_bytes);
+    prefetch_stream next = stream_of(a->k, rows + n, t_end - t_hi, elem, row_bytes);
     /* lines asked for with each head of each key: its share of a row */
     const int per_head = (int)((row_bytes / hkv + 63) / 64);
     if (a->io_dtype == DT_F32) {
