@@ -33,7 +33,8 @@ int radixd_attend_rows(const void *q, int io_dtype, const void *k, const void *v
                        const int64_t *row_table, const int64_t *row_pos, int64_t rows, float scale, void *out,
                        int threads);
 
-enum { LAYERS = 30, B = 16, HKV = 3, D = 64, HQ = 9, DT_F16 = 2 };
+enum { LAYERS = 30, HKV = 3, D = 64, HQ = 9, DT_F16 = 2 };
+static int B = 16; /* tokens a block: argv[4], 16 by default (the daemon's) */
 #define HUGE (2u << 20)
 
 static double now(void) {
@@ -96,9 +97,10 @@ static int64_t read_blocks(const char *k, const char *v, const int32_t *table, i
 
 int main(int argc, char **argv) {
     if (argc < 4) {
-        fprintf(stderr, "usage: %s THREADS CTX scattered|inorder\n", argv[0]);
+        fprintf(stderr, "usage: %s THREADS CTX scattered|inorder [BLOCK_TOKENS]\n", argv[0]);
         return 2;
     }
+    if (argc > 4) B = atoi(argv[4]);
     const int threads = atoi(argv[1]), ctx = atoi(argv[2]), inorder = strcmp(argv[3], "inorder") == 0;
     const int nb = (ctx + B - 1) / B;
     const size_t blk = (size_t)B * HKV * D * 2, pool = ((size_t)1 << 30) / (2 * LAYERS * blk);
@@ -159,8 +161,8 @@ int main(int argc, char **argv) {
         read_x[r] = read_ms[r] / floor_ms[r];
         kernel_x[r] = kernel_ms[r] / floor_ms[r];
     }
-    printf("%d threads, %d tokens (%.1f MB of K+V), blocks %s, %d rounds\n", threads, ctx,
-           (double)kv_bytes / 1e6, inorder ? "in consecutive ids" : "scattered over 1 GiB", ROUNDS);
+    printf("%d threads, %d tokens (%.1f MB of K+V), %d-token blocks %s, %d rounds\n", threads, ctx,
+           (double)kv_bytes / 1e6, B, inorder ? "in consecutive ids" : "scattered over 1 GiB", ROUNDS);
     const double floor_med = median(floor_ms, ROUNDS);
     printf("  floor  %.3f ms (%.1f GB/s)\n", floor_med, (double)kv_bytes / floor_med / 1e6);
     printf("  read   %.3f ms, %.2fx the floor\n", median(read_ms, ROUNDS), median(read_x, ROUNDS));

@@ -22,6 +22,7 @@ import argparse
 import datetime
 import os
 import platform
+import random
 import re
 import statistics
 import subprocess
@@ -33,10 +34,11 @@ from pathlib import Path
 
 import torch
 
+from radixd.daemon.engine.config import DEFAULT_BLOCK_SIZE, DEFAULT_KV_CACHE_GB
 from radixd.daemon.loaders import LoadedModel, default_model_path, load_model
 from radixd.daemon.model.native_decoder import ENV_DECODER
 from radixd.daemon.quality import QualityReport, reference_log_probs, teacher_forced_quality
-from radixd.daemon.runner import ModelRunner, StepSeq
+from radixd.daemon.runner import ModelRunner, StepSeq, num_blocks_for_budget
 from radixd.daemon.sampling import SamplingParams, SamplingState
 
 QUALITY_TEXT = Path(__file__).resolve().parent.parent / "tests" / "daemon" / "data" / "quality_text.md"
@@ -75,13 +77,25 @@ def prompts(batch: int, length: int, vocab: int) -> list[list[int]]:
 class RadixdSide:
     """One mode's model and KV pool, driven through `ModelRunner.step` as the engine drives it."""
 
-    def __init__(self, lm: LoadedModel, max_batch: int, max_len: int, block_size: int = 16) -> None:
+    def __init__(
+        self, lm: LoadedModel, max_batch: int, max_len: int, block_size: int, scattered: bool
+    ) -> None:
+        """`scattered`: the pool as large as the daemon's default KV budget, and each sequence's blocks
+        drawn at random from all of it (a pool after churn); else a pool just large enough, each
+        sequence's blocks in consecutive ids (one conversation on a fresh pool)."""
         self.lm = lm
         self.per_seq = -(-max_len // block_size)
-        self.runner = ModelRunner(lm.model, num_blocks=max_batch * self.per_seq + 1, block_size=block_size)
+        need = max_batch * self.per_seq + 1
+        if scattered:
+            budget = int(DEFAULT_KV_CACHE_GB * (1 << 30))
+            need = max(need, num_blocks_for_budget(lm.config, block_size, budget, lm.model.kv_dtype))
+        self.runner = ModelRunner(lm.model, num_blocks=need, block_size=block_size)
+        self.ids = list(range(1, need))  # block 0 is the null block
+        if scattered:
+            random.Random(0).shuffle(self.ids)
 
     def _tables(self, batch: int) -> list[list[int]]:
-        return [list(range(1 + i * self.per_seq, 1 + (i + 1) * self.per_seq)) for i in range(batch)]
+        return [self.ids[i * self.per_seq : (i + 1) * self.per_seq] for i in range(batch)]
 
     def prefill(self, ps: list[list[int]]) -> tuple[float, list[int], list[SamplingState]]:
         """Prefill `ps` in steps of at most STEP_TOKENS tokens; -> (seconds, first tokens, states)."""
@@ -163,6 +177,12 @@ def main(argv: list[str] | None = None) -> int:
         "(float32,float32@torch: the compiled float32 step beside the layer-by-layer one)",
     )
     ap.add_argument("--batches", default="1,8,32,64")
+    ap.add_argument("--block-size", type=int, default=DEFAULT_BLOCK_SIZE, help="tokens per KV block")
+    ap.add_argument(
+        "--scattered",
+        action="store_true",
+        help="each sequence's blocks at random over a pool of the default KV budget (a pool after churn)",
+    )
     ap.add_argument("--prompt-len", type=int, default=128, help="prompt tokens per sequence")
     ap.add_argument("--decode-tokens", type=int, default=32, help="timed decode steps per measurement")
     ap.add_argument("--prefill-batch", type=int, default=8, help="prompts in the prefill measurement")
@@ -191,7 +211,8 @@ def main(argv: list[str] | None = None) -> int:
         lm = load_model(path, dtype=dtype)
         results[mode] = ModeResult(load_s=time.perf_counter() - t0)
         # the warm-up below decodes 2 sequences
-        sides[mode] = RadixdSide(lm, max(max(batches), args.prefill_batch, 2), max_len)
+        most = max(max(batches), args.prefill_batch, 2)
+        sides[mode] = RadixdSide(lm, most, max_len, args.block_size, args.scattered)
     if caller_decoder is None:
         os.environ.pop(ENV_DECODER)
     else:
