@@ -101,6 +101,10 @@ int main(int argc, char **argv) {
         return 2;
     }
     if (argc > 4) B = atoi(argv[4]);
+    if (B < 1) {
+        fprintf(stderr, "BLOCK_TOKENS must be >= 1, got %s\n", argv[4]);
+        return 2;
+    }
     const int threads = atoi(argv[1]), ctx = atoi(argv[2]), inorder = strcmp(argv[3], "inorder") == 0;
     const int nb = (ctx + B - 1) / B;
     const size_t blk = (size_t)B * HKV * D * 2, pool = ((size_t)1 << 30) / (2 * LAYERS * blk);
