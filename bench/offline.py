@@ -38,8 +38,8 @@ from radixd.daemon.engine.config import DEFAULT_BLOCK_SIZE, DEFAULT_KV_CACHE_GB
 from radixd.daemon.loaders import LoadedModel, default_model_path, load_model
 from radixd.daemon.model.native_decoder import ENV_DECODER
 from radixd.daemon.quality import QualityReport, reference_log_probs, teacher_forced_quality
-from radixd.daemon.runner import ModelRunner, StepSeq, num_blocks_for_budget
-from radixd.daemon.sampling import SamplingParams, SamplingState
+from radixd.daemon.runner import ModelRunner, StepResult, StepSeq, num_blocks_for_budget
+from radixd.daemon.sampling import SampleResult, SamplingParams, SamplingState
 
 QUALITY_TEXT = Path(__file__).resolve().parent.parent / "tests" / "daemon" / "data" / "quality_text.md"
 STEP_TOKENS = 512
@@ -72,6 +72,13 @@ def prompts(batch: int, length: int, vocab: int) -> list[list[int]]:
     g = torch.Generator().manual_seed(batch)
     # Avoid the first ids (control tokens) so prompts look like text to the model.
     return [torch.randint(100, vocab, (length,), generator=g).tolist() for _ in range(batch)]
+
+
+def one_token(r: StepResult) -> int:
+    """The token of a step result without a draft (this bench drafts none): one sample."""
+    if not isinstance(r, SampleResult):
+        raise TypeError(f"expected one sample, got {r!r}")
+    return r.token_id
 
 
 class RadixdSide:
@@ -119,7 +126,7 @@ class RadixdSide:
                 budget -= n
             for (i, _), r in zip(step, self.runner.step([s for _, s in step]), strict=True):
                 if r is not None:
-                    first[i] = r.token_id
+                    first[i] = one_token(r)
         return time.perf_counter() - t0, first, states
 
     def decode(self, ps: list[list[int]], n: int) -> tuple[float, float]:
@@ -130,7 +137,7 @@ class RadixdSide:
         for k in range(n):
             pos = len(ps[0]) + k
             res = self.runner.step([StepSeq(i, [last[i]], pos, tables[i], states[i]) for i in range(len(ps))])
-            last = [r.token_id for r in res if r is not None]
+            last = [one_token(r) for r in res if r is not None]
         return time.perf_counter() - t0, time.process_time() - c0
 
 
