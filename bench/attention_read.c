@@ -4,7 +4,8 @@
  * Pools as the daemon keeps them for SmolLM2-135M: 30 layers, K and V, 16-token blocks of 3 kv heads
  * x 64 dims in f16, 1 GiB in all, on 2 MiB pages (MADV_HUGEPAGE before the first touch); the
  * context's blocks scattered at random over them, or in consecutive ids ("inorder": what one
- * conversation takes from a fresh pool). A step is the 30 layers' calls of one decode row at the
+ * conversation takes from a fresh pool), or as a file lists them ("file:PATH", one id a line: a table
+ * that bench/block_layout.py wrote, the pool's own layout after a trace). A step is the 30 layers' calls of one decode row at the
  * last position. Each round times, interleaved, each after a read of a 256 MiB buffer (also on 2 MiB
  * pages) that empties the caches:
  *   floor   that read itself, at the same thread count: the step's K+V bytes at its rate;
@@ -97,7 +98,7 @@ static int64_t read_blocks(const char *k, const char *v, const int32_t *table, i
 
 int main(int argc, char **argv) {
     if (argc < 4) {
-        fprintf(stderr, "usage: %s THREADS CTX scattered|inorder [BLOCK_TOKENS]\n", argv[0]);
+        fprintf(stderr, "usage: %s THREADS CTX scattered|inorder|file:PATH [BLOCK_TOKENS]\n", argv[0]);
         return 2;
     }
     if (argc > 4) B = atoi(argv[4]);
@@ -106,6 +107,7 @@ int main(int argc, char **argv) {
         return 2;
     }
     const int threads = atoi(argv[1]), ctx = atoi(argv[2]), inorder = strcmp(argv[3], "inorder") == 0;
+    const char *path = strncmp(argv[3], "file:", 5) == 0 ? argv[3] + 5 : NULL;
     const int nb = (ctx + B - 1) / B;
     const size_t blk = (size_t)B * HKV * D * 2, pool = ((size_t)1 << 30) / (2 * LAYERS * blk);
     if ((size_t)nb + 1 > pool) return 2;
@@ -114,13 +116,34 @@ int main(int argc, char **argv) {
     if (ids == NULL) return 1;
     for (size_t i = 0; i < pool; i++) ids[i] = (int32_t)i;
     srand(3);
-    for (size_t i = pool - 1; !inorder && i > 1; i--) { /* block 0 stays the null block */
+    for (size_t i = pool - 1; !inorder && path == NULL && i > 1; i--) { /* block 0 stays the null block */
         const size_t j = 1 + (size_t)rand() % i;
         const int32_t t = ids[i];
         ids[i] = ids[j];
         ids[j] = t;
     }
     const int32_t *table = ids + 1;
+    if (path != NULL) { /* the file's ids, in table order: every one a block of this pool */
+        FILE *f = fopen(path, "r");
+        if (f == NULL) {
+            fprintf(stderr, "cannot open %s\n", path);
+            return 2;
+        }
+        int got = 0;
+        for (long id; got < nb && fscanf(f, "%ld", &id) == 1; got++) {
+            if (id < 1 || (size_t)id >= pool) {
+                fprintf(stderr, "%s: block %ld is outside this pool's 1..%zu\n", path, id, pool - 1);
+                return 2;
+            }
+            ids[got] = (int32_t)id;
+        }
+        fclose(f);
+        if (got < nb) {
+            fprintf(stderr, "%s holds %d blocks; %d tokens need %d\n", path, got, ctx, nb);
+            return 2;
+        }
+        table = ids;
+    }
     for (int l = 0; l < 2 * LAYERS; l++)
         for (int i = 0; i < nb; i++) {
             uint16_t *b = (uint16_t *)(pools + ((size_t)l * pool + (size_t)table[i]) * blk);
@@ -166,7 +189,7 @@ int main(int argc, char **argv) {
         kernel_x[r] = kernel_ms[r] / floor_ms[r];
     }
     printf("%d threads, %d tokens (%.1f MB of K+V), %d-token blocks %s, %d rounds\n", threads, ctx,
-           (double)kv_bytes / 1e6, B, inorder ? "in consecutive ids" : "scattered over 1 GiB", ROUNDS);
+           (double)kv_bytes / 1e6, B, path != NULL ? argv[3] : inorder ? "in consecutive ids" : "scattered over 1 GiB", ROUNDS);
     const double floor_med = median(floor_ms, ROUNDS);
     printf("  floor  %.3f ms (%.1f GB/s)\n", floor_med, (double)kv_bytes / floor_med / 1e6);
     printf("  read   %.3f ms, %.2fx the floor\n", median(read_ms, ROUNDS), median(read_x, ROUNDS));
