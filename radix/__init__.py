@@ -10,10 +10,11 @@ all of it. Public API (everything below is re-exported here)::
     BlockPool(num_blocks, block_size=16)          block 0 = NULL_BLOCK, never handed out
         allocate(n) -> list[int]      refcount 1 each; OutOfBlocks (no change) if short
         allocate_ids(n) -> BlockIds   the same, packed (one slice per run of the free extents)
-        allocate_into(ids, n)         the same, appended to a packed id array (a table's blocks)
+        allocate_into(ids, n, after=0)  the same, appended to a packed id array (a table's blocks);
+                                      the blocks right after `after` when free (a table stays a run)
         incref(b); decref(b) -> bool (True when freed); incref_all(bs); decref_all(bs) -> int
         refcount(b); solo(packed ids) -> list[bool] (refcount == 1, one vectorized read)
-        num_free; num_evictable; num_in_use; num_usable; num_blocks; block_size
+        num_free; num_evictable; num_in_use; num_usable; num_blocks; block_size; longest_free_run()
 
     Token keys: methods taking ``tokens`` accept a sequence of ints, packed bytes, or
     ``encode_tokens(ids) -> TokenKey`` (a read-only sequence of ids over native int32 bytes,
@@ -35,6 +36,8 @@ all of it. Public API (everything below is re-exported here)::
             num_cached_tokens, num_new_tokens)     a table's new blocks to the tree (below)
         release(lease); Lease.release() (idempotent); Lease.clone()
         evict(n_blocks) -> list[int] (freed); evict_count(n_blocks) -> int (how many freed)
+        evict_for_run(n_blocks, budget=None) -> int   LRU leaves (about `budget` blocks at most,
+            RUN_EVICTION_BUDGET * n_blocks by default) until n_blocks consecutive ids are free
         evict_prefix(tokens, namespace="") -> int; flush() -> int (everything no lease or pin holds)
         pin(tokens, namespace="") -> int; unpin(tokens, namespace="") -> int
         evictable_blocks() -> int (exact, O(1)); stats() -> CacheStats
@@ -100,7 +103,7 @@ from radixd.radix.pool import NULL_BLOCK, BlockPool
 from radixd.radix.results import CacheStats, InsertResult, PrefixMatch
 from radixd.radix.store import EVICT_REASONS
 from radixd.radix.table import AppendResult, BlockTable, CopyOp, append_one_each, blocks_for_one_each
-from radixd.radix.tree import RadixTree
+from radixd.radix.tree import RUN_EVICTION_BUDGET, RadixTree
 
 __all__ = [
     "EVICT_REASONS",
@@ -108,6 +111,7 @@ __all__ = [
     "LLAMA3_8B",
     "LLAMA3_70B",
     "NULL_BLOCK",
+    "RUN_EVICTION_BUDGET",
     "TOKEN_BYTES",
     "AppendResult",
     "BlockIds",

@@ -16,7 +16,9 @@ class FreeExtents:
     Allocation looks at the newest runs first (``dict`` keeps insertion order): :meth:`take_fit` takes
     the shortest of the 16 newest runs that holds the whole request (best fit keeps long runs for long
     requests, so requests are split over several runs less often); when none does, :meth:`take` splits
-    it over the newest runs. A run that is only partly taken keeps its remainder on top.
+    it over the newest runs. A run that is only partly taken keeps its remainder on top. A table that
+    grows takes the blocks right after its last one when they are free (:meth:`take_at`), and else
+    starts a new run where it has room to grow (:meth:`take_room`).
     """
 
     # NOTE: invariants (radixd.radix.verify checks them):
@@ -30,6 +32,11 @@ class FreeExtents:
         self._by_start: dict[int, int] = {}
         self._by_end: dict[int, int] = {}
         self.count = 0
+
+    @property
+    def num_runs(self) -> int:
+        """How many free runs there are."""
+        return len(self._by_start)
 
     def runs(self) -> list[tuple[int, int]]:
         """Snapshot ``[(start, length), ...]`` (newest last)."""
@@ -102,6 +109,53 @@ class FreeExtents:
             del self._by_end[a + k]
         self.count -= n
         return a
+
+    def take_at(self, a: int, n: int) -> bool:
+        """Take ``n >= 1`` blocks from the head of the free run that starts at ``a``, if there is one and
+        it holds them; -> whether it did (a table growing into the blocks right after its last one)."""
+        k = self._by_start.get(a, 0)
+        if k < n:
+            return False
+        del self._by_start[a]
+        if k > n:
+            self._by_start[a + n] = k - n
+            self._by_end[a + k] = a + n
+        else:
+            del self._by_end[a + k]
+        self.count -= n
+        return True
+
+    def take_room(self, scan: int = 16) -> int:
+        """Take one block where a table can grow: in the longest of the ``scan`` newest runs, the block
+        that leaves at least as many free blocks after it as before it. Returns its id, or 0 when none
+        is free.
+
+        Why: tables that grow a block at a time side by side (a decode step's) would otherwise take
+        consecutive ids in turn, and each would hold every n-th block; started apart, each grows into
+        the room after its own block (:meth:`take_at`), and the halves before are left to the others.
+        """
+        best_a = best_k = 0
+        for a, k in islice(reversed(self._by_start.items()), scan):
+            if k > best_k:
+                best_a, best_k = a, k
+        if not best_k:
+            return 0
+        a, k = best_a, best_k
+        m = a + (k - 1) // 2
+        del self._by_start[a]
+        del self._by_end[a + k]
+        if m + 1 < a + k:  # the room after: older than the part before, which others take first
+            self._by_start[m + 1] = a + k - m - 1
+            self._by_end[a + k] = m + 1
+        if m > a:
+            self._by_start[a] = m - a
+            self._by_end[m] = a
+        self.count -= 1
+        return m
+
+    def longest(self) -> int:
+        """The length of the longest free run (0 when nothing is free). O(runs)."""
+        return max(self._by_start.values(), default=0)
 
     def contains(self, b: int) -> bool:
         """Whether block ``b`` is free (O(runs); for checks and tests)."""

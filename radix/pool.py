@@ -179,22 +179,34 @@ class BlockPool:
         self.allocate_into(ids, n)
         return BlockIds(ids)
 
-    def allocate_into(self, ids: array[int], n: int) -> None:
+    def allocate_into(self, ids: array[int], n: int, after: int = 0) -> None:
         """:meth:`allocate_ids`, appended to a packed id array (a block table's) as they are taken: the
-        ids are copied once, from the pool's packed ids into ``ids``, with no object in between."""
+        ids are copied once, from the pool's packed ids into ``ids``, with no object in between.
+
+        ``after``: the block the new ones follow in the table (0: none). The blocks right after it are
+        taken when they are free, and a single block that cannot follow it starts where the table has
+        room to grow (:meth:`FreeExtents.take_room`), so that a table's blocks lie in long runs of
+        consecutive ids, which the CPU attention reads as streams (bench/block_layout.py)."""
         view = self._id_view
-        a = self._take_run(n)
+        a = self._take_run(n, after)
         if a:
             ids.frombytes(view[a * ID_BYTES : (a + n) * ID_BYTES])
             return
         for a, k in self._take_split(n):
             ids.frombytes(view[a * ID_BYTES : (a + k) * ID_BYTES])
 
-    def _take_run(self, n: int) -> int:
+    def _take_run(self, n: int, after: int = 0) -> int:
         """The common case of an allocation: ``n`` blocks from one free run, each at refcount 1 and no
-        owner. Returns the run's first block, or 0 (never a usable block) when no single run fits."""
+        owner (``after``: see :meth:`allocate_into`). Returns the run's first block, or 0 (never a
+        usable block) when no single run fits."""
         if 0 < n <= self._free.count:
-            a = self._free.take_fit(n)
+            free = self._free
+            if after and free.take_at(after + 1, n):
+                a = after + 1
+            elif after and n == 1:
+                a = free.take_room()
+            else:  # best fit among the newest runs, else among all before splitting
+                a = free.take_fit(n) or free.take_fit(n, scan=free.num_runs)
             if a:
                 self._state_bytes[a * 8 : (a + n) * 8] = self._ones_view[: n * 8]
             return a
@@ -531,6 +543,11 @@ class BlockPool:
     def num_owners(self) -> int:
         """Registered owners (live tree nodes that hold blocks)."""
         return len(self._owners)
+
+    def longest_free_run(self) -> int:
+        """Blocks in the longest run of consecutive free ids: the largest allocation that can be one
+        run. O(free runs)."""
+        return self._free.longest()
 
     def free_extents(self) -> list[tuple[int, int]]:
         """The free runs ``[(first, length)]``, newest last (for checks and tests)."""

@@ -135,8 +135,8 @@ class BlockTable:
             raise InvalidRequest(f"copy_partial copies 1..{B - 1} tokens, got {n_tokens}")
         if self.pool.refcount(src_block) == 0 or src_block == 0:
             raise InvalidRequest(f"copy_partial source block {src_block} is not allocated")
-        dst = self.pool.allocate(1)[0]
-        self.blocks.append(dst)
+        self.pool.allocate_into(self.blocks, 1, self.blocks[-1] if self.blocks else 0)
+        dst = self.blocks[-1]
         self.num_tokens += n_tokens
         return (src_block, dst, n_tokens)
 
@@ -159,7 +159,8 @@ class BlockTable:
         copies: list[CopyOp] = []
         if need:
             last = len(blocks) - 1
-            pool.allocate_into(blocks, need)
+            prev = last - 1 if cow else last  # the block the new ones follow (the last is replaced)
+            pool.allocate_into(blocks, need, blocks[prev] if prev >= 0 else 0)
             if cow:  # the newest block replaces the shared last one
                 src = blocks[last]
                 dst = blocks.pop()

@@ -200,9 +200,17 @@ class KVManager:
         seq.inserted_blocks = table.leased
 
     def append(self, seq: Sequence, n: int) -> None:
-        """Allocate slots for the next `n` tokens of `seq` (callers ensured the blocks are free)."""
+        """Allocate slots for the next `n` tokens of `seq` (callers ensured the blocks are free).
+
+        When the blocks are several and no free run holds them all, a few more cold cache entries are
+        evicted to free one (`RadixTree.evict_for_run`): the sequence's context then lies in long
+        runs, which the CPU attention reads faster than scattered blocks (docs/bench-kernels.md).
+        """
         if seq.table is None:
             seq.table = BlockTable(self.pool)
+        need = seq.table.new_blocks_for(n)
+        if need > 1:
+            self.evicted_blocks += self.cache.evict_for_run(need)
         self._copies.extend(seq.table.append(n))
 
     def append_decodes(self, seqs: list[Sequence]) -> bool:

@@ -58,6 +58,9 @@ class TreePrefixCache:
     def evict_count(self, n_blocks: int) -> int:
         return self.tree.evict_count(n_blocks)
 
+    def evict_for_run(self, n_blocks: int) -> int:
+        return self.tree.evict_for_run(n_blocks)
+
     def insert_table(
         self, key: TokenKey, table: BlockTable, n_blocks: int, namespace: str, lease: Lease, final: bool
     ) -> None:
@@ -82,6 +85,9 @@ class NullPrefixCache:
         return 0
 
     def evict_count(self, n_blocks: int) -> int:
+        return 0
+
+    def evict_for_run(self, n_blocks: int) -> int:
         return 0
 
     def insert_table(

@@ -172,3 +172,19 @@ def test_evict_count_frees_like_evict_and_counts_only_freed_blocks(tree: RadixTr
     assert tree.num_cached_blocks == 0 and pool.num_free == free + 2
     assert table.release() == len(b) and pool.num_free == pool.num_usable
     check_consistency(tree)
+
+
+def test_evict_for_run_joins_scraps_from_the_cold_end_within_its_budget() -> None:
+    tree = RadixTree(BlockPool(11, 4))
+    pool = tree.pool
+    entries = [cache(tree, [i] * 4) for i in range(1, 11)]  # one block each, ids 1..10, pool full
+    assert [e[0] for e in entries] == list(range(1, 11)) and pool.num_free == 0
+    for i in range(2, 11, 2):  # the even ids are used again: the odd ones are the cold end
+        tree.match([i] * 4).lease.release()
+    assert tree.evict_for_run(2, budget=4) == 4  # 1, 3, 5, 7: scraps, no two neighbours
+    assert pool.longest_free_run() == 1
+    assert tree.evict_for_run(2) == 2  # 9, then 2, which joins 1 and 3
+    assert pool.longest_free_run() == 3 and pool.num_free == 6
+    assert tree.evict_for_run(3) == 0  # a run is already free: nothing more goes
+    assert tree.peek([4] * 4) == 4 and tree.peek([2] * 4) == 0
+    check_consistency(tree)

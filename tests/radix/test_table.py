@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from array import array
+from itertools import pairwise
 
 import pytest
 from hypothesis import given, settings
@@ -247,3 +248,28 @@ def test_solo_reads_refcounts_and_checks_ids(pool: BlockPool) -> None:
         pool.solo(array("i", [a, 17]))
     with pytest.raises(InvalidRequest, match="out of range"):
         pool.solo(array("i", [-1]))
+
+
+def test_tables_growing_side_by_side_each_stay_in_few_runs() -> None:
+    """A decode step's tables take a block each in turn: each grows into the room after its own
+    blocks instead of every table holding every other block."""
+    pool = BlockPool(65, 4)
+    a, b = BlockTable(pool), BlockTable(pool)
+    for _ in range(60):
+        append_one_each([a, b])
+    for t in (a, b):
+        ids = list(t.blocks)
+        assert len(ids) == 15
+        assert sum(1 for x, y in pairwise(ids) if y != x + 1) <= 1, ids
+
+
+def test_copy_partial_and_the_prompt_after_it_follow_the_leased_prefix(pool: BlockPool) -> None:
+    prefix = pool.allocate(2)  # blocks a tree would hold: the table leases them
+    gap = pool.allocate(2)
+    src = pool.allocate(1)[0]  # the partially matched block, elsewhere
+    pool.decref_all(gap)  # churn: the blocks after the prefix are free again
+    t = BlockTable(pool)
+    t.lease_prefix(prefix)
+    t.copy_partial(src, 2)
+    t.append(6)
+    assert list(t.blocks) == [prefix[0], prefix[1], prefix[1] + 1, prefix[1] + 2]
