@@ -3,25 +3,28 @@ its block table holds, which decide how the CPU attention reads its context (a r
 contiguous read of r x 6 KiB a layer, for K and again for V; docs/bench-kernels.md, seventh run).
 
 The radix core (pool, tree, tables) is driven by the engine's protocol (`daemon/engine/kv.py`: match,
-lease, copy a partial block, append the prompt, insert full blocks, decode one token per step with
-`append_one_each`, evict LRU when short, insert and release on finish), with no model: only block ids
-move. The pool is the daemon's default 1 GiB KV budget for SmolLM2-135M in f16 (2,912 blocks of 16
-tokens, 46,592 token slots).
+lease, copy a partial block, make room, append the prompt, insert full blocks, decode one token per
+step with `append_one_each`, evict LRU when short, insert and release on finish), with no model: only
+block ids move. The pool is the daemon's default 1 GiB KV budget for SmolLM2-135M in f16 (2,912 blocks
+of 16 tokens, 46,592 token slots). `--run-budget` is `RadixTree.evict_for_run`'s budget, which
+`KVManager.append` spends when a prompt's blocks find no free run (the daemon's by default; 0: none).
 
 Trace (deterministic, --seed):
-  churn   --concurrent (6) conversations at a time, each of 2-8 turns: a system prompt (one of 4, 500-1,000
-          tokens), then per turn a user message of 50-300 tokens and a reply of 32-256 tokens decoded a
-          token a step beside the others; a finished conversation is replaced by a new one, until the
-          tree has evicted --churn (4) pools' worth of blocks;
-  agent   then one conversation alone (the single agent of issue 26): a 1,000-token system prompt and 8
-          turns of a 200-token message and a 64-token reply (the last turn's context ~3,100 tokens);
-  busy    the same conversation decoded beside the churn's conversations (its table after 8 turns).
+  fresh   one conversation alone in the empty pool: a 1,000-token system prompt and --turns (8) turns
+          of a 200-token message and a 64-token reply (the last turn's context ~3,100 tokens; 12 turns:
+          ~4,200): the single agent of issue 26 before anything has churned;
+  churn   --concurrent (6) conversations at a time, each of 2-8 turns: a system prompt (one of 4,
+          500-1,000 tokens), then per turn a user message of 50-300 tokens and a reply of 32-256 tokens
+          decoded a token a step beside the others; a finished conversation is replaced by a new one,
+          until the tree has evicted --churn (4) pools' worth of blocks;
+  agent   then the same agent (a new system prompt) alone in the churned, full pool;
+  busy    then once more, decoded beside the churn's conversations.
 
-Reported per layout: blocks, runs, the mean and median run (blocks), and the share of the blocks in runs
-of at least 16 blocks. With `--tables DIR` it also writes each table's block ids, one per line
-(`bench/attention_read.c` reads such a file: `THREADS CTX file:PATH`).
+Reported per agent: its table's blocks, runs, mean and median run (blocks), and the share of its blocks
+in runs of at least 16; and the trace's evictions and prefix hit rate. With `--tables DIR` it writes each
+table's block ids, one per line, which `bench/attention_read.c` reads (`THREADS CTX file:DIR/agent.txt`).
 
-    .venv/bin/python -P bench/block_layout.py [--tables DIR]
+    .venv/bin/python -P bench/block_layout.py [--run-budget K] [--tables DIR]
 """
 
 from __future__ import annotations
@@ -34,6 +37,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from radixd.radix import (
+    RUN_EVICTION_BUDGET,
     BlockPool,
     BlockTable,
     KVSpec,
@@ -63,9 +67,10 @@ class Conversation:
 class Core:
     """The radix core as the engine drives it (daemon/engine/kv.py), without a model."""
 
-    def __init__(self, num_blocks: int) -> None:
+    def __init__(self, num_blocks: int, run_budget: int) -> None:
         self.pool = BlockPool(num_blocks, SMOLLM2_F16.block_size)
         self.tree = RadixTree(self.pool)
+        self.run_budget = run_budget
         self.evicted = 0
 
     def ensure_free(self, n: int) -> bool:
@@ -89,6 +94,9 @@ class Core:
             return False
         if m.partial_block:
             table.copy_partial(m.partial_block, m.partial_tokens)
+        grow = table.new_blocks_for(len(c.tokens) - table.num_tokens)
+        if grow > 1 and self.run_budget:  # KVManager.append's best effort
+            self.evicted += self.tree.evict_for_run(grow, self.run_budget * grow)
         table.append(len(c.tokens) - table.num_tokens)
         n_full = len(c.tokens) // self.pool.block_size
         self.tree.insert_table(key[: n_full * self.pool.block_size], table, n_full, "", m.lease)
@@ -178,9 +186,10 @@ def agent_rows(
     rng: random.Random,
     tables: Path | None,
     refill: Callable[[], None] | None,
+    turns: int,
 ) -> str:
-    """Run the agent's 8 turns (beside `others`, refilled by `refill`); -> its table's report row."""
-    agent = Conversation(tokens=list(system), turns=[(200, 64)] * 8)
+    """Run the agent's turns (beside `others`, refilled by `refill`); -> its table's report row."""
+    agent = Conversation(tokens=list(system), turns=[(200, 64)] * turns)
     if not advance(core, agent, rng):
         raise SystemExit("the pool could not hold the agent's first turn")
     while True:
@@ -204,10 +213,17 @@ def main() -> None:
     ap.add_argument("--concurrent", type=int, default=6)
     ap.add_argument("--churn", type=float, default=4.0, help="pools' worth evicted before the agent")
     ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--turns", type=int, default=8, help="the agent's turns")
+    ap.add_argument(
+        "--run-budget",
+        type=int,
+        default=RUN_EVICTION_BUDGET,
+        help="evict_for_run's budget per block asked (the daemon's by default; 0: none)",
+    )
     ap.add_argument("--tables", type=Path, default=None, help="write each table's block ids under DIR")
     args = ap.parse_args()
     rng = random.Random(args.seed)
-    core = Core(SMOLLM2_F16.blocks_for_budget(1 << 30))
+    core = Core(SMOLLM2_F16.blocks_for_budget(1 << 30), args.run_budget)
     systems = [words(rng, rng.randint(500, 1000)) for _ in range(4)]
     running: list[Conversation] = []
 
@@ -217,7 +233,7 @@ def main() -> None:
             if advance(core, c, rng):
                 running.append(c)
 
-    rows = [agent_rows(core, "fresh", words(rng, 1000), [], rng, args.tables, None)]
+    rows = [agent_rows(core, "fresh", words(rng, 1000), [], rng, args.tables, None, args.turns)]
     fill()
     while core.evicted < args.churn * core.pool.num_blocks:
         for c in step(core, running, rng):
@@ -225,9 +241,13 @@ def main() -> None:
                 running.remove(c)
         fill()
 
-    rows.append(agent_rows(core, "agent", words(rng, 1000), [], rng, args.tables, None))
-    rows.append(agent_rows(core, "busy", words(rng, 1000), running, rng, args.tables, fill))
-    print(f"pool {core.pool.num_blocks} blocks; {core.evicted} evicted during the trace")
+    rows.append(agent_rows(core, "agent", words(rng, 1000), [], rng, args.tables, None, args.turns))
+    rows.append(agent_rows(core, "busy", words(rng, 1000), running, rng, args.tables, fill, args.turns))
+    stats = core.tree.stats()
+    print(
+        f"pool {core.pool.num_blocks} blocks; {core.evicted} evicted during the trace; "
+        f"prefix hit rate {100 * stats.hit_rate:.1f}%"
+    )
     print("| table | blocks | runs | mean run | median run | blocks in runs >= 16 |")
     print("| --- | ---: | ---: | ---: | ---: | ---: |")
     print("\n".join(rows))

@@ -85,21 +85,40 @@ class RadixdSide:
     """One mode's model and KV pool, driven through `ModelRunner.step` as the engine drives it."""
 
     def __init__(
-        self, lm: LoadedModel, max_batch: int, max_len: int, block_size: int, scattered: bool
+        self,
+        lm: LoadedModel,
+        max_batch: int,
+        max_len: int,
+        block_size: int,
+        scattered: bool,
+        layout: list[int] | None = None,
     ) -> None:
         """`scattered`: the pool as large as the daemon's default KV budget, and each sequence's blocks
         drawn at random from all of it (a pool after churn); else a pool just large enough, each
-        sequence's blocks in consecutive ids (one conversation on a fresh pool)."""
+        sequence's blocks in consecutive ids (one conversation on a fresh pool). `layout`: the pool of
+        the default budget, and the first sequence's blocks these ids (a table that
+        bench/block_layout.py wrote), the other sequences' the remaining ids in order."""
         self.lm = lm
         self.per_seq = -(-max_len // block_size)
         need = max_batch * self.per_seq + 1
-        if scattered:
+        if scattered or layout is not None:
             budget = int(DEFAULT_KV_CACHE_GB * (1 << 30))
             need = max(need, num_blocks_for_budget(lm.config, block_size, budget, lm.model.kv_dtype))
         self.runner = ModelRunner(lm.model, num_blocks=need, block_size=block_size)
         self.ids = list(range(1, need))  # block 0 is the null block
         if scattered:
             random.Random(0).shuffle(self.ids)
+        if layout is not None:
+            if (
+                len(layout) < self.per_seq
+                or len(set(layout)) != len(layout)
+                or not all(0 < b < need for b in layout)
+            ):
+                raise SystemExit(
+                    f"--layout: need {self.per_seq} distinct ids in 1..{need - 1}, got {len(layout)} ids"
+                )
+            taken = set(layout)
+            self.ids = layout + [b for b in self.ids if b not in taken]
 
     def _tables(self, batch: int) -> list[list[int]]:
         return [self.ids[i * self.per_seq : (i + 1) * self.per_seq] for i in range(batch)]
@@ -190,6 +209,13 @@ def main(argv: list[str] | None = None) -> int:
         action="store_true",
         help="each sequence's blocks at random over a pool of the default KV budget (a pool after churn)",
     )
+    ap.add_argument(
+        "--layout",
+        type=Path,
+        default=None,
+        help="the first sequence's block ids, one a line (bench/block_layout.py --tables), in a pool of "
+        "the default KV budget",
+    )
     ap.add_argument("--prompt-len", type=int, default=128, help="prompt tokens per sequence")
     ap.add_argument("--decode-tokens", type=int, default=32, help="timed decode steps per measurement")
     ap.add_argument("--prefill-batch", type=int, default=8, help="prompts in the prefill measurement")
@@ -219,7 +245,8 @@ def main(argv: list[str] | None = None) -> int:
         results[mode] = ModeResult(load_s=time.perf_counter() - t0)
         # the warm-up below decodes 2 sequences
         most = max(max(batches), args.prefill_batch, 2)
-        sides[mode] = RadixdSide(lm, most, max_len, args.block_size, args.scattered)
+        layout = [int(x) for x in args.layout.read_text().split()] if args.layout is not None else None
+        sides[mode] = RadixdSide(lm, most, max_len, args.block_size, args.scattered, layout)
     if caller_decoder is None:
         os.environ.pop(ENV_DECODER)
     else:
