@@ -95,7 +95,7 @@ class Core:
         if m.partial_block:
             table.copy_partial(m.partial_block, m.partial_tokens)
         grow = table.new_blocks_for(len(c.tokens) - table.num_tokens)
-        if grow > 1 and self.run_budget:  # KVManager.append's best effort
+        if grow > 1 and self.run_budget:  # as KVManager.append
             self.evicted += self.tree.evict_for_run(grow, self.run_budget * grow)
         table.append(len(c.tokens) - table.num_tokens)
         n_full = len(c.tokens) // self.pool.block_size

@@ -18,7 +18,8 @@ appends slots for the rest (``BlockTable.append``), caches the page-aligned part
 ``RadixTree.insert_table(..., final=True)`` (the table's new blocks are donated to the tree; as for a
 finishing sequence, the lease is not moved onto the inserted path, since it is released next), releases
 the table (its unaligned tail block goes back to the pool) and finally the lease. Memory pressure is
-met with ``RadixTree.evict_count``, as ``KVManager.ensure_free`` does. The pool owns
+met with ``RadixTree.evict_count``, as ``KVManager.ensure_free`` does, and a request's new blocks with
+``RadixTree.evict_for_run``, as ``KVManager.append`` does. The pool owns
 ``capacity_tokens / page_size`` blocks (+ the null block).
 """
 
@@ -60,7 +61,10 @@ class Adapter:
     def insert(self, tokens: TokenKey, handle: tuple[BlockTable, Lease]) -> None:
         table, lease = handle
         n = len(tokens)
-        table.append(n - table.num_tokens)  # KVManager.append
+        need = table.new_blocks_for(n - table.num_tokens)
+        if need > 1 and not self.pool.holds_run(need):  # KVManager.append: cold leaves for one run
+            self.tree.evict_for_run(need)
+        table.append(n - table.num_tokens)
         aligned = n // self.page_size  # the unaligned tail is not cached (the peer's protocol)
         if aligned > table.leased:
             # The key of the cached part; when that is every token, the request's own key (the engine

@@ -14,7 +14,8 @@ all of it. Public API (everything below is re-exported here)::
                                       the blocks right after `after` when free (a table stays a run)
         incref(b); decref(b) -> bool (True when freed); incref_all(bs); decref_all(bs) -> int
         refcount(b); solo(packed ids) -> list[bool] (refcount == 1, one vectorized read)
-        num_free; num_evictable; num_in_use; num_usable; num_blocks; block_size; longest_free_run()
+        num_free; num_evictable; num_in_use; num_usable; num_blocks; block_size
+        holds_run(n) -> bool (n consecutive free ids); longest_free_run() -> int
 
     Token keys: methods taking ``tokens`` accept a sequence of ints, packed bytes, or
     ``encode_tokens(ids) -> TokenKey`` (a read-only sequence of ids over native int32 bytes,

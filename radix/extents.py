@@ -157,6 +157,14 @@ class FreeExtents:
         """The length of the longest free run (0 when nothing is free). O(runs)."""
         return max(self._by_start.values(), default=0)
 
+    def holds(self, n: int, scan: int = 16) -> bool:
+        """Whether some free run holds ``n`` blocks: the ``scan`` newest runs first (where
+        :meth:`take_fit` looks, and usually finds one), then all of them."""
+        for k in islice(reversed(self._by_start.values()), scan):
+            if k >= n:
+                return True
+        return self.longest() >= n
+
     def contains(self, b: int) -> bool:
         """Whether block ``b`` is free (O(runs); for checks and tests)."""
         return any(a <= b < a + k for a, k in self._by_start.items())

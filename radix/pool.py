@@ -549,6 +549,11 @@ class BlockPool:
         run. O(free runs)."""
         return self._free.longest()
 
+    def holds_run(self, n: int) -> bool:
+        """Whether ``n`` consecutive ids are free (an allocation of ``n`` can be one run); O(1) where one
+        of the newest free runs holds them, else O(free runs)."""
+        return self._free.holds(n)
+
     def free_extents(self) -> list[tuple[int, int]]:
         """The free runs ``[(first, length)]``, newest last (for checks and tests)."""
         return self._free.runs()

@@ -348,7 +348,7 @@ class RadixTree:
         pool = self.pool
         limit = RUN_EVICTION_BUDGET * n_blocks if budget is None else budget
         got = 0
-        while got < limit and pool.longest_free_run() < n_blocks:
+        while got < limit and not pool.holds_run(n_blocks):
             freed = self.store.evict_lru(1, None)
             if not freed:
                 break

@@ -209,7 +209,7 @@ class KVManager:
         if seq.table is None:
             seq.table = BlockTable(self.pool)
         need = seq.table.new_blocks_for(n)
-        if need > 1:
+        if need > 1 and not self.pool.holds_run(need):
             self.evicted_blocks += self.cache.evict_for_run(need)
         self._copies.extend(seq.table.append(n))
 
