@@ -19,15 +19,7 @@
  *         bench/attention_read.c kernels/cpu_attention.c -o /tmp/attention_read
  *     for t in 1 2; do for b in scattered inorder; do /tmp/attention_read $t 4000 $b; done; done
  */
-#define _DEFAULT_SOURCE /* madvise under -std=c11 */
-#include <immintrin.h>
-#include <omp.h>
-#include <stdint.h>
-#include <stdio.h>
-#include <stdlib.h>
-#include <string.h>
-#include <sys/mman.h>
-#include <time.h>
+#include "read_floor.h"
 
 int radixd_attend_rows(const void *q, int io_dtype, const void *k, const void *v, int dtype, int64_t block_size,
                        int64_t hkv, int64_t group, int64_t d, const int32_t *tables, int64_t width,
@@ -36,48 +28,6 @@ int radixd_attend_rows(const void *q, int io_dtype, const void *k, const void *v
 
 enum { LAYERS = 30, HKV = 3, D = 64, HQ = 9, DT_F16 = 2 };
 static int B = 16; /* tokens a block: argv[4], 16 by default (the daemon's) */
-#define HUGE (2u << 20)
-
-static double now(void) {
-    struct timespec t;
-    clock_gettime(CLOCK_MONOTONIC, &t);
-    return (double)t.tv_sec + (double)t.tv_nsec * 1e-9;
-}
-
-/* `bytes` on 2 MiB pages where the kernel lends them, touched (zeroed or set to `fill`). */
-static char *huge_alloc(size_t bytes, int fill) {
-    bytes = (bytes + HUGE - 1) & ~(size_t)(HUGE - 1);
-    char *p = aligned_alloc(HUGE, bytes);
-    if (p == NULL) exit(1);
-    madvise(p, bytes, MADV_HUGEPAGE);
-    memset(p, fill, bytes);
-    return p;
-}
-
-/* Sum of `bytes` at `p` by 256-bit loads, split over `threads`. */
-static int64_t read_all(const char *p, size_t bytes, int threads) {
-    int64_t sink = 0;
-#pragma omp parallel num_threads(threads) reduction(+ : sink)
-    {
-        const int me = omp_get_thread_num(), n = omp_get_num_threads();
-        const size_t lo = bytes / 32 * (size_t)me / (size_t)n * 32, hi = bytes / 32 * (size_t)(me + 1) / (size_t)n * 32;
-        __m256i acc = _mm256_setzero_si256();
-        for (size_t o = lo; o < hi; o += 32) acc = _mm256_add_epi32(acc, _mm256_loadu_si256((const __m256i *)(p + o)));
-        sink += _mm256_extract_epi32(acc, 0);
-    }
-    return sink;
-}
-
-static double median(double *x, int n) {
-    for (int i = 0; i < n; i++)
-        for (int j = i + 1; j < n; j++)
-            if (x[j] < x[i]) {
-                const double t = x[i];
-                x[i] = x[j];
-                x[j] = t;
-            }
-    return x[n / 2];
-}
 
 /* One thread's share [lo, hi) of a layer's blocks in `table`, K then V, as plain reads. */
 static int64_t read_blocks(const char *k, const char *v, const int32_t *table, int lo, int hi) {
