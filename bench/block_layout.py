@@ -36,14 +36,14 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from radixd.daemon.engine.config import EngineConfig
+from radixd.daemon.engine.kv import KVManager
 from radixd.radix import (
     RUN_EVICTION_BUDGET,
-    BlockPool,
     BlockTable,
     KVSpec,
     Lease,
     OutOfBlocks,
-    RadixTree,
     append_one_each,
     encode_tokens,
 )
@@ -65,22 +65,19 @@ class Conversation:
 
 
 class Core:
-    """The radix core as the engine drives it (daemon/engine/kv.py), without a model."""
+    """The radix core as the engine drives it, through `KVManager` (daemon/engine/kv.py) where a call
+    takes no `Sequence`, without a model."""
 
     def __init__(self, num_blocks: int, run_budget: int) -> None:
-        self.pool = BlockPool(num_blocks, SMOLLM2_F16.block_size)
-        self.tree = RadixTree(self.pool)
+        self.kv = KVManager.create(num_blocks, SMOLLM2_F16.block_size, EngineConfig())
+        self.pool = self.kv.pool
+        self.tree = self.kv.tree
         self.run_budget = run_budget
-        self.evicted = 0
+        self.ensure_free = self.kv.ensure_free
 
-    def ensure_free(self, n: int) -> bool:
-        short = n - self.pool.num_free
-        if short <= 0:
-            return True
-        if self.tree.evictable_blocks() < short:
-            return False
-        self.evicted += self.tree.evict_count(short)
-        return self.pool.num_free >= n
+    @property
+    def evicted(self) -> int:
+        return self.kv.evicted_blocks
 
     def start_turn(self, c: Conversation) -> bool:
         """Admit a turn's prompt (match, lease, copy, prefill); False when the pool cannot hold it."""
@@ -94,9 +91,8 @@ class Core:
             return False
         if m.partial_block:
             table.copy_partial(m.partial_block, m.partial_tokens)
-        grow = table.new_blocks_for(len(c.tokens) - table.num_tokens)
-        if grow > 1 and self.run_budget:  # as KVManager.append
-            self.evicted += self.tree.evict_for_run(grow, self.run_budget * grow)
+        grow = table.new_blocks_for(len(c.tokens) - table.num_tokens)  # as KVManager.append does
+        self.kv.evicted_blocks += self.tree.evict_for_run(grow, self.run_budget * grow)
         table.append(len(c.tokens) - table.num_tokens)
         n_full = len(c.tokens) // self.pool.block_size
         self.tree.insert_table(key[: n_full * self.pool.block_size], table, n_full, "", m.lease)

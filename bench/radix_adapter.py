@@ -61,9 +61,7 @@ class Adapter:
     def insert(self, tokens: TokenKey, handle: tuple[BlockTable, Lease]) -> None:
         table, lease = handle
         n = len(tokens)
-        need = table.new_blocks_for(n - table.num_tokens)
-        if need > 1 and not self.pool.holds_run(need):  # KVManager.append: cold leaves for one run
-            self.tree.evict_for_run(need)
+        self.tree.evict_for_run(table.new_blocks_for(n - table.num_tokens))  # KVManager.append
         table.append(n - table.num_tokens)
         aligned = n // self.page_size  # the unaligned tail is not cached (the peer's protocol)
         if aligned > table.leased:

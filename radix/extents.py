@@ -99,16 +99,8 @@ class FreeExtents:
                     break
         if not best_a:
             return 0
-        a = best_a
-        k = best_k
-        del by_start[a]
-        if k > n:
-            by_start[a + n] = k - n
-            self._by_end[a + k] = a + n
-        else:
-            del self._by_end[a + k]
-        self.count -= n
-        return a
+        self._take_head(best_a, best_k, n)
+        return best_a
 
     def take_at(self, a: int, n: int) -> bool:
         """Take ``n >= 1`` blocks from the head of the free run that starts at ``a``, if there is one and
@@ -116,6 +108,11 @@ class FreeExtents:
         k = self._by_start.get(a, 0)
         if k < n:
             return False
+        self._take_head(a, k, n)
+        return True
+
+    def _take_head(self, a: int, k: int, n: int) -> None:
+        """Remove the first ``n`` blocks of free run ``(a, k)``; its remainder goes on top."""
         del self._by_start[a]
         if k > n:
             self._by_start[a + n] = k - n
@@ -123,7 +120,6 @@ class FreeExtents:
         else:
             del self._by_end[a + k]
         self.count -= n
-        return True
 
     def take_room(self, scan: int = 16) -> int:
         """Take one block where a table can grow: in the longest of the ``scan`` newest runs, the block

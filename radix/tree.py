@@ -337,15 +337,17 @@ class RadixTree:
     def evict_for_run(self, n_blocks: int, budget: int | None = None) -> int:
         """Evict least recently used leaves, at most ``budget`` blocks' worth (the last leaf may pass
         it; default ``RUN_EVICTION_BUDGET * n_blocks``), until the pool holds ``n_blocks`` consecutive
-        free ids; -> blocks freed (0 when such a run is already free).
+        free ids; -> blocks freed (0 when such a run is already free, or ``n_blocks <= 1``).
 
         Why: in a full pool, the blocks that eviction frees lie wherever the evicted leaves held
         them, and an allocation served from such scraps is split into as many runs; a context spread
         a block here and a block there is read by the CPU attention at about 0.6 times the rate of
-        one in long runs (bench/block_layout.py). A few more leaves from the cold end of the cache usually
-        free the neighbours of what is already free and join the scraps into one run.
+        one in long runs (bench/block_layout.py). A few more leaves from the cold end of the cache
+        usually free the neighbours of what is already free and join the scraps into one run.
         """
         pool = self.pool
+        if n_blocks <= 1:
+            return 0
         limit = RUN_EVICTION_BUDGET * n_blocks if budget is None else budget
         got = 0
         while got < limit and not pool.holds_run(n_blocks):

@@ -208,9 +208,7 @@ class KVManager:
         """
         if seq.table is None:
             seq.table = BlockTable(self.pool)
-        need = seq.table.new_blocks_for(n)
-        if need > 1 and not self.pool.holds_run(need):
-            self.evicted_blocks += self.cache.evict_for_run(need)
+        self.evicted_blocks += self.cache.evict_for_run(seq.table.new_blocks_for(n))
         self._copies.extend(seq.table.append(n))
 
     def append_decodes(self, seqs: list[Sequence]) -> bool:
