@@ -31,7 +31,7 @@ from pathlib import Path
 import torch
 
 from radixd.daemon.engine.config import DEFAULT_KV_CACHE_GB
-from radixd.daemon.host import zeros_on_huge_pages
+from radixd.daemon.process.host import zeros_on_huge_pages
 from radixd.kernels.cpu_attention import _CFLAGS, _DTYPES, _IO_DTYPES
 from radixd.kernels.native import _compiler, _omp_runtime
 

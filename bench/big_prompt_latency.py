@@ -34,7 +34,7 @@ import grpc
 from radixd_client import AsyncClient
 
 from radixd.daemon.loaders import load_model
-from radixd.daemon.server.bounds import prompt_char_bound
+from radixd.daemon.server.common.bounds import prompt_char_bound
 
 SMALL_PROMPT = "Name three colors:"
 

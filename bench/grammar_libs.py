@@ -48,7 +48,7 @@ import xgrammar as xgr
 
 from radixd.daemon.loaders import default_model_path
 from radixd.daemon.loaders.gguf_file import _open, _tokenizer
-from radixd.daemon.tokenizer import TextTokenizer
+from radixd.daemon.text.tokenizer import TextTokenizer
 
 # ---- the cases ---------------------------------------------------------------------------------------
 

@@ -22,8 +22,8 @@ import torch
 from radixd.daemon.engine.config import EngineConfig
 from radixd.daemon.engine.factory import build_core
 from radixd.daemon.engine.types import GenerateRequest, RequestOutput
+from radixd.daemon.executor.sampling import SamplingParams, SamplingState, sample
 from radixd.daemon.loaders import load_model
-from radixd.daemon.sampling import SamplingParams, SamplingState, sample
 
 
 def prefill(args: argparse.Namespace) -> None:

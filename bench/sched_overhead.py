@@ -36,18 +36,18 @@ from typing import Any
 import torch
 import uvloop
 
-import radixd.daemon.runner as runner_mod
+import radixd.daemon.executor.runner as runner_mod
 from radixd.daemon.engine.config import EngineConfig
 from radixd.daemon.engine.core import EngineCore
 from radixd.daemon.engine.types import GenerateRequest, RequestOutput, Sink
-from radixd.daemon.host import startup_heap_frozen
+from radixd.daemon.executor.runner import ModelRunner
+from radixd.daemon.executor.sampling import SamplingParams
 from radixd.daemon.loaders import load_model
-from radixd.daemon.log import configure
 from radixd.daemon.model import AttentionMetadata, ModelConfig
-from radixd.daemon.runner import ModelRunner
-from radixd.daemon.sampling import SamplingParams
-from radixd.daemon.server.bridge import OutputBridge
-from radixd.daemon.server.state import Limits
+from radixd.daemon.process.host import startup_heap_frozen
+from radixd.daemon.process.log import configure
+from radixd.daemon.server.common.bridge import OutputBridge
+from radixd.daemon.server.common.state import Limits
 
 
 class NullModel:
@@ -222,7 +222,7 @@ class CountSinks:
 
 
 class LoopSinks:
-    """The daemon's handover (`radixd.daemon.server.bridge.OutputBridge`): the engine thread hands each
+    """The daemon's handover (`radixd.daemon.server.common.bridge.OutputBridge`): the engine thread hands each
     output to a uvloop loop running in its own thread, where one task per stream reads it as the gRPC
     handler does (without the protobuf and the socket)."""
 

@@ -32,11 +32,11 @@ from typing import Any
 
 import uvloop
 
-import radixd.daemon.runner as runner_mod
+import radixd.daemon.executor.runner as runner_mod
 from radixd.daemon.engine.textstream import TextStream
 from radixd.daemon.engine.types import GenerateRequest, RequestOutput
-from radixd.daemon.log import configure
-from radixd.daemon.sampling import SamplingParams
+from radixd.daemon.executor.sampling import SamplingParams
+from radixd.daemon.process.log import configure
 from radixd.daemon.server import main as server_main
 from radixd.daemon.server.app import load, start
 

@@ -39,8 +39,8 @@ from radixd_client.types import Chunk
 from radixd.daemon.engine.config import EngineConfig
 from radixd.daemon.engine.factory import build_engine
 from radixd.daemon.engine.types import GenerateRequest, RequestOutput
+from radixd.daemon.executor.sampling import SamplingParams
 from radixd.daemon.model.precision import default_dtype_name
-from radixd.daemon.sampling import SamplingParams
 
 
 def prompt_ids(n: int, salt: int) -> list[int]:

@@ -40,8 +40,8 @@ from radixd.daemon.engine.config import EngineConfig
 from radixd.daemon.engine.core import EngineCore
 from radixd.daemon.engine.factory import build_core
 from radixd.daemon.engine.types import GenerateRequest
+from radixd.daemon.executor.sampling import SamplingParams
 from radixd.daemon.loaders import LoadedModel, load_model
-from radixd.daemon.sampling import SamplingParams
 
 FILE = "\n".join(
     f"def rect_{i}(width, height):\n    # area of rectangle number {i}\n    return width * height + {i}\n"

@@ -34,8 +34,8 @@ from radixd.daemon.engine.config import EngineConfig
 from radixd.daemon.engine.core import EngineCore
 from radixd.daemon.engine.factory import build_core
 from radixd.daemon.engine.types import GenerateRequest, RequestOutput
+from radixd.daemon.executor.sampling import SamplingParams
 from radixd.daemon.loaders import LoadedModel, load_model
-from radixd.daemon.sampling import SamplingParams
 from radixd.daemon.structured.spec import Constraint
 
 ORDER: dict[str, Any] = {

@@ -14,7 +14,7 @@ from dataclasses import dataclass
 
 import torch
 
-from radixd.daemon.runner import ModelRunner, StepSeq
+from radixd.daemon.executor.runner import ModelRunner, StepSeq
 
 MAX_MEAN_KL = 0.02
 MIN_TOP1_AGREEMENT = 0.95

@@ -12,7 +12,7 @@ from typing import Any
 import pytest
 import structlog
 
-from radixd.daemon.log import configure
+from radixd.daemon.process.log import configure
 
 
 class Injected(RuntimeError):

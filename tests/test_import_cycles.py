@@ -1,9 +1,14 @@
-"""No import cycle in the product, type-only imports included.
+"""No import cycle in the product, type-only imports included, between modules or between folders.
 
 A cycle hidden behind `TYPE_CHECKING` still means two modules that cannot be read, tested or changed
 one without the other, so the graph below counts every import statement a module holds, wherever it
 stands. An edge goes to the module an import names (`from a.b import c` is an edge to `a.b.c` when
 that is a module, else to `a.b`); importing a module does not count as importing its parent packages.
+
+Folders: each folder of the product is a node, with an edge X -> Y when a module directly in X imports a
+module directly in Y (X != Y). Without a cycle there, each folder sits above or below every other it
+touches: the composition roots (daemon/cli.py, daemon/server/app.py) at the top, imported by nothing
+below them.
 """
 
 from __future__ import annotations
@@ -48,6 +53,18 @@ def _graph(modules: dict[str, Path]) -> dict[str, set[str]]:
                 targets = [f"{base}.{a.name}" if f"{base}.{a.name}" in modules else base for a in node.names]
             graph[name].update(t for t in targets if t in modules and t != name)
     return graph
+
+
+def _folders(modules: dict[str, Path], graph: dict[str, set[str]]) -> dict[str, set[str]]:
+    """The folder graph: a module's folder is its package (itself for an `__init__`)."""
+
+    def folder(name: str) -> str:
+        return name if modules[name].name == "__init__.py" else name.rpartition(".")[0]
+
+    folders: dict[str, set[str]] = {folder(name): set() for name in modules}
+    for name, targets in graph.items():
+        folders[folder(name)].update(folder(t) for t in targets if folder(t) != folder(name))
+    return folders
 
 
 def _cycles(graph: dict[str, set[str]]) -> list[list[str]]:
@@ -106,3 +123,25 @@ def test_the_cycle_finder_finds_a_cycle() -> None:
 def test_no_import_cycle_in_the_product() -> None:
     cycles = _cycles(_graph(_modules()))
     assert not cycles, "import cycles:\n" + "\n".join(" <-> ".join(c) for c in cycles)
+
+
+def test_the_folder_graph_sees_imports() -> None:
+    modules = _modules()
+    folders = _folders(modules, _graph(modules))
+    assert "radixd.daemon.executor" in folders["radixd.daemon.engine"]
+    assert "radixd.daemon.server.vllm" in folders["radixd.daemon.server"]
+    assert "radixd.daemon" not in folders["radixd.daemon.engine"]
+
+
+def test_the_folder_check_finds_a_cycle() -> None:
+    # a.x imports b.y and b.z imports a.w: no module cycle, but the folders a and b form one
+    modules = {m: Path(f"{m.replace('.', '/')}.py") for m in ("a.x", "a.w", "b.y", "b.z")}
+    graph = {"a.x": {"b.y"}, "a.w": set(), "b.y": set(), "b.z": {"a.w"}}
+    assert _cycles(graph) == []
+    assert _cycles(_folders(modules, graph)) == [["a", "b"]]
+
+
+def test_no_folder_cycle_in_the_product() -> None:
+    modules = _modules()
+    cycles = _cycles(_folders(modules, _graph(modules)))
+    assert not cycles, "folder cycles:\n" + "\n".join(" <-> ".join(c) for c in cycles)

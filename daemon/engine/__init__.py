@@ -43,19 +43,21 @@ thread through them.
 from radixd.daemon.engine.config import EngineConfig
 from radixd.daemon.engine.types import (
     FLUSH_MODES,
+    FlushMode,
+    GenerateRequest,
+    RequestOutput,
+    Sink,
+    TokenLogprob,
+)
+from radixd.daemon.errors import (
     EngineError,
     EngineFault,
     EngineStopped,
     EngineTimeout,
-    FlushMode,
     FlushRefused,
-    GenerateRequest,
     InvalidRequest,
     QueueFull,
-    RequestOutput,
     RequestTooLarge,
-    Sink,
-    TokenLogprob,
     TooManySessions,
     UnknownSession,
 )

@@ -16,7 +16,8 @@ import structlog
 
 from radixd.daemon.engine.kv import KVManager
 from radixd.daemon.engine.scheduler import Scheduler
-from radixd.daemon.engine.types import FLUSH_MODES, EngineTimeout, FlushMode, FlushRefused, InvalidRequest
+from radixd.daemon.engine.types import FLUSH_MODES, FlushMode
+from radixd.daemon.errors import EngineTimeout, FlushRefused, InvalidRequest
 
 log = structlog.get_logger("radixd.engine.admin")
 

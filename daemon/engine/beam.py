@@ -20,8 +20,8 @@ from radixd.daemon.engine.prompt_scoring import take_prompt_logprobs
 from radixd.daemon.engine.scheduler import Scheduler
 from radixd.daemon.engine.sequence import BeamState, Hypothesis, RequestState, SeqIds, Sequence
 from radixd.daemon.engine.types import RequestOutput
-from radixd.daemon.sampling import MASKED_LOGIT, SampleResult
-from radixd.daemon.tokenizer import TextTokenizer
+from radixd.daemon.executor.sampling import MASKED_LOGIT, SampleResult
+from radixd.daemon.text.tokenizer import TextTokenizer
 
 
 class BeamSearch:

@@ -47,14 +47,14 @@ from radixd.daemon.engine.sessions import SessionManager
 from radixd.daemon.engine.speculative import Draft, Speculator
 from radixd.daemon.engine.stats import EngineStats
 from radixd.daemon.engine.swap import HostSwap
-from radixd.daemon.engine.types import EngineError, InvalidRequest
 from radixd.daemon.engine.validation import Validator
 from radixd.daemon.engine.watchdog import Watchdog
-from radixd.daemon.runner import DecodeRows, ModelRunner, StepResult, StepSeq
+from radixd.daemon.errors import EngineError, InvalidRequest
+from radixd.daemon.executor.runner import DecodeRows, ModelRunner, StepResult, StepSeq
 from radixd.daemon.structured.cache import GrammarCache
 from radixd.daemon.structured.matcher import GrammarRefused
 from radixd.daemon.structured.tokenizer import llg_tokenizer
-from radixd.daemon.tokenizer import TextTokenizer
+from radixd.daemon.text.tokenizer import TextTokenizer
 
 T = TypeVar("T")
 

@@ -35,7 +35,7 @@ from radixd.daemon.engine.sessions import SessionInfo, SessionManager
 from radixd.daemon.engine.stats import EngineStats
 from radixd.daemon.engine.types import GenerateRequest
 from radixd.daemon.engine.validation import Validator
-from radixd.daemon.sampling import SamplingParams
+from radixd.daemon.executor.sampling import SamplingParams
 
 Handler = Callable[[Any], object]
 

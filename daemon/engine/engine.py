@@ -4,7 +4,7 @@ Callers on any thread talk to it only through a thread-safe queue of commands (c
 `abort` and `execute` queue them, and the engine thread applies them between steps (`EngineCore.apply`,
 one table for every kind).
 Outputs leave through each request's sink, called on the engine thread; a sink that batches them (the
-daemon's, server/handover.py) sends them on when `handover` is called: right before each forward pass,
+daemon's, server/common/handover.py) sends them on when `handover` is called: right before each forward pass,
 before the thread waits for work, and once it stops.
 
 NOTE: the engine thread is the only owner of radix state (pool, tree, tables, leases); nothing here or
@@ -30,15 +30,9 @@ import structlog
 
 from radixd.daemon.engine.commands import Abort, Command, Flush, Submit
 from radixd.daemon.engine.core import EngineCore
-from radixd.daemon.engine.types import (
-    EngineStopped,
-    FlushMode,
-    GenerateRequest,
-    InvalidRequest,
-    QueueFull,
-    Sink,
-)
-from radixd.daemon.host import HeapReleaser
+from radixd.daemon.engine.types import FlushMode, GenerateRequest, Sink
+from radixd.daemon.errors import EngineStopped, InvalidRequest, QueueFull
+from radixd.daemon.process.host import HeapReleaser
 from radixd.kernels.native import release_openmp_workers
 
 T = TypeVar("T")

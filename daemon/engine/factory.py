@@ -7,10 +7,10 @@ from dataclasses import dataclass
 from radixd.daemon.engine.config import DEFAULT_BLOCK_SIZE, DEFAULT_KV_CACHE_GB, EngineConfig
 from radixd.daemon.engine.core import EngineCore
 from radixd.daemon.engine.engine import Engine
+from radixd.daemon.executor.runner import ModelRunner, num_blocks_for_budget
 from radixd.daemon.loaders import LoadedModel, load_model
-from radixd.daemon.runner import ModelRunner, num_blocks_for_budget
 from radixd.daemon.structured.cache import GrammarCache
-from radixd.daemon.tokenizer import TextTokenizer
+from radixd.daemon.text.tokenizer import TextTokenizer
 
 
 @dataclass

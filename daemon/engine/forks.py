@@ -14,8 +14,8 @@ import dataclasses
 from radixd.daemon.engine.kv import KVManager
 from radixd.daemon.engine.sequence import BeamState, RequestState, SeqIds, SeqStatus, Sequence
 from radixd.daemon.engine.textstream import TextStream
-from radixd.daemon.sampling import SamplingParams, SamplingState
-from radixd.daemon.tokenizer import TextTokenizer
+from radixd.daemon.executor.sampling import SamplingParams, SamplingState
+from radixd.daemon.text.tokenizer import TextTokenizer
 
 
 class Forker:

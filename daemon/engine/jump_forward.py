@@ -25,7 +25,7 @@ import torch
 
 from radixd.daemon.engine.outputs import Outputs
 from radixd.daemon.engine.sequence import SeqStatus, Sequence
-from radixd.daemon.sampling import SampleResult
+from radixd.daemon.executor.sampling import SampleResult
 
 
 class JumpForward:

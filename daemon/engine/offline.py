@@ -19,10 +19,11 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from radixd.daemon.engine.config import DEFAULT_BLOCK_SIZE, DEFAULT_KV_CACHE_GB, EngineConfig
-from radixd.daemon.engine.types import EngineError, GenerateRequest, RequestOutput
+from radixd.daemon.engine.types import GenerateRequest, RequestOutput
+from radixd.daemon.errors import EngineError
+from radixd.daemon.executor.sampling import SamplingParams
 from radixd.daemon.model.precision import DTYPE_CHOICES, DTYPE_HELP, default_dtype_name
-from radixd.daemon.sampling import SamplingParams
-from radixd.daemon.tokenizer import TextTokenizer
+from radixd.daemon.text.tokenizer import TextTokenizer
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -169,7 +170,7 @@ def run(args: argparse.Namespace) -> int:
     """Run `radixd generate`; -> exit code (0 ok, 1 a request failed, 2 bad input)."""
     from radixd.daemon.engine.factory import build_core
     from radixd.daemon.loaders import ModelLoadError, load_model
-    from radixd.daemon.log import configure
+    from radixd.daemon.process.log import configure
 
     # NOTE: stdout carries only results (one JSON object per request with --json); logs go to stderr.
     configure(level=args.log_level, stream=sys.stderr)

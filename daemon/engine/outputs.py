@@ -16,7 +16,7 @@ from radixd.daemon.engine.scheduler import Scheduler
 from radixd.daemon.engine.sequence import SeqStatus, Sequence
 from radixd.daemon.engine.swap import HostSwap
 from radixd.daemon.engine.types import FinishReason, RequestOutput, Sink, TokenLogprob
-from radixd.daemon.sampling import SampleResult
+from radixd.daemon.executor.sampling import SampleResult
 
 log = structlog.get_logger("radixd.engine")
 

@@ -23,7 +23,7 @@ from __future__ import annotations
 from radixd.daemon.engine.scheduler import Planned, StepPlan
 from radixd.daemon.engine.sequence import RequestState, Sequence
 from radixd.daemon.engine.types import TokenLogprob
-from radixd.daemon.prompt_logprobs import PromptLogprobs
+from radixd.daemon.executor.prompt_logprobs import PromptLogprobs
 
 
 def scoring(seq: Sequence) -> PromptLogprobs | None:

@@ -24,16 +24,10 @@ from radixd.daemon.engine.outputs import Outputs
 from radixd.daemon.engine.scheduler import Scheduler
 from radixd.daemon.engine.sequence import RequestState
 from radixd.daemon.engine.sessions import SessionManager
-from radixd.daemon.engine.types import (
-    EngineError,
-    EngineFault,
-    GenerateRequest,
-    InvalidRequest,
-    RequestOutput,
-    Sink,
-)
+from radixd.daemon.engine.types import GenerateRequest, RequestOutput, Sink
 from radixd.daemon.engine.validation import Validator
-from radixd.daemon.prompt_logprobs import PromptLogprobs
+from radixd.daemon.errors import EngineError, EngineFault, InvalidRequest
+from radixd.daemon.executor.prompt_logprobs import PromptLogprobs
 from radixd.daemon.structured.grammar import GrammarError
 
 log = structlog.get_logger("radixd.engine")

@@ -27,8 +27,8 @@ from radixd.radix import TOKEN_BYTES, TokenKey
 
 if TYPE_CHECKING:
     from radixd.daemon.engine.textstream import TextStream
-    from radixd.daemon.prompt_logprobs import PromptLogprobs
-    from radixd.daemon.sampling import SamplingState
+    from radixd.daemon.executor.prompt_logprobs import PromptLogprobs
+    from radixd.daemon.executor.sampling import SamplingState
     from radixd.daemon.structured.matcher import CompiledGrammar
     from radixd.radix import BlockTable, Lease
 

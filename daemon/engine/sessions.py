@@ -15,13 +15,8 @@ import time
 from dataclasses import dataclass
 
 from radixd.daemon.engine.kv import KVManager
-from radixd.daemon.engine.types import (
-    EngineError,
-    GenerateRequest,
-    InvalidRequest,
-    TooManySessions,
-    UnknownSession,
-)
+from radixd.daemon.engine.types import GenerateRequest
+from radixd.daemon.errors import EngineError, InvalidRequest, TooManySessions, UnknownSession
 from radixd.radix import Lease
 
 

@@ -20,14 +20,14 @@ output (tokens and logprobs) is exactly plain decoding's. Drafts live only withi
 about them is in `Sequence.tokens`, so preemption, aborts, forks and sessions see a plain sequence
 between steps.
 
-Unseeded sampled rows (temperature > 0) verify by rejection sampling (daemon/draft_sampling.py): the
+Unseeded sampled rows (temperature > 0) verify by rejection sampling (daemon/executor/draft_sampling.py): the
 output distribution is unchanged. A seeded sampled request is not drafted for: its generator would draw
 differently with a draft, and which drafts it gets depends on the cache (on other requests), so its
 tokens would no longer be reproducible by its seed (docs/batch-invariance.md).
 
 Constrained rows (a grammar) are drafted for too: the proposal is cut before the first token the
 grammar forbids (`Matcher.admitted`, read-only), verification masks each of the k + 1 positions with the
-mask the grammar gives after the draft tokens before it (structured/masks.py: the mask thread walks the
+mask the grammar gives after the draft tokens before it (executor/masks.py: the mask thread walks the
 matcher over the draft and rolls it back), and `accept` consumes only the accepted tokens, through
 `Outputs.accept` as any token: the matcher ends in the state of what was accepted, and a verified row
 gives exactly what plain constrained decoding gives. Jump-forward still runs after the row's last
@@ -50,8 +50,8 @@ from radixd.daemon.engine.kv import KVManager
 from radixd.daemon.engine.outputs import Outputs
 from radixd.daemon.engine.scheduler import StepPlan
 from radixd.daemon.engine.sequence import SeqStatus, Sequence
-from radixd.daemon.runner import StepSeq
-from radixd.daemon.sampling import SampleResult
+from radixd.daemon.executor.runner import StepSeq
+from radixd.daemon.executor.sampling import SampleResult
 
 
 @dataclass(slots=True)

@@ -1,7 +1,7 @@
 """`EngineStats`: the engine's one statistics record, read on the engine thread (`GetStats`).
 
 Every surface renders this record and nothing else: GetCacheStats and GetLoad (server/admin.py), the
-Prometheus collectors (server/metrics.py, server/gateway_metrics.py), the vLLM-protocol load reports
+Prometheus collectors (server/common/metrics.py, gateway_metrics.py), the vLLM-protocol load reports
 (server/vllm/loads.py) and, through the wire, radixctl. Each field means one thing and says which.
 
 Blocks: `free_blocks + evictable_blocks + in_use_blocks == total_blocks` (the pool less its null

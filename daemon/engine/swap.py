@@ -13,7 +13,7 @@ import torch
 from radixd import kernels
 from radixd.daemon.engine.kv import KVManager
 from radixd.daemon.engine.sequence import Sequence
-from radixd.daemon.runner import ModelRunner
+from radixd.daemon.executor.runner import ModelRunner
 
 
 class HostSwap:

@@ -8,9 +8,9 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from radixd.daemon.detokenizer import new_detokenizer
-from radixd.daemon.stop import StopStringMatcher
-from radixd.daemon.tokenizer import TextTokenizer
+from radixd.daemon.text.detokenizer import new_detokenizer
+from radixd.daemon.text.stop import StopStringMatcher
+from radixd.daemon.text.tokenizer import TextTokenizer
 
 
 class TextStream:

@@ -6,8 +6,9 @@ NOTE: reads only values fixed at construction, so `Engine.submit` may call it on
 from __future__ import annotations
 
 from radixd.daemon.engine.kv import KVManager
-from radixd.daemon.engine.limits import check_context, check_token_ids
-from radixd.daemon.engine.types import GenerateRequest, InvalidRequest, RequestTooLarge
+from radixd.daemon.engine.types import GenerateRequest
+from radixd.daemon.errors import InvalidRequest, RequestTooLarge
+from radixd.daemon.executor.limits import check_context, check_token_ids
 
 
 class Validator:

@@ -19,7 +19,7 @@ from tokenizers import Tokenizer
 
 from radixd.daemon.loaders.common import ConvertedModel
 from radixd.daemon.model import ModelConfig
-from radixd.daemon.tokenizer import TextTokenizer
+from radixd.daemon.text.tokenizer import TextTokenizer
 from radixd.kernels.native import cache_root
 
 CACHE_VERSION = 1

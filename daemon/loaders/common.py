@@ -9,7 +9,7 @@ import torch
 from radixd.daemon.model import LlamaModel, LlamaWeights, ModelConfig
 from radixd.daemon.model.int4 import on_int4_grid
 from radixd.daemon.model.precision import Precision, precision_of_dtype, resolve_precision
-from radixd.daemon.tokenizer import TextTokenizer
+from radixd.daemon.text.tokenizer import TextTokenizer
 
 
 class ModelLoadError(Exception):

@@ -14,7 +14,7 @@ from tqdm import tqdm
 
 from radixd.daemon.loaders.common import ConvertedModel, ModelLoadError
 from radixd.daemon.model import ModelConfig
-from radixd.daemon.tokenizer import TextTokenizer, build_bpe_tokenizer, end_of_turn_ids
+from radixd.daemon.text.tokenizer import TextTokenizer, build_bpe_tokenizer, end_of_turn_ids
 
 SUPPORTED_ARCHS = ("llama", "mistral", "qwen2")
 _PERMUTED_ARCHS = ("llama", "mistral")

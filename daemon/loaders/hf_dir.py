@@ -12,7 +12,7 @@ from tokenizers import Tokenizer
 
 from radixd.daemon.loaders.common import ConvertedModel, ModelLoadError
 from radixd.daemon.model import ModelConfig
-from radixd.daemon.tokenizer import TextTokenizer, end_of_turn_ids
+from radixd.daemon.text.tokenizer import TextTokenizer, end_of_turn_ids
 
 SUPPORTED_TYPES = ("llama", "mistral", "qwen2")
 

@@ -23,13 +23,13 @@ from radixd.daemon.engine.commands import (
 )
 from radixd.daemon.engine.stats import EngineStats
 from radixd.daemon.engine.types import FlushMode
-from radixd.daemon.server.auth import admin_namespace
-from radixd.daemon.server.bounds import MAX_FLUSH_TIMEOUT_S, check_id, check_range, check_seconds
-from radixd.daemon.server.convert import prompt_tokens
-from radixd.daemon.server.errors import RpcFailure, bad_request
-from radixd.daemon.server.handler import rpc
+from radixd.daemon.server.common.auth import admin_namespace
+from radixd.daemon.server.common.bounds import MAX_FLUSH_TIMEOUT_S, check_id, check_range, check_seconds
+from radixd.daemon.server.common.convert import prompt_tokens
+from radixd.daemon.server.common.errors import RpcFailure, bad_request
+from radixd.daemon.server.common.handler import rpc
+from radixd.daemon.server.common.state import ServerState
 from radixd.daemon.server.sessions import on_engine
-from radixd.daemon.server.state import ServerState
 
 # The wire's FlushMode -> the engine's mode of the same name (tests/clients checks the client agrees).
 _FLUSH: dict[int, FlushMode] = {

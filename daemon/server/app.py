@@ -43,22 +43,22 @@ from radixd.daemon.engine.commands import GetStats
 from radixd.daemon.engine.config import EngineConfig
 from radixd.daemon.engine.factory import BuiltEngine, build_engine
 from radixd.daemon.engine.stats import EngineStats
-from radixd.daemon.host import startup_heap_frozen
 from radixd.daemon.loaders import ModelLoadError
-from radixd.daemon.log import get_logger
+from radixd.daemon.process.host import startup_heap_frozen
+from radixd.daemon.process.log import get_logger
 from radixd.daemon.server.admin import CacheAdminServicer
-from radixd.daemon.server.auth import Authenticator, load_api_keys
-from radixd.daemon.server.bounds import prompt_char_bound
-from radixd.daemon.server.cache_feed import CacheFeed
-from radixd.daemon.server.events import CacheEvents
+from radixd.daemon.server.common.auth import Authenticator, load_api_keys
+from radixd.daemon.server.common.bounds import prompt_char_bound
+from radixd.daemon.server.common.cache_feed import CacheFeed
+from radixd.daemon.server.common.events import CacheEvents
+from radixd.daemon.server.common.handover import OutputHandover
+from radixd.daemon.server.common.metrics import Metrics
+from radixd.daemon.server.common.pipeline import RequestRegistry
+from radixd.daemon.server.common.state import Limits, ServerState
 from radixd.daemon.server.generation import GenerationServicer
-from radixd.daemon.server.handover import OutputHandover
 from radixd.daemon.server.health import PortHealth
-from radixd.daemon.server.metrics import Metrics
-from radixd.daemon.server.pipeline import RequestRegistry
 from radixd.daemon.server.reflection import DescriptorFiles, add_reflection
 from radixd.daemon.server.sessions import SessionServicer
-from radixd.daemon.server.state import Limits, ServerState
 from radixd.daemon.server.vllm.wiring import add_vllm_service
 
 log = get_logger("radixd.server")

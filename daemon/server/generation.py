@@ -7,13 +7,13 @@ from typing import Any
 
 from radixd_client._pb import generation_pb2, generation_pb2_grpc
 
-from radixd.daemon.engine.limits import check_token_ids
 from radixd.daemon.engine.types import GenerateRequest
-from radixd.daemon.server.bounds import check_count
-from radixd.daemon.server.convert import prompt_tokens, sampling_params
-from radixd.daemon.server.handler import rpc
-from radixd.daemon.server.pipeline import RequestRegistry, abort, admit
-from radixd.daemon.server.state import ServerState
+from radixd.daemon.executor.limits import check_token_ids
+from radixd.daemon.server.common.bounds import check_count
+from radixd.daemon.server.common.convert import prompt_tokens, sampling_params
+from radixd.daemon.server.common.handler import rpc
+from radixd.daemon.server.common.pipeline import RequestRegistry, abort, admit
+from radixd.daemon.server.common.state import ServerState
 from radixd.daemon.server.streaming import run_stream
 
 FEATURES = (

@@ -17,10 +17,10 @@ from __future__ import annotations
 import argparse
 import os
 
-from radixd.daemon import log
 from radixd.daemon.engine.config import DEFAULT_BLOCK_SIZE, DEFAULT_KV_CACHE_GB, EngineConfig
 from radixd.daemon.model.precision import DTYPE_CHOICES, DTYPE_HELP, default_dtype_name
-from radixd.daemon.server.state import Limits
+from radixd.daemon.process import log
+from radixd.daemon.server.common.state import Limits
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:

@@ -21,15 +21,21 @@ from radixd.daemon.engine.commands import (
     GetSession,
     ListSessions,
 )
-from radixd.daemon.engine.limits import check_context
 from radixd.daemon.engine.sessions import SessionInfo
 from radixd.daemon.engine.types import GenerateRequest
-from radixd.daemon.server.bounds import MAX_FORK, MAX_SESSION_TTL_S, check_id, check_range, check_seconds
-from radixd.daemon.server.convert import prompt_tokens, sampling_params
-from radixd.daemon.server.errors import bad_request
-from radixd.daemon.server.handler import rpc
-from radixd.daemon.server.pipeline import RequestRegistry, admit
-from radixd.daemon.server.state import ServerState
+from radixd.daemon.executor.limits import check_context
+from radixd.daemon.server.common.bounds import (
+    MAX_FORK,
+    MAX_SESSION_TTL_S,
+    check_id,
+    check_range,
+    check_seconds,
+)
+from radixd.daemon.server.common.convert import prompt_tokens, sampling_params
+from radixd.daemon.server.common.errors import bad_request
+from radixd.daemon.server.common.handler import rpc
+from radixd.daemon.server.common.pipeline import RequestRegistry, admit
+from radixd.daemon.server.common.state import ServerState
 from radixd.daemon.server.streaming import run_stream
 
 T = TypeVar("T")

@@ -8,9 +8,9 @@ from collections.abc import Callable
 from typing import Any
 
 from radixd.daemon.engine.types import GenerateRequest
-from radixd.daemon.server.convert import chunk_message, end_message, start_message
-from radixd.daemon.server.pipeline import RequestRegistry, open_request
-from radixd.daemon.server.state import ServerState
+from radixd.daemon.server.common.convert import chunk_message, end_message, start_message
+from radixd.daemon.server.common.pipeline import RequestRegistry, open_request
+from radixd.daemon.server.common.state import ServerState
 
 # Builds the service's response message from one of the oneof fields: start=, chunk= or end=.
 MakeResponse = Callable[..., Any]

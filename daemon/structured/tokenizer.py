@@ -15,7 +15,7 @@ from collections.abc import Sequence
 
 import llguidance
 
-from radixd.daemon.tokenizer import TextTokenizer
+from radixd.daemon.text.tokenizer import TextTokenizer
 
 _Key = tuple[int, tuple[int, ...]]
 

@@ -6,11 +6,11 @@ from dataclasses import dataclass, field
 
 import torch
 
+from radixd.daemon.executor.runner import ModelRunner, StepSeq
+from radixd.daemon.executor.sampling import SamplingParams, SamplingState
 from radixd.daemon.model import LayerWeights, LlamaModel, LlamaWeights, ModelConfig
 from radixd.daemon.model.int4 import dequantize_int4, quantize_int4, scales_and_zeros
 from radixd.daemon.model.precision import Precision
-from radixd.daemon.runner import ModelRunner, StepSeq
-from radixd.daemon.sampling import SamplingParams, SamplingState
 
 PROMPTS = [
     "The capital of France is",

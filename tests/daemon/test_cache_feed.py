@@ -17,9 +17,9 @@ from test_kv_events import BS, RouterModel, cache, expected_blocks
 from radixd.daemon.engine.commands import AddCacheListener, Command, RemoveCacheListener
 from radixd.daemon.engine.config import EngineConfig
 from radixd.daemon.engine.kv import KVManager
-from radixd.daemon.server.cache_feed import CacheFeed
-from radixd.daemon.server.errors import RpcFailure
-from radixd.daemon.server.events import CacheEvents
+from radixd.daemon.server.common.cache_feed import CacheFeed
+from radixd.daemon.server.common.errors import RpcFailure
+from radixd.daemon.server.common.events import CacheEvents
 
 
 class KvEngine:

@@ -11,8 +11,8 @@ import numpy as np
 import pytest
 import torch
 
+from radixd.daemon.executor.runner import ModelRunner, StepSeq
 from radixd.daemon.loaders import load_model
-from radixd.daemon.runner import ModelRunner, StepSeq
 
 Q = gguf.GGMLQuantizationType
 

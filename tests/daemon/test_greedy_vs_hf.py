@@ -6,8 +6,8 @@ from __future__ import annotations
 import pytest
 from daemon_testkit import BlockAlloc, Req, run
 
+from radixd.daemon.executor.runner import ModelRunner, StepSeq
 from radixd.daemon.loaders import LoadedModel
-from radixd.daemon.runner import ModelRunner, StepSeq
 
 pytestmark = pytest.mark.slow
 

@@ -15,10 +15,10 @@ import grpc
 import pytest
 from smg_grpc_proto.generated import common_pb2
 
-from radixd.daemon.server.errors import RpcFailure
-from radixd.daemon.server.event_log import Reader
-from radixd.daemon.server.events import CacheEvents
-from radixd.daemon.server.kv_events import KvEntry, NamespaceKvLog, block_hash, chain, to_batch
+from radixd.daemon.server.common.errors import RpcFailure
+from radixd.daemon.server.common.event_log import Reader
+from radixd.daemon.server.common.events import CacheEvents
+from radixd.daemon.server.common.kv_events import KvEntry, NamespaceKvLog, block_hash, chain, to_batch
 from radixd.radix import BlockPool, BlockTable, RadixTree
 from radixd.radix.verify import iter_nodes
 

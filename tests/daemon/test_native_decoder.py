@@ -8,10 +8,10 @@ import pytest
 import torch
 from daemon_testkit import tiny_model
 
+from radixd.daemon.executor.runner import ModelRunner, StepSeq
 from radixd.daemon.model.f32 import f32_available
 from radixd.daemon.model.native_decoder import ENV_DECODER, choice
 from radixd.daemon.model.precision import PRECISIONS, precision_of_dtype
-from radixd.daemon.runner import ModelRunner, StepSeq
 from radixd.kernels.cpu_attention import plan_rows
 
 BS = 4

@@ -6,6 +6,7 @@ import pytest
 import torch
 from daemon_testkit import tiny_model
 
+from radixd.daemon.executor.runner import ModelRunner, StepSeq, num_blocks_for_budget
 from radixd.daemon.loaders.common import model_precision
 from radixd.daemon.model import precision
 from radixd.daemon.model.int4 import on_int4_grid
@@ -18,7 +19,6 @@ from radixd.daemon.model.linear import (
     quantize_groups,
 )
 from radixd.daemon.model.precision import PRECISIONS, resolve_precision
-from radixd.daemon.runner import ModelRunner, StepSeq, num_blocks_for_budget
 
 
 def test_auto_follows_the_cpu_and_the_weights(monkeypatch: pytest.MonkeyPatch) -> None:

@@ -8,6 +8,7 @@ from pathlib import Path
 import pytest
 import torch
 
+from radixd.daemon.executor.runner import ModelRunner
 from radixd.daemon.loaders import LoadedModel, load_model
 from radixd.daemon.model.precision import PRECISIONS
 from radixd.daemon.quality import (
@@ -17,7 +18,6 @@ from radixd.daemon.quality import (
     reference_log_probs,
     teacher_forced_quality,
 )
-from radixd.daemon.runner import ModelRunner
 
 TEXT = Path(__file__).parent / "data" / "quality_text.md"
 NON_FP32 = [name for name in PRECISIONS if name != "float32"]

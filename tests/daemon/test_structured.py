@@ -11,11 +11,11 @@ import llguidance
 import pytest
 import torch
 
+from radixd.daemon.executor.masks import StepMasks
+from radixd.daemon.executor.sampling import MASKED_LOGIT, SamplingParams, SamplingState
 from radixd.daemon.loaders import LoadedModel
-from radixd.daemon.sampling import MASKED_LOGIT, SamplingParams, SamplingState
 from radixd.daemon.structured.cache import GrammarCache
 from radixd.daemon.structured.grammar import GrammarError, canonical
-from radixd.daemon.structured.masks import StepMasks
 from radixd.daemon.structured.matcher import CompiledGrammar, GrammarRefused, compile_constraint
 from radixd.daemon.structured.spec import Constraint
 from radixd.daemon.structured.tokenizer import llg_tokenizer

@@ -10,8 +10,8 @@ import pytest
 import torch
 from tokenizers import Tokenizer, models, pre_tokenizers
 
+from radixd.daemon.executor.runner import ModelRunner, StepSeq
 from radixd.daemon.loaders import load_model
-from radixd.daemon.runner import ModelRunner, StepSeq
 
 VOCAB = 96
 

@@ -24,7 +24,7 @@ from radixd.daemon.engine.factory import BuiltEngine, build_core
 from radixd.daemon.loaders import LoadedModel
 from radixd.daemon.server import main as server_main
 from radixd.daemon.server.app import Daemon, engine_config, start
-from radixd.daemon.server.state import ServerState
+from radixd.daemon.server.common.state import ServerState
 
 T = TypeVar("T")
 ADMIN_TOKEN = "e2e-admin-token"

@@ -28,7 +28,7 @@ from radixd_client._pb import (
 )
 
 from radixd.daemon.loaders import LoadedModel
-from radixd.daemon.server import bounds
+from radixd.daemon.server.common import bounds
 
 ADMIN_MD = (("authorization", f"Bearer {ADMIN_TOKEN}"),)
 PROMPT = "The three primary colors are"

@@ -20,7 +20,7 @@ import pytest
 from cluster_kit import MODEL, Cluster, post, start_cluster, stream_chat
 
 from radixd.daemon.loaders import LoadedModel
-from radixd.daemon.server import bounds
+from radixd.daemon.server.common import bounds
 
 pytestmark = pytest.mark.slow
 SERVE = ("--num-blocks", "192", "--default-max-tokens", "16", "--max-num-seqs", "8")

@@ -10,7 +10,7 @@ from e2e_kit import RunningDaemon, wait_until
 from radixd_client import Chunk, End, Start
 
 from radixd.daemon.engine.types import GenerateRequest, RequestOutput
-from radixd.daemon.sampling import SamplingParams
+from radixd.daemon.executor.sampling import SamplingParams
 
 pytestmark = pytest.mark.slow
 PROMPT = "The three primary colors are"

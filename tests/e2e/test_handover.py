@@ -14,11 +14,11 @@ from e2e_kit import wait_until
 from radixd.daemon.engine.engine import Engine
 from radixd.daemon.engine.factory import build_core
 from radixd.daemon.engine.types import GenerateRequest, RequestOutput
+from radixd.daemon.executor.sampling import SamplingParams
 from radixd.daemon.loaders import LoadedModel
-from radixd.daemon.sampling import SamplingParams
-from radixd.daemon.server.bridge import OutputBridge
-from radixd.daemon.server.errors import RpcFailure
-from radixd.daemon.server.handover import OutputHandover
+from radixd.daemon.server.common.bridge import OutputBridge
+from radixd.daemon.server.common.errors import RpcFailure
+from radixd.daemon.server.common.handover import OutputHandover
 
 
 def _output(rid: str, i: int, finished: bool = False) -> RequestOutput:

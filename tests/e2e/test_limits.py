@@ -13,8 +13,8 @@ from radixd_client import Chunk
 
 from radixd.daemon.engine.types import RequestOutput
 from radixd.daemon.loaders import LoadedModel
-from radixd.daemon.server.bridge import OutputBridge
-from radixd.daemon.server.errors import RpcFailure
+from radixd.daemon.server.common.bridge import OutputBridge
+from radixd.daemon.server.common.errors import RpcFailure
 
 
 @pytest.fixture(scope="module")

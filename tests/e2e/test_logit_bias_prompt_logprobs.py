@@ -15,8 +15,8 @@ from e2e_kit import RunningDaemon
 from smg_grpc_proto.generated import vllm_engine_pb2 as pb
 from smg_grpc_proto.generated import vllm_engine_pb2_grpc
 
+from radixd.daemon.executor.runner import ModelRunner, StepSeq
 from radixd.daemon.loaders import LoadedModel
-from radixd.daemon.runner import ModelRunner, StepSeq
 
 pytestmark = pytest.mark.slow
 PROMPT = "The capital of France is Paris. The capital of Germany is Berlin. The capital of Italy is"

@@ -20,7 +20,7 @@ from radixd_client._pb import common_pb2, generation_pb2, generation_pb2_grpc, s
 from smg_grpc_proto.generated import vllm_engine_pb2 as vllm_pb
 from smg_grpc_proto.generated import vllm_engine_pb2_grpc
 
-from radixd.daemon.server import bounds
+from radixd.daemon.server.common import bounds
 
 pytestmark = pytest.mark.slow
 PROMPT = "Answer yes or no:"

@@ -22,7 +22,7 @@ from smg_grpc_proto.generated import vllm_engine_pb2 as pb
 from tokenizers import Tokenizer
 
 from radixd.daemon.loaders import LoadedModel
-from radixd.daemon.server.kv_events import chain
+from radixd.daemon.server.common.kv_events import chain
 
 pytestmark = pytest.mark.slow
 PROMPT = "The capital of France is Paris. The capital of Germany is Berlin. The capital of Italy is Rome. The"

@@ -17,8 +17,8 @@ from typing import Any
 from smg_grpc_proto.generated import vllm_engine_pb2 as pb
 
 from radixd.daemon.engine.types import GenerateRequest, RequestOutput, TokenLogprob
-from radixd.daemon.server.pipeline import RequestRegistry, failure, open_request
-from radixd.daemon.server.state import ServerState
+from radixd.daemon.server.common.pipeline import RequestRegistry, failure, open_request
+from radixd.daemon.server.common.state import ServerState
 
 
 @dataclass

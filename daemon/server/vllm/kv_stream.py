@@ -16,8 +16,8 @@ from smg_grpc_proto.generated import common_pb2
 from smg_grpc_proto.generated.common_pb2 import KvEventBatch as Batch
 
 from radixd.daemon.engine.stats import EngineStats
-from radixd.daemon.server.events import CacheEvents
-from radixd.daemon.server.kv_events import to_batch
+from radixd.daemon.server.common.events import CacheEvents
+from radixd.daemon.server.common.kv_events import to_batch
 from radixd.daemon.server.vllm.loads import LoadSampler, routing_core
 
 # A load record goes out at least this often while the engine is idle (smg reads silence as trouble).

@@ -19,7 +19,7 @@ from smg_grpc_proto.generated import common_pb2, vllm_engine_pb2
 
 from radixd.daemon.engine.commands import GetStats
 from radixd.daemon.engine.stats import EngineStats
-from radixd.daemon.log import get_logger
+from radixd.daemon.process.log import get_logger
 
 if TYPE_CHECKING:
     from radixd.daemon.engine.engine import Engine

@@ -22,13 +22,13 @@ from typing import TYPE_CHECKING
 
 from smg_grpc_proto.generated import vllm_engine_pb2
 
-from radixd.daemon.server.constraint import wire_constraint
-from radixd.daemon.server.errors import bad_request
-from radixd.daemon.server.sampling import engine_sampling
+from radixd.daemon.server.common.constraint import wire_constraint
+from radixd.daemon.server.common.errors import bad_request
+from radixd.daemon.server.common.sampling import engine_sampling
 
 if TYPE_CHECKING:
-    from radixd.daemon.sampling import SamplingParams
-    from radixd.daemon.server.state import Limits
+    from radixd.daemon.executor.sampling import SamplingParams
+    from radixd.daemon.server.common.state import Limits
 
 MAX_LOGPROBS = 20
 

@@ -22,13 +22,13 @@ from radixd_client._pb import common_pb2 as radixd_common
 from smg_grpc_proto.generated import common_pb2, vllm_engine_pb2, vllm_engine_pb2_grpc
 from smg_grpc_proto.generated import vllm_engine_pb2 as pb
 
-from radixd.daemon.engine.limits import check_token_ids
 from radixd.daemon.engine.types import FlushMode, GenerateRequest
-from radixd.daemon.server.bounds import MAX_FLUSH_TIMEOUT_S, check_id, check_seconds
-from radixd.daemon.server.convert import prompt_tokens
-from radixd.daemon.server.errors import RpcFailure, bad_request
-from radixd.daemon.server.handler import rpc
-from radixd.daemon.server.pipeline import RequestRegistry, abort, admit
+from radixd.daemon.executor.limits import check_token_ids
+from radixd.daemon.server.common.bounds import MAX_FLUSH_TIMEOUT_S, check_id, check_seconds
+from radixd.daemon.server.common.convert import prompt_tokens
+from radixd.daemon.server.common.errors import RpcFailure, bad_request
+from radixd.daemon.server.common.handler import rpc
+from radixd.daemon.server.common.pipeline import RequestRegistry, abort, admit
 from radixd.daemon.server.vllm.generate import run_generate
 from radixd.daemon.server.vllm.kv_stream import kv_event_stream
 from radixd.daemon.server.vllm.loads import LoadSampler
@@ -36,7 +36,7 @@ from radixd.daemon.server.vllm.sampling import sampling_from_vllm, truncate_prom
 
 if TYPE_CHECKING:
     from radixd.daemon.model.config import ModelConfig
-    from radixd.daemon.server.state import ServerState
+    from radixd.daemon.server.common.state import ServerState
     from radixd.daemon.server.vllm.tokenizer_bundle import TokenizerBundle
 
 SERVICE_NAME = vllm_engine_pb2.DESCRIPTOR.services_by_name["VllmEngine"].full_name

@@ -25,7 +25,7 @@ from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
     from radixd.daemon.model.config import ModelConfig
-    from radixd.daemon.tokenizer import TextTokenizer
+    from radixd.daemon.text.tokenizer import TextTokenizer
 
 CHUNK_BYTES = 256 * 1024
 _EPOCH = (1980, 1, 1, 0, 0, 0)

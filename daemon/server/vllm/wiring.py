@@ -10,14 +10,14 @@ from typing import TYPE_CHECKING
 import grpc.aio
 from smg_grpc_proto.generated import vllm_engine_pb2_grpc
 
-from radixd.daemon.log import get_logger
-from radixd.daemon.server.pipeline import RequestRegistry
+from radixd.daemon.process.log import get_logger
+from radixd.daemon.server.common.pipeline import RequestRegistry
 from radixd.daemon.server.vllm.service import VllmEngineServicer
 from radixd.daemon.server.vllm.tokenizer_bundle import build_bundle, write_dir
 
 if TYPE_CHECKING:
     from radixd.daemon.engine.factory import BuiltEngine
-    from radixd.daemon.server.state import ServerState
+    from radixd.daemon.server.common.state import ServerState
 
 log = get_logger("radixd.server.vllm")
 EMBEDDED_NAME = "SmolLM2-135M-Instruct"

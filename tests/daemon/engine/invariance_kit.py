@@ -15,10 +15,10 @@ from engine_kit import SYSTEM, Collector, make_core, run
 
 from radixd.daemon.engine.core import EngineCore
 from radixd.daemon.engine.types import GenerateRequest
+from radixd.daemon.executor.runner import DecodeRows, StepSeq
+from radixd.daemon.executor.sampling import SampleResult, SamplingParams
 from radixd.daemon.loaders import LoadedModel, load_model
 from radixd.daemon.model.precision import cpu_has_native_bf16, resolve_precision
-from radixd.daemon.runner import DecodeRows, StepSeq
-from radixd.daemon.sampling import SampleResult, SamplingParams
 
 # NOTE: the embedded GGUF is Q4_1, so its layers lie on the int4 grid: what `auto` resolves to for it
 # here. The "auto" rig loads with dtype="auto" and checks it got this.

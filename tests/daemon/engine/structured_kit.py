@@ -7,8 +7,8 @@ import json
 import re
 from typing import Any
 
+from radixd.daemon.executor.sampling import SamplingParams
 from radixd.daemon.loaders import LoadedModel
-from radixd.daemon.sampling import SamplingParams
 from radixd.daemon.structured.spec import Constraint
 
 PERSON: dict[str, Any] = {

@@ -1,4 +1,4 @@
-"""Speculative drafts under a grammar (engine/speculative.py, structured/masks.py): a draft is cut before
+"""Speculative drafts under a grammar (engine/speculative.py, executor/masks.py): a draft is cut before
 the first token its grammar forbids (`Matcher.admitted`, read-only), and a drafted row's verification
 masks are, position by position, the masks plain constrained decoding computes after the draft tokens
 before it, with the matcher back where it started."""
@@ -12,9 +12,9 @@ import pytest
 import torch
 from structured_kit import LOG_LINE, PERSON
 
+from radixd.daemon.executor.masks import StepMasks
+from radixd.daemon.executor.sampling import MASKED_LOGIT, SamplingParams, SamplingState
 from radixd.daemon.loaders import LoadedModel
-from radixd.daemon.sampling import MASKED_LOGIT, SamplingParams, SamplingState
-from radixd.daemon.structured.masks import StepMasks
 from radixd.daemon.structured.matcher import CompiledGrammar, GrammarRefused, Matcher, compile_constraint
 from radixd.daemon.structured.spec import Constraint
 from radixd.daemon.structured.tokenizer import llg_tokenizer

@@ -8,9 +8,10 @@ import pytest
 from engine_kit import Collector, assert_all_free, greedy, make_core, run
 
 from radixd.daemon.engine.commands import CreateSession
-from radixd.daemon.engine.types import GenerateRequest, InvalidRequest, RequestTooLarge
+from radixd.daemon.engine.types import GenerateRequest
+from radixd.daemon.errors import InvalidRequest, RequestTooLarge
+from radixd.daemon.executor.sampling import SamplingParams
 from radixd.daemon.loaders import LoadedModel
-from radixd.daemon.sampling import SamplingParams
 
 pytestmark = pytest.mark.slow
 

@@ -26,13 +26,8 @@ from radixd.daemon.engine.commands import (
 from radixd.daemon.engine.core import EngineCore
 from radixd.daemon.engine.engine import Engine
 from radixd.daemon.engine.stats import EngineStats
-from radixd.daemon.engine.types import (
-    GenerateRequest,
-    InvalidRequest,
-    RequestOutput,
-    TooManySessions,
-    UnknownSession,
-)
+from radixd.daemon.engine.types import GenerateRequest, RequestOutput
+from radixd.daemon.errors import InvalidRequest, TooManySessions, UnknownSession
 from radixd.daemon.loaders import LoadedModel
 
 pytestmark = pytest.mark.slow

@@ -13,7 +13,8 @@ from faultkit import Injected, fail_once, json_logs
 from radixd.daemon.engine.commands import CreateSession, GetStats
 from radixd.daemon.engine.core import EngineCore
 from radixd.daemon.engine.engine import Engine
-from radixd.daemon.engine.types import EngineStopped, GenerateRequest, RequestOutput
+from radixd.daemon.engine.types import GenerateRequest, RequestOutput
+from radixd.daemon.errors import EngineStopped
 from radixd.daemon.loaders import LoadedModel
 
 pytestmark = pytest.mark.slow

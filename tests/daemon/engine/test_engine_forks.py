@@ -9,9 +9,9 @@ import torch
 from engine_kit import SYSTEM, assert_all_free, greedy, make_core, run, sampled
 
 from radixd.daemon.engine.types import GenerateRequest
+from radixd.daemon.executor.runner import StepSeq
+from radixd.daemon.executor.sampling import SamplingParams
 from radixd.daemon.loaders import LoadedModel
-from radixd.daemon.runner import StepSeq
-from radixd.daemon.sampling import SamplingParams
 
 pytestmark = pytest.mark.slow
 

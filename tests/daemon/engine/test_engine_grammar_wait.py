@@ -19,8 +19,8 @@ from radixd.daemon.engine.core import EngineCore
 from radixd.daemon.engine.engine import Engine
 from radixd.daemon.engine.factory import build_core
 from radixd.daemon.engine.types import GenerateRequest, RequestOutput
+from radixd.daemon.executor.sampling import SamplingParams
 from radixd.daemon.loaders import LoadedModel
-from radixd.daemon.sampling import SamplingParams
 from radixd.daemon.structured.cache import CompileFn, GrammarCache
 from radixd.daemon.structured.matcher import CompiledGrammar, compile_constraint
 from radixd.daemon.structured.spec import Constraint

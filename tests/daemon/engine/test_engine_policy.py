@@ -14,8 +14,8 @@ from radixd.daemon.engine.policy import (
 )
 from radixd.daemon.engine.sequence import RequestState, Sequence
 from radixd.daemon.engine.types import GenerateRequest
-from radixd.daemon.runner import copy_waves
-from radixd.daemon.sampling import SamplingParams
+from radixd.daemon.executor.runner import copy_waves
+from radixd.daemon.executor.sampling import SamplingParams
 
 
 def _seq(

@@ -15,8 +15,8 @@ from radixd.daemon.engine.core import EngineCore
 from radixd.daemon.engine.prompt_scoring import scoring
 from radixd.daemon.engine.sequence import Sequence
 from radixd.daemon.engine.types import GenerateRequest, RequestOutput, TokenLogprob
+from radixd.daemon.executor.runner import ModelRunner, StepSeq
 from radixd.daemon.loaders import LoadedModel
-from radixd.daemon.runner import ModelRunner, StepSeq
 
 pytestmark = pytest.mark.slow
 

@@ -14,10 +14,10 @@ from invariance_kit import AUTO_AND_REFERENCE, Answer, Rig, answer, ask, assert_
 
 from radixd.daemon.engine.core import EngineCore
 from radixd.daemon.engine.types import GenerateRequest
-from radixd.daemon.sampling import SamplingParams
+from radixd.daemon.executor.sampling import SamplingParams
 from radixd.daemon.server.admin import load_response
-from radixd.daemon.server.convert import end_message
-from radixd.daemon.server.metrics import Metrics
+from radixd.daemon.server.common.convert import end_message
+from radixd.daemon.server.common.metrics import Metrics
 
 pytestmark = pytest.mark.slow
 # NOTE: the session's rigs (conftest.py), so the models the invariance tests load are loaded once.

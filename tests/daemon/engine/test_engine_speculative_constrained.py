@@ -1,4 +1,4 @@
-"""Speculative decoding of constrained requests (engine/speculative.py, structured/masks.py) on the real
+"""Speculative decoding of constrained requests (engine/speculative.py, executor/masks.py) on the real
 model: greedy JSON-schema and regex requests with drafts give token for token (and logprob for logprob)
 what they give with speculation off, with drafts really verified for them; a draft the grammar forbids
 is cut before verification; jump-forward keeps appending forced tokens after an accepted draft; a dead

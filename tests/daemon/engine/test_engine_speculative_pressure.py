@@ -15,7 +15,7 @@ from invariance_kit import Answer, Rig, answer, ask, assert_same, text_tokens
 
 from radixd.daemon.engine.core import EngineCore
 from radixd.daemon.engine.types import GenerateRequest
-from radixd.daemon.sampling import SamplingParams
+from radixd.daemon.executor.sampling import SamplingParams
 
 pytestmark = pytest.mark.slow
 

@@ -11,7 +11,7 @@ from radixd.daemon.engine.engine import Engine
 from radixd.daemon.engine.types import GenerateRequest
 from radixd.daemon.loaders import LoadedModel
 from radixd.daemon.server.admin import cache_stats_response, load_response
-from radixd.daemon.server.metrics import Metrics
+from radixd.daemon.server.common.metrics import Metrics
 from radixd.daemon.server.vllm.loads import LoadSampler
 
 pytestmark = pytest.mark.slow

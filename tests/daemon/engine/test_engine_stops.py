@@ -8,11 +8,11 @@ from typing import Any
 import pytest
 from engine_kit import assert_all_free, greedy, make_core, run
 
-from radixd.daemon.detokenizer import Detokenizer
 from radixd.daemon.engine import textstream
 from radixd.daemon.engine.types import GenerateRequest
+from radixd.daemon.executor.sampling import SamplingParams
 from radixd.daemon.loaders import LoadedModel
-from radixd.daemon.sampling import SamplingParams
+from radixd.daemon.text.detokenizer import Detokenizer
 
 pytestmark = pytest.mark.slow
 PROMPT = "The capital of France is"

@@ -9,8 +9,8 @@ from engine_kit import Collector, assert_all_free, greedy, make_core, run
 
 from radixd.daemon.engine.config import EngineConfig
 from radixd.daemon.engine.types import GenerateRequest
+from radixd.daemon.executor.sampling import SamplingParams
 from radixd.daemon.loaders import LoadedModel
-from radixd.daemon.sampling import SamplingParams
 from radixd.daemon.server import main as server_main
 from radixd.daemon.server.app import engine_config
 

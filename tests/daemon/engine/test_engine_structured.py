@@ -23,9 +23,10 @@ from structured_kit import (
     person,
 )
 
-from radixd.daemon.engine.types import GenerateRequest, InvalidRequest
+from radixd.daemon.engine.types import GenerateRequest
+from radixd.daemon.errors import InvalidRequest
+from radixd.daemon.executor.sampling import SamplingParams
 from radixd.daemon.loaders import LoadedModel
-from radixd.daemon.sampling import SamplingParams
 from radixd.daemon.structured.spec import Constraint
 
 pytestmark = pytest.mark.slow

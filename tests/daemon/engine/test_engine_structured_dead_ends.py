@@ -10,8 +10,8 @@ from engine_kit import assert_all_free, make_core, run
 from structured_kit import chat, constrained
 
 from radixd.daemon.engine.types import GenerateRequest
+from radixd.daemon.executor.sampling import SamplingParams
 from radixd.daemon.loaders import LoadedModel
-from radixd.daemon.sampling import SamplingParams
 from radixd.daemon.structured.spec import Constraint
 
 pytestmark = pytest.mark.slow

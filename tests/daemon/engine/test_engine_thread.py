@@ -20,14 +20,8 @@ from radixd.daemon.engine.commands import (
     Unpin,
 )
 from radixd.daemon.engine.engine import Engine
-from radixd.daemon.engine.types import (
-    EngineStopped,
-    EngineTimeout,
-    FlushRefused,
-    GenerateRequest,
-    InvalidRequest,
-    RequestOutput,
-)
+from radixd.daemon.engine.types import GenerateRequest, RequestOutput
+from radixd.daemon.errors import EngineStopped, EngineTimeout, FlushRefused, InvalidRequest
 from radixd.daemon.loaders import LoadedModel
 
 pytestmark = pytest.mark.slow

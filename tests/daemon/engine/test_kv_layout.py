@@ -6,7 +6,7 @@ from radixd.daemon.engine.config import EngineConfig
 from radixd.daemon.engine.kv import KVManager
 from radixd.daemon.engine.sequence import RequestState, Sequence
 from radixd.daemon.engine.types import GenerateRequest
-from radixd.daemon.sampling import SamplingParams
+from radixd.daemon.executor.sampling import SamplingParams
 from radixd.radix import BlockTable
 
 BS = 4

@@ -1,0 +1,154 @@
+"""The step's token masks: computed while the forward pass runs, applied to the constrained rows only.
+
+`StepMasks.start(states)` hands the constrained rows' matchers to a mask thread, which fills one bit
+per token into a preallocated int32 bitmask with llguidance's batch call (it drops the GIL and spreads
+the rows over its own pool), while the engine thread runs the forward pass (whose torch calls drop the
+GIL too; on a GPU the forward is queued asynchronously). `PendingMasks.apply(logits)` joins it and sets
+every forbidden logit of those rows to `MASKED_LOGIT`; the sampler then runs as for any row.
+
+NOTE: cost only where there is a constraint. A step without constrained rows starts nothing and
+`start` returns None (one scan of the rows' states); unconstrained rows of a mixed batch are never read
+or written, so they sample exactly what they sample alone (the sampler's batch-invariance NOTE).
+
+NOTE: a matcher is only read by the mask thread between `start` and `apply`; the engine thread consumes
+tokens (`Matcher.consume`) after `apply`, so the two never touch one matcher at once.
+
+Speculative drafts (engine/speculative.py): a drafted constrained row verifies k + 1 positions, and
+position i needs the mask its grammar gives after the row's first i draft tokens, exactly what plain
+decoding would have computed there. The same batch call walks each such matcher over its draft (filling
+one mask per position) and rolls it back, so the matcher ends where it started; the engine then
+consumes only the tokens verification accepted. `PendingMasks.apply_drafts` masks the verification
+logits. The drafts are cut beforehand to tokens the grammar admits (`Matcher.admitted`), so the walk
+never stops early.
+"""
+
+from __future__ import annotations
+
+import concurrent.futures
+from collections.abc import Sequence
+from typing import TYPE_CHECKING
+
+import llguidance
+import llguidance.torch
+import torch
+
+from radixd.daemon.executor.sampling import MASKED_LOGIT
+
+if TYPE_CHECKING:
+    from radixd.daemon.executor.sampling import SamplingState
+
+
+class PendingMasks:
+    """One step's masks in the making (`StepMasks.start`)."""
+
+    def __init__(
+        self,
+        fill: concurrent.futures.Future[None],
+        rows: list[int],
+        bitmask: torch.Tensor,
+        shifts: torch.Tensor,
+        draft_rows: list[int] | None = None,
+    ) -> None:
+        self._fill = fill
+        self.rows = rows  # row of the sampled logits for each constrained state
+        # Row of the verification logits for each constrained draft position; their masks follow the
+        # sampled rows' in the bitmask.
+        self.draft_rows = draft_rows or []
+        self._bitmask = bitmask
+        self._shifts = shifts
+
+    def wait(self) -> None:
+        """Join the fill (also when the step failed, so no fill outlives its step)."""
+        self._fill.result()
+
+    def apply(self, logits: torch.Tensor) -> torch.Tensor:
+        """`logits` [R, V] (R = the states given to `start`) as float32, the constrained rows masked."""
+        return self._masked(logits, self.rows, 0)
+
+    def apply_drafts(self, logits: torch.Tensor) -> torch.Tensor:
+        """`logits` [D, V] (D = the drafted rows' positions given to `start`, in order) as float32,
+        the constrained rows' positions masked."""
+        return self._masked(logits, self.draft_rows, len(self.rows))
+
+    def _masked(self, logits: torch.Tensor, rows: list[int], first: int) -> torch.Tensor:
+        """`logits` as float32 with `rows` masked by the bitmask's rows from `first` on."""
+        self.wait()
+        logits = logits.float()
+        n, vocab = len(rows), logits.shape[1]
+        if n == 0:
+            return logits
+        bits = self._bitmask[first : first + n].to(logits.device, non_blocking=True)
+        # Unpack 32 tokens per int32 word: [n, W] -> [n, W, 32] -> [n, 32 W], cut to the vocabulary.
+        allowed = ((bits.unsqueeze(2) >> self._shifts.to(logits.device)) & 1).view(n, -1)[:, :vocab]
+        forbidden = allowed == 0
+        if n == logits.shape[0]:
+            return logits.masked_fill_(forbidden, MASKED_LOGIT)
+        idx = torch.tensor(rows, device=logits.device)
+        return logits.index_copy_(0, idx, logits.index_select(0, idx).masked_fill_(forbidden, MASKED_LOGIT))
+
+
+class StepMasks:
+    """The runner's mask machinery for a `vocab_size`-wide model, built on the first constrained step."""
+
+    def __init__(self, vocab_size: int) -> None:
+        self.vocab_size = vocab_size
+        self.words = (vocab_size + 31) // 32
+        self._executor = llguidance.LLExecutor()
+        self._thread = concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="radixd-masks")
+        self._bitmask = torch.zeros((0, self.words), dtype=torch.int32)
+        self._shifts = torch.arange(32, dtype=torch.int32)
+
+    def start(
+        self,
+        states: Sequence[SamplingState | None],
+        drafts: Sequence[tuple[SamplingState, Sequence[int]]] = (),
+    ) -> PendingMasks | None:
+        """Start filling the masks of the constrained rows among `states` (None entries: rows that do
+        not sample; they do not count as rows) and of the constrained ones among `drafts` (each
+        drafted row's state and draft: len(draft) + 1 verification rows, in order); None when no row
+        is constrained."""
+        rows: list[int] = []
+        matchers: list[tuple[llguidance.LLMatcher, int]] = []
+        r = 0
+        for st in states:
+            if st is None:
+                continue
+            g = st.grammar
+            if g is not None:
+                matchers.append((g.raw, len(rows)))
+                rows.append(r)
+            r += 1
+        draft_rows: list[int] = []
+        drafted: list[tuple[llguidance.LLMatcher, int, list[int]]] = []
+        r = 0
+        for st, draft in drafts:
+            g = st.grammar
+            if g is not None:
+                drafted.append((g.raw, len(rows) + len(draft_rows), list(draft)))
+                draft_rows.extend(range(r, r + len(draft) + 1))
+            r += len(draft) + 1
+        need = len(rows) + len(draft_rows)
+        if not need:
+            return None
+        if self._bitmask.shape[0] < need:
+            size = max(need, 2 * self._bitmask.shape[0])
+            self._bitmask = torch.zeros(
+                (size, self.words), dtype=torch.int32, pin_memory=torch.cuda.is_available()
+            )
+        bitmask = self._bitmask
+        fill = self._thread.submit(self._fill, matchers, drafted, bitmask)
+        return PendingMasks(fill, rows, bitmask, self._shifts, draft_rows)
+
+    def _fill(
+        self,
+        matchers: list[tuple[llguidance.LLMatcher, int]],
+        drafted: list[tuple[llguidance.LLMatcher, int, list[int]]],
+        bitmask: torch.Tensor,
+    ) -> None:
+        """The mask thread's work: one mask per sampled row, then one per drafted row's position."""
+        if matchers:
+            llguidance.torch.fill_next_token_bitmask_par(self._executor, matchers, bitmask)
+        if drafted:
+            # NOTE: for each matcher: its mask, then each draft token consumed and the mask after it,
+            # into consecutive rows; then rolled back by what it consumed (its state is as before).
+            llguidance.torch.fill_next_token_bitmask_par_with_draft_tokens(self._executor, drafted, bitmask)

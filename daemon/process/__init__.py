@@ -1,0 +1,1 @@
+"""The daemon process: its logging and its host resources (CPU threads, heap, huge pages)."""

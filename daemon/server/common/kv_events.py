@@ -1,0 +1,197 @@
+"""The radix tree's node events, translated into the vLLM worker protocol's KV events (full blocks).
+
+The tree reports nodes (a token path and where the node's own tokens start); a router such as smg's
+`cache_aware` policy wants blocks: exactly `block_size` token ids each, named by a 64-bit id and
+chained to their parent block's id. `NamespaceKvLog` keeps, per cache namespace, the full blocks the
+tree holds and appends its batches to an `EventLog` (numbering, retention, resume, back-pressure).
+
+Block ids are `block_hash(namespace, parent id, tokens)`: a keyed BLAKE2b of the chain, so the same
+prefix in the same namespace always gets the same id, in every replica and across restarts.
+
+NOTE: only full blocks counted from token 0 are published; a leaf's partial trailing block never is
+(no router could match it: it only learns full blocks). Pinned blocks are published like any other
+cached block, since requests do hit them. A block is live while at least one tree node covers it (a
+node covers block b when the block's end lies inside the node), so the log announces a block when its
+count goes 0 -> 1 and removes it when it drops back to 0.
+"""
+
+from __future__ import annotations
+
+import array
+import hashlib
+import time
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass
+
+from smg_grpc_proto.generated import common_pb2
+from smg_grpc_proto.generated.common_pb2 import KvEventBatch as Batch
+
+from radixd.daemon.server.common.event_log import EventLog
+
+# One batch as the log keeps it: when it was published, and its events (numbered by the log).
+KvEntry = tuple[float, list[common_pb2.KvCacheEvent]]
+Schedule = Callable[[Callable[[], None]], object]
+# Blocks per snapshot chunk: keeps one KvEventBatch far below gRPC's default 4 MiB message limit.
+SNAPSHOT_CHUNK_BLOCKS = 1024
+
+
+def block_hash(namespace: str, parent: int | None, tokens: Iterable[int]) -> int:
+    """The stable signed 64-bit id of a full block (the protocol's `int64 block_hash`)."""
+    h = hashlib.blake2b(digest_size=8, person=b"radixd-kv-v1")
+    h.update(namespace.encode())
+    h.update(b"\x00" if parent is None else b"\x01" + parent.to_bytes(8, "little", signed=True))
+    h.update(array.array("I", tokens).tobytes())
+    return int.from_bytes(h.digest(), "little", signed=True)
+
+
+def chain(namespace: str, tokens: list[int], block_size: int, n_blocks: int) -> list[int]:
+    """Ids of the first `n_blocks` full blocks of `tokens`."""
+    ids: list[int] = []
+    parent: int | None = None
+    for b in range(n_blocks):
+        parent = block_hash(namespace, parent, tokens[b * block_size : (b + 1) * block_size])
+        ids.append(parent)
+    return ids
+
+
+def to_batch(item: tuple[int, KvEntry]) -> Batch:
+    """A numbered log entry as its own KvEventBatch message."""
+    sequence, (timestamp, events) = item
+    return Batch(sequence_number=sequence, timestamp=timestamp, events=events)
+
+
+def stored_event(blocks: list[common_pb2.KvBlock], parent: int | None) -> common_pb2.KvCacheEvent:
+    """Device-tier `blocks`, each the child of the one before (the first of `parent`)."""
+    stored = common_pb2.KvBlocksStored(blocks=blocks, tier=common_pb2.KV_CACHE_TIER_DEVICE)
+    if parent is not None:
+        stored.parent_block_hash = parent
+    return common_pb2.KvCacheEvent(stored=stored)
+
+
+@dataclass(slots=True)
+class LiveBlock:
+    block_id: int
+    parent: int | None
+    tokens: tuple[int, ...]
+    depth: int
+    count: int = 0
+
+
+class NamespaceKvLog:
+    """One namespace's live full blocks and its log of numbered batches.
+
+    Fed on the event loop (`stored`, `removed`); changes made within one loop tick are
+    published as one batch when `schedule` runs the publish (immediately when `schedule` is None).
+    """
+
+    def __init__(
+        self, namespace: str, block_size: int, schedule: Schedule | None, retain: int, buffer: int
+    ) -> None:
+        self.namespace, self.block_size, self._schedule = namespace, block_size, schedule
+        self.blocks: dict[int, LiveBlock] = {}
+        self.batches: EventLog[KvEntry] = EventLog(
+            "batches", lambda last: f"start_sequence_number={last + 1}", retain, buffer
+        )
+        self._pending: list[common_pb2.KvCacheEvent] = []
+        self._scheduled = False
+
+    @property
+    def sequence(self) -> int:
+        return self.batches.sequence
+
+    # ---- tree events (event loop) ----
+    def _span(self, tokens: list[int], start: int) -> tuple[range, list[int]]:
+        """The blocks whose end lies in the node covering `tokens[start:]`, and the chain's ids."""
+        first, end = start // self.block_size, len(tokens) // self.block_size
+        return range(first, end), chain(self.namespace, tokens, self.block_size, end) if end > first else []
+
+    def stored(self, tokens: list[int], start: int) -> None:
+        """A node covering `tokens[start:]` joined the tree."""
+        bs = self.block_size
+        span, ids = self._span(tokens, start)
+        run: list[common_pb2.KvBlock] = []
+        run_parent: int | None = None
+        for b in span:
+            parent = ids[b - 1] if b else None
+            live = self.blocks.get(ids[b])
+            if live is None:
+                live = LiveBlock(ids[b], parent, tuple(tokens[b * bs : (b + 1) * bs]), b)
+                self.blocks[ids[b]] = live
+            live.count += 1
+            if live.count == 1:
+                if not run:
+                    run_parent = parent
+                run.append(self._kv_block(live))
+            elif run:
+                self._add(stored_event(run, run_parent))
+                run = []
+        if run:
+            self._add(stored_event(run, run_parent))
+
+    def removed(self, tokens: list[int], start: int) -> None:
+        """The node covering `tokens[start:]` left the tree."""
+        span, ids = self._span(tokens, start)
+        gone: list[int] = []
+        for b in reversed(span):  # children before parents
+            live = self.blocks.get(ids[b])
+            if live is None:
+                continue  # never announced by this log: nothing to withdraw
+            live.count -= 1
+            if live.count <= 0:
+                del self.blocks[ids[b]]
+                gone.append(ids[b])
+        if gone:
+            self._add(common_pb2.KvCacheEvent(removed=common_pb2.KvBlocksRemoved(block_hashes=gone)))
+
+    # ---- publishing ----
+    def _kv_block(self, live: LiveBlock) -> common_pb2.KvBlock:
+        return common_pb2.KvBlock(block_hash=live.block_id, token_ids=live.tokens, block_size=self.block_size)
+
+    def _add(self, event: common_pb2.KvCacheEvent) -> None:
+        self._pending.append(event)
+        if self._schedule is None:
+            self.publish()
+        elif not self._scheduled:
+            self._scheduled = True
+            self._schedule(self.publish)
+
+    def publish(self) -> None:
+        """Number the pending events as one batch, retain it and hand it to every subscriber."""
+        self._scheduled = False
+        if self._pending:
+            self.batches.append((time.time(), self._pending))
+            self._pending = []
+
+    def unobserved(self) -> None:
+        """The tree listener is gone: forget the live blocks and the history (they would go stale)
+        and leave a gap in the numbers, so a resume from before it gets a snapshot."""
+        self.blocks.clear()
+        self._pending = []
+        self.batches.gap()
+
+    # ---- catching a subscriber up ----
+    def replay(self, start: int) -> list[Batch] | None:
+        """Retained batches numbered >= `start`, or None when the history no longer reaches back to it
+        (or `start` is beyond the newest batch: this daemon restarted), so a snapshot is due."""
+        kept = self.batches.since(start - 1) if start > 0 else None
+        return None if kept is None else [to_batch(item) for item in kept]
+
+    def snapshot(self) -> list[Batch]:
+        """The live blocks as snapshot chunks numbered up to the current sequence (empty before the first
+        batch: there is nothing to resync from)."""
+        if self.sequence == 0:
+            return []
+        ordered = sorted(self.blocks.values(), key=lambda b: b.depth)  # parents before children
+        per = SNAPSHOT_CHUNK_BLOCKS
+        count = min(max(1, -(-len(ordered) // per)), self.sequence)
+        per = max(per, -(-len(ordered) // count))
+        batches: list[Batch] = []
+        now = time.time()
+        for i in range(count):
+            events = [common_pb2.KvCacheEvent(cleared=common_pb2.KvCacheCleared())] if i == 0 else []
+            for live in ordered[i * per : (i + 1) * per]:
+                events.append(stored_event([self._kv_block(live)], live.parent))
+            chunk = common_pb2.KvSnapshotChunk(index=i, count=count, blocks=len(ordered), unknown_before=0)
+            seq = self.sequence - count + 1 + i
+            batches.append(Batch(sequence_number=seq, timestamp=now, events=events, snapshot=chunk))
+        return batches

@@ -1,0 +1,126 @@
+"""Prometheus metrics, served over HTTP on loopback (`--metrics-port`; by default a free port, printed
+in the daemon's ready line, so replicas on one host never collide on it).
+
+Request-path metrics (counts, tokens, latencies) are recorded by the handlers. Cache state (blocks by
+state, evictions, preemptions, hit tokens) is read from the engine at scrape time by a collector, so it
+is never stale and costs nothing between scrapes.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator
+from typing import Any
+
+from prometheus_client import CollectorRegistry, Counter, Histogram, start_http_server
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
+from prometheus_client.registry import Collector
+
+from radixd.daemon.engine.stats import EngineStats
+from radixd.daemon.server.common.gateway_metrics import gateway_families
+
+_LATENCY_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0)
+_ITL_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.02, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5)
+
+
+class Metrics:
+    """All metrics of one daemon, in their own registry (tests can run several daemons per process)."""
+
+    def __init__(self) -> None:
+        self.registry = CollectorRegistry()
+        r = self.registry
+        self.requests = Counter(
+            "radixd_requests", "Finished RPCs by method and status code", ["rpc", "code"], registry=r
+        )
+        self.prompt_tokens = Counter(
+            "radixd_prompt_tokens", "Prompt tokens of generation requests", registry=r
+        )
+        self.cached_tokens = Counter(
+            "radixd_cached_tokens", "Prompt tokens served from the prefix cache", registry=r
+        )
+        self.generated_tokens = Counter("radixd_generated_tokens", "Generated tokens", registry=r)
+        self.ttft = Histogram(
+            "radixd_ttft_seconds", "Time to first token", buckets=_LATENCY_BUCKETS, registry=r
+        )
+        self.queue_time = Histogram(
+            "radixd_queue_seconds", "Time waiting for the first step", buckets=_LATENCY_BUCKETS, registry=r
+        )
+        self.inter_token = Histogram(
+            "radixd_inter_token_seconds", "Time between streamed chunks", buckets=_ITL_BUCKETS, registry=r
+        )
+        self.slow_reader_aborts = Counter(
+            "radixd_slow_reader_aborts", "Streams aborted because the client read too slowly", registry=r
+        )
+
+    def add_engine_collector(self, read_stats: Callable[[], EngineStats | None]) -> None:
+        """Export cache state from `read_stats()` (the engine's stats; None = unavailable), as the
+        `radixd_*` series and the vLLM names gateways scrape (gateway_metrics.py)."""
+        self.registry.register(_EngineCollector(read_stats))
+
+    def serve(self, port: int, host: str = "127.0.0.1") -> Any:
+        """Start the HTTP exporter thread (`port` 0 = a free one, see `server_address`); returns the
+        server (has `shutdown()`)."""
+        server, _thread = start_http_server(port, addr=host, registry=self.registry)
+        return server
+
+
+class _EngineCollector(Collector):
+    def __init__(self, read_stats: Callable[[], EngineStats | None]) -> None:
+        self._read = read_stats
+
+    def collect(self) -> Iterator[Any]:
+        s = self._read()
+        if s is None:
+            return
+        # NOTE: state "cached" is the evictable blocks (held only by the cache), as it always was here:
+        # the label stays for existing dashboards; free + cached + in_use = radixd_blocks_total.
+        blocks = GaugeMetricFamily(
+            "radixd_blocks",
+            "KV blocks by state (cached: held only by the cache, evictable)",
+            labels=["state"],
+        )
+        by_state = {"free": s.free_blocks, "cached": s.evictable_blocks, "in_use": s.in_use_blocks}
+        for state, n in {**by_state, "pinned": s.pinned_blocks}.items():
+            blocks.add_metric([state], float(n))
+        yield blocks
+        yield GaugeMetricFamily("radixd_blocks_total", "KV blocks in the pool", value=float(s.total_blocks))
+        yield GaugeMetricFamily("radixd_cache_nodes", "Radix tree nodes", value=float(s.cache_nodes))
+        evictions = CounterMetricFamily(
+            "radixd_evicted_blocks", "Evicted blocks by reason", labels=["reason"]
+        )
+        for reason, count in sorted(s.evictions.items()):
+            evictions.add_metric([reason], float(count))
+        yield evictions
+        yield CounterMetricFamily("radixd_preemptions", "Preempted sequences", value=float(s.preemptions))
+        yield CounterMetricFamily(
+            "radixd_cache_hit_tokens",
+            "Prompt tokens served from the prefix cache, counted once per request at its first admission"
+            " (the sum of cached_tokens); hit + miss = prompt tokens",
+            value=float(s.hit_tokens),
+        )
+        yield CounterMetricFamily(
+            "radixd_cache_miss_tokens",
+            "Prompt tokens computed (prompt - cached, per request at its first admission; the last prompt"
+            " token is always computed); hit + miss = prompt tokens",
+            value=float(s.miss_tokens),
+        )
+        yield CounterMetricFamily(
+            "radixd_drafted_tokens", "Speculative draft tokens verified", value=float(s.drafted_tokens)
+        )
+        yield CounterMetricFamily(
+            "radixd_accepted_draft_tokens",
+            "Speculative draft tokens accepted into outputs (of radixd_drafted_tokens)",
+            value=float(s.accepted_draft_tokens),
+        )
+        yield CounterMetricFamily(
+            "radixd_draft_seconds", "Engine-thread seconds spent drafting", value=float(s.draft_s)
+        )
+        yield GaugeMetricFamily("radixd_running_requests", "Running sequences", value=float(s.running_seqs))
+        yield GaugeMetricFamily(
+            "radixd_waiting_requests", "Sequences waiting for admission", value=float(s.waiting_seqs)
+        )
+        yield GaugeMetricFamily(
+            "radixd_swapped_requests",
+            "Sequences preempted to host memory (--preemption-mode swap), waiting to resume",
+            value=float(s.swapped_seqs),
+        )
+        yield from gateway_families(s)

@@ -1,0 +1,1 @@
+"""Text around token ids: the tokenizer and chat template, incremental detokenization, stop strings."""
