@@ -13,6 +13,7 @@ import torch
 from tqdm import tqdm
 
 from radixd.daemon.loaders.common import ConvertedModel, ModelLoadError
+from radixd.daemon.loaders.tensor_names import MODEL_TENSORS, layer_tensors
 from radixd.daemon.model import ModelConfig
 from radixd.daemon.text.tokenizer import TextTokenizer, build_bpe_tokenizer, end_of_turn_ids
 
@@ -118,9 +119,10 @@ def convert_gguf(path: str) -> ConvertedModel:
     try:
         tok = _tokenizer(reader, path)
         by_name = {t.name: t for t in reader.tensors}
-        if "token_embd.weight" not in by_name:
-            raise ModelLoadError(f"{path}: GGUF has no token_embd.weight tensor")
-        vocab = int(by_name["token_embd.weight"].shape[-1])
+        embed = MODEL_TENSORS["embed"]["gguf"]
+        if embed not in by_name:
+            raise ModelLoadError(f"{path}: GGUF has no {embed} tensor")
+        vocab = int(by_name[embed].shape[-1])
         cfg = _config(reader, path, vocab)
         arch = _field(reader, "general.architecture")
         raw: dict[str, torch.Tensor] = {}
@@ -131,10 +133,11 @@ def convert_gguf(path: str) -> ConvertedModel:
         raise
     except Exception as e:
         raise ModelLoadError(f"{path}: cannot convert GGUF tensors ({type(e).__name__}: {e})") from e
-    out: dict[str, torch.Tensor] = {"embed": raw["token_embd.weight"], "norm": raw["output_norm.weight"]}
-    tied = "output.weight" not in raw
+    top = {ours: names["gguf"] for ours, names in MODEL_TENSORS.items()}
+    out: dict[str, torch.Tensor] = {"embed": raw[top["embed"]], "norm": raw[top["norm"]]}
+    tied = top["lm_head"] not in raw
     if not tied:
-        out["lm_head"] = raw["output.weight"]
+        out["lm_head"] = raw[top["lm_head"]]
     extra: dict[str, object] = {"tie_word_embeddings": tied}
     if "rope_freqs.weight" in raw:
         if cfg.rope_scaling is not None:
@@ -143,26 +146,17 @@ def convert_gguf(path: str) -> ConvertedModel:
             )
         extra["rope_scaling"] = {"rope_type": "freq_factors", "factors": raw["rope_freqs.weight"].tolist()}
     cfg = ModelConfig.from_dict({**cfg.to_dict(), **extra})
-    perm = arch in _PERMUTED_ARCHS
+    heads = (cfg.num_heads, cfg.num_kv_heads)
+
+    def unpermute_qk(ours: str, index: int, part: torch.Tensor) -> torch.Tensor:
+        if ours in ("qkv", "qkv_bias") and index < 2:
+            return _unpermute(part, heads[index])
+        return part
+
+    fix = unpermute_qk if arch in _PERMUTED_ARCHS else None
     for i in range(cfg.num_layers):
-        p = f"blk.{i}."
         try:
-            q, k, v = raw[p + "attn_q.weight"], raw[p + "attn_k.weight"], raw[p + "attn_v.weight"]
-            if perm:
-                q, k = _unpermute(q, cfg.num_heads), _unpermute(k, cfg.num_kv_heads)
-            out[f"layers.{i}.qkv"] = torch.cat((q, k, v), dim=0)
-            if p + "attn_q.bias" in raw:
-                qb, kb, vb = raw[p + "attn_q.bias"], raw[p + "attn_k.bias"], raw[p + "attn_v.bias"]
-                if perm:
-                    qb, kb = _unpermute(qb, cfg.num_heads), _unpermute(kb, cfg.num_kv_heads)
-                out[f"layers.{i}.qkv_bias"] = torch.cat((qb, kb, vb), dim=0)
-            out[f"layers.{i}.o_proj"] = raw[p + "attn_output.weight"]
-            out[f"layers.{i}.attn_norm"] = raw[p + "attn_norm.weight"]
-            out[f"layers.{i}.mlp_norm"] = raw[p + "ffn_norm.weight"]
-            out[f"layers.{i}.gate_up"] = torch.cat(
-                (raw[p + "ffn_gate.weight"], raw[p + "ffn_up.weight"]), dim=0
-            )
-            out[f"layers.{i}.down"] = raw[p + "ffn_down.weight"]
+            out.update(layer_tensors(raw, "gguf", i, fix))
         except KeyError as e:
             raise ModelLoadError(f"{path}: GGUF lacks tensor {e.args[0]}") from e
     return ConvertedModel(cfg, out, tok)

@@ -11,6 +11,7 @@ import torch
 from tokenizers import Tokenizer
 
 from radixd.daemon.loaders.common import ConvertedModel, ModelLoadError
+from radixd.daemon.loaders.tensor_names import MODEL_TENSORS, layer_tensors
 from radixd.daemon.model import ModelConfig
 from radixd.daemon.text.tokenizer import TextTokenizer, end_of_turn_ids
 
@@ -101,28 +102,15 @@ def convert_hf_dir(path: str) -> ConvertedModel:
     cfg = _config(d, _read_json(d / "config.json"))
     raw = _tensors(d)
     tok = _tokenizer(d, cfg)
+    top = {ours: names["hf"] for ours, names in MODEL_TENSORS.items()}
     out: dict[str, torch.Tensor] = {}
     try:
-        out["embed"] = raw["model.embed_tokens.weight"]
-        out["norm"] = raw["model.norm.weight"]
+        out["embed"] = raw[top["embed"]]
+        out["norm"] = raw[top["norm"]]
         if not cfg.tie_word_embeddings:
-            out["lm_head"] = raw["lm_head.weight"]
+            out["lm_head"] = raw[top["lm_head"]]
         for i in range(cfg.num_layers):
-            p = f"model.layers.{i}."
-            a = p + "self_attn."
-            out[f"layers.{i}.qkv"] = torch.cat([raw[a + f"{n}_proj.weight"] for n in "qkv"], dim=0)
-            if a + "q_proj.bias" in raw:
-                out[f"layers.{i}.qkv_bias"] = torch.cat([raw[a + f"{n}_proj.bias"] for n in "qkv"], dim=0)
-            out[f"layers.{i}.o_proj"] = raw[a + "o_proj.weight"]
-            if a + "o_proj.bias" in raw:
-                out[f"layers.{i}.o_bias"] = raw[a + "o_proj.bias"]
-            out[f"layers.{i}.attn_norm"] = raw[p + "input_layernorm.weight"]
-            out[f"layers.{i}.mlp_norm"] = raw[p + "post_attention_layernorm.weight"]
-            m = p + "mlp."
-            out[f"layers.{i}.gate_up"] = torch.cat(
-                (raw[m + "gate_proj.weight"], raw[m + "up_proj.weight"]), dim=0
-            )
-            out[f"layers.{i}.down"] = raw[m + "down_proj.weight"]
+            out.update(layer_tensors(raw, "hf", i))
     except KeyError as e:
         raise ModelLoadError(f"{d}: safetensors lack tensor {e.args[0]}") from e
     return ConvertedModel(cfg, out, tok)

@@ -1,0 +1,67 @@
+"""The one renaming table from a checkpoint's tensor names to our fused layout's (`LlamaWeights.tensors()`).
+
+Each of our tensors names its parts in each format (`gguf`: llama.cpp's names, `hf`: Hugging Face's); a
+fused tensor is its parts concatenated along dim 0, in order. `{i}` stands for the layer index.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping
+from typing import Literal
+
+import torch
+
+Format = Literal["gguf", "hf"]
+
+MODEL_TENSORS: dict[str, dict[Format, str]] = {
+    "embed": {"gguf": "token_embd.weight", "hf": "model.embed_tokens.weight"},
+    "norm": {"gguf": "output_norm.weight", "hf": "model.norm.weight"},
+    "lm_head": {"gguf": "output.weight", "hf": "lm_head.weight"},
+}
+
+_HF_ATTN = "model.layers.{i}.self_attn."
+_HF_MLP = "model.layers.{i}.mlp."
+LAYER_TENSORS: dict[str, dict[Format, tuple[str, ...]]] = {
+    "qkv": {
+        "gguf": ("blk.{i}.attn_q.weight", "blk.{i}.attn_k.weight", "blk.{i}.attn_v.weight"),
+        "hf": tuple(_HF_ATTN + f"{n}_proj.weight" for n in "qkv"),
+    },
+    "qkv_bias": {
+        "gguf": ("blk.{i}.attn_q.bias", "blk.{i}.attn_k.bias", "blk.{i}.attn_v.bias"),
+        "hf": tuple(_HF_ATTN + f"{n}_proj.bias" for n in "qkv"),
+    },
+    "o_proj": {"gguf": ("blk.{i}.attn_output.weight",), "hf": (_HF_ATTN + "o_proj.weight",)},
+    "o_bias": {"hf": (_HF_ATTN + "o_proj.bias",)},
+    "attn_norm": {"gguf": ("blk.{i}.attn_norm.weight",), "hf": ("model.layers.{i}.input_layernorm.weight",)},
+    "mlp_norm": {
+        "gguf": ("blk.{i}.ffn_norm.weight",),
+        "hf": ("model.layers.{i}.post_attention_layernorm.weight",),
+    },
+    "gate_up": {
+        "gguf": ("blk.{i}.ffn_gate.weight", "blk.{i}.ffn_up.weight"),
+        "hf": (_HF_MLP + "gate_proj.weight", _HF_MLP + "up_proj.weight"),
+    },
+    "down": {"gguf": ("blk.{i}.ffn_down.weight",), "hf": (_HF_MLP + "down_proj.weight",)},
+}
+# Present only when the checkpoint has their first part (attention biases: qwen2 and a few others).
+OPTIONAL = frozenset({"qkv_bias", "o_bias"})
+
+# (our tensor, index of the part, the part) -> the part as our layout wants it
+PartFix = Callable[[str, int, torch.Tensor], torch.Tensor]
+
+
+def layer_tensors(
+    raw: Mapping[str, torch.Tensor], fmt: Format, i: int, fix: PartFix | None = None
+) -> dict[str, torch.Tensor]:
+    """Layer `i`'s tensors under our names (`layers.{i}.qkv`, ...) from `raw` in format `fmt`, each part
+    passed through `fix` when given; raises KeyError naming the first required tensor `raw` lacks."""
+    out: dict[str, torch.Tensor] = {}
+    for ours, by_format in LAYER_TENSORS.items():
+        names = [n.format(i=i) for n in by_format.get(fmt, ())]
+        if not names or (ours in OPTIONAL and names[0] not in raw):
+            continue
+        parts = [raw[n] for n in names]
+        if fix is not None:
+            parts = [fix(ours, k, t) for k, t in enumerate(parts)]
+        out[f"layers.{i}.{ours}"] = parts[0] if len(parts) == 1 else torch.cat(parts, dim=0)
+    return out
