@@ -280,6 +280,23 @@ class LlamaModel:
         plan = None
         if np_ < t:
             plan = kernels.decode_step_plan(meta.decode_block_tables, meta.decode_seq_lens, k_caches[0])
+
+        def prefill(q: torch.Tensor, kc: torch.Tensor, vc: torch.Tensor) -> torch.Tensor:
+            return kernels.paged_prefill(
+                q,
+                kc,
+                vc,
+                meta.prefill_block_tables,
+                meta.prefill_cu_q_lens,
+                meta.prefill_seq_lens,
+                self.scale,
+            )
+
+        def decode(q: torch.Tensor, kc: torch.Tensor, vc: torch.Tensor) -> torch.Tensor:
+            return kernels.paged_decode(
+                q, kc, vc, meta.decode_block_tables, meta.decode_seq_lens, self.scale, plan=plan
+            )
+
         for li, (lw, m) in enumerate(zip(w.layers, self._ops, strict=True)):
             x = rms_norm(h, lw.attn_norm, cfg.rms_norm_eps)
             qkv = m.qkv(x)
@@ -290,33 +307,11 @@ class LlamaModel:
             kc, vc = k_caches[li], v_caches[li]
             kernels.store_kv(k, v, kc, vc, meta.slot_mapping)
             if np_ == t:
-                attn = kernels.paged_prefill(
-                    q,
-                    kc,
-                    vc,
-                    meta.prefill_block_tables,
-                    meta.prefill_cu_q_lens,
-                    meta.prefill_seq_lens,
-                    self.scale,
-                )
+                attn = prefill(q, kc, vc)
             elif np_ == 0:
-                attn = kernels.paged_decode(
-                    q, kc, vc, meta.decode_block_tables, meta.decode_seq_lens, self.scale, plan=plan
-                )
+                attn = decode(q, kc, vc)
             else:
-                pre = kernels.paged_prefill(
-                    q[:np_],
-                    kc,
-                    vc,
-                    meta.prefill_block_tables,
-                    meta.prefill_cu_q_lens,
-                    meta.prefill_seq_lens,
-                    self.scale,
-                )
-                dec = kernels.paged_decode(
-                    q[np_:], kc, vc, meta.decode_block_tables, meta.decode_seq_lens, self.scale, plan=plan
-                )
-                attn = torch.cat((pre, dec), dim=0)
+                attn = torch.cat((prefill(q[:np_], kc, vc), decode(q[np_:], kc, vc)), dim=0)
             h += m.o_proj(attn.reshape(t, hq * d))
             x = rms_norm(h, lw.mlp_norm, cfg.rms_norm_eps)
             gu = m.gate_up(x)

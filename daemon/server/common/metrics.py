@@ -82,45 +82,74 @@ class _EngineCollector(Collector):
         for state, n in {**by_state, "pinned": s.pinned_blocks}.items():
             blocks.add_metric([state], float(n))
         yield blocks
-        yield GaugeMetricFamily("radixd_blocks_total", "KV blocks in the pool", value=float(s.total_blocks))
-        yield GaugeMetricFamily("radixd_cache_nodes", "Radix tree nodes", value=float(s.cache_nodes))
+        yield from _plain(s, _POOL_SERIES)
         evictions = CounterMetricFamily(
             "radixd_evicted_blocks", "Evicted blocks by reason", labels=["reason"]
         )
         for reason, count in sorted(s.evictions.items()):
             evictions.add_metric([reason], float(count))
         yield evictions
-        yield CounterMetricFamily("radixd_preemptions", "Preempted sequences", value=float(s.preemptions))
-        yield CounterMetricFamily(
-            "radixd_cache_hit_tokens",
-            "Prompt tokens served from the prefix cache, counted once per request at its first admission"
-            " (the sum of cached_tokens); hit + miss = prompt tokens",
-            value=float(s.hit_tokens),
-        )
-        yield CounterMetricFamily(
-            "radixd_cache_miss_tokens",
-            "Prompt tokens computed (prompt - cached, per request at its first admission; the last prompt"
-            " token is always computed); hit + miss = prompt tokens",
-            value=float(s.miss_tokens),
-        )
-        yield CounterMetricFamily(
-            "radixd_drafted_tokens", "Speculative draft tokens verified", value=float(s.drafted_tokens)
-        )
-        yield CounterMetricFamily(
-            "radixd_accepted_draft_tokens",
-            "Speculative draft tokens accepted into outputs (of radixd_drafted_tokens)",
-            value=float(s.accepted_draft_tokens),
-        )
-        yield CounterMetricFamily(
-            "radixd_draft_seconds", "Engine-thread seconds spent drafting", value=float(s.draft_s)
-        )
-        yield GaugeMetricFamily("radixd_running_requests", "Running sequences", value=float(s.running_seqs))
-        yield GaugeMetricFamily(
-            "radixd_waiting_requests", "Sequences waiting for admission", value=float(s.waiting_seqs)
-        )
-        yield GaugeMetricFamily(
-            "radixd_swapped_requests",
-            "Sequences preempted to host memory (--preemption-mode swap), waiting to resume",
-            value=float(s.swapped_seqs),
-        )
+        yield from _plain(s, _ENGINE_SERIES)
         yield from gateway_families(s)
+
+
+# An unlabelled series read off the engine's stats: (family, name, help, its value in the stats).
+_Series = tuple[type[CounterMetricFamily | GaugeMetricFamily], str, str, Callable[[EngineStats], float]]
+
+_POOL_SERIES: tuple[_Series, ...] = (
+    (GaugeMetricFamily, "radixd_blocks_total", "KV blocks in the pool", lambda s: s.total_blocks),
+    (GaugeMetricFamily, "radixd_cache_nodes", "Radix tree nodes", lambda s: s.cache_nodes),
+)
+_ENGINE_SERIES: tuple[_Series, ...] = (
+    (CounterMetricFamily, "radixd_preemptions", "Preempted sequences", lambda s: s.preemptions),
+    (
+        CounterMetricFamily,
+        "radixd_cache_hit_tokens",
+        "Prompt tokens served from the prefix cache, counted once per request at its first admission"
+        " (the sum of cached_tokens); hit + miss = prompt tokens",
+        lambda s: s.hit_tokens,
+    ),
+    (
+        CounterMetricFamily,
+        "radixd_cache_miss_tokens",
+        "Prompt tokens computed (prompt - cached, per request at its first admission; the last prompt"
+        " token is always computed); hit + miss = prompt tokens",
+        lambda s: s.miss_tokens,
+    ),
+    (
+        CounterMetricFamily,
+        "radixd_drafted_tokens",
+        "Speculative draft tokens verified",
+        lambda s: s.drafted_tokens,
+    ),
+    (
+        CounterMetricFamily,
+        "radixd_accepted_draft_tokens",
+        "Speculative draft tokens accepted into outputs (of radixd_drafted_tokens)",
+        lambda s: s.accepted_draft_tokens,
+    ),
+    (
+        CounterMetricFamily,
+        "radixd_draft_seconds",
+        "Engine-thread seconds spent drafting",
+        lambda s: s.draft_s,
+    ),
+    (GaugeMetricFamily, "radixd_running_requests", "Running sequences", lambda s: s.running_seqs),
+    (
+        GaugeMetricFamily,
+        "radixd_waiting_requests",
+        "Sequences waiting for admission",
+        lambda s: s.waiting_seqs,
+    ),
+    (
+        GaugeMetricFamily,
+        "radixd_swapped_requests",
+        "Sequences preempted to host memory (--preemption-mode swap), waiting to resume",
+        lambda s: s.swapped_seqs,
+    ),
+)
+
+
+def _plain(s: EngineStats, series: tuple[_Series, ...]) -> Iterator[Any]:
+    for family, name, doc, value in series:
+        yield family(name, doc, value=float(value(s)))
