@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import argparse
 from dataclasses import dataclass
 from typing import Literal
 
@@ -13,6 +14,29 @@ PreemptionMode = Literal["recompute", "swap"]
 DEFAULT_BLOCK_SIZE = 16  # tokens per KV block
 DEFAULT_KV_CACHE_GB = 1.0  # pool size in GiB when no block count is given
 MAX_SPECULATIVE_TOKENS = 32  # draft tokens a sequence may verify in one step
+
+
+def add_kv_pool_flags(
+    group: argparse._ActionsContainer, num_blocks_help: str, *, blocks_before_gb: bool
+) -> None:
+    """The KV pool's flags as `radixd serve` and `radixd generate` take them: `--block-size`, then
+    `--kv-cache-gb` and `--num-blocks` (help: `num_blocks_help`) in the order the command lists them."""
+    group.add_argument(
+        "--block-size",
+        type=int,
+        default=DEFAULT_BLOCK_SIZE,
+        help=f"tokens per KV block (default {DEFAULT_BLOCK_SIZE})",
+    )
+    if blocks_before_gb:
+        group.add_argument("--num-blocks", type=int, default=None, help=num_blocks_help)
+    group.add_argument(
+        "--kv-cache-gb",
+        type=float,
+        default=None,
+        help=f"KV pool size in GiB (default {DEFAULT_KV_CACHE_GB:g})",
+    )
+    if not blocks_before_gb:
+        group.add_argument("--num-blocks", type=int, default=None, help=num_blocks_help)
 
 
 @dataclass(frozen=True)

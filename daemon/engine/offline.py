@@ -18,7 +18,7 @@ import sys
 from dataclasses import dataclass, field
 from typing import Any
 
-from radixd.daemon.engine.config import DEFAULT_BLOCK_SIZE, DEFAULT_KV_CACHE_GB, EngineConfig
+from radixd.daemon.engine.config import EngineConfig, add_kv_pool_flags
 from radixd.daemon.engine.types import GenerateRequest, RequestOutput
 from radixd.daemon.errors import EngineError
 from radixd.daemon.executor.sampling import SamplingParams
@@ -41,19 +41,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--seed", type=int, default=None)
     parser.add_argument("--n", type=int, default=1, help="parallel samples, forked copy-on-write")
     parser.add_argument("--json", action="store_true", help="print one JSON object per request")
-    parser.add_argument(
-        "--block-size",
-        type=int,
-        default=DEFAULT_BLOCK_SIZE,
-        help=f"tokens per KV block (default {DEFAULT_BLOCK_SIZE})",
-    )
-    parser.add_argument("--num-blocks", type=int, default=None, help="KV pool size in blocks")
-    parser.add_argument(
-        "--kv-cache-gb",
-        type=float,
-        default=None,
-        help=f"KV pool size in GiB (default {DEFAULT_KV_CACHE_GB:g})",
-    )
+    add_kv_pool_flags(parser, "KV pool size in blocks", blocks_before_gb=True)
     parser.add_argument("--no-prefix-cache", action="store_true", help="disable prefix caching")
     parser.add_argument("--device", default="cpu")
     parser.add_argument("--dtype", choices=DTYPE_CHOICES, default=default_dtype_name(), help=DTYPE_HELP)

@@ -7,6 +7,7 @@ table, lease and host blocks; once a request has no live sequence left, its owne
 from __future__ import annotations
 
 import time
+from dataclasses import dataclass
 
 import structlog
 
@@ -21,22 +22,15 @@ from radixd.daemon.executor.sampling import SampleResult
 log = structlog.get_logger("radixd.engine")
 
 
+@dataclass(eq=False, repr=False)
 class Outputs:
     """Token acceptance and sequence endings (engine thread only)."""
 
-    def __init__(
-        self,
-        scheduler: Scheduler,
-        kv: KVManager,
-        swap: HostSwap | None,
-        max_model_len: int,
-        stream_interval: int,
-    ) -> None:
-        self.scheduler = scheduler
-        self.kv = kv
-        self.swap = swap
-        self.max_model_len = max_model_len
-        self.stream_interval = stream_interval
+    scheduler: Scheduler
+    kv: KVManager
+    swap: HostSwap | None
+    max_model_len: int
+    stream_interval: int
 
     def emit(self, sink: Sink, out: RequestOutput) -> None:
         """Hand `out` to `sink`; a sink that raises is logged and ignored.

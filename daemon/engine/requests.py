@@ -15,6 +15,7 @@ from __future__ import annotations
 
 from collections import Counter, deque
 from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
 
 import structlog
 
@@ -65,6 +66,7 @@ def error_output(
     )
 
 
+@dataclass(eq=False, repr=False)
 class Requests:
     """The table of requests in flight and what enters and leaves it.
 
@@ -72,34 +74,24 @@ class Requests:
     included): the `Engine` counts its requests in flight with it.
     """
 
-    def __init__(
-        self,
-        validator: Validator,
-        grammars: GrammarWait,
-        sessions: SessionManager,
-        forker: Forker,
-        scheduler: Scheduler,
-        outputs: Outputs,
-        on_first_work: Callable[[], None],
-    ) -> None:
-        self.validator = validator
-        self.grammars = grammars
-        self.sessions = sessions
-        self.forker = forker
-        self.scheduler = scheduler
-        self.outputs = outputs
-        # Called when a request arrives at an idle engine (the watchdog times only pending work).
-        self.on_first_work = on_first_work
-        self.on_request_done: Callable[[str], None] = lambda _rid: None
-        self._table: dict[str, RequestState] = {}
-        # Requests whose prefill still scores its prompt (`prompt_scoring.plan_scoring` reads it).
-        self.scoring: set[RequestState] = set()
-        self._early_aborts: deque[str] = deque(maxlen=EARLY_ABORTS_KEPT)
-        self.finished = 0
-        self.aborted = 0
-        self.rejected = 0
-        self.prompt_tokens = 0  # of every request that entered the queue
-        self.cached_tokens = 0  # of every finished request
+    validator: Validator
+    grammars: GrammarWait
+    sessions: SessionManager
+    forker: Forker
+    scheduler: Scheduler
+    outputs: Outputs
+    # Called when a request arrives at an idle engine (the watchdog times only pending work).
+    on_first_work: Callable[[], None]
+    on_request_done: Callable[[str], None] = field(init=False, default=lambda _rid: None)
+    _table: dict[str, RequestState] = field(init=False, default_factory=dict)
+    # Requests whose prefill still scores its prompt (`prompt_scoring.plan_scoring` reads it).
+    scoring: set[RequestState] = field(init=False, default_factory=set)
+    _early_aborts: deque[str] = field(init=False, default_factory=lambda: deque(maxlen=EARLY_ABORTS_KEPT))
+    finished: int = field(init=False, default=0)
+    aborted: int = field(init=False, default=0)
+    rejected: int = field(init=False, default=0)
+    prompt_tokens: int = field(init=False, default=0)  # of every request that entered the queue
+    cached_tokens: int = field(init=False, default=0)  # of every finished request
 
     # ---- the table -------------------------------------------------------------------------------
     def __len__(self) -> int:

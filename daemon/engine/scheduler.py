@@ -14,7 +14,7 @@ from __future__ import annotations
 import bisect
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import structlog
 
@@ -74,24 +74,18 @@ class SchedulerCounters:
     swap_fallbacks: int = 0  # swapped-out sequences that could not swap back in and recomputed instead
 
 
+@dataclass(eq=False, repr=False)
 class Scheduler:
     """Owns the waiting / running / swapped sets (engine thread only)."""
 
-    def __init__(
-        self,
-        config: EngineConfig,
-        kv: KVManager,
-        swap: HostSwap | None,
-        forker: Forker,
-    ) -> None:
-        self.config = config
-        self.kv = kv
-        self.swap = swap
-        self.forker = forker
-        self.waiting: list[Sequence] = []
-        self.running: list[Sequence] = []
-        self.swapped: list[Sequence] = []
-        self.counters = SchedulerCounters()
+    config: EngineConfig
+    kv: KVManager
+    swap: HostSwap | None
+    forker: Forker
+    waiting: list[Sequence] = field(init=False, default_factory=list)
+    running: list[Sequence] = field(init=False, default_factory=list)
+    swapped: list[Sequence] = field(init=False, default_factory=list)
+    counters: SchedulerCounters = field(init=False, default_factory=SchedulerCounters)
 
     # ---- membership ------------------------------------------------------------------------------
     def add(self, seq: Sequence) -> None:

@@ -85,13 +85,24 @@ class CacheAdminServicer(cache_admin_pb2_grpc.CacheAdminServiceServicer):
             raise bad_request(f"{what} is empty: set text, token_ids or chat")
         return await prompt_tokens(self.state, prompt, what)
 
+    def _namespace(self, context: Any, namespace: str) -> str:
+        """Refuse a caller without admin rights; -> the namespace the request names, bounded."""
+        self.state.check_admin(context)
+        return admin_namespace(check_id("namespace", namespace))
+
+    async def _prefix(
+        self, context: Any, namespace: str, prompt: common_pb2.Prompt, what: str
+    ) -> tuple[list[int], str]:
+        """`_namespace`, then the prompt's tokens: what Pin, Unpin and LookupPrefix act on."""
+        ns = self._namespace(context, namespace)
+        return await self._tokens(prompt, what), ns
+
     @rpc("Evict")
     async def Evict(
         self, request: cache_admin_pb2.EvictRequest, context: Any
     ) -> cache_admin_pb2.EvictResponse:
         state = self.state
-        state.check_admin(context)
-        ns = admin_namespace(check_id("namespace", request.namespace))
+        ns = self._namespace(context, request.namespace)
         target = request.WhichOneof("target")
         if target == "num_blocks":
             total = state.limits.total_blocks
@@ -127,9 +138,7 @@ class CacheAdminServicer(cache_admin_pb2_grpc.CacheAdminServiceServicer):
 
     @rpc("Pin")
     async def Pin(self, request: cache_admin_pb2.PinRequest, context: Any) -> cache_admin_pb2.PinResponse:
-        self.state.check_admin(context)
-        ns = admin_namespace(check_id("namespace", request.namespace))
-        tokens = await self._tokens(request.prefix, "prefix")
+        tokens, ns = await self._prefix(context, request.namespace, request.prefix, "prefix")
         pinned = await on_engine(self.state, Pin(tokens, ns))
         if pinned == 0:
             raise RpcFailure(
@@ -142,9 +151,7 @@ class CacheAdminServicer(cache_admin_pb2_grpc.CacheAdminServiceServicer):
     async def Unpin(
         self, request: cache_admin_pb2.UnpinRequest, context: Any
     ) -> cache_admin_pb2.UnpinResponse:
-        self.state.check_admin(context)
-        ns = admin_namespace(check_id("namespace", request.namespace))
-        tokens = await self._tokens(request.prefix, "prefix")
+        tokens, ns = await self._prefix(context, request.namespace, request.prefix, "prefix")
         await on_engine(self.state, Unpin(tokens, ns))
         return cache_admin_pb2.UnpinResponse()
 
@@ -159,9 +166,7 @@ class CacheAdminServicer(cache_admin_pb2_grpc.CacheAdminServiceServicer):
     async def LookupPrefix(
         self, request: cache_admin_pb2.LookupPrefixRequest, context: Any
     ) -> cache_admin_pb2.LookupPrefixResponse:
-        self.state.check_admin(context)
-        ns = admin_namespace(check_id("namespace", request.namespace))
-        tokens = await self._tokens(request.prompt, "prompt")
+        tokens, ns = await self._prefix(context, request.namespace, request.prompt, "prompt")
         cached = await on_engine(self.state, LookupPrefix(tokens, ns))
         return cache_admin_pb2.LookupPrefixResponse(prompt_tokens=len(tokens), cached_tokens=cached)
 

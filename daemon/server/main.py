@@ -17,7 +17,7 @@ from __future__ import annotations
 import argparse
 import os
 
-from radixd.daemon.engine.config import DEFAULT_BLOCK_SIZE, DEFAULT_KV_CACHE_GB, EngineConfig
+from radixd.daemon.engine.config import EngineConfig, add_kv_pool_flags
 from radixd.daemon.model.precision import DTYPE_CHOICES, DTYPE_HELP, default_dtype_name
 from radixd.daemon.process import log
 from radixd.daemon.server.common.state import Limits
@@ -66,19 +66,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         default=None,
         help="model name gateways list and route by (vLLM protocol; default: the model file's name)",
     )
-    model.add_argument(
-        "--block-size",
-        type=int,
-        default=DEFAULT_BLOCK_SIZE,
-        help=f"tokens per KV block (default {DEFAULT_BLOCK_SIZE})",
-    )
-    model.add_argument(
-        "--kv-cache-gb",
-        type=float,
-        default=None,
-        help=f"KV pool size in GiB (default {DEFAULT_KV_CACHE_GB:g})",
-    )
-    model.add_argument("--num-blocks", type=int, default=None, help="KV pool size in blocks (overrides GiB)")
+    add_kv_pool_flags(model, "KV pool size in blocks (overrides GiB)", blocks_before_gb=False)
     model.add_argument("--no-prefix-cache", action="store_true", help="disable prefix caching")
     # NOTE: the engine's defaults are defined once, in EngineConfig; these flags only expose them.
     engine = EngineConfig()

@@ -75,8 +75,7 @@ class SessionServicer(session_pb2_grpc.SessionServiceServicer):
         self, request: session_pb2.CreateSessionRequest, context: Any
     ) -> session_pb2.CreateSessionResponse:
         state = self.state
-        state.refuse_if_draining()
-        ns = state.namespace(context)
+        ns = state.new_work_namespace(context)
         ttl = check_seconds("ttl_s", request.ttl_s, MAX_SESSION_TTL_S, "the daemon's default") or None
         tokens = (
             await prompt_tokens(state, request.context, "context", generation_prompt=False)
@@ -114,8 +113,7 @@ class SessionServicer(session_pb2_grpc.SessionServiceServicer):
         self, request: session_pb2.ForkSessionRequest, context: Any
     ) -> session_pb2.ForkSessionResponse:
         state = self.state
-        state.refuse_if_draining()
-        ns = state.namespace(context)
+        ns = state.new_work_namespace(context)
         k = check_range("count", request.count, 1, MAX_FORK)
         sid = session_id_of(request.session_id)
         fork = ForkSession(sid, k, ns, max_sessions=state.limits.max_sessions)

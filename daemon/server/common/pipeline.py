@@ -70,8 +70,7 @@ def check_deadline(context: Any) -> None:
 
 def admit(state: ServerState, context: Any, request_id: str) -> str:
     """The checks every generation call passes before it costs anything; -> the caller's namespace."""
-    state.refuse_if_draining()
-    namespace = state.namespace(context)
+    namespace = state.new_work_namespace(context)
     check_deadline(context)
     check_id("request_id", request_id)
     return namespace

@@ -118,12 +118,14 @@ class ServerState:
         except AuthError as exc:
             raise RpcFailure(exc.code, str(exc)) from exc
 
-    def refuse_if_draining(self) -> None:
+    def new_work_namespace(self, context: Any) -> str:
+        """`namespace`, for a call that starts new work: refused UNAVAILABLE while the daemon drains."""
         if self.draining:
             raise RpcFailure(
                 grpc.StatusCode.UNAVAILABLE,
                 "the daemon is shutting down and accepts no new work; retry elsewhere",
             )
+        return self.namespace(context)
 
     @contextlib.contextmanager
     def stream_slot(self) -> Iterator[None]:
