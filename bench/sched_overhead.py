@@ -222,7 +222,7 @@ class CountSinks:
 
 
 class LoopSinks:
-    """The daemon's handover (`radixd.daemon.server.common.bridge.OutputBridge`): the engine thread hands each
+    """The daemon's handover (`radixd.daemon.server.bridge.OutputBridge`): the engine thread hands each
     output to a uvloop loop running in its own thread, where one task per stream reads it as the gRPC
     handler does (without the protobuf and the socket)."""
 
