@@ -1,4 +1,5 @@
-"""The errors the engine raises or reports, and the executor's guard with them.
+"""The errors the engine raises or reports, in a package below the engine and the executor (whose step
+guard raises them too).
 
 Every error class carries a `code` naming the gRPC status class it maps to, so the server can translate
 without knowing each class ("invalid_argument", "not_found", "resource_exhausted", "failed_precondition",
