@@ -66,6 +66,10 @@ def error_output(
     )
 
 
+def _no_callback(_request_id: str) -> None:
+    """`Requests.on_request_done` until the `Engine` sets it."""
+
+
 @dataclass(eq=False, repr=False)
 class Requests:
     """The table of requests in flight and what enters and leaves it.
@@ -82,7 +86,7 @@ class Requests:
     outputs: Outputs
     # Called when a request arrives at an idle engine (the watchdog times only pending work).
     on_first_work: Callable[[], None]
-    on_request_done: Callable[[str], None] = field(init=False, default=lambda _rid: None)
+    on_request_done: Callable[[str], None] = field(init=False, default_factory=lambda: _no_callback)
     _table: dict[str, RequestState] = field(init=False, default_factory=dict)
     # Requests whose prefill still scores its prompt (`prompt_scoring.plan_scoring` reads it).
     scoring: set[RequestState] = field(init=False, default_factory=set)
