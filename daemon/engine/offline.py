@@ -4,10 +4,7 @@
     radixd generate --token-ids 1,2,3 --n 4 --temperature 0.8 --seed 7 --json
     radixd generate --prompts-file reqs.jsonl --json     # all requests run concurrently, one engine
 
-A JSONL line is an object with one of "prompt" (text), "messages" (chat, [{"role","content"}]) or
-"token_ids", and optionally "id", "chat", "max_tokens", "temperature", "top_p", "top_k", "seed", "n",
-"stop". With --json each request prints one object: id, token_ids, text, prompt_tokens,
-cached_tokens, finish_reason, and for n > 1 "outputs" (one entry per sample).
+A JSONL line holds one of "prompt", "messages" or "token_ids", plus optional sampling fields.
 """
 
 from __future__ import annotations
@@ -171,7 +168,7 @@ def run(args: argparse.Namespace) -> int:
     from radixd.daemon.loaders import ModelLoadError, load_model
     from radixd.daemon.log import configure
 
-    # NOTE: stdout carries only results (one JSON object per request with --json); logs go to stderr.
+    # stdout carries only results; logs go to stderr.
     configure(level=args.log_level, stream=sys.stderr)
     try:
         specs = _specs(args)

@@ -21,8 +21,7 @@ class HostSwap:
 
     def __init__(self, runner: ModelRunner, num_blocks: int) -> None:
         self.runner = runner
-        # NOTE: a host block has exactly one owner (the swapped-out sequence) and is never shared or
-        # cached, so a free list is all its bookkeeping; refcounts and the tree are the device pool's.
+        # NOTE: a host block has exactly one owner and is never shared or cached: a free list suffices.
         self._free = list(range(num_blocks - 1, -1, -1))
         shape = (num_blocks, *runner.k_caches[0].shape[1:])
         dtype = runner.k_caches[0].dtype

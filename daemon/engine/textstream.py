@@ -29,7 +29,7 @@ class TextStream:
 
     @staticmethod
     def prepare(tokenizer: TextTokenizer) -> None:
-        """Build the tokenizer's tables the streams use now (0.2-0.3 s), not on the first request."""
+        """Build the tokenizer's tables the streams use now, not on the first request."""
         tokenizer.byte_pieces(skip_special_tokens=True)
 
     def push(self, token_id: int) -> str:
