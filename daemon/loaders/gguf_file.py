@@ -100,7 +100,7 @@ def _tokenizer(reader: Any, path: str) -> TextTokenizer:
     bpe = build_bpe_tokenizer(tokens, merges, types, _field(reader, "tokenizer.ggml.pre"))
     eos = _field(reader, "tokenizer.ggml.eos_token_id")
     bos = _field(reader, "tokenizer.ggml.bos_token_id")
-    # NOTE: as transformers does for byte-level GGUF vocabularies, encode() adds no BOS.
+    # As transformers does for byte-level GGUF vocabularies, encode() adds no BOS.
     return TextTokenizer(
         bpe,
         chat_template=_field(reader, "tokenizer.chat_template"),
