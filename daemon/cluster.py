@@ -1,9 +1,6 @@
 """`radixd cluster --replicas N`: N `radixd serve` replicas on free loopback ports, smg in front.
 
     radixd cluster --replicas 2 --port 8000 -- --num-blocks 512
-    radixd cluster ready: openai_base_url=http://127.0.0.1:8000/v1 gateway_metrics=http://127.0.0.1:41234/metrics
-    replica 0: address=127.0.0.1:40001 admin_address=127.0.0.1:40002 metrics=http://127.0.0.1:40003/metrics
-    ...
 
 Flags after `--` go to every replica; they share one admin token. On a signal the gateway stops first,
 then replicas drain (exit 0 if all clean). A dead replica is routed around (exit 1 later); if smg or

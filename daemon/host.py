@@ -81,9 +81,7 @@ def configure_threads() -> int:
 @contextmanager
 def startup_heap_frozen() -> Iterator[int]:
     """Collect, then exempt every object alive now from GC while the block runs; yields the count.
-
-    For a process serving one engine (tests don't: frozen objects are never collected); thawed at the end.
-    """
+    For a process serving one engine: frozen objects are never collected (thawed at the end)."""
     gc.collect()
     gc.freeze()
     try:

@@ -1,7 +1,6 @@
 """Prompt logprobs: each prompt token's log-probability under the model, computed from the prefill.
 
-Position q predicts token q + 1 (the first token has none). The distribution is the raw one (as vLLM),
-projected `SCORE_ROWS` positions at a time to bound memory.
+Position q predicts token q + 1; raw distribution (as vLLM), `SCORE_ROWS` positions at a time.
 """
 
 from __future__ import annotations

@@ -1,7 +1,6 @@
 """The quality contract of the non-fp32 precisions: teacher-forced next-token distributions vs fp32.
 
-A mode meets the contract with mean KL(fp32 || mode) <= 0.02 nats/token, top-1 agreement >= 95% and
-perplexity within 2% of fp32's.
+Contract: mean KL(fp32 || mode) <= 0.02 nats/token, top-1 agreement >= 95%, perplexity within 2%.
 """
 
 from __future__ import annotations

@@ -117,10 +117,7 @@ def copy_waves(ops: list[tuple[int, int, int]]) -> list[list[tuple[int, int, int
 
 
 class ModelRunner:
-    """Runs steps of a `LlamaModel` against a paged KV pool of `num_blocks` x `block_size` tokens.
-
-    `k_caches` / `v_caches` ([num_blocks, block_size, Hkv, D] per layer) may be touched between steps (swap).
-    """
+    """Runs steps of a `LlamaModel` against a paged KV pool (`k_caches` / `v_caches`, one per layer)."""
 
     def __init__(
         self,
@@ -363,9 +360,7 @@ class ModelRunner:
         masks: PendingMasks | None,
     ) -> None:
         """Sample each drafted chunk after each of its last draft + 1 positions into `results[where]`.
-
-        NOTE: a greedy row samples exactly as a lone decode step would (row-local projection and
-        sampler, no history-reading states drafted); sampled rows go through rejection sampling."""
+        NOTE: a greedy row samples exactly as a lone decode step would (row-local projection, sampler)."""
         pos: list[int] = []
         states: list[SamplingState] = []
         for i, s in zip(where, chunks, strict=True):

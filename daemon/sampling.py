@@ -188,9 +188,7 @@ class SamplingState:
 
     def append(self, token_id: int) -> None:
         """Record a generated token and advance the grammar; `GrammarRefused` records nothing.
-
-        NOTE: the grammar has consumed exactly `output_token_ids`, so forks and preemption keep it right.
-        """
+        NOTE: the grammar has consumed exactly `output_token_ids`, so forks and preemption keep it right."""
         if self.grammar is not None:
             self.grammar.consume(token_id)
         self.output_token_ids.append(token_id)
@@ -312,9 +310,7 @@ def _distribution(
 
 
 def distribution(logits: torch.Tensor, state: SamplingState) -> torch.Tensor:
-    """The distribution `sample` draws from for a sampled `state` without penalties: [R, V] float32.
-
-    Rejection sampling (speculative decoding) reads it."""
+    """The distribution `sample` draws from for a sampled `state` without penalties (rejection sampling)."""
     rows, vocab = logits.shape
     x = logits.float().clone()
     states = [state] * rows
@@ -329,10 +325,7 @@ def distribution(logits: torch.Tensor, state: SamplingState) -> torch.Tensor:
 
 def _sample_rows(logits: torch.Tensor, states: Sequence[SamplingState]) -> torch.Tensor:
     """Temperature / top-k / top-p / min-p, then an inverse-CDF draw with each row's own generator.
-
-    NOTE: rows are processed in groups of one (top-k width, truncation kind), so a row's arithmetic
-    never depends on its batch.
-    """
+    NOTE: rows go in groups of one (top-k width, truncation kind), so nothing depends on the batch."""
     vocab = logits.shape[1]
     temps = torch.tensor([s.params.temperature for s in states], dtype=logits.dtype, device=logits.device)
     x = logits / temps.unsqueeze(1)
@@ -357,11 +350,8 @@ _ARGMAX_GROUP = 256
 
 
 def greedy_argmax(logits: torch.Tensor) -> torch.Tensor:
-    """``torch.argmax(logits, dim=1)``, same result (first maximum; NaN counts as the maximum).
-
-    Torch's CPU argmax is a scalar loop: take each column group's vectorized max, then argmax inside
-    the first group holding the row's maximum.
-    """
+    """``torch.argmax(logits, dim=1)``, same result, via vectorized group maxima (torch's CPU argmax is
+    a scalar loop)."""
     rows, vocab = logits.shape
     groups = vocab // _ARGMAX_GROUP
     if logits.device.type != "cpu" or groups < 2:

@@ -1,10 +1,9 @@
 """The engine: requests, continuous-batching scheduler over the radix cache, sessions, admin.
 
 Public API: `Engine` (`submit`, `abort`, `execute(command)`, `flush`), types.py, `EngineConfig`,
-`build_engine`. `submit` raises on stateless checks; later failures arrive as an output with
-finish_reason "error" and `error_code`. Commands (commands.py) run on the engine thread through one
-table; the engine never runs caller code. A turn advances its session only on "stop"/"length".
-`cached_tokens` excludes the last prompt token (always computed) and the previous turn's last token.
+`build_engine`. `submit` raises on stateless checks; later failures arrive as an "error" output.
+A turn advances its session only on "stop"/"length". `cached_tokens` never counts the last prompt
+token (always computed) nor the previous turn's last token (it has no KV).
 """
 
 from radixd.daemon.engine.config import EngineConfig

@@ -1,7 +1,6 @@
 """Everything the engine is asked to do, as typed commands (`Command[T]`: result type `T`) applied on
-the engine thread; a command carries all its operation needs, so callers never touch engine state.
-
-Session commands: `namespace=None` means any tenant (admin); otherwise another tenant's session is unknown.
+the engine thread; a command carries all it needs, so callers never touch engine state. Session
+commands: `namespace=None` means any tenant (admin); else another tenant's session is unknown.
 """
 
 from __future__ import annotations

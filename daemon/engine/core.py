@@ -137,10 +137,7 @@ class EngineCore:
         return cast(T, handler(cmd))
 
     def apply(self, cmd: Command[Any], fut: concurrent.futures.Future[Any] | None) -> None:
-        """Run a queued command; its result or error goes to `fut` (None: the request's sink hears).
-
-        An unexpected error fails only what the command was about; the engine goes on.
-        """
+        """Run a queued command; its result or error goes to `fut` (None: the request's sink hears)."""
         if fut is not None and not fut.set_running_or_notify_cancel():
             return
         try:
@@ -287,12 +284,8 @@ class EngineCore:
         )
 
     def _unstall(self) -> bool:
-        """Free room for stalled work, one move at a time; -> whether anything changed.
-
-        First an idle session's lease goes (earliest expiry first). Then, with nothing running, the
-        oldest swapped-out sequence falls back to recompute, which shares cached blocks where swap-in
-        could not, so both preemption modes progress whenever the pool can hold the work.
-        """
+        """Free room for stalled work, one move at a time (an idle session's lease, then the oldest
+        swapped-out sequence to recompute, which shares cached blocks); -> whether anything changed."""
         sched = self.scheduler
         if self.sessions.shed_one():
             log.info(

@@ -1,7 +1,6 @@
 """Draft tokens for speculative decoding: first what the radix tree cached after the sequence's key (its
-namespace only), then what followed the last n-gram's latest earlier occurrence in its own tokens.
-
-Both search the packed key's bytes, so a lookup costs a few byte searches whatever the context length.
+namespace only), then what followed the last n-gram's latest earlier occurrence in its own tokens
+(byte searches over the packed key, whatever the context length).
 """
 
 from __future__ import annotations
@@ -61,12 +60,8 @@ class Drafter:
 
 
 class AdaptiveK:
-    """How many tokens to draft for each sequence, from how its recent drafts fared.
-
-    A whole acceptance doubles the next length (up to the limit), a partial one sets it to accepted + 1;
-    a draft rejected from its first token backs off 2, 4, 8... steps (up to `MAX_WAIT`), so text that
-    stopped repeating costs only an occasional verification.
-    """
+    """How many tokens to draft for each sequence: doubled after a whole acceptance, accepted + 1 after a
+    partial one; a draft rejected outright backs off 2, 4, 8... steps (up to `MAX_WAIT`)."""
 
     MAX_WAIT = 32
 

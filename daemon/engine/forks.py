@@ -1,7 +1,5 @@
 """Sequences of a request: its first sequence, and the copy-on-write fork of a root into children.
-
-The root's lease goes to the first child and the others get clones, so the shared prefix stays locked
-exactly as long as one of them runs. Each sampler walks its own copy of the grammar.
+The first child takes the root's lease and the others clones, so the prefix stays locked while any runs.
 """
 
 from __future__ import annotations

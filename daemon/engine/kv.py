@@ -80,9 +80,8 @@ class KVManager:
     def match(self, tokens: TokenKey | list[int], namespace: str) -> PrefixHit:
         """Longest cached prefix of `tokens`, locked until the hit is released (or moved to a seq).
 
-        NOTE: with caching on the hit always carries a lease (even when empty), which inserts move
-        along, so a running sequence's cached nodes are never evictable; caching off: no lease.
-        """
+        NOTE: with caching on, the hit always carries a lease (even empty), so a running sequence's
+        cached nodes are never evictable."""
         return self.cache.match(tokens, namespace)
 
     @property
@@ -176,11 +175,8 @@ class KVManager:
         seq.inserted_blocks = table.leased
 
     def append(self, seq: Sequence, n: int) -> None:
-        """Allocate slots for the next `n` tokens of `seq` (callers ensured the blocks are free).
-
-        Several blocks with no free run for them evict a few more cold entries to free one: the CPU
-        attention reads contiguous runs faster than scattered blocks.
-        """
+        """Allocate slots for the next `n` tokens of `seq` (blocks already free); may evict a little more
+        to get a contiguous run, which the CPU attention reads faster."""
         if seq.table is None:
             seq.table = BlockTable(self.pool)
         self.evicted_blocks += self.cache.evict_for_run(seq.table.new_blocks_for(n))
@@ -216,8 +212,7 @@ class KVManager:
     def insert_full_blocks(self, seq: Sequence) -> None:
         """Publish `seq`'s newly completed full blocks so waiting requests can share them.
 
-        NOTE: only full blocks while it runs: a shared partial block would force a copy-on-write.
-        """
+        NOTE: only full blocks while it runs: a shared partial block would force a copy-on-write."""
         table = seq.table
         n_full = seq.num_computed // self.block_size
         # Called per sequence per step; a new full block appears once every block_size tokens.

@@ -1,10 +1,7 @@
 """`radixd generate`: run the engine in-process (no server) on one prompt or a JSONL file of requests.
 
-    radixd generate --prompt "Hello" --max-tokens 32 --json
-    radixd generate --token-ids 1,2,3 --n 4 --temperature 0.8 --seed 7 --json
-    radixd generate --prompts-file reqs.jsonl --json     # all requests run concurrently, one engine
-
-A JSONL line holds one of "prompt", "messages" or "token_ids", plus optional sampling fields.
+radixd generate --prompt "Hello" --max-tokens 32 --json
+radixd generate --prompts-file reqs.jsonl --json     # lines: "prompt", "messages" or "token_ids"
 """
 
 from __future__ import annotations

@@ -1,7 +1,5 @@
-"""Outputs: accept sampled tokens, stream them to sinks, finish sequences.
-
-A finished sequence inserts every computed token into the tree (so the next turn hits) and frees its
-table, lease and host blocks; once a request has no live sequence left, its owner (requests.py) ends it.
+"""Outputs: accept sampled tokens, stream them to sinks, finish sequences (a finished one inserts its
+tokens into the tree, so the next turn hits, and frees its table, lease and host blocks).
 """
 
 from __future__ import annotations

@@ -1,10 +1,8 @@
 """Speculative decoding: decoding sequences verify drafted tokens in the step's one forward pass.
 
-A drafted decode becomes a chunk of its last token + k drafted ones (slots only from free blocks); the
-longest matching prefix plus the model's next pick are accepted token by token through `Outputs.accept`.
-NOTE: exact for greedy rows (a chunk's token is bitwise a decode's), and the unseeded sampled rows'
-distribution is kept (rejection sampling). Drafts live only within their step. Seeded rows, penalties,
-`min_tokens`, beams and logprobs are never drafted; grammar rows cut the draft where the grammar forbids.
+A drafted decode becomes a chunk of its last token + k drafts; the matching prefix and the model's next
+pick are accepted through `Outputs.accept`. NOTE: exact for greedy rows, distribution-preserving for
+sampled ones; drafts live only within their step. Never drafted: seeds, penalties, beams, logprobs.
 """
 
 from __future__ import annotations

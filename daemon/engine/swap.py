@@ -1,7 +1,5 @@
-"""Swap preemption: a host (CPU) KV pool that running sequences' blocks are copied out to and back.
-
-The host pool is per-layer tensors of the device cache's shape with a free list of their blocks; copies
-go through `kernels.copy_blocks` between the two pools (index copies across devices).
+"""Swap preemption: a host (CPU) KV pool, mirroring the device's, that running sequences' blocks are
+copied out to and back (`kernels.copy_blocks`).
 """
 
 from __future__ import annotations

@@ -81,12 +81,8 @@ class EngineTimeout(EngineError):
 
 @dataclass(frozen=True)
 class GenerateRequest:
-    """One generation request.
-
-    With `session_id`, `prompt_token_ids` is the new turn, appended to the session's tokens.
-    `namespace`: cache isolation. `priority`: larger preempted last. `beam_width` > 0: beam search.
-    `arrival_time` (monotonic): queue time, TTFT and FCFS order. `detokenize=False`: no text.
-    """
+    """One generation request. With `session_id`, `prompt_token_ids` is the new turn. `namespace`: cache
+    isolation. `priority`: larger preempted last. `arrival_time`: queue time, TTFT and FCFS order."""
 
     request_id: str
     prompt_token_ids: list[int]
@@ -112,10 +108,8 @@ class TokenLogprob:
 class RequestOutput:
     """One increment of one output of a request (`index` < n), delivered to the request's sink.
 
-    `cached_tokens`: prompt tokens from the cache at first admission. The last output of an index has
-    `finished=True`. `matched_stop`: the stop string or id (None for EOS). `prompt_logprobs`: on the
-    request's first output only. Not frozen (built per token; frozen init is slow); never read back.
-    """
+    `matched_stop`: the stop string or id (None for EOS). `prompt_logprobs`: on the first output only.
+    Not frozen (built per token, frozen init is slow); the engine never reads one back."""
 
     request_id: str
     index: int

@@ -1,7 +1,6 @@
 """GGUF files: metadata -> ModelConfig, dequantized tensors -> our fused layout, vocabulary -> tokenizer.
 
-NOTE: llama.cpp's converter permutes the rows of Q and K for the `llama` architecture (to its interleaved
-RoPE layout); we undo that so the weights use HF's rotate-half layout that `model/rope.py` applies.
+NOTE: llama.cpp permutes Q and K rows for `llama` (interleaved RoPE); undone here for HF's rotate-half.
 """
 
 from __future__ import annotations

@@ -1,10 +1,8 @@
 """Row-invariant projections: a row's result never depends on how many rows its call has, nor on them.
 
-CPU GEMMs pick their reduction order from the shape, undocumented, so a load-time probe finds each
-kernel's *floor* (the smallest row count from which every probed count agrees bitwise with the largest);
-`RowPlan.run` pads smaller calls up to it and splits larger ones (no agreeing top: every call at the cap).
-NOTE: invariant per machine, library build and thread count; plans are keyed by them, and
-`RowInvariant` probes again when the thread count changes.
+GEMMs pick their reduction order from the shape, so a load-time probe finds each kernel's *floor* (from
+which all probed row counts agree bitwise); `RowPlan.run` pads smaller calls and splits larger ones.
+NOTE: plans hold per machine, build and thread count; `RowInvariant` re-probes when threads change.
 """
 
 from __future__ import annotations

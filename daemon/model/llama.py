@@ -1,7 +1,6 @@
 """Llama-family decoder (RMSNorm, RoPE, GQA, SwiGLU, tied embeddings, optional q/k/v (and o) bias).
 
-Attention reads and writes the paged KV pool only through `radixd.kernels` (no contiguous KV path);
-weights are fused (qkv, gate-up), so each layer runs four matmuls.
+Attention uses the paged KV pool only through `radixd.kernels`; weights are fused (qkv, gate-up).
 """
 
 from __future__ import annotations
@@ -151,10 +150,8 @@ def make_linear(w: torch.Tensor, bias: torch.Tensor | None, prec: Precision, dev
 
 
 def make_lm_head(w: torch.Tensor, prec: Precision, device: torch.device) -> Linear:
-    """The lm_head of [V, H] matrix `w` that `prec` runs, on `device`.
-
-    Quantized modes hold it as int8 per 32 inputs (`q8.py`) where that runs, never in 4 bits (GGUFs
-    keep the head at 8+ bits); float modes run it as their layers."""
+    """The lm_head of [V, H] matrix `w` that `prec` runs, on `device`: quantized modes hold it as int8
+    per 32 inputs (`q8.py`), never 4 bits (GGUFs keep the head at 8+ bits)."""
     if prec.weights != "float" and device.type == "cpu" and w.shape[1] % GROUP == 0 and q8_available():
         return Q8Linear(w.to(device), None, prec.dtype)
     return make_linear(w, None, precision_of_dtype(prec.dtype) if prec.weights == "int4" else prec, device)
@@ -162,10 +159,7 @@ def make_lm_head(w: torch.Tensor, prec: Precision, device: torch.device) -> Line
 
 class LlamaModel:
     """The decoder. `forward` returns final-norm hidden states; `logits` projects chosen rows.
-
-    `precision` decides the compute dtype and how projections are held; the weights are converted
-    here, and `weights` then holds the very [out, in] tensors the projections run.
-    """
+    Weights are converted to `precision` here; `weights` then holds the tensors the projections run."""
 
     def __init__(
         self,

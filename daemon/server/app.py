@@ -249,10 +249,7 @@ def _write_ready_file(path: str, where: dict[str, int | str]) -> None:
 def _announce(
     args: argparse.Namespace, state: ServerState, tls: bool, port: int, admin_port: int, metrics_port: int
 ) -> None:
-    """Say where the daemon listens: the `server.serving` log line, `--ready-file` JSON, and stdout.
-
-    Admin and metrics ports are free ports unless given; this is how people and radixctl learn them.
-    """
+    """Say where the daemon listens (free ports unless given): the log, `--ready-file` JSON and stdout."""
     address = _host_port(args.host, port)
     admin_address = _host_port(args.admin_host, admin_port)
     metrics_url = f"http://{_host_port(args.metrics_host, metrics_port)}/metrics" if metrics_port else ""

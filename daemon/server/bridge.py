@@ -1,7 +1,6 @@
 """Move one request's outputs from the engine thread onto a bounded per-stream queue on the loop.
 
-NOTE: the engine never blocks on a client. A slow reader's queue overflows, the request is aborted
-(KV freed within a step) and the RPC ends RESOURCE_EXHAUSTED: memory per stream stays bounded.
+NOTE: the engine never blocks on a client: a slow reader's overflow aborts the request (RESOURCE_EXHAUSTED).
 """
 
 from __future__ import annotations

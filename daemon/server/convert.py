@@ -120,11 +120,8 @@ def prompt_ids(
     generation_prompt: bool | None = None,
     context_tail: str = "",
 ) -> list[int]:
-    """Token ids of a wire prompt (call `prompt_tokens`, which checks its size first).
-
-    continuation=True (a session turn): no BOS, and chat renders only the new messages (`_chat_delta`).
-    `context_tail`: the text of the last few earlier tokens.
-    """
+    """Token ids of a wire prompt (call `prompt_tokens`, which checks its size first). continuation=True
+    (a session turn): no BOS, chat renders only the new messages after `context_tail`."""
     kind = prompt.WhichOneof("kind")
     if kind is None:
         raise bad_request("prompt is empty: set prompt.text, prompt.token_ids or prompt.chat")
@@ -160,11 +157,8 @@ def prompt_ids(
 
 
 def _chat_delta(tok: Tokenizing, messages: list[dict[str, str]], add_gen: bool, context_tail: str) -> str:
-    """The template text of `messages` continuing an earlier conversation.
-
-    Rendered as (neutral base + messages) minus (neutral base), so no default system prompt repeats.
-    Whatever the context lacks of the message ending (end-of-turn + separator) is written first.
-    """
+    """The template text of `messages` continuing a conversation: (neutral base + messages) minus base,
+    after whatever the context lacks of the previous message's ending."""
     base = tok.apply_chat_template(_DELTA_BASE, add_generation_prompt=False)
     full = tok.apply_chat_template(_DELTA_BASE + messages, add_generation_prompt=add_gen)
     if not full.startswith(base):

@@ -38,10 +38,7 @@ def numbered(sequence: int, event: Event) -> Event:
 
 
 class CacheEvents:
-    """Every namespace's KV log and radixd's change log (the `CacheFeed`'s sink).
-
-    `feed` installs the listener while anyone subscribes (None: the owner keeps one installed).
-    """
+    """Every namespace's KV log and radixd's change log (the `CacheFeed`'s sink)."""
 
     def __init__(
         self, block_size: int, schedule: Schedule | None = None, retain: int = 4096, buffer: int = 1024

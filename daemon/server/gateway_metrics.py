@@ -1,7 +1,6 @@
 """Gauges under the vLLM names Kubernetes inference gateways' endpoint pickers scrape.
 
-KV usage is the fraction of blocks requests and sessions hold (`in_use`): counting the prefix cache's
-reusable blocks would make every warm replica look saturated.
+KV usage counts only `in_use` blocks: with the cache counted every warm replica would look saturated.
 """
 
 from __future__ import annotations

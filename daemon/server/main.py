@@ -1,7 +1,6 @@
 """`radixd serve`: flags and entry point (`add_arguments(parser)`, `run(args) -> int`).
 
     radixd serve --host 127.0.0.1 --port 50051 --admin-token "$TOKEN"
-    radixd ready: address=127.0.0.1:50051 admin_address=127.0.0.1:40517 metrics=http://127.0.0.1:38213/metrics
 
 The admin service (loopback, bearer token) and metrics default to free ports, so replicas on one host
 need only distinct `--port`s; the ready line, `server.serving` log and `--ready-file` say where they are.

@@ -30,9 +30,7 @@ log = get_logger("radixd.server.stream")
 
 class RequestRegistry:
     """Client request ids per namespace -> engine ids, for Abort.
-
-    NOTE: engine ids are fresh uuids, so tenants' ids never collide and a tenant aborts only its own.
-    """
+    NOTE: engine ids are fresh uuids, so tenants' ids never collide and a tenant aborts only its own."""
 
     def __init__(self) -> None:
         self._ids: dict[tuple[str, str], str] = {}

@@ -1,7 +1,6 @@
 """gRPC server reflection as both `grpc.reflection.v1` and `v1alpha` (wire-identical), with comments.
 
-Answers from the FileDescriptorProto bytes `make proto` wrote (source info kept, unlike the default
-pool), so clients see the proto comments. Each port lists and resolves only its own services.
+Served from `make proto`'s descriptors (comments kept); each port resolves only its own services.
 """
 
 from __future__ import annotations

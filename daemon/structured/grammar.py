@@ -1,7 +1,6 @@
 """A `Constraint` as llguidance grammar text, and its canonical form (the compile cache's key).
 
-Every kind maps onto llguidance's Lark (GBNF recognized by `::=` rules). What cannot map raises
-`GrammarError`; grammar syntax is checked when the matcher is built.
+Every kind maps onto llguidance's Lark (GBNF recognized by `::=`); what cannot raises `GrammarError`.
 """
 
 from __future__ import annotations
@@ -33,9 +32,7 @@ def _json(kind: str, text: str) -> Any:
 
 def canonical(c: Constraint) -> str:
     """The constraint's cache key: equal for constraints that compile to the same grammar.
-
-    NOTE: a schema keeps its key order (llguidance emits properties in that order).
-    """
+    NOTE: a schema keeps its key order (llguidance emits properties in that order)."""
     if c.kind == "json_schema":
         try:
             text = json.dumps(json.loads(c.text), separators=(",", ":"), ensure_ascii=False)

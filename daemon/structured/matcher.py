@@ -1,7 +1,6 @@
 """Compiled constraints and the per-sequence matcher that walks one.
 
-A compiled grammar is a pristine `LLMatcher` with its first mask computed (surfacing lazy errors);
-each sequence walks its own deep copy.
+A compiled grammar is a pristine `LLMatcher` (first mask computed); each sequence walks a deep copy.
 """
 
 from __future__ import annotations
@@ -57,9 +56,7 @@ class Matcher:
 
     def admitted(self, tokens: list[int]) -> int:
         """How many of `tokens`, in order, the grammar admits from here (read-only).
-
-        NOTE: stops before an end-of-turn token: consumed after the grammar stopped, it would not be in
-        the rollback history, so a draft walked over it could not be rolled back."""
+        NOTE: stops before an end of turn, which the rollback history would not hold."""
         raw = self.raw
         if not tokens or raw.is_error() or raw.is_stopped():
             return 0
@@ -120,11 +117,8 @@ def next_mask_error(m: llguidance.LLMatcher, tokenizer: llguidance.LLTokenizer) 
 
 
 def unproducible(m: llguidance.LLMatcher, tokenizer: llguidance.LLTokenizer) -> str | None:
-    """A message when the bytes `m`'s grammar forces next cannot be spelled by the vocabulary.
-
-    A byte-level vocabulary may lack single-byte tokens; then the mask allows what consume refuses, so
-    such a grammar is refused as the client's fault, not failed as internal.
-    """
+    """A message when the bytes `m`'s grammar forces next cannot be spelled by the vocabulary (the mask
+    would allow what consume refuses): the client's fault, not an internal error."""
     ff = bytes(m.compute_ff_bytes())
     if not ff or tokenizer.decode_bytes(tokenizer.tokenize_bytes(ff)) == ff:
         return None

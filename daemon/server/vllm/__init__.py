@@ -1,5 +1,4 @@
 """The vLLM worker protocol (`vllm.grpc.engine.VllmEngine`, stubs from `smg-grpc-proto`) over the engine.
 
-Served beside `radixd.v1` on the public port, so a gateway (smg) can front replicas and route on the
-radix tree's KV events.
+Served beside `radixd.v1` on the public port, so a gateway (smg) can route on the tree's KV events.
 """
