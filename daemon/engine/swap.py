@@ -73,7 +73,7 @@ class HostSwap:
         self._copy((self.runner.k_caches, self.runner.v_caches), (self.k, self.v), dev, host, n)
         seq.host_blocks = host
         freed = kv.release(seq)
-        seq.num_computed = n  # NOTE: the KV of tokens[:n] lives on the host now
+        seq.num_computed = n  # the KV of tokens[:n] lives on the host now
         self.swapped_out_blocks += len(host)
         return freed
 

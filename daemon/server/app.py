@@ -166,7 +166,7 @@ def build_state(args: argparse.Namespace, built: BuiltEngine) -> ServerState:
         log.warning("server.admin_token_generated", admin_token=token, hint="pass --admin-token to fix it")
     keys = load_api_keys(args.api_keys) if args.api_keys else None
     core = built.core
-    # NOTE: the engine hands its outputs over before each forward pass and before it waits for work.
+    # The engine hands its outputs over before each forward pass and before it waits for work.
     handover = OutputHandover(asyncio.get_running_loop())
     built.engine.handover = handover.flush
     return ServerState(
