@@ -10,8 +10,7 @@ from collections.abc import Sequence
 
 def build_parser() -> argparse.ArgumentParser:
     """Build the top-level parser; each subcommand's module contributes its own flags."""
-    # NOTE: imported here, not at module level, so `radixd --help` stays fast and a broken
-    # subcommand cannot take the other one down with it.
+    # Imported here, so `radixd --help` stays fast and a broken subcommand cannot break the others.
     from radixd.daemon import cluster as cluster_main
     from radixd.daemon.engine import offline
     from radixd.daemon.server import main as server_main

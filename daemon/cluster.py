@@ -1,18 +1,10 @@
 """`radixd cluster --replicas N`: N `radixd serve` replicas on free loopback ports, smg in front.
 
     radixd cluster --replicas 2 --port 8000 -- --num-blocks 512
-    radixd cluster ready: openai_base_url=http://127.0.0.1:8000/v1 gateway_metrics=http://127.0.0.1:41234/metrics
-    replica 0: address=127.0.0.1:40001 admin_address=127.0.0.1:40002 metrics=http://127.0.0.1:40003/metrics
-    ...
 
-Flags after `--` go to every `radixd serve`. The replicas share one admin token (`--admin-token`, or a
-generated one that is printed). Shepherd Model Gateway (`smg`, from `pip install 'radixd[gateway]'`)
-routes with its `cache_aware` policy (`--policy`) fed by each replica's KV events.
-
-SIGINT / SIGTERM: the gateway stops first (no new requests), then every replica drains (its streams
-get the replica's grace period); the command exits 0 when all of them stopped cleanly. A replica that
-dies on its own is reported and the others keep serving (smg routes around it), but the command then
-exits 1 when stopped; if smg dies, or the last replica, everything stops and the command exits 1.
+Flags after `--` go to every replica; they share one admin token. On a signal the gateway stops first,
+then replicas drain (exit 0 if all clean). A dead replica is routed around (exit 1 later); if smg or
+the last replica dies, everything stops (exit 1).
 """
 
 from __future__ import annotations
@@ -95,8 +87,7 @@ def free_port(host: str = "127.0.0.1") -> int:
 
 def _spawn(cmd: list[str], log_path: Path) -> subprocess.Popen[bytes]:
     with log_path.open("wb") as log:
-        # NOTE: a session of its own, so a terminal's Ctrl-C reaches only this command, which then
-        # stops the children in order (gateway first) instead of all at once.
+        # A session of its own, so Ctrl-C reaches only this command, which stops the children in order.
         # Unbuffered, so a replica's log file shows each line as it happens.
         env = {**os.environ, "PYTHONUNBUFFERED": "1"}
         return subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, start_new_session=True, env=env)
@@ -118,8 +109,7 @@ def _wait_ready_file(
 def _wait_gateway(
     proc: subprocess.Popen[bytes], url: str, replicas: int, log_path: Path, deadline: float
 ) -> None:
-    """Until smg lists a model and answers a one-token completion (replicas detected, tokenizer
-    loaded)."""
+    """Until smg lists a model and answers a one-token completion."""
     while time.monotonic() < deadline:
         if proc.poll() is not None:
             raise RuntimeError(f"smg exited with {proc.returncode} while starting; see {log_path}")

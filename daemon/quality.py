@@ -1,10 +1,6 @@
 """The quality contract of the non-fp32 precisions: teacher-forced next-token distributions vs fp32.
 
-On a fixed text, every position's next-token distribution of a mode is compared with the fp32
-reference mode's: mean KL(fp32 || mode) in nats per token, the share of positions whose top-1 token
-agrees, and the perplexity of the text under each. A mode meets the contract with mean KL <= 0.02,
-top-1 agreement >= 95% and perplexity within 2% of fp32's (tests/daemon/test_quality_contract.py;
-measured values in docs/bench-offline.md).
+Contract: mean KL(fp32 || mode) <= 0.02 nats/token, top-1 agreement >= 95%, perplexity within 2%.
 """
 
 from __future__ import annotations
@@ -56,8 +52,7 @@ def _chunk_log_probs(runner: ModelRunner, token_ids: list[int], start: int, n: i
 
 
 def reference_log_probs(ref: ModelRunner, token_ids: list[int], chunk: int = 512) -> torch.Tensor:
-    """The reference's next-token log-probabilities [len - 1, V] at every position but the last (fed in
-    prefill chunks of `chunk`): computed once, it serves `teacher_forced_quality` for every mode."""
+    """The reference's next-token log-probabilities [len - 1, V], computed once for every mode."""
     if len(token_ids) < 2:
         raise ValueError("need at least 2 tokens")
     _check_fits(ref, token_ids)
@@ -68,9 +63,7 @@ def reference_log_probs(ref: ModelRunner, token_ids: list[int], chunk: int = 512
 def teacher_forced_quality(
     ref: ModelRunner | torch.Tensor, runner: ModelRunner, token_ids: list[int], chunk: int = 512
 ) -> QualityReport:
-    """Feed `token_ids` through `runner` in prefill chunks of `chunk` tokens (the engine's path) and
-    compare its next-token distributions at every position but the last with the reference's: a
-    runner, or its `reference_log_probs` over the same ids (any chunking: they are the same truth)."""
+    """Compare `runner`'s next-token distributions over `token_ids` (prefill chunks) with the reference's."""
     if len(token_ids) < 2:
         raise ValueError("need at least 2 tokens")
     n = len(token_ids) - 1

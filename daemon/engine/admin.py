@@ -1,10 +1,5 @@
-"""Cache administration of the engine: eviction, flushes and their waiters, peak tracking (engine
-thread only).
-
-Other threads reach these through commands (commands.py) that `Engine.execute` runs on the engine
-thread, e.g. ``engine.execute(Evict(64)).result()``; tests that drive an `EngineCore` on their own
-thread may call `core.admin` directly.
-"""
+"""Cache administration: eviction, flushes and their waiters, peak tracking (engine thread only;
+other threads go through commands)."""
 
 from __future__ import annotations
 
@@ -23,8 +18,7 @@ log = structlog.get_logger("radixd.engine.admin")
 
 
 class WaitForIdle(InvalidRequest):
-    """A "wait_for_idle" flush of a busy engine: the engine loop answers it once no request is in
-    flight (`EngineCore.apply`); a caller driving the core on its own thread gets this error."""
+    """A "wait_for_idle" flush of a busy core driven without the engine loop, which would wait."""
 
     def __init__(self, timeout_s: float) -> None:
         super().__init__("a 'wait_for_idle' flush of a busy engine runs on the engine thread")
@@ -32,10 +26,7 @@ class WaitForIdle(InvalidRequest):
 
 
 class Admin:
-    """Eviction, flushes (and their waiters) and peak tracking.
-
-    `requests` is the engine's table of requests in flight, read here only for its size.
-    """
+    """Eviction, flushes (and their waiters) and peak tracking."""
 
     def __init__(self, requests: Sized, scheduler: Scheduler, kv: KVManager) -> None:
         self.requests = requests
@@ -61,9 +52,7 @@ class Admin:
         return freed
 
     def flush(self, mode: FlushMode = "evict_unlocked", timeout_s: float = 30.0) -> int:
-        """Evict every unlocked cached block now (leased and pinned blocks stay); -> blocks freed.
-        "refuse_if_busy" raises FlushRefused while requests are in flight; "wait_for_idle" raises
-        `WaitForIdle` then (the engine loop waits up to `timeout_s`: `wait_for_idle`)."""
+        """Evict every unlocked cached block now; -> blocks freed (busy: FlushRefused / WaitForIdle)."""
         if mode not in FLUSH_MODES:
             raise InvalidRequest(f"flush mode must be one of {FLUSH_MODES}, got {mode!r}")
         busy = len(self.requests)
@@ -87,8 +76,7 @@ class Admin:
         return bool(self._flush_waiters)
 
     def serve_flush_waiters(self, now: float) -> int:
-        """Timers: answer the "wait_for_idle" flushes whose engine went idle or whose time ran out;
-        -> how many failed unexpectedly (each caller gets its error)."""
+        """Answer "wait_for_idle" flushes now idle or timed out; -> how many failed unexpectedly."""
         waiters, self._flush_waiters = self._flush_waiters, []
         failed = 0
         for deadline, fut in waiters:
@@ -113,8 +101,7 @@ class Admin:
         flat = b"".join([s.table.blocks for s in self.scheduler.running if s.table is not None])
         if not flat:
             return 0
-        # NOTE: once per step over every running block (16k at 256 x 1k tokens): a bitmap over the
-        # pool costs a fifth of a Python set of the same ids (numpy's: half of torch's, no int64 copy).
+        # Once per step over every running block: a numpy bitmap over the pool beats a Python set.
         held = np.zeros(self.kv.num_blocks, dtype=np.bool_)
         held[np.frombuffer(flat, dtype=np.int32)] = True
         return int(np.count_nonzero(held))

@@ -1,12 +1,8 @@
 """Beam search of width k on the copy-on-write fork mechanism.
 
-The root prefills the prompt (all but the last token) and `Forker` hands over to one beam. Each step
-every live beam computes one token and reports its top-2k next-token logprobs; once all live beams have
-reported, the best k extensions (by summed logprob) survive: a beam chosen m times is forked into m
-sequences (block tables forked, the shared last block copied on the next append), a beam not chosen
-ends and its KV goes into the tree. A chosen end token (eos / stop id) ends a hypothesis. Scores only
-decrease, so the search stops once n finished hypotheses beat every live beam, or at max_tokens.
-Outputs are sent once, at the end: the n best hypotheses, best first.
+Each step every live beam reports its top-2k logprobs; the best k extensions survive (a beam chosen m
+times forks m ways). Scores only decrease, so the search stops once n finished hypotheses beat every
+live beam; the n best go out once, at the end.
 """
 
 from __future__ import annotations
@@ -95,8 +91,8 @@ class BeamSearch:
                 self.outputs.finish_seq(b, "stop", emit=False)
                 continue
             base_tokens = list(b.tokens)
-            # NOTE: every extension forks the parent's sampler before any of them appends its token,
-            # so each history (and grammar) holds the parent's tokens plus its own one.
+            # NOTE: every extension forks the parent's sampler before any appends its token, so each
+            # history (and grammar) holds the parent's tokens plus its own one.
             base_state = b.sampling
             states = [base_state] + [base_state.fork(None) for _ in chosen[1:]] if base_state else []
             for j, (tok, score) in enumerate(chosen):

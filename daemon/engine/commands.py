@@ -1,16 +1,6 @@
-"""Everything the engine is asked to do, as typed commands applied on the engine thread: requests
-(`Submit`, `Abort`), cache administration, stats and sessions.
-
-Another thread builds a command and hands it to `Engine.execute(cmd)`, which returns a
-`concurrent.futures.Future` of the command's result type (the `T` of `Command[T]`; `Engine.submit` and
-`Engine.abort` queue theirs without one); the engine thread applies it between steps
-(`EngineCore.execute`, one table in dispatch.py). A command carries everything the operation needs,
-so the caller never touches engine state, and the engine never runs caller code.
-
-Namespaces: `namespace=None` on a session command means "any tenant" (the admin); a string limits the
-command to that tenant's sessions, and another tenant's session reads as unknown (NOT_FOUND).
-`max_sessions`, where given, refuses a command that would leave more sessions open
-(`TooManySessions`).
+"""Everything the engine is asked to do, as typed commands (`Command[T]`: result type `T`) applied on
+the engine thread; a command carries all it needs, so callers never touch engine state. Session
+commands: `namespace=None` means any tenant (admin); else another tenant's session is unknown.
 """
 
 from __future__ import annotations
@@ -41,8 +31,7 @@ class Submit(Command[None]):
 
 @dataclass(frozen=True)
 class Abort(Command[bool]):
-    """Abort a request by id (idempotent; an id not seen yet ends its submit at once); -> whether a
-    request in flight was aborted."""
+    """Abort a request by id (idempotent, also before its submit); -> whether one in flight was aborted."""
 
     request_id: str
 
@@ -72,8 +61,7 @@ class EvictSession(Command[int]):
 
 @dataclass(frozen=True)
 class Flush(Command[int]):
-    """Evict every unlocked cached block (see `FlushMode`); -> blocks freed. "wait_for_idle" waits up
-    to `timeout_s` for no request to be in flight (`EngineTimeout` after)."""
+    """Evict every unlocked cached block (see `FlushMode`); -> blocks freed."""
 
     mode: FlushMode = "evict_unlocked"
     timeout_s: float = 30.0
@@ -110,8 +98,7 @@ class GetStats(Command[EngineStats]):
 
 @dataclass(frozen=True, eq=False)
 class AddCacheListener(Command[None]):
-    """Tell `listener` of every cache change from now on, on the engine thread (it must only hand
-    each event on; see radix/events.py). `replay`: first report the cached content as `stored`."""
+    """Tell `listener` (on the engine thread; it must only hand events on) of every cache change."""
 
     listener: CacheListener
     replay: bool = False
@@ -119,7 +106,7 @@ class AddCacheListener(Command[None]):
 
 @dataclass(frozen=True, eq=False)
 class RemoveCacheListener(Command[None]):
-    """Stop telling `listener`; once none is left, tree changes are no longer translated at all."""
+    """Stop telling `listener`."""
 
     listener: CacheListener
 

@@ -41,34 +41,15 @@ def add_kv_pool_flags(
 
 @dataclass(frozen=True)
 class EngineConfig:
-    """Knobs of the scheduler and engine loop. These defaults are the daemon's: `radixd serve` and
-    `radixd generate` read them from here, and the engine tests run with them.
+    """Knobs of the scheduler and engine loop; these defaults are the daemon's.
 
-    max_num_seqs: running sequences per step (decodes + prefills).
-    max_num_batched_tokens: per-step token budget shared by decodes (1 each) and prefill chunks.
-    prefix_caching: match prompts in the radix tree and insert finished sequences; off = every request
-        computes its whole prompt and frees its blocks when done.
-    schedule_policy: "fcfs" (arrival order) or "lpm" (longest cached prefix first, FCFS among equals).
-    preemption_mode: "recompute" (tokens go into the tree, blocks freed, resume by prefill) or "swap"
-        (KV copied to a host pool of `num_host_blocks` blocks; falls back to recompute when it is full).
-    max_preemptions: a sequence preempted this many times is no longer chosen as a victim, so it cannot
-        thrash forever (others are preempted instead, or it waits for memory).
-    max_waiting: submitted but not yet finished requests beyond this are refused with QueueFull.
-    watchdog_s: report (log + stats) when work is pending but no step made progress for this long.
-    session_ttl_s: default lifetime of a session's lease after its last use.
-    max_model_len: context limit in tokens; None = the model's own limit.
-    pin_budget_fraction: share of the pool that pinned prefixes may hold.
-    stream_interval: after a sequence's first token (always streamed at once), the tokens it gathers
-        before it streams them as one output (1: every token as it is sampled). Its last output always
-        carries what is left. Larger values give a client its text in bigger, later chunks and save the
-        engine thread an output (and the server a message) per token: at 256 decoding sequences, 8
-        makes a step 1.11x cheaper (docs/bench-sched.md).
-    jump_forward: a constrained sequence appends the tokens its grammar forces (JSON keys and
-        punctuation) at once and computes them as one chunk instead of a decode step each; the same
-        output at temperature 0 (engine/jump_forward.py). Off: one step per token, for comparison.
-    speculative_tokens: the most tokens a decoding sequence drafts (from the radix tree and its own
-        context) and verifies in one step, the same output as plain decoding (engine/speculative.py);
-        0 turns speculative decoding off.
+    max_num_seqs / max_num_batched_tokens: per-step sequence and token budgets.
+    schedule_policy: "fcfs" or "lpm" (longest cached prefix first). preemption_mode: "recompute" or
+        "swap" (to `num_host_blocks` host blocks; recompute when full).
+    max_preemptions: a sequence preempted this often is no longer a victim (no thrashing).
+    max_waiting: unfinished requests beyond this are refused (QueueFull). watchdog_s: report no progress.
+    stream_interval: tokens gathered per output after the first (always sent at once).
+    jump_forward: append grammar-forced tokens as one chunk. speculative_tokens: draft limit (0 = off).
     """
 
     max_num_seqs: int = 64

@@ -1,21 +1,8 @@
 """`EngineCore`: the engine's state and one step of work, driven by a single thread.
 
-It is composed of components, each owning one concern and its state, reached only through their public
-methods: `kv` (KVManager: the only engine module that calls the radix tree and the device pool),
-`scheduler`, `sessions`, `forker` (a request's sequences and CoW forks), `beams` (beam search),
-`outputs` (token acceptance, streaming, sequence endings), `requests` (the requests in flight: admission,
-aborts, endings, failures; requests.py, with those waiting for their grammar to compile: grammars.py),
-`admin` (eviction, flushes, peaks), `validator` (fixed limits), `watchdog` (stalled work reported) and
-`grammars` (constraints compiled off this thread: structured/cache.py), `jump_forward` (the tokens a
-grammar forces, appended at once), `speculator` (drafts verified in the step's forward pass:
-speculative.py). Every command (commands.py:
-requests, administration, stats, sessions) goes through one table (dispatch.py) by `execute`; `stats()`
-reads them all into one record.
-
-`step()` asks the scheduler for a plan, applies copy-on-write copies, runs the model, then accepts
-sampled tokens: text deltas go to each request's sink, finished sequences insert their tokens into the
-tree and free their blocks. `Engine` (engine.py) runs this on its own thread; tests and the offline
-CLI may drive it directly with `run_until_idle()` and the components' methods.
+Composed of components, each owning one concern and reached only through its public methods; every
+command goes through one table (dispatch.py). `step()`: plan, copy-on-write copies, forward, accept
+sampled tokens. `Engine` runs it on its own thread; tests and offline call `run_until_idle()`.
 """
 
 from __future__ import annotations
@@ -142,9 +129,7 @@ class EngineCore:
 
     # ---- commands --------------------------------------------------------------------------------
     def execute(self, cmd: Command[T]) -> T:
-        """Apply any engine command now (engine thread); -> its result, or the error it raised. An
-        unknown command: InvalidRequest. A "wait_for_idle" flush of a busy engine needs the engine loop
-        (`apply`, what `Engine` uses): here it raises `WaitForIdle`, an InvalidRequest."""
+        """Apply any engine command now; -> its result (a busy "wait_for_idle" flush raises `WaitForIdle`)."""
         handler = self._commands.get(type(cmd))
         if handler is None:
             names = ", ".join(sorted(k.__name__ for k in self._commands))
@@ -152,10 +137,7 @@ class EngineCore:
         return cast(T, handler(cmd))
 
     def apply(self, cmd: Command[Any], fut: concurrent.futures.Future[Any] | None) -> None:
-        """Run a queued command (the engine loop): its result or error goes to `fut` (None: `Submit` /
-        `Abort`, whose outcome reaches the request's sink). A "wait_for_idle" flush is answered by the
-        timers once no request is in flight. An unexpected error fails what the command was about (its
-        request, or its caller's future) and is counted; the engine goes on."""
+        """Run a queued command; its result or error goes to `fut` (None: the request's sink hears)."""
         if fut is not None and not fut.set_running_or_notify_cancel():
             return
         try:
@@ -232,8 +214,7 @@ class EngineCore:
         if self.requests.grammars:
             self.requests.admit_compiled()
         plan = self.scheduler.schedule()
-        # NOTE: pending work that plans nothing is stalled on memory, and nothing else would free it
-        # before a session lease lapses (the TTL, 600 s by default): free room until something fits.
+        # Pending work that plans nothing is stalled on memory, which only a lease's TTL would free.
         while not plan and self.scheduler.has_work() and self._unstall():
             plan = self.scheduler.schedule()
         self.admin.track_peaks()
@@ -244,8 +225,7 @@ class EngineCore:
         if self.requests.scoring:
             plan_scoring(plan, self.requests.scoring)
         ds = plan.decodes
-        # NOTE: one-token rows are built a column at a time (not a root's last prompt token, nor a
-        # one-token prefill chunk, samples: `Sequence.sampling_at`).
+        # One-token rows are built a column at a time (`Sequence.sampling_at` says which sample).
         rows = DecodeRows(
             [s.seq_id for s in ds],
             [s.tokens[s.num_computed] for s in ds],
@@ -275,7 +255,7 @@ class EngineCore:
         """Accept what verification kept of each draft (speculative.py)."""
         accepted = 0
         for d, res in zip(drafts, results, strict=True):
-            # NOTE: as in `_after_step`: an earlier ending in this loop may have finished this one.
+            # As in `_after_step`: an earlier ending in this loop may have finished this one.
             seq = d.seq
             if seq.status is not SeqStatus.RUNNING or not isinstance(res, list):
                 continue
@@ -304,15 +284,8 @@ class EngineCore:
         )
 
     def _unstall(self) -> bool:
-        """Free room for stalled work, one move at a time; -> whether anything changed.
-
-        First an idle session's lease goes (earliest expiry first; the session stays open and its
-        prefix stays cached, now evictable). With no lease left to shed and nothing running, the oldest
-        swapped-out sequence falls back to recompute: its swap-in needs fresh blocks for every computed
-        token, while re-admission shares what the cache still holds (a busy session's lease locks the
-        very prefix its swapped-out turn carries on the host), so recompute can fit where swap-in
-        cannot. Both preemption modes therefore progress whenever the pool can hold the work.
-        """
+        """Free room for stalled work, one move at a time (an idle session's lease, then the oldest
+        swapped-out sequence to recompute, which shares cached blocks); -> whether anything changed."""
         sched = self.scheduler
         if self.sessions.shed_one():
             log.info(
@@ -341,9 +314,7 @@ class EngineCore:
         except Exception as exc:
             self.errors += 1
             log.exception("engine.step_failed", requests=list(self.requests.ids()))
-            # NOTE: every request in flight fails, not only those in the step: a half-applied step
-            # (slots appended, tokens not accepted, copies queued) leaves no state to trust, and a
-            # request that breaks scheduling itself would otherwise fail every step after this one.
+            # Every request in flight fails: a half-applied step leaves no state to trust.
             for rid in self.requests.ids():
                 self.requests.fail(rid, exc)
             self.kv.take_copies()
@@ -370,15 +341,13 @@ class EngineCore:
         raise RuntimeError(f"still busy after {max_steps} steps")
 
     def _after_step(self, plan: StepPlan, positions: list[int], results: list[StepResult]) -> None:
-        """Record what the step computed (`positions`: where each decode computed its token), publish
-        newly full blocks, accept the sampled tokens. `results`: the chunks', then the decodes'."""
+        """Record what the step computed, publish full blocks, accept tokens (`results`: chunks, decodes)."""
         done = [(p.seq, p.start + p.n) for p in plan.chunks]
         done += zip(plan.decodes, [p + 1 for p in positions], strict=True)
         kv, outputs, requests = self.kv, self.outputs, self.requests
         accepted = 0
         for (seq, computed), res in zip(done, results, strict=True):
-            # NOTE: an earlier sequence's ending in this loop may have finished this one (a request's
-            # last output ends all its indexes); a finished sequence has no table left to record into.
+            # An earlier ending in this loop may have finished this one (it has no table left).
             if seq.status is not SeqStatus.RUNNING:
                 continue
             seq.num_computed = computed
@@ -413,8 +382,7 @@ class EngineCore:
 
     # ---- timers ----------------------------------------------------------------------------------
     def idle_wait_s(self) -> float:
-        """How long the engine thread may block on its queue: short while work is pending (a stalled
-        step retries soon) or a flush waits for idle, longer when there is nothing to do."""
+        """How long the engine thread may block on its queue (short while work or a flush waits)."""
         if self.requests.grammars:  # a compile may finish any moment: its request starts soon after
             return 0.002
         return 0.01 if self.has_work() or self.admin.has_flush_waiters else 0.25

@@ -1,8 +1,4 @@
-"""The one command table: each engine command (commands.py) -> the component method that applies it.
-
-`EngineCore.execute` looks a command up here (engine thread only); requests, cache administration,
-stats and sessions alike, so a new command is one entry in one table.
-"""
+"""The one command table: each engine command (commands.py) -> the component method that applies it."""
 
 from __future__ import annotations
 
@@ -54,8 +50,7 @@ def command_table(
     def create_session(c: CreateSession) -> SessionInfo:
         s.check_room(1, c.max_sessions)
         if c.tokens:
-            # NOTE: the context must leave room for the first reply token, in the context window and in
-            # the pool, else every turn would be refused: the same check (and message) as a request's.
+            # The context must leave room for the first reply token, else every turn would be refused.
             probe = GenerateRequest("session-context", c.tokens, SamplingParams(max_tokens=1), c.namespace)
             validator.check_fits(len(c.tokens), probe)
         return s.create(c.session_id, c.namespace, c.tokens, c.ttl_s)

@@ -1,18 +1,6 @@
-"""Draft tokens for speculative decoding, from the radix tree and the sequence's own tokens.
-
-No second model and no second structure: the tree already holds, for every cached prefix, what followed
-it in earlier requests (a regenerated answer, a sibling's tokens), and a sequence's own context holds
-what an agent quotes back (the file it rewrites, a tool output, the first turn a second one restates).
-
-`Drafter.propose` tries, in order:
-
-1. the tree: the tokens cached right after the sequence's whole key, in its request's namespace only
-   (`KVManager.following`, read-only: `RadixTree.following`);
-2. the sequence's own tokens: the most recent earlier occurrence of its last n tokens (n from
-   `MAX_NGRAM` down to `MIN_NGRAM`, longest first), and what followed it (prompt lookup).
-
-Each proposes at most `k` tokens; none when nothing matches. Both work on the packed key (native int32
-bytes), so a lookup is a few C-speed byte searches whatever the context length.
+"""Draft tokens for speculative decoding: first what the radix tree cached after the sequence's key (its
+namespace only), then what followed the last n-gram's latest earlier occurrence in its own tokens
+(byte searches over the packed key, whatever the context length).
 """
 
 from __future__ import annotations
@@ -30,10 +18,8 @@ Following = Callable[[TokenKey, str, int], list[int]]
 
 
 def ngram_draft(packed: bytes, k: int, max_n: int = MAX_NGRAM, min_n: int = MIN_NGRAM) -> list[int]:
-    """Up to `k` tokens that followed the most recent earlier occurrence of the last n tokens of
-    `packed` (native int32 tokens), the longest such n in [min_n, max_n] first; [] when none recurs.
-
-    The continuation may run into the suffix itself (a repeating pattern continues as it repeats)."""
+    """Up to `k` tokens that followed the latest earlier occurrence of `packed`'s last n tokens, longest
+    n in [min_n, max_n] first; [] when none recurs. The continuation may run into the suffix itself."""
     total = len(packed) // TOKEN_BYTES
     if k <= 0 or total <= min_n:
         return []
@@ -60,8 +46,7 @@ class Drafter:
         self.from_context = 0  # drafts the sequence's own tokens supplied
 
     def propose(self, key: TokenKey, namespace: str, k: int) -> list[int]:
-        """Up to `k` tokens likely to follow `key` (a sequence's every token, packed), the tree first
-        (within `namespace`), then the sequence's own earlier tokens; [] when neither has any."""
+        """Up to `k` tokens likely to follow `key`: the tree first, then the sequence's own tokens."""
         if k <= 0:
             return []
         draft = self._following(key, namespace, k)
@@ -75,15 +60,8 @@ class Drafter:
 
 
 class AdaptiveK:
-    """How many tokens to draft for each sequence, from how its recent drafts fared.
-
-    A sequence starts at the limit; a draft accepted whole doubles its next length (up to the limit),
-    a partly rejected one sets it to one more than what was accepted. A draft rejected from its first
-    token makes the sequence wait before it drafts again: 2 steps after one such miss, then 4, 8, up to
-    `MAX_WAIT` while the misses go on, and one accepted token ends the streak. Text that stopped
-    repeating then costs an occasional two-row verification instead of one every step (measured: a
-    chat trace lost 6% at batch 1 with a one-token draft every step, bench/speculative.py).
-    """
+    """How many tokens to draft for each sequence: doubled after a whole acceptance, accepted + 1 after a
+    partial one; a draft rejected outright backs off 2, 4, 8... steps (up to `MAX_WAIT`)."""
 
     MAX_WAIT = 32
 

@@ -1,20 +1,8 @@
-"""`Engine`: runs an `EngineCore` step loop on one dedicated thread.
+"""`Engine`: runs an `EngineCore` step loop on one dedicated thread, fed by a thread-safe command queue.
 
-Callers on any thread talk to it only through a thread-safe queue of commands (commands.py): `submit`,
-`abort` and `execute` queue them, and the engine thread applies them between steps (`EngineCore.apply`,
-one table for every kind).
-Outputs leave through each request's sink, called on the engine thread; a sink that batches them (the
-daemon's, server/common/handover.py) sends them on when `handover` is called: right before each forward pass,
-before the thread waits for work, and once it stops.
-
-NOTE: the engine thread is the only owner of radix state (pool, tree, tables, leases); nothing here or
-in `radixd.radix` takes locks, so no other thread may touch `EngineCore` directly once `start()` ran.
-
-NOTE: failures. Every piece of work on the engine thread (a command, a step, the timers) runs guarded:
-an unexpected exception fails only what it touched (the request with INTERNAL and its id in the log,
-the caller's future) and the loop goes on. Should the thread die anyway (an error while handling an
-error), every request in flight fails, queued work is refused, and `on_fatal` tells the owner, which
-must stop serving: a live server with a dead engine would accept work that never runs.
+NOTE: the engine thread alone owns radix state and nothing takes locks: no other thread may touch
+`EngineCore` once `start()` ran. Work runs guarded (an error fails only what it touched); if the thread
+dies anyway, everything in flight fails and `on_fatal` tells the owner, which must stop serving.
 """
 
 from __future__ import annotations
@@ -44,13 +32,7 @@ _Queued = tuple[Command[Any], "concurrent.futures.Future[Any] | None"] | None
 
 
 class Engine:
-    """Thread wrapper around `EngineCore` with the API the server uses.
-
-    `submit` validates what needs no engine state (prompt, sampling, size limits) synchronously and
-    raises `InvalidRequest` / `RequestTooLarge` / `QueueFull` / `EngineStopped`; anything found on the
-    engine thread (unknown session, ...) is reported through the sink as a finished output with
-    `finish_reason="error"`.
-    """
+    """Thread wrapper around `EngineCore` with the API the server uses (see the package docstring)."""
 
     def __init__(self, core: EngineCore) -> None:
         self.core = core
@@ -75,16 +57,14 @@ class Engine:
         if self._thread is not None:
             raise RuntimeError("Engine.start() was already called")
         self._accepting = True
-        # NOTE: from here the engine thread computes; the OpenMP workers this (loading) thread started
-        # would make every worker sleep between parallel regions (kernels.native).
+        # From here the engine thread computes; this thread's OpenMP workers would only sleep.
         release_openmp_workers()
         self._thread = threading.Thread(target=self._run, name="radixd-engine", daemon=True)
         self._thread.start()
         log.info("engine.started", num_blocks=self.core.kv.num_blocks, block_size=self.core.block_size)
 
     def shutdown(self, drain_timeout_s: float) -> None:
-        """Refuse new work, let in-flight requests finish for up to `drain_timeout_s`, abort the rest,
-        then stop the thread. Idempotent."""
+        """Refuse new work, let requests finish for `drain_timeout_s`, abort the rest, stop. Idempotent."""
         with self._lock:
             self._accepting = False
         thread = self._thread
@@ -106,10 +86,7 @@ class Engine:
 
     # ---- thread-safe API -------------------------------------------------------------------------
     def submit(self, req: GenerateRequest, sink: Sink) -> None:
-        """Queue a request; outputs go to `sink` on the engine thread. Thread-safe.
-
-        NOTE: the request checks that need no engine state run here, once, so the caller hears them
-        as exceptions; the engine thread checks only what needs its state (a session's history)."""
+        """Queue a request; outputs go to `sink` on the engine thread. Thread-safe; stateless checks raise."""
         self.core.validator.validate(req)
         with self._lock:
             if not self._accepting or self._stopped.is_set():
@@ -120,8 +97,8 @@ class Engine:
                     " retry later"
                 )
             self._inflight += 1
-            # NOTE: queued under the lock that the stopping thread takes before it answers what is
-            # left in the queue, so no command can land in the queue after that and wait forever.
+            # NOTE: queued under the lock the stopping thread takes before answering what is left,
+            # so no command can land after that and wait forever.
             self._queue.put((Submit(req, sink), None))
 
     def abort(self, request_id: str) -> None:
@@ -129,11 +106,9 @@ class Engine:
         self._queue.put((Abort(request_id), None))
 
     def execute(self, cmd: Command[T]) -> concurrent.futures.Future[T]:
-        """Apply an admin / session command (commands.py) on the engine thread between steps; its
-        result or error lands in the returned future. Anything but a `Command` is refused at once
-        with `InvalidRequest`. Thread-safe."""
+        """Apply a command (commands.py) on the engine thread between steps; -> its future. Thread-safe."""
         fut: concurrent.futures.Future[T] = concurrent.futures.Future()
-        # NOTE: checked at run time too: a caller without type checking may pass anything.
+        # Checked at run time too: a caller without type checking may pass anything.
         if not isinstance(cmd, Command):
             fut.set_exception(  # type: ignore[unreachable]
                 InvalidRequest(f"engine.execute takes an engine command (commands.py), got {cmd!r}")
@@ -148,11 +123,7 @@ class Engine:
     def flush(
         self, mode: FlushMode = "evict_unlocked", timeout_s: float = 30.0
     ) -> concurrent.futures.Future[int]:
-        """Evict every unlocked cached block (leased and pinned blocks stay). mode "evict_unlocked": now;
-        "refuse_if_busy": fails with `FlushRefused` while requests are in flight; "wait_for_idle": waits
-        (without blocking the engine)
-        until no request is in flight, failing with `EngineTimeout` after `timeout_s`. Result: blocks
-        freed."""
+        """Evict every unlocked cached block in `mode` (types.FlushMode); the future -> blocks freed."""
         return self.execute(Flush(mode, timeout_s))
 
     def _enqueue(self, cmd: Command[Any], fut: concurrent.futures.Future[Any]) -> None:
@@ -225,8 +196,7 @@ class Engine:
             log.exception("engine.handover_failed")
 
     def _tick(self) -> None:
-        """Timers, guarded: a failing timer (flush waiters answer their own errors) is logged and
-        retried on the next pass instead of ending the thread."""
+        """Timers, guarded: a failing one is logged and retried next pass."""
         try:
             self.core.tick()
         except Exception:

@@ -32,10 +32,7 @@ def build_core(
     device: str = "cpu",
     grammars: GrammarCache | None = None,
 ) -> EngineCore:
-    """An `EngineCore` over an already loaded model (`grammars`: its constraint compile cache, by
-    default one over the model's tokenizer). Pool size: `num_blocks` if given, else what
-    `kv_cache_gb` holds (default `DEFAULT_KV_CACHE_GB`) in blocks of the model's KV dtype (bf16 / f16 blocks
-    take half of fp32's bytes, so the same budget holds twice as many)."""
+    """An `EngineCore` over a loaded model; pool: `num_blocks`, else what `kv_cache_gb` holds."""
     if num_blocks is None:
         budget = int((kv_cache_gb if kv_cache_gb is not None else DEFAULT_KV_CACHE_GB) * (1 << 30))
         num_blocks = num_blocks_for_budget(loaded.config, block_size, budget, loaded.model.kv_dtype)
@@ -55,8 +52,7 @@ def build_engine(
     device: str = "cpu",
     dtype: str | None = None,
 ) -> BuiltEngine:
-    """Load the model (default: the embedded SmolLM2) and build a not-yet-started `Engine`.
-    `dtype`: a `--dtype` name (None: fp32 on CPU, see `load_model`)."""
+    """Load the model (default: the embedded SmolLM2) and build a not-yet-started `Engine`."""
     loaded = load_model(model_path, device=device, dtype=dtype)
     core = build_core(loaded, config, num_blocks, kv_cache_gb, block_size, device)
     return BuiltEngine(Engine(core), core, loaded.tokenizer, loaded)

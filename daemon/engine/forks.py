@@ -1,10 +1,5 @@
 """Sequences of a request: its first sequence, and the copy-on-write fork of a root into children.
-
-n == 1 without beam search: one sequence samples from the start. Otherwise a *root* prefills the
-prompt but its last token, then `fork` turns it into n sampling children (or, for beam search, the
-first beam), each on a fork of the root's block table; the root's lease goes to the first child and
-the others get clones, so the shared prefix stays locked exactly as long as one of them runs. A
-constrained request's samplers each walk their own copy of its grammar (a deep copy when one forks).
+The first child takes the root's lease and the others clones, so the prefix stays locked while any runs.
 """
 
 from __future__ import annotations
@@ -55,8 +50,7 @@ class Forker:
         return Sequence(self.seq_ids.next(), r, -1, list(r.prompt), None)
 
     def fork(self, root: Sequence) -> list[Sequence]:
-        """Turn a root that computed all prompt tokens but the last into its children (CoW); the root
-        is finished and its blocks released. -> the children, not yet in any scheduler queue."""
+        """Turn a root into its CoW children (not yet queued); the root is finished and released."""
         r = root.request
         children = [self._first_beam(root)] if r.req.beam_width else self._samplers(root)
         self.kv.fork(root, children)

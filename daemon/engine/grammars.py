@@ -1,9 +1,5 @@
-"""Requests waiting for their constraint to compile (engine thread only).
-
-A request with a constraint asks the compile cache (structured/cache.py) for its grammar on arrival.
-A hit goes on at once; a miss waits here, as vLLM's WAITING_FOR_FSM: not scheduled, holding no KV, no
-session turn and no sequence, while every other request keeps stepping. Each step takes the compiled
-ones back in arrival order (`ready`); an abort takes one out (`take`).
+"""Requests waiting for their constraint to compile (engine thread only), holding no KV, turn or
+sequence while others step; each step takes the compiled ones back in arrival order.
 """
 
 from __future__ import annotations
@@ -64,8 +60,7 @@ class GrammarWait:
         return done
 
     def wait(self, timeout_s: float) -> None:
-        """Block until one compile finishes or `timeout_s` passed (offline drivers, tests: the engine
-        loop never blocks on a compile)."""
+        """Block until one compile finishes or `timeout_s` passed (offline and tests only)."""
         concurrent.futures.wait(
             [p.compiled for p in self._parked.values()], timeout_s, concurrent.futures.FIRST_COMPLETED
         )

@@ -1,22 +1,8 @@
-"""Jump-forward: the tokens a grammar forces are appended at once and computed as one chunk.
+"""Jump-forward: the tokens a grammar forces are appended at once (through `Outputs.accept`, token by
+token) and computed as one chunk. Not for requests with logprobs or beam search.
 
-Where a constrained sequence's grammar admits exactly one continuation for several tokens (a JSON
-schema's keys and punctuation, the rest of a choice), `JumpForward.extend` appends them right after
-the sampled token, through the same `Outputs.accept` path a sampled token takes (its grammar consumes
-each, stop strings, `max_tokens`, the context limit and streaming apply token by token, so a forced
-run ends exactly where step-by-step decoding would have ended). The sequence then has several tokens
-to compute: the scheduler plans them as one prefill-style chunk (`Sequence.remaining`), which writes
-their KV and samples once after the last. Preemption needs nothing: forced tokens are tokens like any
-other (recompute and swap keep every token, and the grammar has consumed exactly them).
-
-NOTE: exact at temperature 0. Where the mask allows a single token, step-by-step sampling picks it
-whatever the logits; `Matcher.forced` gives exactly those tokens (llguidance's canonical tokenization,
-which is all its mask allows at forced text: checked on the test schemas). A sampled (temperature > 0)
-row draws one uniform per forced token from its own generator, as the sampler would have in the skipped
-steps, so a seeded request's later draws line up with step-by-step decoding too.
-
-Left out: a request asking for logprobs (a forced token's logprob is the model's, which only the
-skipped forward would give: such requests decode step by step), and beam search (its own step).
+NOTE: exact at temperature 0 (a one-token mask picks that token whatever the logits); a sampled row
+draws one uniform per forced token, so a seeded request's later draws match step-by-step decoding.
 """
 
 from __future__ import annotations
@@ -37,8 +23,7 @@ class JumpForward:
         self.forced_tokens = 0  # tokens appended without a decode step of their own
 
     def extend(self, seq: Sequence) -> tuple[int, bool]:
-        """After `seq` accepted a sampled token: append what its grammar forces next. -> (tokens
-        appended, whether that ended its request's last live sequence)."""
+        """Append what `seq`'s grammar forces next; -> (tokens appended, whether the request ended)."""
         st = seq.sampling
         if not self.enabled or st is None or st.grammar is None or st.params.logprobs is not None:
             return 0, False

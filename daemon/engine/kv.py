@@ -1,19 +1,9 @@
-"""KV bookkeeping for the scheduler: the only engine module that calls the radix pool, tree and tables
-(with its prefix cache, prefix_cache.py: the tree, or `NullPrefixCache` when caching is off).
+"""KV bookkeeping for the scheduler: the only engine module that calls the radix pool, tree and tables.
 
-It turns scheduler decisions into radix operations: match a prompt on admission (the table starts from
-the matched blocks, which the match's lease keeps alive; a partially matched block is copied), append
-slots (with copy-on-write), insert computed tokens into the tree, release a sequence's table and lease,
-and free blocks under pressure by evicting unlocked cache. Copy ops are queued and handed to the runner
-once per step, before the forward pass.
-
-The protocol is the one ``bench/radix_adapter.py`` measures against SGLang: keys are the sequences'
-packed tokens (``Sequence.key``), a table holds no reference on the blocks its lease covers, and an
-insert hands the table's references on the inserted blocks to the tree (``donate``), passing only the
-blocks after the ones the lease already covers (``cached``): no Python step per cached block.
-
-NOTE: a table's leased blocks are kept alive by its sequence's lease alone: nothing the tree does evicts
-a leased node (admin flushes evict only what no lease or pin holds).
+Match on admission, append slots (copy-on-write), insert computed tokens, release, evict under pressure;
+copies are queued for the runner once per step. An insert donates the table's references on blocks past
+the lease's (`cached`) to the tree. NOTE: a table holds no reference on its leased blocks: the lease
+alone keeps them alive, and the tree never evicts a leased node.
 """
 
 from __future__ import annotations
@@ -90,11 +80,8 @@ class KVManager:
     def match(self, tokens: TokenKey | list[int], namespace: str) -> PrefixHit:
         """Longest cached prefix of `tokens`, locked until the hit is released (or moved to a seq).
 
-        NOTE: with caching on, the hit always carries a live lease, also for an empty match: the
-        sequence's inserts move it onto the path they create, so a running sequence's cached nodes are
-        never evictable (evicting them would free nothing, the sequence holds the blocks, and only strip
-        the prefix from the cache). With caching off it carries none, so nothing is ever inserted.
-        """
+        NOTE: with caching on, the hit always carries a lease (even empty), so a running sequence's
+        cached nodes are never evictable."""
         return self.cache.match(tokens, namespace)
 
     @property
@@ -107,18 +94,12 @@ class KVManager:
         return self.cache.peek(tokens, namespace) if tokens else 0
 
     def following(self, tokens: TokenKey, namespace: str, n: int) -> list[int]:
-        """Up to `n` tokens cached right after the whole of `tokens` in `namespace` (a speculative
-        draft; read-only: nothing is locked, used or counted)."""
+        """Up to `n` tokens cached right after `tokens` (a draft; read-only, nothing locked or counted)."""
         return self.tree.following(tokens, namespace, n)
 
     # ---- pressure --------------------------------------------------------------------------------
     def ensure_free(self, n_blocks: int) -> bool:
-        """Make `n_blocks` free, evicting unlocked cache (LRU) if needed; False if it cannot.
-
-        NOTE: nothing is evicted unless eviction alone can make the room: a partial eviction would
-        throw away cached prefixes and still fail, and the caller's next move (preempting a sequence)
-        changes what is evictable anyway.
-        """
+        """Make `n_blocks` free by evicting unlocked cache (LRU); False, evicting nothing, if it can't."""
         short = n_blocks - self.pool.num_free
         if short <= 0:
             return True
@@ -129,14 +110,9 @@ class KVManager:
 
     # ---- cache-event listeners -------------------------------------------------------------------
     def add_listener(self, listener: CacheListener, replay: bool = False) -> None:
-        """Have `listener` told of every tree change from now on; `replay` first reports what the
-        tree holds as `stored` events (for an observer that keeps the whole cached set).
-
-        NOTE: with no listener the tree's `listener` is None, so a tree change costs one test; the
-        translation into events runs only while someone listens.
-        """
+        """Tell `listener` of every tree change from now on; `replay` first reports the tree as `stored`."""
         if listener in self._listeners:
-            return  # NOTE: added once: a second add would double its events (and its replay)
+            return  # added once: a second add would double its events
         if replay:
             self.tree.replay(listener)
         self._listeners.append(listener)
@@ -165,8 +141,7 @@ class KVManager:
         return freed
 
     def evict_prefix(self, tokens: list[int], namespace: str, *, count_evicted: bool = True) -> int:
-        """Evict the unlocked cached blocks under `tokens`; -> blocks freed. `count_evicted=False`
-        leaves `evicted_blocks` alone (a session dropping its own context is not an admin eviction)."""
+        """Evict the unlocked cached blocks under `tokens`; -> blocks freed (`count_evicted`: admin's)."""
         freed = int(self.tree.evict_prefix(tokens, namespace=namespace))
         if count_evicted:
             self.evicted_blocks += freed
@@ -200,21 +175,15 @@ class KVManager:
         seq.inserted_blocks = table.leased
 
     def append(self, seq: Sequence, n: int) -> None:
-        """Allocate slots for the next `n` tokens of `seq` (callers ensured the blocks are free).
-
-        When the blocks are several and no free run holds them all, a few more cold cache entries are
-        evicted to free one (`RadixTree.evict_for_run`): the sequence's context then lies in long
-        runs, which the CPU attention reads faster than scattered blocks (docs/bench-kernels.md).
-        """
+        """Allocate slots for the next `n` tokens of `seq` (blocks already free); may evict a little more
+        to get a contiguous run, which the CPU attention reads faster."""
         if seq.table is None:
             seq.table = BlockTable(self.pool)
         self.evicted_blocks += self.cache.evict_for_run(seq.table.new_blocks_for(n))
         self._copies.extend(seq.table.append(n))
 
     def append_decodes(self, seqs: list[Sequence]) -> bool:
-        """`append(seq, 1)` for each of `seqs` (distinct), in one batch: a decode step's slots, when
-        the blocks they take are free or eviction alone frees them (`ensure_free`); -> whether it
-        did. All-or-nothing: False changes nothing (and evicts nothing unless that frees enough)."""
+        """`append(seq, 1)` for each of `seqs` in one batch, all-or-nothing (False changes nothing)."""
         tables: list[BlockTable] = []
         fresh: list[Sequence] = []
         for s in seqs:
@@ -231,8 +200,7 @@ class KVManager:
         return True
 
     def truncate(self, seq: Sequence, n_tokens: int) -> None:
-        """Drop `seq`'s slots past its first `n_tokens` (a rejected draft's); their blocks go back to
-        the pool unless someone else holds them."""
+        """Drop `seq`'s slots past its first `n_tokens` (a rejected draft's)."""
         if seq.table is not None:
             seq.table.truncate(n_tokens)
 
@@ -244,9 +212,7 @@ class KVManager:
     def insert_full_blocks(self, seq: Sequence) -> None:
         """Publish `seq`'s newly completed full blocks so waiting requests can share them.
 
-        NOTE: only full blocks are inserted while a sequence runs: a partial block in the tree would
-        be shared, and the sequence's next append into it would need a copy-on-write.
-        """
+        NOTE: only full blocks while it runs: a shared partial block would force a copy-on-write."""
         table = seq.table
         n_full = seq.num_computed // self.block_size
         # Called per sequence per step; a new full block appears once every block_size tokens.
@@ -254,19 +220,14 @@ class KVManager:
             self._insert(seq, n_full, n_full * self.block_size, final=False)
 
     def insert_all(self, seq: Sequence) -> None:
-        """Insert every computed token of `seq` (partial last block included) into the tree; the
-        caller releases the sequence (`release`) next, so the lease is not moved onto the path."""
+        """Insert every computed token of `seq` (partial block included); the caller releases it next."""
         if seq.table is not None and seq.num_computed:
             self._insert(seq, self.blocks_for(seq.num_computed), seq.num_computed, final=True)
 
     def _insert(self, seq: Sequence, n_blocks: int, n_tokens: int, final: bool) -> None:
-        """Insert `seq.tokens[:n_tokens]` (in `n_blocks` blocks) by the tree's table protocol: the
-        table's new blocks go to the tree and the moved lease keeps them all alive (`final`: not
-        moved, the sequence is released next). A sequence without a lease (caching off) inserts
-        nothing."""
+        """Insert `seq.tokens[:n_tokens]`, moving the lease onto the path unless `final`; no lease: no-op."""
         table, lease = seq.table, seq.lease
-        # NOTE: a final insert runs even with no new block: its walk from the root marks the whole
-        # path used as the sequence ends (the block-by-block inserts before it started at its lease).
+        # A final insert runs even with no new block: its walk from the root marks the whole path used.
         if table is None or lease is None or n_blocks < table.leased:
             return
         if n_blocks == table.leased and not final:
@@ -275,8 +236,7 @@ class KVManager:
         seq.inserted_blocks = n_tokens // self.block_size
 
     def fork(self, parent: Sequence, children: list[Sequence]) -> None:
-        """Give each child a copy-on-write fork of `parent`'s table (metadata only: one more reference
-        per block the table holds) and its own clone of `parent`'s lease, at `parent`'s progress."""
+        """Give each child a copy-on-write fork of `parent`'s table and its own clone of the lease."""
         tables = parent.table.fork(len(children)) if parent.table is not None else [None] * len(children)
         for child, table in zip(children, tables, strict=True):
             child.table = table
@@ -290,8 +250,7 @@ class KVManager:
             lease.release()
 
     def lease_new_path(self, seq: Sequence) -> None:
-        """Give a sequence that resumes with blocks of its own (swap-in) a live lease, so its inserts
-        lock what they cache, as an admitted sequence's do."""
+        """Give a swapped-in sequence a live lease, so its inserts lock what they cache."""
         if seq.lease is None:
             seq.lease = self.cache.new_lease(seq.request.req.namespace)
 

@@ -1,13 +1,7 @@
 """`radixd generate`: run the engine in-process (no server) on one prompt or a JSONL file of requests.
 
-    radixd generate --prompt "Hello" --max-tokens 32 --json
-    radixd generate --token-ids 1,2,3 --n 4 --temperature 0.8 --seed 7 --json
-    radixd generate --prompts-file reqs.jsonl --json     # all requests run concurrently, one engine
-
-A JSONL line is an object with one of "prompt" (text), "messages" (chat, [{"role","content"}]) or
-"token_ids", and optionally "id", "chat", "max_tokens", "temperature", "top_p", "top_k", "seed", "n",
-"stop". With --json each request prints one object: id, token_ids, text, prompt_tokens,
-cached_tokens, finish_reason, and for n > 1 "outputs" (one entry per sample).
+radixd generate --prompt "Hello" --max-tokens 32 --json
+radixd generate --prompts-file reqs.jsonl --json     # lines: "prompt", "messages" or "token_ids"
 """
 
 from __future__ import annotations
@@ -160,7 +154,7 @@ def run(args: argparse.Namespace) -> int:
     from radixd.daemon.loaders import ModelLoadError, load_model
     from radixd.daemon.process.log import configure
 
-    # NOTE: stdout carries only results (one JSON object per request with --json); logs go to stderr.
+    # stdout carries only results; logs go to stderr.
     configure(level=args.log_level, stream=sys.stderr)
     try:
         specs = _specs(args)

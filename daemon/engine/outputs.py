@@ -1,7 +1,5 @@
-"""Outputs: accept sampled tokens, stream them to sinks, finish sequences.
-
-A finished sequence inserts every computed token into the tree (so the next turn hits) and frees its
-table, lease and host blocks; once a request has no live sequence left, its owner (requests.py) ends it.
+"""Outputs: accept sampled tokens, stream them to sinks, finish sequences (a finished one inserts its
+tokens into the tree, so the next turn hits, and frees its table, lease and host blocks).
 """
 
 from __future__ import annotations
@@ -35,20 +33,15 @@ class Outputs:
     def emit(self, sink: Sink, out: RequestOutput) -> None:
         """Hand `out` to `sink`; a sink that raises is logged and ignored.
 
-        NOTE: a sink runs on the engine thread for every output of every step (256 a step at 256
-        sequences), so nothing is bound around it: binding the request id into the log context cost
-        1 ms of a 10 ms step of bookkeeping there. A sink that logs names its request itself."""
+        Hot (every output of every step): no log context is bound; a sink that logs names its request."""
         try:
             sink(out)
         except Exception:  # a broken sink must not take the engine down
             log.exception("engine.sink_failed", request_id=out.request_id)
 
     def accept(self, seq: Sequence, res: SampleResult) -> bool:
-        """Append the sampled token to `seq`, stream it, and finish the sequence when it ends; -> whether
-        that ended its request's last live sequence (the caller ends the request: `Requests.finish`).
-
-        NOTE: runs once per sequence per decode step (256 times a step at 256 sequences): attributes
-        are read once into locals and nothing is computed that the step does not need.
+        """Append the sampled token, stream it, finish the sequence when it ends; -> whether that ended
+        its request's last live sequence. Hot (per sequence per step): attributes read once into locals.
         """
         r = seq.request
         tok = res.token_id
@@ -72,14 +65,13 @@ class Outputs:
         if text is not None:
             delta = text.push(tok)
             if text.stopped:
-                # NOTE: as in vLLM, EOS and stop token ids are checked before stop strings.
+                # As in vLLM, EOS and stop token ids are checked before stop strings.
                 if reason != "stop":
                     stop = text.matched
                 reason = "stop"
         if reason is None:
             if len(tokens) < self.max_model_len:
-                # NOTE: the first token always goes out at once, so the interval never delays the
-                # time to first token; after it, tokens leave in groups of `stream_interval`.
+                # The first token goes out at once, so the interval never delays TTFT.
                 if len(seq.pending_tokens) < self.stream_interval and len(tokens) - len(r.prompt) > 1:
                     seq.pending_text += delta  # streamed with the next output
                 else:
@@ -101,8 +93,7 @@ class Outputs:
         stop: str | int | None = None,
         code: str = "internal",
     ) -> None:
-        """Emit `seq`'s pending tokens and text (then `delta`) as one output; `reason` makes it the
-        last, `stop` is the stop that ended it, `code` the error class of an "error" ending."""
+        """Emit `seq`'s pending tokens and text (then `delta`) as one output; `reason` makes it the last."""
         r = seq.request
         if seq.pending_text:
             delta = seq.pending_text + delta
@@ -113,8 +104,7 @@ class Outputs:
         first = r.first_token_at
         req = r.req
         generated = len(seq.tokens) - len(r.prompt)
-        # NOTE: positional, in field order (tests/daemon/engine/test_engine_streaming.py checks every
-        # field): keyword arguments cost 2.7x as much to bind (1.37 vs 0.50 us), once per token.
+        # NOTE: positional, in field order (a test checks every field): keywords bind slower, per token.
         out = RequestOutput(
             req.request_id,  # request_id
             seq.index if seq.index > 0 else 0,  # index

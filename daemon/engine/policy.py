@@ -8,19 +8,14 @@ from radixd.daemon.engine.sequence import Sequence
 
 
 def running_rank(s: Sequence) -> tuple[int, float, int]:
-    """A running sequence's rank, fixed for its life: higher priority, then older arrival (a preempted
-    sequence keeps its own), then admission order. The scheduler keeps `running` in this order."""
+    """A running sequence's rank, fixed for its life: priority, then arrival, then admission order."""
     r = s.request
     return (-r.req.priority, r.arrival, s.seq_id)
 
 
 def running_order(ranked: list[Sequence], remaining: list[int]) -> list[Sequence]:
-    """Order in which running sequences get this step's budget: those with one token due (decodes) or
-    none before prefill chunks, each in rank order, so the oldest work always progresses.
-
-    `ranked`: the running sequences in `running_rank` order; `remaining`: each one's
-    `Sequence.remaining`. A stable partition, not a sort: no key per sequence per step.
-    """
+    """Who gets this step's budget first: decodes before chunks, each in rank order (a stable partition
+    of `ranked`, no sort)."""
     pairs = list(zip(ranked, remaining, strict=True))
     return [s for s, r in pairs if r <= 1] + [s for s, r in pairs if r > 1]
 
@@ -28,8 +23,7 @@ def running_order(ranked: list[Sequence], remaining: list[int]) -> list[Sequence
 def waiting_order(
     seqs: Iterable[Sequence], policy: str, cached_len: Callable[[Sequence], int] | None = None
 ) -> list[Sequence]:
-    """Admission order. "fcfs": priority, then arrival (preempted sequences keep their old arrival, so
-    they resume first). "lpm": longest cached prefix first, FCFS among equals (SGLang-style)."""
+    """Admission order: "fcfs" (priority, then arrival) or "lpm" (longest cached prefix, then FCFS)."""
     base = sorted(seqs, key=lambda s: (-s.request.req.priority, s.request.arrival, s.seq_id))
     if policy != "lpm" or cached_len is None:
         return base
@@ -38,8 +32,7 @@ def waiting_order(
 
 
 def pick_victim(candidates: Iterable[Sequence], max_preemptions: int) -> Sequence | None:
-    """Preemption victim: the lowest priority, then newest sequence that has not yet used up its
-    preemptions (so one request cannot be preempted forever)."""
+    """Preemption victim: the lowest priority, newest sequence with preemptions left."""
     eligible = [s for s in candidates if s.preemptions < max_preemptions]
     if not eligible:
         return None
@@ -60,9 +53,8 @@ def common_prefix_len(a: list[int], b: list[int], step: int) -> int:
 def shares_pending_prefix(
     waiting: Sequence, cached: int, producers: Iterable[Sequence], block_size: int
 ) -> Sequence | None:
-    """A running sequence still prefilling at least one more full block of `waiting`'s prompt beyond
-    what is cached (`cached` tokens): admitting `waiting` now would compute that prefix twice, so it
-    is held until the producer has inserted it."""
+    """Whether a running sequence still prefills a full block of `waiting`'s prompt beyond `cached`
+    (admitting now would compute it twice)."""
     want = waiting.tokens[: len(waiting.tokens) - 1]
     for p in producers:
         if p.request.req.namespace != waiting.request.req.namespace:

@@ -1,10 +1,5 @@
-"""The prefix cache behind `KVManager`: the radix tree, or nothing when prefix caching is off.
-
-`KVManager` picks one at construction (`EngineConfig.prefix_caching`) and calls it without asking
-which: `TreePrefixCache` matches, locks and inserts in the radix tree; `NullPrefixCache` matches
-nothing, locks nothing and keeps nothing, so every request computes its whole prompt and frees its
-blocks when done. (Admin operations, stats and events still go to the tree, which then stays empty.)
-"""
+"""The prefix cache behind `KVManager`: the radix tree, or `NullPrefixCache` (matches and keeps
+nothing) when prefix caching is off."""
 
 from __future__ import annotations
 
@@ -15,8 +10,7 @@ from radixd.radix import BlockIds, BlockTable, Lease, RadixTree, TokenKey
 
 @dataclass
 class PrefixHit:
-    """What admission may reuse for a prompt: `num_tokens` cached tokens = `full_blocks` (the tree's,
-    kept by `lease`) plus `partial_tokens` tokens of `partial_src` copied into a fresh block."""
+    """What admission may reuse: `full_blocks` (kept by `lease`) + `partial_tokens` of `partial_src`."""
 
     num_tokens: int
     full_blocks: BlockIds
@@ -93,7 +87,7 @@ class NullPrefixCache:
     def insert_table(
         self, key: TokenKey, table: BlockTable, n_blocks: int, namespace: str, lease: Lease, final: bool
     ) -> None:
-        # NOTE: unreachable in practice (without a lease nothing is inserted), kept for the interface.
+        # Unreachable in practice (without a lease nothing is inserted), kept for the interface.
         return
 
 

@@ -1,21 +1,8 @@
 """Prompt logprobs in the engine: which prefill work scores a prompt, and handing the result out.
 
-A request with `SamplingParams.prompt_logprobs` carries a `PromptLogprobs` (`RequestState`) from
-admission until its first output. Its definition:
-
-- the prompt is the prompt the engine runs: for a session turn, the session's tokens and the turn's;
-- it is computed once per request, by the sequence that prefills the prompt (the only sequence when
-  n == 1; the root that forks into the n samples or the beams otherwise), and goes out once, on the
-  request's first output (`take_prompt_logprobs`);
-- cached prompt tokens have no hidden states, so until every position is scored the request reads no
-  more of the prefix cache than it scored (`PromptLogprobs.cached_prefix_limit`, read by the
-  scheduler's admission: nothing, at first admission), as
-  vLLM v1, which skips the prefix cache for a request with prompt logprobs. It still inserts its
-  blocks, so the next request reuses them;
-- a scored position must project its logits: a one-token prefill chunk the scheduler planned as a
-  decode row (which projects none unless it samples) runs as a chunk instead (`plan_scoring`).
-
-NOTE: a batch without such a request pays one empty-set test per step (`Requests.scoring`).
+Scored once (the full prompt, session tokens included) by the prefilling sequence, sent on the first
+output. Cached tokens have no hidden states, so the request reads no more of the cache than it scored;
+a one-token chunk that scores runs as a chunk, not a decode row, so it projects logits.
 """
 
 from __future__ import annotations
@@ -33,8 +20,7 @@ def scoring(seq: Sequence) -> PromptLogprobs | None:
 
 
 def plan_scoring(plan: StepPlan, pending: set[RequestState]) -> None:
-    """Move `plan`'s one-token rows that score a prompt position into its chunks (in place), and
-    forget the `pending` requests that need nothing more."""
+    """Move `plan`'s scoring one-token rows into its chunks; forget `pending` requests that are done."""
     for r in [r for r in pending if r.done or r.prompt_logprobs is None or r.prompt_logprobs.complete]:
         pending.discard(r)
     if not pending:

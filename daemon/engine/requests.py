@@ -1,14 +1,7 @@
 """The requests in flight: their table, admission, aborts, endings and failures (engine thread only).
 
-`Requests` is the one owner of the engine's request table and of the per-request counts. A request
-enters through `add` (`Submit`): the checks that need no engine state already ran on the caller's
-thread (`Engine.submit`, validation.py); a request with a constraint first waits, off the schedule, for
-its grammar to compile (grammars.py); then a session turn's full prompt is checked against the context
-and pool, and the request is registered and handed to the scheduler as its first sequence. A
-failing check rejects it with one error output per index. An abort ends every unfinished sequence; an
-abort for an id not seen yet is remembered, so a submit that races behind its own cancel ends at once.
-An unexpected error fails only the request it touched (finish_reason "error", code "internal", its id
-in the log); a dying engine thread fails them all (engine.py decides which applies).
+A constrained request waits off the schedule for its grammar; a session turn's full prompt is checked
+here. An abort for an id not seen yet is remembered, so a submit racing behind its cancel ends at once.
 """
 
 from __future__ import annotations
@@ -72,11 +65,7 @@ def _no_callback(_request_id: str) -> None:
 
 @dataclass(eq=False, repr=False)
 class Requests:
-    """The table of requests in flight and what enters and leaves it.
-
-    `on_request_done(request_id)` runs once per request that ends (every outcome, rejections
-    included): the `Engine` counts its requests in flight with it.
-    """
+    """The table of requests in flight; `on_request_done` runs once per ending request."""
 
     validator: Validator
     grammars: GrammarWait
@@ -105,14 +94,12 @@ class Requests:
         return self._table[request_id]
 
     def ids(self) -> Iterator[str]:
-        """The ids in flight, those waiting for their grammar included (a copy: safe while requests
-        end)."""
+        """The ids in flight, those waiting for their grammar included (a copy)."""
         return iter([*self._table, *self.grammars.ids()])
 
     # ---- entering --------------------------------------------------------------------------------
     def add(self, req: GenerateRequest, sink: Sink) -> None:
-        """Queue `req` as its first sequence, or reject it through `sink` with the reason. A request
-        whose constraint is still compiling waits for it (`grammars`, taken back by `admit_compiled`)."""
+        """Queue `req` as its first sequence (after its grammar compiles), or reject it through `sink`."""
         rid = req.request_id
         if rid in self._early_aborts:
             self._early_aborts.remove(rid)
@@ -174,8 +161,7 @@ class Requests:
                 return
         if not self.scheduler.has_work():
             self.on_first_work()
-        # NOTE: arrival is when the caller made the request (the RPC's arrival), not when this thread
-        # picked it up between steps: queue time and TTFT include the step that was in progress.
+        # Arrival is the caller's (the RPC's), so queue time and TTFT include the step in progress.
         r = RequestState(req=req, sink=sink, prompt=prompt, arrival=req.arrival_time, grammar=grammar)
         if req.sampling.prompt_logprobs is not None:
             r.prompt_logprobs = PromptLogprobs(prompt, req.sampling.prompt_logprobs)
@@ -214,8 +200,7 @@ class Requests:
 
     # ---- leaving ---------------------------------------------------------------------------------
     def finish(self, r: RequestState) -> None:
-        """End a request whose sequences have all finished: advance its session, count it, tell the
-        engine (idempotent)."""
+        """End a request whose sequences all finished: advance its session, count it (idempotent)."""
         if r.done:
             return
         r.done = True
@@ -234,15 +219,13 @@ class Requests:
             cached_tokens=r.cached_tokens,
             completion_tokens=sum(max(0, s.num_generated) for s in r.seqs),
         )
-        # NOTE: a request and its sequences point at each other; dropping the list lets reference
-        # counting free them now. Left to the cyclic GC, an n = 64 request's 1.6 MB (token lists,
-        # generators, text streams) piled up until its next full pass.
+        # A request and its sequences point at each other: dropping the list frees them now, not at
+        # the cyclic GC's next full pass.
         r.seqs = []
         self.on_request_done(r.request_id)
 
     def abort(self, request_id: str) -> bool:
-        """Abort by id: idempotent; an id not seen yet is remembered so a late submit ends at once.
-        -> whether a request in flight was aborted."""
+        """Abort by id (idempotent; unknown ids are remembered); -> whether one in flight was aborted."""
         r = self._table.get(request_id)
         if r is None:
             parked = self.grammars.take(request_id)
@@ -270,10 +253,8 @@ class Requests:
 
     # ---- failures --------------------------------------------------------------------------------
     def fail(self, request_id: str, exc: BaseException) -> None:
-        """Fail an in-flight request: each unfinished output ends with finish_reason "error" and code
-        "internal" (an `InvalidRequest`: "invalid_argument" and its own message, the request's fault
-        found mid-way), its blocks, lease and session turn are released, and the failure is logged with
-        the request id."""
+        """Fail an in-flight request: unfinished outputs end in "error" ("internal", or "invalid_argument"
+        for an `InvalidRequest`), its blocks, lease and turn are released, the failure is logged."""
         r = self._table.get(request_id)
         if r is None:
             return
@@ -300,8 +281,7 @@ class Requests:
         self.reject(req, sink, EngineFault(message))
 
     def fail_all(self, exc: BaseException) -> None:
-        """The engine thread is dying: fail every request in flight. A request whose state is too
-        broken to finish properly still gets its error outputs."""
+        """The engine thread is dying: fail every request in flight, however broken its state."""
         for rid in self.grammars.ids():
             parked = self.grammars.take(rid)
             if parked is not None:

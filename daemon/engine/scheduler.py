@@ -1,12 +1,7 @@
-"""The scheduler: which sequences compute which tokens in the next step.
+"""The scheduler: which sequences compute which tokens in the next step, within token and sequence budgets.
 
-Each step gets a token budget (`max_num_batched_tokens`) and a sequence budget (`max_num_seqs`):
-running sequences go first (one-token decodes, then prefill chunks), then swapped-out sequences come
-back, then waiting requests are admitted (prefix match, share full blocks, copy the partial one).
-When a running sequence needs a block and none is free, unlocked cache is evicted first; then the
-lowest-priority, newest sequence is preempted (recompute or swap), never one that used up its
-preemptions. The decodes are planned as one batch (`KVManager.append_decodes`) whenever the blocks
-they need can be freed by eviction alone; otherwise one at a time, choosing victims as they go.
+Order: running decodes, prefill chunks, swapped-out sequences, then new admissions. Out of blocks:
+evict unlocked cache, then preempt the lowest-priority newest sequence (never one out of preemptions).
 """
 
 from __future__ import annotations
@@ -57,13 +52,7 @@ class StepPlan:
 
 @dataclass
 class SchedulerCounters:
-    """Scheduler totals since start.
-
-    `hit_tokens` / `miss_tokens`: each request's prompt tokens counted once, at its first admission:
-    hits are its `cached_tokens` (supplied by the prefix cache), misses the rest (computed), so
-    hits + misses = the prompt tokens of admitted requests. Re-admissions after a preemption, retries
-    of an admission that did not fit, session relocks and prefix lookups do not count.
-    """
+    """Scheduler totals since start; hit/miss tokens count each prompt once, at first admission."""
 
     preemptions_recompute: int = 0
     preemptions_swap: int = 0
@@ -115,9 +104,7 @@ class Scheduler:
 
     # ---- preemption ------------------------------------------------------------------------------
     def preempt(self, seq: Sequence) -> None:
-        """Take `seq` off the device without losing a token: swap its KV to the host pool when
-        configured and room is left there, otherwise recompute later (its KV goes into the tree,
-        unlocked, so resuming is often a hit)."""
+        """Take `seq` off the device without losing a token: swap to host if room, else recompute later."""
         held = len(seq.table.blocks) if seq.table is not None else 0
         self.running.remove(seq)
         seq.preemptions += 1
@@ -145,8 +132,7 @@ class Scheduler:
         )
 
     def swapped_to_recompute(self) -> Sequence:
-        """Move the oldest swapped-out sequence to the waiting queue: its host KV is dropped and it
-        recomputes on re-admission (sharing whatever prefix the cache holds). -> that sequence."""
+        """Move the oldest swapped-out sequence to waiting (host KV dropped, recomputes); -> it."""
         seq = self.swapped.pop(0)
         if self.swap is not None:
             self.swap.drop(seq)
@@ -193,9 +179,8 @@ class Scheduler:
         order = running_order(running, remaining)
         pairs = zip(running, remaining, strict=True)
         due = [s for s, r in pairs if r == 1 and s.status is SeqStatus.RUNNING][:budget]
-        # NOTE: the common step: decodes come first in `order`, and when the blocks they need are free
-        # (after evicting cache) none of them preempts anyone, so the loop below would plan exactly
-        # these, one at a time. Under pressure it runs alone and picks victims as it goes.
+        # The common step: decodes whose blocks are free (after eviction) plan as one batch; under
+        # pressure the loop below plans them one at a time, picking victims.
         if due and self.kv.append_decodes(due):
             decodes += due
             planned = {s.seq_id for s in due}
@@ -235,8 +220,7 @@ class Scheduler:
         for seq in order:
             if budget <= 0 or len(self.running) >= cfg.max_num_seqs:
                 return
-            # NOTE: a request scoring its prompt reads no more of the cache than it scored (see
-            # prompt_scoring.py), and waits for no one to publish a prefix it would not read.
+            # A request scoring its prompt reads no more of the cache than it scored (prompt_scoring.py).
             limit = len(seq.tokens) - 1
             if seq.request.prompt_logprobs is not None:
                 limit = min(limit, seq.request.prompt_logprobs.cached_prefix_limit())

@@ -1,18 +1,9 @@
 """Requests and sequences on the engine thread, and their state machine.
 
-A request (`RequestState`) owns one or more sequences. n == 1: one sequence does prefill and decode.
-n > 1 (and beam search): a *root* sequence prefills all prompt tokens but the last, then forks into n
-copy-on-write children that each compute the last prompt token with their own sampler and go on alone.
-
-Sequence states::
-
-    WAITING --admit--> RUNNING --finish/abort--> FINISHED
-       ^                  |  \\
-       +---recompute------+   +--swap out--> SWAPPED --swap in--> RUNNING
-
-NOTE: `tokens[:num_computed]` have KV in `table`; the sequence computes `tokens[num_computed:]` next
-(a prefill chunk, or the one token sampled last step). A generated token is appended to `tokens` once
-and never dropped: preemption only drops KV, never tokens.
+A request owns one sequence, or (n > 1, beams) a root that prefills all but the last prompt token and
+forks into copy-on-write children. States: WAITING -> RUNNING -> FINISHED; preemption sends RUNNING back
+to WAITING (recompute) or to SWAPPED. NOTE: `tokens[:num_computed]` have KV in `table`; tokens are only
+appended, never dropped (preemption drops only KV).
 """
 
 from __future__ import annotations
@@ -98,11 +89,7 @@ class Sequence:
     packed: bytearray = field(default_factory=bytearray, repr=False)
 
     def key(self, n: int | None = None) -> TokenKey:
-        """The first `n` tokens (all by default) as a radix key, without re-encoding earlier tokens.
-
-        NOTE: `tokens` only grow (see the module docstring), so the packed copy is caught up by encoding
-        the tokens appended since the last call.
-        """
+        """The first `n` tokens as a radix key; `tokens` only grow, so only new ones are encoded."""
         packed = self.packed
         have = len(packed) // TOKEN_BYTES
         if have < len(self.tokens):
@@ -112,8 +99,7 @@ class Sequence:
             return TokenKey(mv[: end * TOKEN_BYTES].tobytes())
 
     def sampling_at(self, end: int) -> SamplingState | None:
-        """The state to sample with once the tokens up to `end` are computed: set only when `end` is
-        the last token, and never for a root (it forks into its children instead of sampling)."""
+        """The state to sample with once tokens up to `end` are computed (the last only; never a root)."""
         return self.sampling if self.index >= 0 and end == len(self.tokens) else None
 
     @property

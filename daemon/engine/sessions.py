@@ -1,11 +1,8 @@
 """Sessions: a conversation or agent's tokens plus a lease that keeps its prefix resident.
 
-A session maps an id to its latest tokens (every prompt and output so far). A turn (a request with
-`session_id`) prompts with the session's tokens + the turn's tokens; when it ends well, the session
-advances to prompt + output and re-locks the new path in the tree. The lock (lease) lasts `ttl_s`
-after the last use; then the prefix stays cached but evictable. Forking copies the token list into k
-children, each with its own lease on the same tree path: copy-on-write happens for free when each
-child's next turn matches the shared prefix and copies only the partial last block.
+A turn prompts with the session's tokens + its own; ending well advances the session and re-locks the
+new path. The lease lapses `ttl_s` after last use (the prefix stays cached, evictable). Forks get their
+own leases on the same path, so copy-on-write comes from the tree.
 """
 
 from __future__ import annotations
@@ -152,9 +149,7 @@ class SessionManager:
         return [self.create(cid, parent.namespace, parent.tokens, parent.ttl_s, session_id) for cid in ids]
 
     def close(self, session_id: str, keep_cached: bool = True) -> int:
-        """Close a session; -> blocks evicted. `keep_cached=False` also evicts the cached node holding
-        the session's newest tokens (and anything cached below it), never the ancestors it may share
-        with other sessions (a common system prompt)."""
+        """Close a session; -> blocks evicted (`keep_cached=False`: its own node, never shared ancestors)."""
         s = self._sessions.pop(session_id, None)
         if s is None:
             raise UnknownSession(f"no open session {session_id!r}")
@@ -163,8 +158,7 @@ class SessionManager:
         return 0 if keep_cached else self._drop_cached(s)
 
     def evict_cached(self, session_id: str) -> int:
-        """Release the session's lease and evict its cached context (admin); the session stays open and
-        recomputes what was dropped on its next turn. -> blocks evicted."""
+        """Release the session's lease and evict its own cached context (it stays open); -> blocks evicted."""
         s = self._get(session_id)
         self.release_lease(session_id)
         return self._drop_cached(s)
@@ -172,10 +166,8 @@ class SessionManager:
     def _drop_cached(self, s: Session) -> int:
         if not s.tokens:
             return 0
-        # NOTE: evict the cached node holding the session's last cached token (and anything below it):
-        # what only this session's turns added; shared ancestors (a common system prompt) stay. The
-        # token list usually runs one token past the cache (the last sampled token has no KV yet), so
-        # evict by the cached prefix, not by the whole list.
+        # Evict the node holding the last cached token (shared ancestors stay), by the cached prefix:
+        # the token list usually runs one past the cache.
         n = self.kv.cached_len(s.tokens, s.namespace)
         return self.kv.evict_prefix(s.tokens[:n], s.namespace, count_evicted=False) if n else 0
 
@@ -217,8 +209,7 @@ class SessionManager:
             self.end_turn(session_id, None)
 
     def shed_one(self) -> bool:
-        """Memory pressure with nothing running: drop the lease of the idle session that expires
-        first, so waiting requests can evict its prefix (the session stays open). -> whether one went."""
+        """Memory pressure: drop the earliest-expiring idle session's lease; -> whether one went."""
         idle = [s for s in self._sessions.values() if s.lease is not None and s.busy_with is None]
         if not idle:
             return False

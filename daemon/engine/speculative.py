@@ -1,43 +1,8 @@
 """Speculative decoding: decoding sequences verify drafted tokens in the step's one forward pass.
 
-After the scheduler planned a step, `Speculator.plan` takes the decodes it may draft for (below), asks
-the `Drafter` (drafter.py: the radix tree, then the sequence's own tokens) for up to k tokens each (k
-from `AdaptiveK`), appends their slots while free blocks last (nothing is evicted or preempted for a
-draft) and moves each drafted sequence from the step's decode rows to a chunk of k + 1 tokens: its
-last sampled token and the draft. The runner samples after each of those positions (`StepSeq.draft`).
-
-`Speculator.accept` then takes the longest prefix of the draft that equals what the model picked
-(greedy rows: its argmax; sampled rows: what rejection sampling kept), and accepts those tokens and
-the model's next pick after them, one at a time through `Outputs.accept` (stop tokens and strings,
-`max_tokens`, the context limit and streaming apply token by token, so a sequence ends exactly where
-plain decoding ends it). The rejected tokens'
-slots are dropped (`BlockTable.truncate`): the table ends where its computed tokens end, as after a
-plain decode step.
-
-NOTE: exact for greedy rows. A token computed in a chunk is bitwise the token a decode step computes
-(batch invariance, docs/batch-invariance.md), and each verified row is sampled on its own, so the
-output (tokens and logprobs) is exactly plain decoding's. Drafts live only within their step: nothing
-about them is in `Sequence.tokens`, so preemption, aborts, forks and sessions see a plain sequence
-between steps.
-
-Unseeded sampled rows (temperature > 0) verify by rejection sampling (daemon/executor/draft_sampling.py): the
-output distribution is unchanged. A seeded sampled request is not drafted for: its generator would draw
-differently with a draft, and which drafts it gets depends on the cache (on other requests), so its
-tokens would no longer be reproducible by its seed (docs/batch-invariance.md).
-
-Constrained rows (a grammar) are drafted for too: the proposal is cut before the first token the
-grammar forbids (`Matcher.admitted`, read-only), verification masks each of the k + 1 positions with the
-mask the grammar gives after the draft tokens before it (executor/masks.py: the mask thread walks the
-matcher over the draft and rolls it back), and `accept` consumes only the accepted tokens, through
-`Outputs.accept` as any token: the matcher ends in the state of what was accepted, and a verified row
-gives exactly what plain constrained decoding gives. Jump-forward still runs after the row's last
-accepted token (core.py); a sequence with forced tokens still to compute has more than one token left
-and is not a decode, so a jump-forward stretch is never drafted over.
-
-Drafted for: a running sequence decoding its one last token (a chunk cut to one token by the step's
-budget is not) whose sampling reads no history a draft would change: no penalties, no pending
-`min_tokens`, not beam search; and a sampled row only without a seed and without logprobs. Other rows
-decode as before in the same step.
+A drafted decode becomes a chunk of its last token + k drafts; the matching prefix and the model's next
+pick are accepted through `Outputs.accept`. NOTE: exact for greedy rows, distribution-preserving for
+sampled ones; drafts live only within their step. Never drafted: seeds, penalties, beams, logprobs.
 """
 
 from __future__ import annotations
@@ -97,8 +62,7 @@ class Speculator:
         return min(room, self.k.get(seq.seq_id))
 
     def plan(self, plan: StepPlan, budget: int) -> list[Draft]:
-        """Draft for the step's decodes within `budget` spare tokens; drafted sequences leave
-        `plan.decodes` (their slots are appended here) -> their drafts."""
+        """Draft for the step's decodes within `budget` spare tokens (moving them out of `plan.decodes`)."""
         if not self.enabled or not plan.decodes:
             return []
         t0 = time.perf_counter()
@@ -142,8 +106,7 @@ class Speculator:
         )
 
     def accept(self, d: Draft, picked: list[SampleResult]) -> tuple[int, bool]:
-        """Accept the verified draft of `d` (`picked`: the model's token after each position) ->
-        (tokens accepted into the sequence, whether that ended its request's last live sequence)."""
+        """Accept the verified draft of `d` -> (tokens accepted, whether the request's last one ended)."""
         seq, proposed = d.seq, d.proposed
         n = 0
         while n < len(proposed) and picked[n].token_id == proposed[n]:

@@ -1,11 +1,6 @@
-"""`EngineStats`: the engine's one statistics record, read on the engine thread (`GetStats`).
+"""`EngineStats`: the engine's one statistics record (`GetStats`); every stats surface renders only it.
 
-Every surface renders this record and nothing else: GetCacheStats and GetLoad (server/admin.py), the
-Prometheus collectors (server/common/metrics.py, gateway_metrics.py), the vLLM-protocol load reports
-(server/vllm/loads.py) and, through the wire, radixctl. Each field means one thing and says which.
-
-Blocks: `free_blocks + evictable_blocks + in_use_blocks == total_blocks` (the pool less its null
-block); `cached_blocks`, `pinned_blocks` and `active_blocks` overlap those classes.
+`free_blocks + evictable_blocks + in_use_blocks == total_blocks`; cached, pinned and active overlap them.
 """
 
 from __future__ import annotations
@@ -16,11 +11,7 @@ from dataclasses import dataclass, field
 
 @dataclass(frozen=True)
 class EngineStats:
-    """A snapshot of the engine: queues, blocks, counters since start.
-
-    Queue lengths count sequences (an n > 1 request runs n of them): `waiting_seqs` wait for
-    admission, `running_seqs` are scheduled each step, `swapped_seqs` wait in host memory to resume.
-    """
+    """A snapshot of the engine: queues (in sequences, not requests), blocks, counters since start."""
 
     taken_at: float  # `time.monotonic()` on the engine thread when read
     # ---- queues and limits

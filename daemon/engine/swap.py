@@ -1,7 +1,5 @@
-"""Swap preemption: a host (CPU) KV pool that running sequences' blocks are copied out to and back.
-
-The host pool is per-layer tensors of the device cache's shape with a free list of their blocks; copies
-go through `kernels.copy_blocks` between the two pools (index copies across devices).
+"""Swap preemption: a host (CPU) KV pool, mirroring the device's, that running sequences' blocks are
+copied out to and back (`kernels.copy_blocks`).
 """
 
 from __future__ import annotations
@@ -21,8 +19,7 @@ class HostSwap:
 
     def __init__(self, runner: ModelRunner, num_blocks: int) -> None:
         self.runner = runner
-        # NOTE: a host block has exactly one owner (the swapped-out sequence) and is never shared or
-        # cached, so a free list is all its bookkeeping; refcounts and the tree are the device pool's.
+        # NOTE: a host block has exactly one owner and is never shared or cached: a free list suffices.
         self._free = list(range(num_blocks - 1, -1, -1))
         shape = (num_blocks, *runner.k_caches[0].shape[1:])
         dtype = runner.k_caches[0].dtype
@@ -76,7 +73,7 @@ class HostSwap:
         self._copy((self.runner.k_caches, self.runner.v_caches), (self.k, self.v), dev, host, n)
         seq.host_blocks = host
         freed = kv.release(seq)
-        seq.num_computed = n  # NOTE: the KV of tokens[:n] lives on the host now
+        seq.num_computed = n  # the KV of tokens[:n] lives on the host now
         self.swapped_out_blocks += len(host)
         return freed
 

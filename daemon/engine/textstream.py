@@ -1,7 +1,5 @@
-"""Per-output incremental text: UTF-8-safe detokenization plus stop strings across token boundaries.
-
-Glues a `Detokenizer` (never half a character) to `StopStringMatcher` (stop strings
-excluded, a tail that may still become one held back) for one output of one request.
+"""Per-output incremental text: a `Detokenizer` (never half a character) glued to a
+`StopStringMatcher` (stop strings across token boundaries, excluded from the text).
 """
 
 from __future__ import annotations
@@ -29,7 +27,7 @@ class TextStream:
 
     @staticmethod
     def prepare(tokenizer: TextTokenizer) -> None:
-        """Build the tokenizer's tables the streams use now (0.2-0.3 s), not on the first request."""
+        """Build the tokenizer's tables the streams use now, not on the first request."""
         tokenizer.byte_pieces(skip_special_tokens=True)
 
     def push(self, token_id: int) -> str:

@@ -1,9 +1,5 @@
-"""The no-progress watchdog: pending work that no step advanced for `watchdog_s` is reported.
-
-A stall is logged (with the queue and memory picture that explains it) and counted, once per
-`watchdog_s` while it lasts; it changes nothing, since what would unstall the engine (a lease that
-expires, an abort, an operator's eviction) is decided elsewhere.
-"""
+"""The no-progress watchdog: pending work no step advanced for `watchdog_s` is logged and counted
+(once per period); it changes nothing."""
 
 from __future__ import annotations
 

@@ -1,16 +1,8 @@
 """Rejection sampling of a speculative draft for a sampled (temperature > 0) sequence.
 
-The drafter proposes one token per position with certainty (its q is a point mass on the draft token
-d), so the standard speculative rule (Leviathan et al., 2023; Chen et al., 2023) reduces to: with p the
-distribution the sequence samples from at that position (`sampling.distribution`), accept d with
-probability p(d); on rejection, draw from p with d removed (the residual max(p - q, 0), normalized)
-and stop. When every draft token is accepted, the position after the draft is sampled from its p as
-usual. Each emitted token is thus distributed exactly as plain sampling's (tests/daemon/
-test_draft_sampling.py checks it statistically), although a seeded request draws different uniforms
-than plain decoding would, so its tokens differ from a run without speculation.
-
-Every uniform comes from the sequence's own generator, one row at a time: batch invariant, as
-`sampling.sample` is.
+The draft is a point mass, so the standard rule reduces to: accept d with probability p(d), else draw
+from p without d and stop. Emitted tokens are distributed exactly as plain sampling's; uniforms come
+from the sequence's own generator (batch invariant).
 """
 
 from __future__ import annotations
@@ -33,8 +25,7 @@ def _pick(p: torch.Tensor, u: float) -> int:
 
 
 def verify_sampled(logits: torch.Tensor, draft: list[int], state: SamplingState) -> list[SampleResult]:
-    """`logits` [len(draft) + 1, V]: row i scores the position after the draft's first i tokens.
-    -> the accepted draft tokens, then one token drawn by the model (a residual or the next one)."""
+    """`logits` [len(draft) + 1, V] -> the accepted draft tokens, then one token drawn by the model."""
     p = distribution(logits, state)
     out: list[SampleResult] = []
     for i, d in enumerate(draft):

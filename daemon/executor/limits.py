@@ -1,9 +1,5 @@
-"""The engine's two request checks, one function each: token ids in the vocabulary, and a prompt plus
-its output fitting the context. The engine's validator, the server's early checks (before anything
-is queued) and the model runner's guard all call these, so a limit has one definition and one
-message wherever it is enforced.
-
-NOTE: both are O(len(ids)) / O(1) and read no engine state, so any thread may call them.
+"""The engine's two request checks (ids in the vocabulary, prompt + output within the context), the one
+definition every layer calls. NOTE: they read no engine state, so any thread may call them.
 """
 
 from __future__ import annotations
@@ -14,8 +10,7 @@ from radixd.daemon.errors import InvalidRequest, RequestTooLarge
 
 
 def check_token_ids(ids: Sequence[int], vocab_size: int, what: str = "prompt") -> list[int]:
-    """Refuse an id that is not an integer in [0, vocab_size), naming the first offender's position
-    (InvalidRequest, also a ValueError); -> the ids as a list."""
+    """Refuse an id outside [0, vocab_size), naming its position (InvalidRequest); -> the ids as a list."""
     for pos, tid in enumerate(ids):
         if isinstance(tid, bool) or not isinstance(tid, int) or not 0 <= tid < vocab_size:
             raise InvalidRequest(
@@ -26,8 +21,7 @@ def check_token_ids(ids: Sequence[int], vocab_size: int, what: str = "prompt") -
 
 
 def check_context(prompt_len: int, max_tokens: int, context_length: int) -> None:
-    """Refuse a prompt of `prompt_len` tokens whose `max_tokens` more would exceed the context
-    (RequestTooLarge, an InvalidRequest)."""
+    """Refuse a prompt whose `max_tokens` more would exceed the context (RequestTooLarge)."""
     total = prompt_len + max_tokens
     if total > context_length:
         raise RequestTooLarge(

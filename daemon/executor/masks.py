@@ -1,25 +1,8 @@
-"""The step's token masks: computed while the forward pass runs, applied to the constrained rows only.
+"""The step's token masks: filled on a mask thread while the forward pass runs, applied to constrained rows.
 
-`StepMasks.start(states)` hands the constrained rows' matchers to a mask thread, which fills one bit
-per token into a preallocated int32 bitmask with llguidance's batch call (it drops the GIL and spreads
-the rows over its own pool), while the engine thread runs the forward pass (whose torch calls drop the
-GIL too; on a GPU the forward is queued asynchronously). `PendingMasks.apply(logits)` joins it and sets
-every forbidden logit of those rows to `MASKED_LOGIT`; the sampler then runs as for any row.
-
-NOTE: cost only where there is a constraint. A step without constrained rows starts nothing and
-`start` returns None (one scan of the rows' states); unconstrained rows of a mixed batch are never read
-or written, so they sample exactly what they sample alone (the sampler's batch-invariance NOTE).
-
-NOTE: a matcher is only read by the mask thread between `start` and `apply`; the engine thread consumes
-tokens (`Matcher.consume`) after `apply`, so the two never touch one matcher at once.
-
-Speculative drafts (engine/speculative.py): a drafted constrained row verifies k + 1 positions, and
-position i needs the mask its grammar gives after the row's first i draft tokens, exactly what plain
-decoding would have computed there. The same batch call walks each such matcher over its draft (filling
-one mask per position) and rolls it back, so the matcher ends where it started; the engine then
-consumes only the tokens verification accepted. `PendingMasks.apply_drafts` masks the verification
-logits. The drafts are cut beforehand to tokens the grammar admits (`Matcher.admitted`), so the walk
-never stops early.
+NOTE: unconstrained rows are never read or written (they sample exactly as alone). The mask thread
+reads a matcher only between `start` and `apply`; the engine consumes tokens only after `apply`.
+A drafted row's matcher is walked over its draft (one mask per position) and rolled back.
 """
 
 from __future__ import annotations
@@ -66,8 +49,7 @@ class PendingMasks:
         return self._masked(logits, self.rows, 0)
 
     def apply_drafts(self, logits: torch.Tensor) -> torch.Tensor:
-        """`logits` [D, V] (D = the drafted rows' positions given to `start`, in order) as float32,
-        the constrained rows' positions masked."""
+        """`logits` [D, V] (the drafted positions, in order) as float32, constrained positions masked."""
         return self._masked(logits, self.draft_rows, len(self.rows))
 
     def _masked(self, logits: torch.Tensor, rows: list[int], first: int) -> torch.Tensor:
@@ -103,10 +85,8 @@ class StepMasks:
         states: Sequence[SamplingState | None],
         drafts: Sequence[tuple[SamplingState, Sequence[int]]] = (),
     ) -> PendingMasks | None:
-        """Start filling the masks of the constrained rows among `states` (None entries: rows that do
-        not sample; they do not count as rows) and of the constrained ones among `drafts` (each
-        drafted row's state and draft: len(draft) + 1 verification rows, in order); None when no row
-        is constrained."""
+        """Start filling the masks of constrained `states` (None: not a row) and `drafts` (len + 1 rows
+        each); None when no row is constrained."""
         rows: list[int] = []
         matchers: list[tuple[llguidance.LLMatcher, int]] = []
         r = 0
@@ -149,6 +129,6 @@ class StepMasks:
         if matchers:
             llguidance.torch.fill_next_token_bitmask_par(self._executor, matchers, bitmask)
         if drafted:
-            # NOTE: for each matcher: its mask, then each draft token consumed and the mask after it,
-            # into consecutive rows; then rolled back by what it consumed (its state is as before).
+            # Per matcher: its mask, then each draft token consumed and the mask after it; then
+            # rolled back, so its state is as before.
             llguidance.torch.fill_next_token_bitmask_par_with_draft_tokens(self._executor, drafted, bitmask)

@@ -1,13 +1,6 @@
 """Prompt logprobs: each prompt token's log-probability under the model, computed from the prefill.
 
-The logits at position q predict token q + 1, so a prompt of L tokens has L - 1 scored positions
-(0 .. L - 2) and its first token has none. `PromptLogprobs` collects them as the prefill computes its
-chunks (`ModelRunner.run` calls `score_chunk` for a chunk that carries one); the engine reads the
-result once every position is scored.
-
-NOTE: the distribution is the model's raw one (no logit bias, penalty or temperature), as vLLM's
-prompt logprobs. The logits are projected `SCORE_ROWS` positions at a time, so a long chunk never
-holds more than [SCORE_ROWS, vocab] logits at once.
+Position q predicts token q + 1; raw distribution (as vLLM), `SCORE_ROWS` positions at a time.
 """
 
 from __future__ import annotations
@@ -21,12 +14,7 @@ SCORE_ROWS = 128
 
 
 class PromptLogprobs:
-    """One request's prompt logprobs, filled in position order as its prefill runs.
-
-    `top`: how many alternatives each position reports (the request's `prompt_logprobs`). `done`:
-    positions scored so far, all of [0, done); a sequence that resumes after a preemption computes
-    from a prefix no longer than `done` (see `cached_prefix_limit`), so no position is ever skipped.
-    """
+    """One request's prompt logprobs, filled in position order; `done`: positions [0, done) scored."""
 
     def __init__(self, prompt: Sequence[int], top: int) -> None:
         self.prompt = list(prompt)
@@ -45,9 +33,7 @@ class PromptLogprobs:
         return self.done >= self.positions
 
     def cached_prefix_limit(self) -> int:
-        """How many leading prompt tokens a (re-)admission may take from the prefix cache: none
-        until every position is scored, since cached tokens have no hidden states here (vLLM v1 does
-        not read the prefix cache for a request with prompt logprobs either)."""
+        """Leading prompt tokens an admission may take from the cache (none until all are scored)."""
         return len(self.prompt) if self.complete else self.done
 
     def wanted(self, start: int, n: int) -> range:
@@ -81,8 +67,7 @@ def score_chunk(
     scores: PromptLogprobs,
     project: Callable[[torch.Tensor], torch.Tensor],
 ) -> None:
-    """Score what `scores` still wants of a chunk computing positions [start, start + n), whose
-    hidden states are `hidden[first_row : first_row + n]`; `project` maps hidden rows to logits."""
+    """Score what `scores` still wants of a chunk at [start, start + n) (hidden from `first_row`)."""
     wanted = scores.wanted(start, n)
     if not wanted:
         return

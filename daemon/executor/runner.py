@@ -1,15 +1,9 @@
 """The model runner: owns the paged KV pool, turns a scheduled step into batch tensors, runs the forward
 pass and samples.
 
-A step mixes prefill chunks and decodes: `run(chunks, rows)` takes the sequences with more than one new
-token as `StepSeq`s, laid out first and attending through `paged_prefill`, and the one-token rows as
-columns (`DecodeRows`, what the engine builds for a decode batch without an object per sequence), laid
-out after them and attending through `paged_decode`. `step(seqs)` takes any mix of `StepSeq`s and runs
-the same path. Only the last position of sequences that sample is projected to logits.
-
-NOTE: a step never mutates a `SamplingState`'s history; the engine calls `state.append(token_id)` for
-each token it accepts, before the next step. A constrained row's grammar mask is filled while the
-forward pass runs and applied to that row's logits before sampling (executor/masks.py).
+A step lays out prefill chunks (`StepSeq`s, `paged_prefill`) then one-token rows (`DecodeRows`,
+`paged_decode`); only sampling positions are projected to logits. NOTE: a step never mutates a
+`SamplingState`'s history: the engine appends accepted tokens before the next step.
 """
 
 from __future__ import annotations
@@ -56,8 +50,7 @@ sample after each of its last draft + 1 positions, in order."""
 
 @dataclass(slots=True)
 class DecodeRows:
-    """A step's one-token rows as columns, one entry per sequence: the engine builds them with one
-    list comprehension each instead of a `StepSeq` per decoding sequence."""
+    """A step's one-token rows as columns (no `StepSeq` object per decoding sequence)."""
 
     seq_ids: list[int]
     token_ids: list[int]  # the token each row computes now
@@ -108,8 +101,7 @@ def num_blocks_for_budget(config: ModelConfig, block_size: int, budget_bytes: in
 
 
 def copy_waves(ops: list[tuple[int, int, int]]) -> list[list[tuple[int, int, int]]]:
-    """Split copy ops into batches without read/write conflicts inside a batch (the kernel runs the ops
-    of one call in parallel), preserving their order."""
+    """Split copy ops into order-preserving batches free of read/write conflicts (a call runs in parallel)."""
     waves: list[list[tuple[int, int, int]]] = []
     written: set[int] = set()
     read: set[int] = set()
@@ -125,12 +117,7 @@ def copy_waves(ops: list[tuple[int, int, int]]) -> list[list[tuple[int, int, int
 
 
 class ModelRunner:
-    """Runs steps of a `LlamaModel` against a paged KV pool of `num_blocks` x `block_size` tokens.
-
-    Public attributes: `config`, `block_size`, `num_blocks`, `kv_bytes_per_block`, `device`, `dtype`, and
-    the pool itself, `k_caches` / `v_caches` (one `[num_blocks, block_size, Hkv, D]` tensor per layer),
-    which swap-out/in code may read and write between steps.
-    """
+    """Runs steps of a `LlamaModel` against a paged KV pool (`k_caches` / `v_caches`, one per layer)."""
 
     def __init__(
         self,
@@ -168,8 +155,7 @@ class ModelRunner:
         return torch.zeros(shape, dtype=self.dtype, device=self.device)
 
     def copy_blocks(self, ops: Sequence[tuple[int, int, int]]) -> None:
-        """Apply copy-on-write copies (src_block, dst_block, n_tokens) in every layer, in order; call
-        before a step. An op may read a block an earlier op wrote (`copy_waves` keeps that order)."""
+        """Apply copy-on-write copies (src_block, dst_block, n_tokens) in every layer, in order."""
         for src, dst, n in ops:
             if not (0 <= src < self.num_blocks and 0 <= dst < self.num_blocks):
                 raise ValueError(f"copy op ({src}, {dst}, {n}) names a block outside [0, {self.num_blocks})")
@@ -180,8 +166,7 @@ class ModelRunner:
             kernels.copy_blocks(self.k_caches, self.v_caches, self.k_caches, self.v_caches, t)
 
     def _check(self, s: StepSeq) -> int:
-        """O(1) and O(len(token_ids)) checks of one sequence; -> blocks its positions need. Block ids
-        are checked for the whole step at once, in `_tables`."""
+        """Checks of one sequence (block ids: in `_tables`); -> blocks its positions need."""
         if not s.token_ids:
             raise ValueError(f"sequence {s.seq_id}: token_ids is empty")
         if s.start_pos < 0:
@@ -196,8 +181,7 @@ class ModelRunner:
         return need
 
     def _decode_needs(self, rows: DecodeRows) -> list[int]:
-        """Blocks each decode row's position needs: `_check`'s checks over all rows at once (the
-        per-row check, which names the offending sequence, runs only when one fails)."""
+        """Blocks each decode row needs: `_check` over all rows at once (per row only on failure)."""
         if not rows.positions:
             return []
         bs = self.block_size
@@ -208,8 +192,7 @@ class ModelRunner:
         return needs
 
     def _check_ids(self, chunks: Sequence[StepSeq], rows: DecodeRows, ids: list[int]) -> None:
-        """Every token id of the step in [0, vocab): one pass over the step's ids, then the offending
-        sequence named by the engine's own check."""
+        """Every token id of the step in [0, vocab), in one pass (the offender named on failure)."""
         try:
             packed = array("q", ids)  # C-speed type check: a float, str or huge id raises here
         except (TypeError, OverflowError):
@@ -225,8 +208,7 @@ class ModelRunner:
     def _tables(
         self, tables: Sequence[Sequence[int]], needs: Sequence[int], seq_ids: list[int]
     ) -> torch.Tensor:
-        """The rows' block tables as one int32 [len(tables), max(needs)] tensor, padded with the null
-        block 0; raises ValueError when a needed entry is not a block id in [1, num_blocks)."""
+        """The rows' block tables as one int32 tensor padded with block 0; ValueError on a bad block id."""
         if not tables:
             return torch.zeros((0, 1), dtype=torch.int32)
         width = max(needs)
@@ -234,9 +216,8 @@ class ModelRunner:
         lens = list(map(len, tables))
         t: torch.Tensor | None = None
         if lens == needs:
-            # NOTE: every row needs its whole table (always so for decode rows, whose tables the
-            # engine sizes to their tokens): one join of the packed tables and their zero pads, no
-            # slice or extend per row (a quarter of the loop below's time at 256 rows).
+            # Every row needs its whole table: one join of the packed tables and zero pads, no
+            # slice or extend per row.
             zeros = memoryview(bytes(4 * width))
             parts: list[object] = []
             for table, n in zip(tables, lens, strict=True):
@@ -252,8 +233,7 @@ class ModelRunner:
         if t is None:
             buf = array("i")
             for table, need in zip(tables, needs, strict=True):
-                # NOTE: the engine's tables are array('i'): slicing and extending copy packed ints,
-                # no Python int per block.
+                # The engine's tables are array('i'): slicing copies packed ints, no Python int per block.
                 buf.extend(table[:need])
                 if need < width:
                     buf.frombytes(bytes(buf.itemsize * (width - need)))
@@ -269,8 +249,7 @@ class ModelRunner:
         return t
 
     def _forward(self, chunks: Sequence[StepSeq], rows: DecodeRows) -> tuple[torch.Tensor, list[int]]:
-        """Run the forward pass over `chunks` then `rows`; -> (hidden [T, H] in that order, the last
-        row of each chunk and decode row)."""
+        """Run the forward pass over `chunks` then `rows`; -> (hidden [T, H], each one's last row)."""
         bs = self.block_size
         needs = [self._check(s) for s in chunks]
         ids: list[int] = []
@@ -317,10 +296,8 @@ class ModelRunner:
 
     @torch.inference_mode()
     def run(self, chunks: Sequence[StepSeq], rows: DecodeRows) -> list[StepResult]:
-        """Compute a step: multi-token `chunks` (prefill), then one-token decode `rows`; sample where
-        a sampling state is set; a chunk carrying `prompt_logprobs` has its positions scored into it;
-        a drafted chunk samples after each draft position (`StepSeq.draft`).
-        -> one result per chunk, then one per decode row."""
+        """Compute a step: `chunks`, then decode `rows`; sample where set, score prompt logprobs, verify
+        drafts. -> one result per chunk, then per decode row."""
         if not chunks and not rows.seq_ids:
             return []
         drafted = [i for i, s in enumerate(chunks) if s.draft and s.sample is not None]
@@ -383,13 +360,7 @@ class ModelRunner:
         masks: PendingMasks | None,
     ) -> None:
         """Sample each drafted chunk after each of its last draft + 1 positions into `results[where]`.
-
-        NOTE: a greedy row is sampled as the decode step that would have computed it alone: the logits
-        projection and the sampler are row-local (batch invariant), and the engine drafts only for
-        states whose processing reads no history that the draft would change (speculative.py), but
-        for a grammar, whose mask at each position is the one after the draft tokens before it
-        (executor/masks.py). A sampled row's draft goes through rejection sampling
-        (draft_sampling.py), which stops at the first rejected token."""
+        NOTE: a greedy row samples exactly as a lone decode step would (row-local projection, sampler)."""
         pos: list[int] = []
         states: list[SamplingState] = []
         for i, s in zip(where, chunks, strict=True):
@@ -401,7 +372,7 @@ class ModelRunner:
         if masks is not None:
             logits = masks.apply_drafts(logits)
         greedy = [j for j, st in enumerate(states) if st.params.greedy]
-        # NOTE: an int64 index on the logits' device (an empty list would make a float CPU tensor).
+        # An int64 index on the logits' device (an empty list would make a float CPU tensor).
         gidx = torch.tensor(greedy, dtype=torch.int64, device=logits.device)
         picked = sample(logits.index_select(0, gidx), [states[j] for j in greedy]) if greedy else []
         at = g = 0
@@ -418,7 +389,7 @@ class ModelRunner:
 
     @staticmethod
     def _constrained(states: Sequence[SamplingState | None]) -> bool:
-        # NOTE: the one cost of structured outputs to a step without them: this scan (a few us at 256).
+        # The one cost of structured outputs to a step without them: this scan.
         return any(st is not None and st.grammar is not None for st in states)
 
     def _masks(self) -> StepMasks:
@@ -439,8 +410,7 @@ class ModelRunner:
 
     @torch.inference_mode()
     def step_logits(self, seqs: Sequence[StepSeq]) -> torch.Tensor:
-        """Like `step` but returns fp32 logits [sum(len(token_ids)), V] of every new token, in `seqs`
-        order, and samples nothing (tests, scoring)."""
+        """Like `step` but returns fp32 logits of every new token, in `seqs` order; samples nothing."""
         if not seqs:
             return torch.empty(0, self.config.vocab_size)
         chunked = [i for i, s in enumerate(seqs) if len(s.token_ids) != 1]

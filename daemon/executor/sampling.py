@@ -1,13 +1,8 @@
 """Sampling parameters, per-request sampling state and the batched sampler.
 
-`SamplingParams` is validated on construction. `SamplingState` carries one request's params, its own
-random generator and the token history that penalties read. `sample()` turns a batch of last-position
-logits into one `SampleResult` per row.
-
-NOTE: batch invariance. Every row is processed with row-local operations only, and a sampled row draws
-exactly one uniform number per step from its own CPU `torch.Generator`, then picks the token by inverse
-CDF over its (sorted, filtered) distribution. So a seeded request yields the same tokens alone or batched
-with anything else, and on any device.
+NOTE: batch invariance: rows use row-local operations only, and a sampled row draws exactly one
+uniform per step from its own CPU generator (inverse CDF), so a seeded request yields the same tokens
+alone or batched, on any device.
 """
 
 from __future__ import annotations
@@ -48,20 +43,11 @@ def _check_int(name: str, value: object, minimum: int) -> None:
 
 @dataclass(frozen=True)
 class SamplingParams:
-    """How to pick tokens and when to stop. Invalid values raise ValueError on construction.
+    """How to pick tokens and when to stop (vLLM semantics). Invalid values raise ValueError.
 
-    temperature 0 means greedy (argmax). top_k 0 (or -1) disables top-k; top_p 1.0 and min_p 0.0 disable
-    theirs. repetition_penalty (> 0, 1.0 = off) rescales logits of every token seen in prompt or output;
-    presence/frequency penalties ([-2, 2]) subtract from logits of tokens already generated.
-    logprobs=None returns no logprobs; logprobs=n returns the chosen token's logprob and the top n.
-    constraint: the output must match it (JSON schema, regex, grammar, choice; `structured.spec`).
-    logit_bias: (token id, bias) pairs (a mapping is accepted and stored sorted), each bias in
-    [-100, 100] added to that token's logit before penalties and sampling, as OpenAI / vLLM; ids are
-    checked against the vocabulary by the engine's validator. Logprobs describe the biased
-    distribution (see `sample`).
-    prompt_logprobs=None computes none; k >= 0 returns each prompt token's logprob under the model
-    (the raw distribution: no bias, penalty or temperature, as vLLM) and the top k; see
-    `RequestOutput.prompt_logprobs`.
+    temperature 0: greedy. top_k 0/-1, top_p 1.0, min_p 0.0, repetition_penalty 1.0: off.
+    logit_bias: sorted (id, bias in [-100, 100]) pairs, added before penalties. logprobs=n: the chosen
+    token's and the top n. prompt_logprobs=k: each prompt token's raw logprob and the top k.
     """
 
     max_tokens: int = 16
@@ -161,19 +147,12 @@ class SampleResult:
 
     token_id: int
     logprob: float | None = None
-    # NOTE: a tuple default, not a list factory: a decode step builds one result per sequence, and
-    # the factory call was a fifth of that (256 results: 86 -> 67 us, python -m timeit).
+    # A tuple default, not a list factory: built once per sequence per step.
     top_logprobs: tuple[tuple[int, float], ...] = ()
 
 
 class SamplingState:
-    """One request's sampling state: params, own generator, prompt and output token history.
-
-    `eos_token_ids` are the model's end tokens: masked while fewer than min_tokens were generated, and
-    they finish the request unless ignore_eos. The engine appends each accepted token with `append`.
-    `grammar`: the request's constraint matcher (set by the engine once it compiled), which every
-    appended token advances; the runner masks the row with it before sampling.
-    """
+    """One request's sampling state: params, own generator, token history, and constraint matcher."""
 
     def __init__(
         self,
@@ -208,20 +187,14 @@ class SamplingState:
             self.generator.manual_seed(self.seed)
 
     def append(self, token_id: int) -> None:
-        """Record a generated token (penalties and min_tokens read the history) and advance the grammar
-        by it; raises `GrammarRefused` (nothing recorded) when the grammar forbids it.
-
-        NOTE: the grammar has consumed exactly `output_token_ids`, so forks and preemption keep it right.
-        """
+        """Record a generated token and advance the grammar; `GrammarRefused` records nothing.
+        NOTE: the grammar has consumed exactly `output_token_ids`, so forks and preemption keep it right."""
         if self.grammar is not None:
             self.grammar.consume(token_id)
         self.output_token_ids.append(token_id)
 
     def finish_reason(self, token_id: int) -> str | None:
-        """Finish reason after `token_id` was appended: "stop" (eos / stop token), "length", or None.
-
-        Stop strings are checked separately on text (see `radixd.daemon.text.stop`).
-        """
+        """Finish reason after `token_id` was appended: "stop", "length", or None (not stop strings)."""
         n_out = len(self.output_token_ids)
         if n_out >= self.params.min_tokens:
             if token_id in self.params.stop_token_ids:
@@ -249,7 +222,7 @@ def _apply_logit_bias(logits: torch.Tensor, states: Sequence[SamplingState]) -> 
         if st.bias is None:
             continue
         ids, values = st.bias
-        # NOTE: ids were checked against the vocabulary (engine validator); the sampler trusts them.
+        # Ids were checked against the vocabulary (engine validator); the sampler trusts them.
         logits[row].index_add_(0, ids.to(logits.device), values.to(logits.device, logits.dtype))
 
 
@@ -297,8 +270,8 @@ def _pick(probs: torch.Tensor, keep: torch.Tensor | None, u: torch.Tensor) -> to
     target = (u * cdf[:, -1:].double()).to(cdf.dtype)
     pick = torch.searchsorted(cdf, target, right=True).clamp_(max=width - 1)
     if keep is not None:
-        # NOTE: float rounding can land a pick on a dropped (zero-probability) slot just past the last
-        # kept one; step back to the last kept slot so a filtered token is never emitted.
+        # NOTE: rounding can land a pick just past the last kept slot: step back, so a filtered token
+        # is never emitted.
         rank = torch.arange(width, device=probs.device).unsqueeze(0)
         last_kept = (keep.long() * rank).amax(dim=1, keepdim=True)
         pick = torch.minimum(pick, last_kept)
@@ -317,8 +290,7 @@ def _sample_group(x: torch.Tensor, states: Sequence[SamplingState], width: int) 
 def _distribution(
     x: torch.Tensor, states: Sequence[SamplingState], width: int
 ) -> tuple[torch.Tensor, torch.Tensor | None, torch.Tensor | None]:
-    """What `_sample_group` draws from: (probabilities [R, W], dropped ones zero; the kept mask; the
-    vocabulary id of each column), the last two None when nothing is truncated (W = the vocabulary)."""
+    """(probabilities [R, W], the kept mask, each column's id); the last two None when nothing is cut."""
     vocab = x.shape[1]
     truncating = any(s.params.top_p < 1.0 or s.params.min_p > 0.0 for s in states) or width < vocab
     if not truncating:
@@ -338,11 +310,7 @@ def _distribution(
 
 
 def distribution(logits: torch.Tensor, state: SamplingState) -> torch.Tensor:
-    """The distribution `sample` draws `state`'s token from (temperature, top-k, top-p, min-p and logit
-    bias applied; penalties and `min_tokens` not: callers use it for states without them), one row
-    per row of `logits` [R, V], over the vocabulary: [R, V] float32, rows summing to 1.
-
-    For a sampled state (temperature > 0); speculative decoding's rejection sampling reads it."""
+    """The distribution `sample` draws from for a sampled `state` without penalties (rejection sampling)."""
     rows, vocab = logits.shape
     x = logits.float().clone()
     states = [state] * rows
@@ -357,10 +325,7 @@ def distribution(logits: torch.Tensor, state: SamplingState) -> torch.Tensor:
 
 def _sample_rows(logits: torch.Tensor, states: Sequence[SamplingState]) -> torch.Tensor:
     """Temperature / top-k / top-p / min-p, then an inverse-CDF draw with each row's own generator.
-
-    NOTE: rows are grouped by (top-k width, truncation kind) and each group is processed on its own,
-    so a row's arithmetic never depends on which other rows share the batch.
-    """
+    NOTE: rows go in groups of one (top-k width, truncation kind), so nothing depends on the batch."""
     vocab = logits.shape[1]
     temps = torch.tensor([s.params.temperature for s in states], dtype=logits.dtype, device=logits.device)
     x = logits / temps.unsqueeze(1)
@@ -379,20 +344,14 @@ def _sample_rows(logits: torch.Tensor, states: Sequence[SamplingState]) -> torch
     return out
 
 
-# Width of the column groups greedy_argmax reduces first (a multiple of the CPU's vector width).
-# NOTE: 256 reads the logits nearly as fast as a flat amax and leaves a small second stage: over
-# 256 x 49,152 logits 2.65-2.75 ms against 2.86-2.88 at 128 and 2.83-3.03 at 512 (the flat amax
-# alone 2.09-2.14), and no slower at 1, 8 or 64 rows.
+# Width of the column groups greedy_argmax reduces first (a multiple of the CPU's vector width):
+# nearly a flat amax's speed, with a small second stage.
 _ARGMAX_GROUP = 256
 
 
 def greedy_argmax(logits: torch.Tensor) -> torch.Tensor:
-    """``torch.argmax(logits, dim=1)``, same result (first maximum; NaN counts as the maximum).
-
-    NOTE: on CPU torch's argmax over a long row is a scalar loop, about 8x slower than ``amax``
-    (6 ms for 64 x 49,152 logits, a few % of a decode step). So take the vectorized max of each
-    group of 128 columns, pick the first group holding the row's maximum, and argmax inside it.
-    """
+    """``torch.argmax(logits, dim=1)``, same result, via vectorized group maxima (torch's CPU argmax is
+    a scalar loop)."""
     rows, vocab = logits.shape
     groups = vocab // _ARGMAX_GROUP
     if logits.device.type != "cpu" or groups < 2:
@@ -438,10 +397,8 @@ def sample(logits: torch.Tensor, states: Sequence[SamplingState]) -> list[Sample
     results = [SampleResult(token_id=t) for t in chosen_list]
     lp_rows = [i for i, s in enumerate(states) if s.params.logprobs is not None]
     if lp_rows:
-        # Logprobs describe the model's distribution after logit bias and penalties, before
-        # temperature / truncation: the distribution a greedy pick maximizes (vLLM v1 reports the raw
-        # one by default, its `logprobs_mode="raw_logprobs"`; radixd keeps its processed one, so a
-        # greedy token is always the top logprob).
+        # Logprobs are after bias and penalties, before temperature / truncation, so a greedy token
+        # is always the top logprob (vLLM v1 defaults to raw ones).
         idx = torch.tensor(lp_rows, device=logits.device)
         lp = torch.log_softmax(logits.index_select(0, idx), dim=1)
         chosen_lp = lp.gather(1, chosen.index_select(0, idx).unsqueeze(1)).squeeze(1).tolist()

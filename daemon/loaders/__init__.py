@@ -73,9 +73,6 @@ def load_model(
     dtype: torch.dtype | str | None = None,
     use_cache: bool = True,
 ) -> LoadedModel:
-    """Load a model onto `device` (fp32 on CPU, bf16/fp16 on CUDA unless `dtype` says otherwise).
-
-    `dtype` may be a torch dtype or a `--dtype` name: "auto", "float32", "bfloat16", "int8"
-    (`radixd.daemon.model.precision`); "auto" picks the fastest mode for this machine."""
+    """Load a model onto `device`; `dtype`: a torch dtype or a `--dtype` name (model/precision.py)."""
     p = path or default_model_path()
     return build_model(convert(p, use_cache), p, device, dtype)

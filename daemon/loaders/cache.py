@@ -1,8 +1,6 @@
-"""On-disk cache of converted models, so a second load of the same file is fast.
+"""On-disk cache of converted models, keyed by path, size, mtime and format version.
 
-Key: the file's absolute path, size and mtime (ns) plus a format version; a changed file misses.
-Entry: `weights.safetensors` (our fused fp32 layout), `tokenizer.json`, `meta.json`. Entries are written
-to a temporary folder and renamed into place, so a crash never leaves a half-written entry.
+NOTE: entries are written to a temporary folder and renamed into place: never half-written.
 """
 
 from __future__ import annotations

@@ -45,8 +45,7 @@ def default_dtype(device: str) -> torch.dtype:
 def model_precision(
     device: str, dtype: torch.dtype | str | None, weights: LlamaWeights | None = None
 ) -> Precision:
-    """What `dtype` asks for on `device`: a `--dtype` name (`auto` resolved for this machine and, when
-    given, these `weights`), a torch dtype (its plain mode), or None for `default_dtype(device)`."""
+    """What `dtype` asks for on `device`: a `--dtype` name, a torch dtype, or None (the default)."""
     if isinstance(dtype, str):
 
         def layers_on_int4_grid() -> bool:

@@ -1,7 +1,6 @@
 """GGUF files: metadata -> ModelConfig, dequantized tensors -> our fused layout, vocabulary -> tokenizer.
 
-NOTE: llama.cpp's converter permutes the rows of Q and K for the `llama` architecture (to its interleaved
-RoPE layout); we undo that so the weights use HF's rotate-half layout that `model/rope.py` applies.
+NOTE: llama.cpp permutes Q and K rows for `llama` (interleaved RoPE); undone here for HF's rotate-half.
 """
 
 from __future__ import annotations
@@ -101,7 +100,7 @@ def _tokenizer(reader: Any, path: str) -> TextTokenizer:
     bpe = build_bpe_tokenizer(tokens, merges, types, _field(reader, "tokenizer.ggml.pre"))
     eos = _field(reader, "tokenizer.ggml.eos_token_id")
     bos = _field(reader, "tokenizer.ggml.bos_token_id")
-    # NOTE: as transformers does for byte-level GGUF vocabularies, encode() adds no BOS.
+    # As transformers does for byte-level GGUF vocabularies, encode() adds no BOS.
     return TextTokenizer(
         bpe,
         chat_template=_field(reader, "tokenizer.chat_template"),

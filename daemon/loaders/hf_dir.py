@@ -93,7 +93,7 @@ def _tokenizer(d: Path, cfg: ModelConfig) -> TextTokenizer:
     eos = cfg.eos_token_ids[0] if cfg.eos_token_ids else None
     ids = list(end_of_turn_ids(bpe, eos))
     ids += [e for e in cfg.eos_token_ids if e not in ids]
-    # NOTE: tokenizer.json's post-processor adds BOS itself where the model wants it.
+    # tokenizer.json's post-processor adds BOS itself where the model wants it.
     return TextTokenizer(bpe, template if isinstance(template, str) else None, cfg.bos_token_id, ids, False)
 
 

@@ -1,22 +1,8 @@
-"""4-bit weights in the GGUF Q4_1 layout, executed by torch's packed int4 CPU kernel.
+"""4-bit weights in the GGUF Q4_1 layout (`w = q * d + m` per 32 inputs), run by torch's int4 CPU kernel.
 
-Each group of 32 consecutive inputs of a row is stored as 4-bit codes `q` in [0, 15] with a scale
-and a minimum, `w = q * d + m`: exactly the Q4_1 blocks the embedded SmolLM2 GGUF ships. Quantizing
-weights that came from Q4_1 blocks therefore recovers the GGUF's own codes (the group's minimum has
-code 0 and its maximum code 15), so this mode runs the file's 4-bit weights without expanding them.
-
-Every row count (decode batches and prefill chunks alike) runs `torch._weight_int4pack_mm_for_cpu`,
-which streams half a byte per weight (a quarter of bf16's), behind the row-invariance plan of
-`invariant.py`: a token's result is bitwise the same in a decode step of any batch and in a prefill
-chunk.
-
-NOTE: until issue 25, steps of more than 12 rows ran oneDNN's bf16 GEMM over the dequantized weights
-instead, which is faster for prefill on AMX / AVX512-BF16 machines (the crossover measured there: the
-kernel wins up to ~12 rows, the GEMM from ~16 on) but sums in another order, so a token prefilled and
-the same token decoded differed. docs/batch-invariance-cost.md measures both designs.
-The kernel takes `(q - 8) * scale + zero`, hence `zero = m + 8 * d`; scales and zeros are bf16, the
-activations' dtype, as the kernel requires for its fast path (fp32 activations take a reference
-loop ~30x slower).
+Quantizing Q4_1-sourced weights recovers the file's own codes. NOTE: every row count runs this one
+kernel (behind `invariant.py`'s plan), never a bf16 GEMM for prefill, so prefill and decode agree
+bitwise. The kernel takes `(q - 8) * scale + zero` with bf16 scales (its fast path).
 """
 
 from __future__ import annotations
@@ -29,8 +15,7 @@ GROUP = 32
 
 
 def quantize_int4(w: torch.Tensor, group: int = GROUP) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """Asymmetric 4-bit codes per `group` inputs of a row, min/max as GGUF's Q4_1:
-    -> (q int32 [out, in] in [0, 15], d fp32 [out, in / group], m fp32 [out, in / group])."""
+    """Q4_1-style 4-bit codes per `group` inputs -> (q int32 [out, in], d, m fp32 [out, in / group])."""
     out_f, in_f = w.shape
     if in_f % group:
         raise ValueError(f"int4 weights need in_features divisible by {group}, got {in_f}")
@@ -57,11 +42,7 @@ def dequantize_int4(q: torch.Tensor, sz: torch.Tensor) -> torch.Tensor:
 
 
 def on_int4_grid(w: torch.Tensor, rows: int = 64) -> bool:
-    """Whether `quantize_int4` holds `w` exactly (to fp32 rounding), i.e. its groups are 4-bit already.
-
-    Checks `rows` rows spread over the matrix: a tensor stored 4-bit has every group on the grid, one
-    stored otherwise (5-8 bits, 16-bit floats) almost none, so a sample decides at a fraction of the
-    cost of quantizing it all (`auto` asks this of every layer matrix at load)."""
+    """Whether `w`'s groups are 4-bit already (`quantize_int4` exact), judged on `rows` sampled rows."""
     if w.dim() != 2 or w.shape[1] % GROUP:
         return False
     sample = w[:: max(1, w.shape[0] // rows)].float()
@@ -71,8 +52,7 @@ def on_int4_grid(w: torch.Tensor, rows: int = 64) -> bool:
 
 
 class Int4Linear:
-    """Q4_1-style 4-bit weights [out, in]; `weight` is their bf16 dequantization (what the kernel
-    computes with)."""
+    """Q4_1-style 4-bit weights [out, in]; `weight` is their bf16 dequantization."""
 
     def __init__(self, w_out_in: torch.Tensor, bias: torch.Tensor | None, dtype: torch.dtype) -> None:
         if dtype != torch.bfloat16:

@@ -1,28 +1,8 @@
 """Row-invariant projections: a row's result never depends on how many rows its call has, nor on them.
 
-CPU GEMM libraries pick their kernel, blocking and reduction order from the problem's shape: MKL's
-fp32 GEMM, for one, runs rows in blocks of 4 and sends a call of 1-3 rows, or the short last block of
-a call of fewer than 12, through another kernel, so the same row comes out a few ulps apart in a
-1-row decode step and in a 16-row prefill chunk. Which
-row counts share an order is not documented and differs by library, version, CPU and thread count,
-so it is measured here, once per kernel and shape, when the model loads:
-
-- the probe runs the same `COMPARED_ROWS` rows through the kernel in calls of every row count of
-  `PROBE_ROWS` (each row at every position of a call, or first and last above that many rows) and
-  finds the *floor*: the smallest row count from which every probed count gives every compared row
-  bitwise the same result as the largest;
-- `RowPlan.run` then pads a call of fewer rows than the floor with zero rows up to it, and splits one
-  of more rows than the probe's largest count into calls of that count (the last one padded up to
-  the floor if short), so that every row runs in a call of a probed, agreeing size.
-
-A kernel whose order does not depend on the row count has floor 1 and runs unchanged. When the top
-of the probe does not agree (the largest two counts differ) there is no class to pad into: the plan
-falls back to running every call at exactly the largest count (`floor == cap`), which is invariant by
-construction (one call shape for every row) but slow; `RowPlan.fallback` says so.
-
-NOTE: the result is invariant for a fixed thread count on one machine and library build; another CPU,
-build or `torch.set_num_threads` may give other (equally invariant) rows. Plans are kept per (kernel,
-shape, dtype, device, thread count), and `RowInvariant` probes again when the thread count changes.
+GEMMs pick their reduction order from the shape, so a load-time probe finds each kernel's *floor* (from
+which all probed row counts agree bitwise); `RowPlan.run` pads smaller calls and splits larger ones.
+NOTE: plans hold per machine, build and thread count; `RowInvariant` re-probes when threads change.
 """
 
 from __future__ import annotations
@@ -112,10 +92,8 @@ def probe_floor(
     found: dict[int, torch.Tensor | None] = {}
     with torch.inference_mode():
         for m in rows:
-            # NOTE: a 16-bit output rounds most order differences away (a row of a bf16 GEMM on an
-            # AVX512-BF16 CPU differs from its 1-row call in ~1 output of 7,000), so a count is
-            # judged on `n` rows at once, each in calls of exactly m rows; counts above n also put
-            # the rows last, where kernels that run rows in blocks (MKL: 4) take a short block.
+            # A 16-bit output rounds most order differences away, so a count is judged on `n` rows at
+            # once; counts above n also put the rows last, where blocked kernels take a short block.
             got = torch.cat([kernel(probe[s : s + m])[: min(m, n - s)] for s in range(0, n, m)])
             if m > n and not torch.equal(kernel(torch.cat([probe[n:m], probe[:n]]))[m - n :], got):
                 found[m] = None
@@ -144,8 +122,7 @@ def plan_for(
 ) -> RowPlan:
     """The plan of kernel kind `name` at this shape, probed on the first matrix of that shape.
 
-    NOTE: the plan depends on the kernel's code path, which depends on the shape, dtype and threads, not
-    on the weights' values: every matrix of one shape in a model shares one probe."""
+    NOTE: the plan depends on shape, dtype and threads, never on weight values: one probe per shape."""
     key = (name, in_features, out_features, dtype, str(device), torch.get_num_threads())
     plan = _PLANS.get(key)
     if plan is None:

@@ -1,24 +1,9 @@
 """The model's projections (`y = x W^T + b`) in the layout and kernel each precision runs fastest.
 
-- fp32 on an x86-64 CPU with AVX2 and FMA and a C compiler: the compiled kernel of `f32.py` over the
-  plain [out, in] weights (one summation order for every row count, the weight stream's speed at 1 row),
-  or over the GGUF Q4_1 / Q8_0 blocks they were expanded from (bitwise the same result, 6 or 9 bits
-  streamed per weight instead of 32).
-- fp32 where that cannot run and torch has oneDNN: oneDNN's inner product over the weights packed once
-  at load into its blocked layout (`PackedLinear`): one kernel for every row count, no packing per call.
-- fp32 otherwise: weights kept [in, out] and run as `x @ W` (`InOutLinear`): CPU GEMMs with a few rows
-  ran up to 2x faster in that layout than `F.linear`'s [out, in].
-- bf16 (and other 16-bit floats): [out, in] through `F.linear`, which reaches oneDNN's bf16 kernels
-  (AVX512-BF16); `x @ W` with [in, out] bf16 weights measured up to 1.5x slower.
-- int8: int8 weights [out, in] with an fp32 scale per 32 inputs of a row (symmetric, round to nearest),
-  run as the bf16 GEMM over the dequantized weights for every row count. (The quantized modes' lm_head
-  runs the same format through a compiled kernel instead: `q8.py`.)
-
-NOTE: every projection is row-invariant (`invariant.py`): a row's result is bitwise the same whatever
-the call's other rows and their number, so a token computes the same in a decode step of any batch and
-in a prefill chunk. Each kernel runs behind the plan its load-time probe measured (oneDNN's packed fp32
-kernel needs no padding on an AVX2 machine; MKL's `x @ W`, the fallback, pads calls of fewer than 12
-rows to 12 there).
+fp32: `f32.py`'s compiled kernel, else oneDNN's packed inner product (`PackedLinear`), else `x @ W`
+over [in, out] (`InOutLinear`, faster for few rows). 16-bit: `F.linear` over [out, in]. int8: the bf16
+GEMM over dequantized per-32 groups. NOTE: every projection runs behind its load-time row-invariance
+plan (`invariant.py`), so a token computes bitwise the same in any batch and in a prefill chunk.
 """
 
 from __future__ import annotations
@@ -31,8 +16,7 @@ import torch.nn.functional as F
 
 from radixd.daemon.model.invariant import RowInvariant
 
-# The batch size oneDNN lays the packed fp32 weights out for: with 2 (not 1) every row count runs one
-# kernel on an AVX2 machine (measured: with 1, one-row calls take another kernel).
+# The batch size oneDNN packs the fp32 weights for: with 2 (not 1) every row count runs one kernel.
 PACK_BATCH_HINT = 2
 
 
@@ -107,12 +91,9 @@ GROUP = 32
 
 
 def quantize_groups(w: torch.Tensor, group: int = GROUP) -> tuple[torch.Tensor, torch.Tensor]:
-    """Symmetric int8 per `group` consecutive inputs of a row (round to nearest):
-    w ~= q * scale[:, :, None] groupwise; -> (q int8 [out, in], scale fp32 [out, in / group]).
+    """Symmetric int8 per `group` inputs of a row -> (q int8 [out, in], scale fp32 [out, in / group]).
 
-    NOTE: groups of 32 are what keeps the quality contract (docs/bench-offline.md): one scale per row
-    measured 94% top-1 agreement with fp32, below the 95% the contract asks. GGUF's Q4/Q8 blocks are
-    32 wide too, so their values land on the int8 grid with little further error."""
+    Groups of 32 keep the quality contract (one scale per row does not) and match GGUF's blocks."""
     out_f, in_f = w.shape
     if in_f % group:
         raise ValueError(f"int8 weights need in_features divisible by {group}, got {in_f}")
@@ -143,8 +124,7 @@ class Int8Linear:
         self.q, self.scale = quantize_groups(w_out_in)
         self.weight = dequantize_groups(self.q, self.scale).to(dtype)
         self.bias = bias
-        # NOTE: a one-row int8 matrix-vector kernel (a quarter of fp32's bytes) was faster at batch 1
-        # but sums in another order than the GEMM: a token's result then depended on its batch.
+        # NOTE: no one-row matrix-vector kernel: it sums in another order than the GEMM (batch-dependent).
         self._dense = dense(self.weight, bias)
 
     def __call__(self, x: torch.Tensor) -> torch.Tensor:

@@ -1,8 +1,6 @@
 """Llama-family decoder (RMSNorm, RoPE, GQA, SwiGLU, tied embeddings, optional q/k/v (and o) bias).
 
-The attention reads and writes the paged KV pool only through `radixd.kernels`: new K/V go in with
-`store_kv`, prefill chunks attend with `paged_prefill`, single-token decodes with `paged_decode`. There is
-no contiguous KV path. Weights are held fused (qkv, gate-up) so each layer runs four matmuls.
+Attention uses the paged KV pool only through `radixd.kernels`; weights are fused (qkv, gate-up).
 """
 
 from __future__ import annotations
@@ -134,8 +132,7 @@ class _LayerOps:
 def make_linear(w: torch.Tensor, bias: torch.Tensor | None, prec: Precision, device: torch.device) -> Linear:
     """The projection of [out, in] matrix `w` (and `bias`) that `prec` runs, on `device`."""
     b = None if bias is None else bias.to(device=device, dtype=prec.dtype)
-    # NOTE: 16-bit GEMMs are emulated on CPUs without native bf16, and not row-invariant there
-    # (`Widened16Linear`): those run 16-bit weights through the fp32 kernel.
+    # 16-bit GEMMs are emulated and not row-invariant on CPUs without native bf16 (`Widened16Linear`).
     widen = device.type == "cpu" and not cpu_has_native_bf16() and f32_available()
     dense16 = Widened16Linear if widen else OutInLinear
     if prec.weights == "int8":
@@ -153,15 +150,8 @@ def make_linear(w: torch.Tensor, bias: torch.Tensor | None, prec: Precision, dev
 
 
 def make_lm_head(w: torch.Tensor, prec: Precision, device: torch.device) -> Linear:
-    """The lm_head of [V, H] matrix `w` that `prec` runs, on `device`; its logits are fp32 or `prec`'s
-    dtype (`LlamaModel.logits` makes them fp32).
-
-    The quantized modes (int4, int8) hold it as int8 per 32 inputs through the compiled kernel of
-    `q8.py` where it runs (x86-64 with AVX2 and FMA, a C compiler): a GGUF's Q8_0 head exactly, in a
-    quarter of fp32's bytes. Elsewhere int8 runs it as its layers (`Int8Linear`) and int4 in bf16.
-    NOTE: int4 never holds the head in 4 bits: GGUFs keep the embedding / lm_head at 8 bits or more
-    (Q8_0 in the embedded model), and 4 bits there would lose what the file kept. The float modes keep
-    their head as their layers (fp32 is the reference that equals transformers)."""
+    """The lm_head of [V, H] matrix `w` that `prec` runs, on `device`: quantized modes hold it as int8
+    per 32 inputs (`q8.py`), never 4 bits (GGUFs keep the head at 8+ bits)."""
     if prec.weights != "float" and device.type == "cpu" and w.shape[1] % GROUP == 0 and q8_available():
         return Q8Linear(w.to(device), None, prec.dtype)
     return make_linear(w, None, precision_of_dtype(prec.dtype) if prec.weights == "int4" else prec, device)
@@ -169,17 +159,7 @@ def make_lm_head(w: torch.Tensor, prec: Precision, device: torch.device) -> Line
 
 class LlamaModel:
     """The decoder. `forward` returns final-norm hidden states; `logits` projects chosen rows.
-
-    `precision` (default: the plain mode of the weights' dtype) decides the compute dtype and how each
-    projection is held and run (`linear.py`); the weights are converted to it here.
-
-    NOTE: afterwards `weights` holds the model's own tensors in the precision's dtype: its matrices are
-    the very [out, in] tensors (or, in int8 mode, the dequantized copies behind) what the projections
-    run. Beside them: in fp32, a GGUF's Q4_1 / Q8_0 blocks that the compiled kernel streams instead
-    (`f32.py`, +~20% of the fp32 bytes), or oneDNN's packed copies where it falls back to that; in
-    the quantized modes (int4, int8) the codes, and a tied embedding is the dequantized lm_head
-    (`make_lm_head`), beside the int8 codes the head runs.
-    """
+    Weights are converted to `precision` here; `weights` then holds the tensors the projections run."""
 
     def __init__(
         self,
@@ -241,8 +221,7 @@ class LlamaModel:
         return native_decoder(layers, self.weights.norm, shape, cfg.rms_norm_eps, self.scale)
 
     def projections(self) -> list[Linear]:
-        """Every weight matrix's projection, layers in order, then the lm_head (benchmarks: one pass
-        over them at batch 1 is the weight-streaming floor of a decode step)."""
+        """Every weight matrix's projection, layers in order, then the lm_head."""
         return [o for ops in self._ops for o in (ops.qkv, ops.o_proj, ops.gate_up, ops.down)] + [
             self._lm_head
         ]

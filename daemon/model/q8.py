@@ -1,21 +1,8 @@
 """int8 weights with a scale per 32 inputs (GGUF's Q8_0 layout), run by the compiled fp32 kernels.
 
-The lm_head of the `int4` and `int8` modes (`llama.make_lm_head`): a tied 49,152 x 576 embedding
-streams 28 MB of int8 codes and 3.5 MB of fp32 scales a step here instead of bf16's 57 MB. A Q8_0
-embedding (the embedded model's) lies on this grid already: `quantize_groups` recovers the file's
-own codes and scales, so the head loses nothing against the GGUF.
-
-Torch has no CPU kernel for this layout that is faster than bf16 on an AVX2 machine without VNNI
-(docs/bench-offline.md: `_weight_int8pack_mm` holds one scale per row only and ran slower than bf16's
-`F.linear`; dequantizing blocks of rows and running the fp32 GEMM was 10x slower), so it runs
-`q8_0_gemm` of kernels/f32_gemm.c (`f32.py`'s library): a block of rows expanded to fp32 (q * scale)
-into a per-thread buffer, then the fp32 tiles.
-
-NOTE: row-invariant by construction, as every call of that library: each output sums in one fixed
-order whatever the call's row count, the row's position or the thread count, so a token's logits
-are bitwise the same in a decode step of any batch and in a prefill chunk. It still runs behind
-`RowInvariant`, whose probe checks that at load like every projection's. Activations go in as fp32
-(bf16 converts exactly), logits come out fp32.
+The lm_head of the `int4` and `int8` modes; a Q8_0 embedding's own codes are recovered exactly. Torch
+has no faster CPU kernel for this layout, hence `q8_0_gemm` (`f32.py`'s library). NOTE: row-invariant
+by construction (one summation order), still behind `RowInvariant`'s probe; fp32 in, fp32 out.
 """
 
 from __future__ import annotations
@@ -33,8 +20,7 @@ def q8_available() -> bool:
 
 
 class Q8Linear:
-    """int8 weights [out, in] with an fp32 scale per 32 inputs (`quantize_groups`); returns fp32.
-    `weight` is the dequantized matrix in `dtype` (a tied embedding looks its rows up there)."""
+    """int8 weights [out, in], an fp32 scale per 32 inputs, fp32 out; `weight`: dequantized, in `dtype`."""
 
     def __init__(self, w_out_in: torch.Tensor, bias: torch.Tensor | None, dtype: torch.dtype) -> None:
         lib = library()

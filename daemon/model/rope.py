@@ -74,10 +74,8 @@ class Rotary:
 
 
 def apply_rotary(x: torch.Tensor, cos: torch.Tensor, signed_sin: torch.Tensor) -> torch.Tensor:
-    """x [T, H, D] -> x*cos + rotate_half(x)*sin, with rotate_half(x)*sin == roll(x, D/2)*(-sin, sin).
-
-    NOTE: (-a)*b == a*(-b) exactly in IEEE arithmetic, so this matches HF's rotate_half bit for bit.
-    """
+    """x [T, H, D] -> x*cos + rotate_half(x)*sin via roll(x, D/2)*(-sin, sin): bitwise HF's rotate_half
+    ((-a)*b == a*(-b) exactly in IEEE arithmetic)."""
     out = x * cos
     out += torch.roll(x, x.shape[-1] // 2, dims=-1) * signed_sin
     return out

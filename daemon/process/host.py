@@ -1,27 +1,8 @@
-"""The host process's resources: how many CPU threads compute may use, and when freed heap goes back.
+"""The host process's resources: compute threads, the garbage collector, freed heap, huge pages.
 
-Threads: torch's default is one per physical core of the machine, which in a container limited to a
-few CPUs (an affinity mask, a cgroup quota) oversubscribes them; the default here is the smaller of
-that and what the process may actually run on.
-
-Startup heap: loading a model, its tokenizer and the KV pools leaves ~200k objects tracked by the
-cyclic garbage collector, none of which ever becomes garbage; each full collection walks them all
-(111-116 ms measured at 256 decoding sequences: a stall of the engine thread in the middle of a step).
-`startup_heap_frozen` moves them out of the collector's sight once loading is done, as vLLM's engine
-does after its startup.
-
-Heap: a decode batch allocates tens of MB of short-lived buffers (64 rows of 49,152 logits are
-12.6 MB each, several per step). glibc keeps freed chunks below its (dynamic) mmap threshold in
-its arenas, one per thread that allocated, so after a burst of traffic the daemon's RSS stays at the
-burst's high-water mark although nothing is live. `HeapReleaser` hands that memory back with
-`malloc_trim` once the engine has been idle for a moment; never between steps, where the next step
-would only fault the same pages back in.
-
-Pages: a decode step reads the KV pools in scattered blocks (6 KiB a layer's block for SmolLM2), a
-4,000-token context from ~22,000 distinct 4 KiB pages, far beyond what the TLB maps, so each block
-costs a page walk on top of its memory read, and a prefetch that misses the TLB does not fetch in
-time. `zeros_on_huge_pages` backs the pools with 2 MiB pages where Linux lends them (transparent
-huge pages in "madvise" or "always" mode; docs/bench-kernels.md has the measurements).
+Threads default to min(torch's default, CPUs the process may use). The startup heap is frozen out of
+the cyclic GC (full collections would stall steps). `HeapReleaser` returns freed heap with `malloc_trim`
+only when idle. KV pools sit on 2 MiB pages where Linux lends them (scattered blocks miss the TLB).
 """
 
 from __future__ import annotations
@@ -81,9 +62,7 @@ def usable_cpus() -> int:
 
 
 def configure_threads() -> int:
-    """Set torch's intra-op threads: RADIXD_NUM_THREADS if set, else min(torch's default, usable
-    CPUs). Returns the count in use. Raises ValueError for a RADIXD_NUM_THREADS that is not a
-    positive integer."""
+    """Set torch's intra-op threads (RADIXD_NUM_THREADS, else min(default, usable CPUs)); -> the count."""
     env = os.environ.get(ENV_THREADS, "").strip()
     if env:
         try:
@@ -101,13 +80,8 @@ def configure_threads() -> int:
 
 @contextmanager
 def startup_heap_frozen() -> Iterator[int]:
-    """Collect, then exempt every object alive now from garbage collection while the block runs (the
-    daemon's process serving, once its model and engine are loaded); yields the objects frozen.
-
-    NOTE: for a process that serves one engine: what is frozen is never collected while frozen, so
-    tests that build engines in-process do not use it. Thawed at the end, so the interpreter's own
-    teardown (and C extensions' leak checks at exit) find the heap as usual.
-    """
+    """Collect, then exempt every object alive now from GC while the block runs; yields the count.
+    For a process serving one engine: frozen objects are never collected (thawed at the end)."""
     gc.collect()
     gc.freeze()
     try:
@@ -135,14 +109,8 @@ def _libc_call(name: str, argtypes: list[type], restype: type) -> Callable[..., 
 
 
 def zeros_on_huge_pages(shape: Sequence[int], dtype: torch.dtype) -> torch.Tensor:
-    """A zeroed, contiguous CPU tensor whose memory starts on a 2 MiB boundary and is advised to the
-    kernel as huge-page memory before its first touch, so that Linux backs it with 2 MiB pages where
-    it lends them (with transparent huge pages off, the advice changes nothing); on another OS, or for
-    a tensor under 2 MiB, plain `torch.zeros`.
-
-    NOTE: the tensor is a view into a buffer up to 2 MiB longer, whose slack is never touched (so
-    never resident); its data_ptr, strides and contents are those of `torch.zeros(shape)`.
-    """
+    """A zeroed contiguous CPU tensor, 2 MiB-aligned and advised as huge pages before first touch
+    (elsewhere, or under 2 MiB: `torch.zeros`). A view into a slightly longer, never-touched buffer."""
     nbytes = math.prod(shape) * dtype.itemsize
     advise = None
     if sys.platform == "linux" and nbytes >= HUGE_PAGE:
@@ -157,11 +125,7 @@ def zeros_on_huge_pages(shape: Sequence[int], dtype: torch.dtype) -> torch.Tenso
 
 
 class HeapReleaser:
-    """Releases freed heap to the OS once per busy period, after `idle_s` without work.
-
-    The engine thread calls `busy()` after each step it runs and `idle(now)` on each pass without
-    work; the release itself runs on that thread, when no step is waiting for it.
-    """
+    """Releases freed heap to the OS once per busy period, after `idle_s` without work (engine thread)."""
 
     def __init__(self, idle_s: float = IDLE_RELEASE_S) -> None:
         self.idle_s = idle_s

@@ -1,9 +1,6 @@
 """Logging for the daemon: structlog over the stdlib `logging` module.
 
-`configure()` renders JSON lines when stdout is not a terminal (collectors, CI, systemd) and readable
-key=value lines on a terminal. Per-request context (the request id, tenant, rpc) is bound with
-`bind_request()` into structlog's contextvars, so every line logged while handling a request carries
-it, including lines from libraries that log through the stdlib.
+JSON lines off a terminal, key=value on one; `bind_request()` puts per-request context on every line.
 """
 
 from __future__ import annotations
@@ -20,10 +17,7 @@ LogFormat = Literal["auto", "json", "console"]
 
 
 def configure(level: str = "info", fmt: LogFormat = "auto", stream: Any = None) -> None:
-    """Configure structlog and the stdlib root logger once for the process.
-
-    fmt "auto" picks JSON unless `stream` (default stdout) is a terminal.
-    """
+    """Configure structlog and the stdlib root logger once ("auto": JSON unless a terminal)."""
     out = stream if stream is not None else sys.stdout
     numeric = logging.getLevelName(level.upper())
     if not isinstance(numeric, int):
@@ -68,10 +62,7 @@ def _isatty(stream: Any) -> bool:
 
 @contextmanager
 def bind_request(**fields: Any) -> Iterator[None]:
-    """Bind `fields` (request_id=..., tenant=..., rpc=...) to every log line inside the block.
-
-    NOTE: contextvars are per asyncio task, so concurrent handlers never see each other's fields.
-    """
+    """Bind `fields` to every log line inside the block (contextvars: per asyncio task)."""
     tokens = structlog.contextvars.bind_contextvars(**fields)
     try:
         yield

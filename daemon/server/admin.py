@@ -1,7 +1,6 @@
 """CacheAdminService: eviction, flush, pinning, stats, load, prefix lookup and cache events.
 
-Every call needs the admin bearer token. Namespaces in requests name tenants ("" = default tenant);
-unlike the public services the admin may act on any tenant.
+Every call needs the admin token; it may act on any tenant ("" = default).
 """
 
 from __future__ import annotations
@@ -41,9 +40,7 @@ DEFAULT_FLUSH_WAIT_S = 30.0
 
 
 def cache_stats_response(s: EngineStats) -> cache_admin_pb2.GetCacheStatsResponse:
-    """GetCacheStats for the engine's stats. Hits and misses are counted per admitted request, not
-    per tree lookup: hit_tokens + miss_tokens = prompt tokens, and hit_tokens sums the requests'
-    `cached_tokens`. `cached_blocks` (deprecated) repeats `evictable_blocks` for older clients."""
+    """GetCacheStats for the engine's stats (hits and misses per admitted request, not per lookup)."""
     return cache_admin_pb2.GetCacheStatsResponse(
         block_size=s.block_size,
         total_blocks=s.total_blocks,

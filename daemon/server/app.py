@@ -1,13 +1,8 @@
 """Wire the daemon: engine, public and admin gRPC servers, health, reflection, metrics, SIGTERM drain.
 
-Drain (SIGTERM or SIGINT): health turns NOT_SERVING, new work is refused with UNAVAILABLE, in-flight
-streams get `--grace-period` seconds to finish, whatever is left is cancelled (its KV released by the
-handlers' `finally`), the engine stops, and the process exits 0.
-
-Engine death (its thread ended on an error its guards could not contain): the engine has failed every
-request in flight with INTERNAL; the daemon turns health NOT_SERVING, refuses new work with UNAVAILABLE,
-drains the same way and exits 1, so a supervisor restarts it instead of keeping a server whose engine
-runs nothing.
+Drain (SIGTERM/SIGINT): health NOT_SERVING, new work UNAVAILABLE, streams get `--grace-period` to
+finish, the rest is cancelled (KV freed by the handlers' `finally`), exit 0. Engine death drains the
+same way and exits 1, so a supervisor restarts the daemon.
 """
 
 from __future__ import annotations
@@ -73,11 +68,7 @@ LOOPBACK = ("127.0.0.1", "::1", "localhost")
 
 @dataclass
 class Daemon:
-    """A running daemon (servers started); `drain()` stops it.
-
-    `stopping` is set when the daemon should stop (a signal, or the engine died) and `exit_code` is
-    what the process then exits with.
-    """
+    """A running daemon (servers started); `drain()` stops it. `stopping`: a signal or engine death."""
 
     state: ServerState
     public: grpc.aio.Server
@@ -93,8 +84,7 @@ class Daemon:
     _death: concurrent.futures.Future[None] | None = field(default=None, repr=False)
 
     async def engine_died(self, error: BaseException) -> None:
-        """The engine thread is gone: stop taking work and stop with exit code 1 (the engine already
-        failed the requests in flight)."""
+        """The engine thread is gone (it failed its requests): stop taking work and exit 1."""
         self.exit_code = 1
         self.state.draining = True  # new RPCs: UNAVAILABLE
         await self.health.enter_graceful_shutdown()
@@ -176,7 +166,7 @@ def build_state(args: argparse.Namespace, built: BuiltEngine) -> ServerState:
         log.warning("server.admin_token_generated", admin_token=token, hint="pass --admin-token to fix it")
     keys = load_api_keys(args.api_keys) if args.api_keys else None
     core = built.core
-    # NOTE: the engine hands its outputs over before each forward pass and before it waits for work.
+    # The engine hands its outputs over before each forward pass and before it waits for work.
     handover = OutputHandover(asyncio.get_running_loop())
     built.engine.handover = handover.flush
     return ServerState(
@@ -203,8 +193,7 @@ def build_state(args: argparse.Namespace, built: BuiltEngine) -> ServerState:
 def _servers(
     state: ServerState, args: argparse.Namespace
 ) -> tuple[grpc.aio.Server, grpc.aio.Server, PortHealth]:
-    """The public server (generation, sessions) and the admin server, each with its own health and
-    reflection services that know only that port's services."""
+    """The public and admin servers, each with health and reflection for its own services only."""
     size = args.max_message_mb * 1024 * 1024
     # NOTE: no SO_REUSEPORT, so a second daemon on the same port fails to start instead of silently
     # sharing the port (and splitting requests and sessions) with the first.
@@ -260,12 +249,7 @@ def _write_ready_file(path: str, where: dict[str, int | str]) -> None:
 def _announce(
     args: argparse.Namespace, state: ServerState, tls: bool, port: int, admin_port: int, metrics_port: int
 ) -> None:
-    """Say where the daemon listens: the `server.serving` log line, the `--ready-file` JSON, and one
-    `radixd ready: ...` line on stdout.
-
-    The admin and metrics ports are free ports unless given (so replicas on one host need only distinct
-    `--port`s); these three places are how people, scripts and radixctl (`--ready-file`) learn them.
-    """
+    """Say where the daemon listens (free ports unless given): the log, `--ready-file` JSON and stdout."""
     address = _host_port(args.host, port)
     admin_address = _host_port(args.admin_host, admin_port)
     metrics_url = f"http://{_host_port(args.metrics_host, metrics_port)}/metrics" if metrics_port else ""
@@ -290,8 +274,7 @@ def _announce(
                 "metrics_port": metrics_port,
             },
         )
-    # NOTE: a plain line, not a log event, so it shows whatever the log format and level are; key=value
-    # pairs keep it easy to cut apart in a shell.
+    # A plain line, not a log event: it shows whatever the log format and level are.
     print(
         f"radixd ready: address={address} admin_address={admin_address} metrics={metrics_url or 'off'}",
         flush=True,
@@ -324,7 +307,6 @@ async def start(args: argparse.Namespace, built: BuiltEngine) -> Daemon:
         args.grace_period,
     )
     # NOTE: set before the engine thread starts, so the hook is in place before the engine can die.
-    # (Cache-event listeners are installed through engine commands, only while someone subscribes.)
     state.engine.on_fatal = daemon.on_engine_death(loop)
     state.engine.start()
     await public.start()
@@ -383,8 +365,7 @@ async def _serve(args: argparse.Namespace, built: BuiltEngine) -> int:
 
 
 def serve_forever(args: argparse.Namespace) -> int:
-    """Blocking: load, serve until SIGTERM / SIGINT, drain; returns the exit code (0 after a drain, 1
-    when the engine died, 2 when the daemon could not start)."""
+    """Blocking: load, serve, drain; -> exit code (0 drained, 1 engine died, 2 could not start)."""
     log.info("server.loading", model=args.model or "embedded", device=args.device)
     try:
         built = load(args)

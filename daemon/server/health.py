@@ -1,9 +1,5 @@
-"""grpc.health.v1 per port: each port answers only for the services it serves.
-
-One shared health servicer on both ports would answer SERVING for `radixd.v1.CacheAdminService` on the
-public port (where every call to it fails UNIMPLEMENTED), so a load balancer's probe configured with a
-service name would route to the wrong port. Each port therefore gets its own servicer that knows ""
-(the whole port) and that port's services; a name served elsewhere gets the standard NOT_FOUND.
+"""grpc.health.v1 per port: each port answers only for "" and its own services (others: NOT_FOUND),
+so a probe naming a service never routes to the wrong port.
 """
 
 from __future__ import annotations
@@ -15,10 +11,7 @@ from grpc_health.v1 import health
 
 
 class PortHealth:
-    """The health servicers of a daemon's ports, set and drained together.
-
-    `services_by_port` maps a port's label (e.g. "public") to the full names of the services it serves.
-    """
+    """The health servicers of a daemon's ports (label -> service names), set and drained together."""
 
     def __init__(self, services_by_port: Mapping[str, Sequence[str]]) -> None:
         self._servicers: dict[str, Any] = {}

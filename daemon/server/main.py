@@ -1,15 +1,9 @@
 """`radixd serve`: flags and entry point (`add_arguments(parser)`, `run(args) -> int`).
 
     radixd serve --host 127.0.0.1 --port 50051 --admin-token "$TOKEN"
-    radixd ready: address=127.0.0.1:50051 admin_address=127.0.0.1:40517 metrics=http://127.0.0.1:38213/metrics
 
-The admin (cache) service listens on its own port, loopback-only by default, and needs the admin
-token as a bearer credential. Only the public port has a fixed default: the admin and Prometheus
-ports default to free ones, so several daemons (replicas) on one host start with nothing but distinct
-`--port`s. Where each one landed is printed in the `radixd ready:` line on stdout, logged in the
-`server.serving` event, and written to `--ready-file` (JSON, which `radixctl --ready-file` reads).
-Pin them with `--admin-port` / `--metrics-port` when something must find them at a known place
-(`make serve` pins 50052 and 9464, the addresses radixctl and the README assume).
+The admin service (loopback, bearer token) and metrics default to free ports, so replicas on one host
+need only distinct `--port`s; the ready line, `server.serving` log and `--ready-file` say where they are.
 """
 
 from __future__ import annotations

@@ -1,16 +1,6 @@
-"""gRPC server reflection under both names, `grpc.reflection.v1` and `grpc.reflection.v1alpha`, with comments.
+"""gRPC server reflection as both `grpc.reflection.v1` and `v1alpha` (wire-identical), with comments.
 
-grpcio-reflection only serves v1alpha, and tools that ask only for v1 then see no services. The two
-versions' messages are wire-identical (same fields, numbers and types; only the package differs), so
-one servicer answers both with the v1alpha message classes.
-
-It answers from the bytes of FileDescriptorProtos, not from the default descriptor pool: the radixd.v1
-files come from `radixd_client/_pb/descriptors.binpb` (written by `make proto` with source info), so a
-client that has nothing but reflection still reads the comments ("0 = greedy", the `authorization`
-metadata formats). grpcio-reflection copies descriptors out of the pool, which drops comments.
-
-Each port gets its own servicer: it lists only the services of that port and resolves only the files
-those services reach, so the public port does not describe the admin service and vice versa.
+Served from `make proto`'s descriptors (comments kept); each port resolves only its own services.
 """
 
 from __future__ import annotations
@@ -32,11 +22,7 @@ _V1_FILE = "grpc/reflection/v1/reflection.proto"
 
 
 def _v1_reflection_file() -> descriptor_pb2.FileDescriptorProto:
-    """The v1 reflection file, derived from v1alpha's (the messages are the same; only names move).
-
-    Served so that a client that looks up `grpc.reflection.v1.ServerReflection` (grpcurl `describe`)
-    finds a file declaring it.
-    """
+    """The v1 reflection file, derived from v1alpha's (same messages, renamed package)."""
     proto = descriptor_pb2.FileDescriptorProto.FromString(reflection_pb2.DESCRIPTOR.serialized_pb)
     old, new = ".grpc.reflection.v1alpha.", ".grpc.reflection.v1."
     proto.name = _V1_FILE

@@ -1,8 +1,6 @@
-"""SessionService: sessions, turns, copy-on-write forks.
+"""SessionService: sessions, turns, copy-on-write forks, as engine commands on the engine thread.
 
-Session operations are engine commands (`Engine.execute`), applied on the engine thread, which owns
-the session table and the cache leases. A session belongs to the namespace (tenant) that created it;
-other tenants get NOT_FOUND.
+A session belongs to the namespace that created it; other tenants get NOT_FOUND.
 """
 
 from __future__ import annotations
@@ -82,8 +80,7 @@ class SessionServicer(session_pb2_grpc.SessionServiceServicer):
             if request.HasField("context")
             else []
         )
-        # NOTE: the context must leave room for the first reply token, in the context window and in the
-        # pool, else every turn would be refused: the same checks (and messages) as Generate.
+        # The context must leave room for the first reply token, else every turn would be refused.
         check_context(len(tokens), 1, state.limits.context_length)
         limit = state.limits.max_sessions
         info = await on_engine(state, CreateSession(ns, tokens, ttl, max_sessions=limit))
@@ -101,8 +98,7 @@ class SessionServicer(session_pb2_grpc.SessionServiceServicer):
         ids = await prompt_tokens(state, request.prompt, continuation=bool(info.tokens), context_tail=tail)
         if sampling.n != 1:
             raise bad_request(f"a session turn produces one reply; n must be 1, got {sampling.n}")
-        # NOTE: checked here too (the engine checks it on its thread) so a refused turn never holds
-        # the session: the same check and message as the engine's.
+        # Checked here too (as the engine does), so a refused turn never holds the session.
         check_context(info.num_tokens + len(ids), sampling.max_tokens, state.limits.context_length)
         req = GenerateRequest("", ids, sampling, namespace=ns, session_id=sid, arrival_time=arrival)
         make = session_pb2.SessionServiceGenerateResponse
@@ -138,8 +134,8 @@ class SessionServicer(session_pb2_grpc.SessionServiceServicer):
         size = request.page_size or 50
         if size > limit:
             raise bad_request(f"page_size must be <= {limit}, got {size}")
-        # NOTE: pages are ordered by session id; the token is the last id of the previous page, so a
-        # session created or closed between pages never shifts the others.
+        # Pages are ordered by session id and the token is the previous page's last id, so changes
+        # between pages never shift the others.
         after = check_id("page_token", request.page_token)
         infos = await on_engine(self.state, ListSessions(ns))
         rest = sorted((i for i in infos if i.session_id > after), key=lambda i: i.session_id)

@@ -24,11 +24,7 @@ async def run_stream(
     client_id: str,
     make: MakeResponse,
 ) -> None:
-    """Run `req` and write its stream to `context`; raises RpcFailure for errors before output.
-
-    `req.arrival_time` is when the RPC arrived: the engine measures queue time and TTFT from it, so
-    they include tokenization and the engine step in progress when the request came.
-    """
+    """Run `req` and write its stream to `context`; raises RpcFailure for errors before output."""
     async with open_request(state, registry, req, client_id) as outputs:
         started = False
         async for out in outputs:

@@ -1,13 +1,7 @@
 """The compile cache: constraints compiled off the engine thread, each once, kept in a bounded LRU.
 
-Agents resend the same tool schemas every turn, so a repeat must cost a lookup and a matcher copy, and
-a first sight must never stall the engine: `get` never blocks. It returns a future of the compiled
-grammar: done at once on a hit; on a miss, the compile runs on this cache's small thread pool (llguidance
-drops the GIL while it builds). Concurrent misses on one key share one future. A failure (a bad
-schema) is kept `error_ttl_s` so a client retrying it does not recompile it, then forgotten.
-
-NOTE: one cache serves one model's tokenizer (the `tokenizer` callable), so an entry of another model
-can never match; the key is the constraint's canonical form (grammar.canonical).
+`get` never blocks: a future, done on a hit; concurrent misses share one compile; failures are kept
+`error_ttl_s`. NOTE: one cache serves one model's tokenizer; the key is `grammar.canonical`.
 """
 
 from __future__ import annotations
@@ -48,12 +42,7 @@ class _Entry:
 
 
 class GrammarCache:
-    """Compiled constraints by canonical form, for one tokenizer. Thread-safe.
-
-    `tokenizer` builds (or returns the memoized) `LLTokenizer`; it runs on the pool, first thing of the
-    first compile, or at once with `prepare()`. `compile` turns a constraint into a `CompiledGrammar`
-    (raising `GrammarError`); tests inject a slow one.
-    """
+    """Compiled constraints by canonical form, for one tokenizer. Thread-safe."""
 
     def __init__(
         self,
@@ -76,8 +65,7 @@ class GrammarCache:
         self.counts = CacheCounts()
 
     def prepare(self) -> None:
-        """Build the tokenizer now, in the background (at model load), so the first constraint does not
-        wait for it."""
+        """Build the tokenizer in the background now, so the first constraint does not wait for it."""
         self._pool.submit(self._tokenizer)
 
     def __len__(self) -> int:
@@ -120,8 +108,7 @@ class GrammarCache:
         self._bytes -= entry.size
 
     def _trim(self) -> None:
-        """Evict least recently used entries over the bounds (a compile in flight keeps running: its
-        waiters hold its future)."""
+        """Evict least recently used entries over the bounds (a compile in flight keeps running)."""
         while len(self._entries) > 1 and (
             len(self._entries) > self.max_entries or self._bytes > self.max_key_bytes
         ):

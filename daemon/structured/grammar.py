@@ -1,14 +1,6 @@
 """A `Constraint` as llguidance grammar text, and its canonical form (the compile cache's key).
 
-llguidance takes one grammar language (Lark, possibly wrapping JSON schemas); every constraint kind maps
-onto it: `json_schema` through `grammar_from_json_schema` (`json_object` is the schema
-`{"type": "object"}`), `regex` through `grammar_from_regex`, `grammar` as Lark, or as GBNF (llama.cpp's
-dialect, converted by llguidance) when it is written with `::=` rules, `choice` as a Lark alternation
-of JSON-quoted literals, `structural_tag` (vLLM's shape: `{"structures": [{"begin", "schema", "end"}],
-"triggers": [...]}`) through llguidance's `StructTag`.
-
-A constraint that cannot be turned into a grammar raises `GrammarError` with a message that says what to
-fix; syntax inside the grammar is checked by llguidance when the matcher is built (compiler.py).
+Every kind maps onto llguidance's Lark (GBNF recognized by `::=`); what cannot raises `GrammarError`.
 """
 
 from __future__ import annotations
@@ -28,8 +20,7 @@ _ANY_OBJECT = '{"type": "object"}'
 
 
 class GrammarError(ValueError):
-    """A constraint that does not compile: a bad schema, regex or grammar, or one over the limits. The
-    message is llguidance's (or says what to fix); the engine reports it as an invalid argument."""
+    """A constraint that does not compile (bad or over the limits); reported as an invalid argument."""
 
 
 def _json(kind: str, text: str) -> Any:
@@ -41,11 +32,7 @@ def _json(kind: str, text: str) -> Any:
 
 def canonical(c: Constraint) -> str:
     """The constraint's cache key: equal for constraints that compile to the same grammar.
-
-    NOTE: a schema is re-serialised without whitespace but keeps its key order: llguidance emits an
-    object's properties in the schema's order, so two schemas that differ only in that order constrain
-    the output differently and must not share a compiled grammar.
-    """
+    NOTE: a schema keeps its key order (llguidance emits properties in that order)."""
     if c.kind == "json_schema":
         try:
             text = json.dumps(json.loads(c.text), separators=(",", ":"), ensure_ascii=False)
@@ -86,8 +73,7 @@ def grammar_source(c: Constraint, tokenizer: llguidance.LLTokenizer) -> str:
 
 
 def _structural_tag(text: str, tokenizer: llguidance.LLTokenizer) -> str:
-    """vLLM's structural tag: free text until one of `triggers`, then a structure whose `begin` starts
-    with that trigger, its `schema` (JSON Schema) and its `end`, any number of times."""
+    """vLLM's structural tag: free text until a trigger, then `begin`, `schema`, `end`; repeated."""
     spec = _json("structural_tag", text)
     if not isinstance(spec, dict) or not isinstance(spec.get("structures"), list):
         raise GrammarError(
@@ -116,8 +102,7 @@ def _structural_tag(text: str, tokenizer: llguidance.LLTokenizer) -> str:
         tags.append(llguidance.StructTag(trigger=trigger, begin=s["begin"], grammar=schema, end=s["end"]))
     if not tags:
         raise GrammarError("a structural_tag constraint needs at least one structure")
-    # NOTE: a `<...>` trigger is matched as a special token only where the vocabulary has it as one
-    # (Qwen's `<tool_call>`); elsewhere it is plain text the model spells out.
+    # A `<...>` trigger is a special token only where the vocabulary has it as one.
     special = all(_is_special(t, tokenizer) for t in triggers if t.startswith("<") and t.endswith(">"))
     return llguidance.StructTag.to_grammar(tags, assume_special=special)
 

@@ -1,9 +1,6 @@
 """Compiled constraints and the per-sequence matcher that walks one.
 
-llguidance has no compiled-grammar object: an `LLMatcher` is built from the grammar text (its lexer
-lazily). `compile_constraint` builds one and computes its first mask (warming the lexer, and surfacing
-errors that only show there); that pristine matcher is the `CompiledGrammar` the cache keeps, and each
-sequence walks its own deep copy (`CompiledGrammar.matcher()`, 25-50 us).
+A compiled grammar is a pristine `LLMatcher` (first mask computed); each sequence walks a deep copy.
 """
 
 from __future__ import annotations
@@ -15,16 +12,14 @@ import torch
 from radixd.daemon.structured.grammar import GrammarError, grammar_source
 from radixd.daemon.structured.spec import Constraint
 
-# NOTE: llguidance's defaults bound a hostile grammar's build (fuel, states, size) and every mask step
-# (lexer fuel, Earley items): a grammar over them fails to compile, a step over them puts the matcher
-# in an error state that fails its request alone. Short errors: the long form dumps parser state.
+# llguidance's default limits bound a hostile grammar's build and every mask step (over them: that
+# request fails alone). Short errors: the long form dumps parser state.
 LIMITS = llguidance.LLParserLimits(verbose_errors=False)
 
 
 class GrammarRefused(Exception):
-    """A sampled token the matcher refused. Fails the sequence's request, not the batch: with
-    `client_fault` (the constraint itself cannot go on over this vocabulary, `Matcher.consume` says
-    why) as an invalid argument, else (the mask allowed a token consume refuses: a bug) as internal."""
+    """A sampled token the matcher refused; fails the request only (`client_fault`: invalid argument,
+    else internal)."""
 
     def __init__(self, message: str, client_fault: bool = False) -> None:
         super().__init__(message)
@@ -42,9 +37,7 @@ class Matcher:
         self._tokens = tokens  # consumed so far (replayed only to explain a refusal)
 
     def consume(self, token_id: int) -> None:
-        """Advance by one sampled token; raises GrammarRefused when the grammar does not allow it, or
-        when the matcher broke earlier (a mask step over the limits, or with no token of the vocabulary
-        left to continue, leaves it in its error state, where it still takes an end-of-turn token)."""
+        """Advance by one sampled token; raises GrammarRefused if refused or the matcher is in error."""
         raw = self.raw
         if not raw.consume_token(token_id) or raw.is_error():
             error = raw.get_error()
@@ -55,20 +48,15 @@ class Matcher:
         self._tokens.append(token_id)
 
     def forced(self) -> list[int]:
-        """The tokens the grammar admits as the only continuation from here (llguidance's canonical
-        tokenization of its forced bytes), possibly none. Read-only: nothing is consumed."""
+        """The tokens the grammar forces from here, possibly none (read-only)."""
         raw = self.raw
         if raw.is_error() or raw.is_stopped():
             return []
         return list(raw.compute_ff_tokens())
 
     def admitted(self, tokens: list[int]) -> int:
-        """How many of `tokens`, in order, the grammar admits from here (a speculative draft is cut
-        there: engine/speculative.py). Read-only: nothing is consumed.
-
-        NOTE: the count stops before an end-of-turn token. A matcher that consumed one where its
-        grammar had already stopped does not count it in its rollback history, so a draft walked over
-        it could not be rolled back (masks.py); an end of turn ends a constrained output anyway."""
+        """How many of `tokens`, in order, the grammar admits from here (read-only).
+        NOTE: stops before an end of turn, which the rollback history would not hold."""
         raw = self.raw
         if not tokens or raw.is_error() or raw.is_stopped():
             return 0
@@ -78,8 +66,7 @@ class Matcher:
 
     @property
     def stopped(self) -> bool:
-        """The grammar is complete and admits nothing more: its next mask allows only the ends of turn,
-        so the sequence ends with "stop" on the next token, which closes the turn as any output does."""
+        """The grammar is complete: its next mask allows only ends of turn."""
         return bool(self.raw.is_stopped())
 
     def fork(self) -> Matcher:
@@ -109,9 +96,7 @@ class CompiledGrammar:
         return Matcher(self._pristine.deep_copy(), self, [])
 
     def dead_end(self, tokens: list[int]) -> str | None:
-        """Why the grammar cannot go on after `tokens` (all accepted) over this vocabulary, or None
-        when it can (then a refusal there is a bug, not the constraint's fault). Replays `tokens` on a
-        fresh copy: only called when a sequence's token was refused."""
+        """Why the grammar cannot go on after `tokens` here, or None (then a refusal is a bug)."""
         m = self._pristine.deep_copy()
         if not m.consume_tokens(tokens) or m.is_error():
             return None
@@ -125,21 +110,15 @@ class CompiledGrammar:
 
 
 def next_mask_error(m: llguidance.LLMatcher, tokenizer: llguidance.LLTokenizer) -> str | None:
-    """Compute `m`'s next mask (into scratch) and return the error it left `m` in, if any: some errors
-    (a lexer over its limits, no token of the vocabulary able to continue) only show there."""
+    """Compute `m`'s next mask (into scratch); -> the error it left `m` in (some show only there)."""
     scratch = torch.empty((1, (tokenizer.vocab_size + 31) // 32), dtype=torch.int32)
     llguidance.torch.fill_next_token_bitmask(m, scratch, 0)
     return str(m.get_error()) if m.is_error() else None
 
 
 def unproducible(m: llguidance.LLMatcher, tokenizer: llguidance.LLTokenizer) -> str | None:
-    """A message when the bytes `m`'s grammar forces next cannot be spelled by the vocabulary.
-
-    NOTE: a byte-level vocabulary may lack some single-byte tokens (SmolLM2's lacks 21 of the 256,
-    0x16 among them). llguidance then tokenizes forced bytes without the missing ones, so its mask
-    allows a token its consume refuses (a regex `\x160` allows "0"): a grammar forcing such a byte
-    is the client's to fix, caught here instead of failing the request as an internal error.
-    """
+    """A message when the bytes `m`'s grammar forces next cannot be spelled by the vocabulary (the mask
+    would allow what consume refuses): the client's fault, not an internal error."""
     ff = bytes(m.compute_ff_bytes())
     if not ff or tokenizer.decode_bytes(tokenizer.tokenize_bytes(ff)) == ff:
         return None
@@ -152,9 +131,7 @@ def unproducible(m: llguidance.LLMatcher, tokenizer: llguidance.LLTokenizer) -> 
 def compile_constraint(
     c: Constraint, tokenizer: llguidance.LLTokenizer, limits: llguidance.LLParserLimits = LIMITS
 ) -> CompiledGrammar:
-    """Build `c`'s matcher over `tokenizer` and compute its first mask; raises GrammarError with
-    llguidance's message. Blocking (about 1-3 ms, bounded by `limits`; drops the GIL): call it off the
-    engine thread."""
+    """Build `c`'s matcher and first mask; raises GrammarError. Blocking (drops the GIL): off-thread."""
     m = llguidance.LLMatcher(tokenizer, grammar_source(c, tokenizer), log_level=0, limits=limits)
     if m.is_error():
         raise GrammarError(f"invalid {c.kind} constraint: {m.get_error()}")

@@ -1,11 +1,5 @@
-"""What a request asks its output to match: the one name and definition of a constraint, from every
-wire to the engine.
-
-A wire turns its fields into one `Constraint` (at most one per request, as vLLM's guided decoding
-and OpenAI's `response_format` / `tools`); the engine compiles it off its thread and masks every token
-the constraint forbids. `Constraint` holds the text as the client sent it: sizes are checked by the
-server's bounds before anything is built, syntax by the compiler (a bad schema, regex or grammar is an
-`InvalidRequest` carrying the library's message).
+"""What a request asks its output to match: the one definition of a constraint (at most one per
+request), from every wire to the engine; it holds the text as the client sent it.
 """
 
 from __future__ import annotations
@@ -19,17 +13,8 @@ CONSTRAINT_KINDS: tuple[ConstraintKind, ...] = get_args(ConstraintKind)
 
 @dataclass(frozen=True)
 class Constraint:
-    """One output constraint.
-
-    - ``json_schema``: `text` is a JSON Schema document (JSON text);
-    - ``json_object``: any JSON object; `text` is empty;
-    - ``regex``: `text` is a regular expression the whole output must match;
-    - ``grammar``: `text` is a context-free grammar, Lark (llguidance's dialect) or GBNF (llama.cpp's,
-      recognized by its `::=` rules);
-    - ``choice``: the output is exactly one of `choices`; `text` is empty;
-    - ``structural_tag``: `text` is a structural-tag JSON document (vLLM's / OpenAI's tool-call
-      tags: free text until a trigger, then the tag's schema).
-    """
+    """One output constraint: `kind` json_schema, regex, grammar (Lark or GBNF) or structural_tag
+    carry `text`; json_object has none; choice carries `choices`."""
 
     kind: ConstraintKind
     text: str = ""

@@ -1,10 +1,7 @@
 """llguidance's view of the model's tokenizer, built once per model.
 
-`LLTokenizer` takes the JSON of the very `tokenizers.Tokenizer` the daemon built (from the GGUF or the HF
-directory), so control tokens are known as special (never produced inside text) and the engine's ends
-of turn are what a finished grammar allows. Building it walks the whole vocabulary (0.3-1.5 s for
-49,152 tokens): it runs off the engine thread, once per (tokenizer, vocabulary width, ends of turn),
-and every engine over the same loaded model shares it.
+Built from the daemon's own `tokenizers.Tokenizer` JSON, so control tokens are special. Building walks
+the whole vocabulary: off the engine thread, once per (tokenizer, width, ends of turn).
 """
 
 from __future__ import annotations
@@ -29,9 +26,7 @@ _built: weakref.WeakKeyDictionary[TextTokenizer, dict[_Key, tuple[threading.Lock
 def llg_tokenizer(
     tokenizer: TextTokenizer, n_vocab: int, eos_token_ids: Sequence[int]
 ) -> llguidance.LLTokenizer:
-    """`tokenizer` as llguidance's `LLTokenizer` over `n_vocab` ids (the logits' width) ending at
-    `eos_token_ids`. Blocking on first use, then memoized; concurrent first callers share one build.
-    Raises what the build raised (a tokenizer llguidance cannot read), every time it is asked."""
+    """`tokenizer` as an `LLTokenizer` over `n_vocab` ids; memoized, one shared build; failures re-raise."""
     key = (n_vocab, tuple(eos_token_ids))
     with _lock:
         slot = _built.setdefault(tokenizer, {}).setdefault(key, (threading.Lock(), []))

@@ -1,13 +1,8 @@
 """Incremental detokenization that never emits half a UTF-8 character, in one of two ways.
 
-`ByteDetokenizer` serves byte-level BPE vocabularies (GPT-2, Llama 3, Qwen, SmolLM): each token stands
-for fixed bytes, so a new token costs one table lookup and one step of an incremental UTF-8 decoder,
-which holds an incomplete character back by itself. `WindowDetokenizer` serves any other tokenizer:
-each new token decodes a short window that starts a few tokens back (so tokenizers that drop or add a
-leading space at a window start behave the same as in a full decode) and emits only the text after the
-window's already-emitted part. When the window ends in U+FFFD (an incomplete multi-byte character) the
-text is held back until the next token completes it; `flush()` emits whatever is left at the end, so
-the concatenated deltas always equal the full decode of the generated tokens.
+`ByteDetokenizer` (byte-level BPE): a table lookup and an incremental UTF-8 decode per token.
+`WindowDetokenizer` (any other): decodes a short window of recent tokens, holding back a trailing
+U+FFFD. Either way the concatenated deltas equal the full decode.
 """
 
 from __future__ import annotations
@@ -46,10 +41,7 @@ def new_detokenizer(
 
 
 class ByteDetokenizer:
-    """Byte-level vocabularies: text = UTF-8 decode of the tokens' joined pieces (`byte_pieces`).
-
-    The prompt is not needed: a byte-level decode has no rule that depends on the tokens before.
-    """
+    """Byte-level vocabularies: text = UTF-8 decode of the tokens' joined pieces (needs no prompt)."""
 
     def __init__(self, pieces: Sequence[bytes]) -> None:
         self._pieces = pieces
@@ -104,7 +96,7 @@ class WindowDetokenizer:
         delta = full[len(prefix) :]
         self.prefix_offset = self.read_offset
         self.read_offset = len(self.ids)
-        # NOTE: bound the context so per-token work stays constant on long generations.
+        # Bound the context so per-token work stays constant on long generations.
         if self.prefix_offset > 4 * _CONTEXT:
             cut = self.prefix_offset - _CONTEXT
             self.ids = self.ids[cut:]

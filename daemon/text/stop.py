@@ -1,8 +1,6 @@
 """Stop strings matched on generated text across token boundaries, excluded from the output.
 
-Text that could be the start of a stop string is held back until the next delta decides it: either the
-stop string completes (the text up to it is emitted and generation stops) or it does not (the held text
-is released). `finish()` releases what is held when generation ends for another reason.
+Text that could start a stop string is held back until a later delta decides it.
 """
 
 from __future__ import annotations

@@ -1,9 +1,7 @@
 """Tokenizer and chat template, from a GGUF's vocabulary or an HF directory's tokenizer.json.
 
-A GGUF stores a byte-level BPE tokenizer as its vocabulary, merges and token types. We rebuild it as a
-`tokenizers` BPE model the way Hugging Face transformers does for the same file, so token ids match:
-byte-level pre-tokenization (with the split regex of the file's `tokenizer.ggml.pre` when it names a known
-one), control tokens as special added tokens, user-defined tokens as plain added tokens.
+A GGUF's byte-level BPE vocabulary is rebuilt as a `tokenizers` model the way transformers does, so
+token ids match.
 """
 
 from __future__ import annotations
@@ -107,11 +105,7 @@ def _raise_exception(message: str) -> None:
 
 
 class TextTokenizer:
-    """Encode / decode text and render the chat template.
-
-    `bos_token_id` is prepended by `encode(add_special_tokens=True)` only when `add_bos` is set.
-    `eos_token_ids` are the ids that end generation (the file's eos plus known end-of-turn tokens).
-    """
+    """Encode / decode text and render the chat template; `eos_token_ids` include end-of-turn tokens."""
 
     def __init__(
         self,
@@ -135,16 +129,14 @@ class TextTokenizer:
 
     @cached_property
     def longest_token_chars(self) -> int:
-        """The most characters (UTF-8 bytes, an upper bound) one token can stand for: with it, a text's
-        length bounds its token count from below without tokenizing it."""
+        """The most characters (UTF-8 bytes, an upper bound) one token can stand for."""
         longest = 0
         for i in range(self.vocab_size):
             longest = max(longest, len(self.decode([i]).encode()), len(self.id_to_token(i) or ""))
         return longest
 
     def encode(self, text: str, add_special_tokens: bool = True) -> list[int]:
-        # NOTE: the batch entry point releases the GIL while it tokenizes (the single-text one holds it
-        # throughout), so a long text encoded on a worker thread never stalls the event loop.
+        # The batch entry point releases the GIL (the single-text one does not).
         ids: list[int] = self.tokenizer.encode_batch([text], add_special_tokens=False)[0].ids
         if add_special_tokens and self.add_bos and self.bos_token_id is not None:
             ids = [self.bos_token_id, *ids]
@@ -154,20 +146,14 @@ class TextTokenizer:
         return str(self.tokenizer.decode(list(ids), skip_special_tokens=skip_special_tokens))
 
     def byte_pieces(self, skip_special_tokens: bool) -> tuple[bytes, ...] | None:
-        """The bytes each token id stands for, when decoding is byte-level: then the text of any ids is
-        the UTF-8 decode (U+FFFD for invalid bytes) of their pieces joined. None for other decoders.
-
-        Built once per flag (0.2-0.3 s over a 49k vocabulary) and checked against the tokenizer's own
-        decode of every single token; any disagreement means None, never a different text.
-        """
+        """The bytes each token id stands for when decoding is byte-level (else None); built once per
+        flag and checked against the tokenizer's decode of every token (any mismatch: None)."""
         if skip_special_tokens not in self._pieces:
             self._pieces[skip_special_tokens] = self._build_pieces(skip_special_tokens)
         return self._pieces[skip_special_tokens]
 
     def _build_pieces(self, skip_special_tokens: bool) -> tuple[bytes, ...] | None:
-        # NOTE: the ByteLevel decoder maps each token's characters back through GPT-2's byte alphabet
-        # (a token with a character outside it contributes its own UTF-8), joins all bytes and decodes
-        # them lossily once; that is what makes per-token pieces exact for it and for no other decoder.
+        # Only the ByteLevel decoder joins all bytes and decodes them once, so only it has exact pieces.
         if not isinstance(self.tokenizer.decoder, decoders.ByteLevel):
             return None
         byte_of = {c: b for b, c in _byte_alphabet().items()}

@@ -1,11 +1,7 @@
 """Authentication: tenant API keys on the public port, a bearer token on the admin port.
 
-API-keys file: one `KEY TENANT` pair per line (whitespace separated; `#` starts a comment). The tenant
-name becomes the request's cache namespace, so two tenants never share a KV block. Without a keys file
-the public port is open and everything runs in the default namespace "".
-
-NOTE: the namespace comes only from authenticated metadata, never from the request body, so a tenant
-cannot read another tenant's cache by naming its namespace.
+API-keys file: `KEY TENANT` per line (`#` comments); the tenant is the cache namespace ("" without one).
+NOTE: the namespace comes only from authenticated metadata, never from the request body.
 """
 
 from __future__ import annotations

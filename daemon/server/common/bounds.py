@@ -1,11 +1,8 @@
 """Bounds on every size-like and float field of the API, checked before anything is built from them.
 
-NOTE: each check here is O(1) in the size of the field it guards (`len()` of an already parsed
-repeated field, a comparison), so a request asking for 2**31 samples or a 10 MB prompt is refused
-before the daemon allocates, tokenizes or queues anything for it. The one exception is a JSON schema:
-after its size bound it is parsed and walked once (at most 64 KiB), because the grammar compilers
-recurse on its nesting. The proto comments state the same bounds; `Limits` (state.py) carries the
-ones that depend on the model and the pool.
+NOTE: each check is O(1) in its field's size, so huge requests are refused before any allocation;
+only a JSON schema (<= 64 KiB) is parsed once, for its nesting depth. The proto comments state the
+same bounds; `Limits` (state.py) holds the model-dependent ones.
 """
 
 from __future__ import annotations
@@ -25,9 +22,7 @@ MAX_STOP_STRINGS = 16
 MAX_STOP_CHARS = 256
 # Stop token ids per request.
 MAX_STOP_TOKEN_IDS = 64
-# `logit_bias` entries per request. NOTE: vLLM sets no bound (only ids in the vocabulary and, in its
-# OpenAI layer, values clamped to [-100, 100]); OpenAI's API refuses more than 300, and so does radixd:
-# enough to ban or force any word list a client biases, and the sampler's per-step cost stays small.
+# `logit_bias` entries per request: OpenAI's bound, which keeps the sampler's per-step cost small.
 MAX_LOGIT_BIAS = 300
 # Client-chosen ids (request, session, tenant namespace, page token): logged and kept as map keys.
 MAX_ID_CHARS = 256
@@ -72,8 +67,7 @@ def check_id(name: str, value: str) -> str:
 
 
 def check_seconds(name: str, value: float, high: float, zero_means: str = "") -> float:
-    """A duration field: finite, >= 0 and <= high (NaN and infinity fail every comparison, so they
-    are refused explicitly instead of slipping through a `< 0` test)."""
+    """A duration field: finite, >= 0 and <= high (NaN and inf refused explicitly)."""
     if not math.isfinite(value) or value < 0 or value > high:
         default = f" (0 = {zero_means})" if zero_means else ""
         raise bad_request(f"{name} must be a finite number of seconds in [0, {high:g}]{default}, got {value}")
@@ -81,14 +75,12 @@ def check_seconds(name: str, value: float, high: float, zero_means: str = "") ->
 
 
 def prompt_char_bound(longest_token_chars: int, context_length: int) -> int:
-    """Characters beyond which a text can never fit the context: no token covers more than
-    `longest_token_chars` characters, so a longer text has more than `context_length` tokens."""
+    """Characters beyond which a text can never fit the context (no token is longer than the longest)."""
     return max(1, longest_token_chars) * context_length
 
 
 def utf8_bytes_over(text: str, bound: int) -> int:
-    """The UTF-8 size of `text` when it exceeds `bound`, else 0 (encoded only when the character count
-    cannot decide: a character is 1 to 4 bytes)."""
+    """The UTF-8 size of `text` when it exceeds `bound`, else 0 (encodes only when length can't decide)."""
     if len(text) > bound:
         return len(text.encode("utf-8", "surrogatepass"))
     if 4 * len(text) <= bound:
@@ -125,9 +117,7 @@ def check_choices(name: str, choices: Sequence[str]) -> tuple[str, ...]:
 
 
 def check_json_schema(name: str, text: str) -> str:
-    """A JSON schema constraint: within the text bound, valid JSON, a JSON object at the top, its
-    objects and arrays nested at most MAX_SCHEMA_DEPTH deep. Whether it is a schema the compiler
-    supports is the compiler's to say."""
+    """A JSON schema constraint: within the text bound, a JSON object, nested <= MAX_SCHEMA_DEPTH."""
     check_constraint_text(name, text)
     try:
         doc = json.loads(text)
@@ -152,8 +142,7 @@ def check_json_schema(name: str, text: str) -> str:
 
 
 def _json_depth(doc: object) -> int:
-    """How deep objects and arrays nest in a parsed JSON document (a scalar is 0); iterative, and it
-    stops descending once past MAX_SCHEMA_DEPTH."""
+    """How deep objects and arrays nest (a scalar is 0); iterative, stops past MAX_SCHEMA_DEPTH."""
     deepest = 0
     stack: list[tuple[object, int]] = [(doc, 1)]
     while stack:

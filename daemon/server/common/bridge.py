@@ -1,14 +1,6 @@
-"""Move one request's outputs from the engine thread onto the asyncio loop.
+"""Move one request's outputs from the engine thread onto a bounded per-stream queue on the loop.
 
-The engine calls `OutputBridge.sink` on its own thread; the sink hands each output to the loop, where it
-lands in a bounded per-stream `asyncio.Queue`: through the daemon's `OutputHandover` (handover.py), which
-carries a step's outputs across in one call, or, without one, with `loop.call_soon_threadsafe` at once.
-
-NOTE: slow readers. The engine never blocks on a client (that would stall every request in the batch),
-so there is no backpressure into the engine. A client that stops reading stalls the handler in
-`context.write` (HTTP/2 flow control), the queue fills, and on overflow the request is aborted at once
-(its KV freed within one engine step) and the RPC ends with RESOURCE_EXHAUSTED. Server memory per
-stream is therefore bounded by `maxsize` outputs.
+NOTE: the engine never blocks on a client: a slow reader's overflow aborts the request (RESOURCE_EXHAUSTED).
 """
 
 from __future__ import annotations

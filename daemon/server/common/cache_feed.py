@@ -1,14 +1,8 @@
 """`CacheFeed`: the daemon's one cache listener, installed in the engine only while someone subscribes.
 
-The feed is the tree's listener on the engine thread and the one thread bridge: it posts each change
-to the event loop, where its sink (the cache-event log, events.py) applies it. The first subscriber
-installs it (`AddCacheListener`, replaying the cached content first: the sink keeps every live block)
-and the last one removes it, so with nobody subscribed a tree change costs one test of `listener`.
-
-NOTE: ordering. The engine resolves a command's future after the listener posted what it reported, so
-when `acquire` / `release` resume, every change reported before the install / removal has been applied
-on the loop: the sink saw exactly the changes between `attached` and `detached`. What changed while
-nobody listened is never reported: `detached` must make a later subscriber resynchronize.
+It posts each tree change from the engine thread to its sink on the loop (install replays the cache).
+NOTE: a command's future resolves after the listener posted its changes, so the sink sees exactly the
+changes between `attached` and `detached`; `detached` must make later subscribers resynchronize.
 """
 
 from __future__ import annotations
@@ -29,8 +23,7 @@ log = get_logger("radixd.server.cache_feed")
 
 
 class Sink(CacheListener, Protocol):
-    """What the feed feeds, on the loop: the tree's changes; `attached` once the install (and its
-    replay) has been applied, `detached` once changes go unreported (or a failed install fed it)."""
+    """The feed's receiver on the loop: tree changes, then `attached` / `detached`."""
 
     def attached(self) -> None: ...
 
@@ -38,8 +31,7 @@ class Sink(CacheListener, Protocol):
 
 
 class CacheFeed:
-    """Counts subscribers; installs itself as the tree's listener for the first and removes itself
-    after the last, handing every change in between to `sink` on `loop`."""
+    """Installs itself as the tree's listener for the first subscriber, removes itself after the last."""
 
     def __init__(self, engine: Engine, sink: Sink, loop: asyncio.AbstractEventLoop) -> None:
         self._engine, self._sink, self._loop = engine, sink, loop
@@ -64,8 +56,7 @@ class CacheFeed:
         return self._subscribers
 
     async def acquire(self) -> None:
-        """One more subscriber; the first installs the listener (raises when the engine refuses, e.g.
-        `EngineStopped`, and then counts nobody)."""
+        """One more subscriber; the first installs the listener (raises, counting nobody, if refused)."""
         step = asyncio.ensure_future(self._acquire())
         try:
             await asyncio.shield(step)

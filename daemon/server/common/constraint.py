@@ -1,9 +1,5 @@
-"""A wire's `oneof constraint` -> the engine's `Constraint`, after the bounds.
-
-radixd's `SamplingParams` and vLLM's (smg's) spell the oneof alike (vLLM's names: json_schema, regex,
-grammar, structural_tag, json_object, choice.choices), so one function reads both. Sizes and the JSON
-schema's shape are checked here, before anything is compiled; whether a schema, regex or grammar
-compiles is the compiler's to say (INVALID_ARGUMENT with the library's message, from the engine).
+"""A wire's `oneof constraint` -> the engine's `Constraint`, after the bounds (radixd and vLLM spell
+it alike). Whether it compiles is the engine's to say.
 """
 
 from __future__ import annotations
@@ -21,10 +17,7 @@ class _HasConstraint(Protocol):
 
 
 def wire_constraint(msg: _HasConstraint, what: str) -> Constraint | None:
-    """The constraint a sampling message carries, or None; refusals name `{what}.{field}`.
-
-    NOTE: `json_object: false` is the same as no constraint (a proto3 bool cannot say more).
-    """
+    """The constraint a sampling message carries, or None (`json_object: false` is none)."""
     field = msg.WhichOneof("constraint")
     if field is None:
         return None

@@ -66,11 +66,7 @@ def sampling_params(msg: common_pb2.SamplingParams, limits: Limits) -> SamplingP
 
 
 def check_prompt(prompt: common_pb2.Prompt, limits: Limits, what: str = "prompt") -> None:
-    """Refuse a prompt that could never fit the context, before it is tokenized.
-
-    NOTE: O(1) for text and token ids, O(messages) for chat (at most MAX_CHAT_MESSAGES): a text of more
-    than `limits.max_prompt_chars` characters has more tokens than the context holds, whatever it says.
-    """
+    """Refuse a prompt that could never fit the context, before tokenizing: O(1), O(messages) for chat."""
     kind = prompt.WhichOneof("kind")
     ctx = limits.context_length
     if kind == "text":
@@ -103,12 +99,7 @@ async def prompt_tokens(
     generation_prompt: bool | None = None,
     context_tail: str = "",
 ) -> list[int]:
-    """`prompt_ids` after the size bounds, tokenized off the event loop when the text is long.
-
-    NOTE: the tokenizer's batch encode releases the GIL, and long texts run on the server's single
-    tokenizer thread, so one client sending the largest text the context allows neither stalls other
-    RPCs nor takes more than one core.
-    """
+    """`prompt_ids` after the size bounds; long texts go to the single tokenizer thread (GIL released)."""
     check_prompt(prompt, state.limits, what)
     kind = prompt.WhichOneof("kind")
     size = len(prompt.text) if kind == "text" else sum(len(m.content) for m in prompt.chat.messages)
@@ -129,13 +120,8 @@ def prompt_ids(
     generation_prompt: bool | None = None,
     context_tail: str = "",
 ) -> list[int]:
-    """Token ids of a wire prompt (call `prompt_tokens`, which checks its size first).
-
-    continuation=True (a session turn appended to earlier tokens): text gets no BOS, and chat messages
-    are rendered as a delta, i.e. only the new messages' part of the template (see `_chat_delta`).
-    `generation_prompt` overrides the prompt's add_generation_prompt (a session's opening context never
-    asks the model to answer). `context_tail`: the text of the last few earlier tokens.
-    """
+    """Token ids of a wire prompt (call `prompt_tokens`, which checks its size first). continuation=True
+    (a session turn): no BOS, chat renders only the new messages after `context_tail`."""
     kind = prompt.WhichOneof("kind")
     if kind is None:
         raise bad_request("prompt is empty: set prompt.text, prompt.token_ids or prompt.chat")
@@ -171,13 +157,8 @@ def prompt_ids(
 
 
 def _chat_delta(tok: Tokenizing, messages: list[dict[str, str]], add_gen: bool, context_tail: str) -> str:
-    """The template text of `messages` as a continuation of an earlier conversation.
-
-    Rendered as (neutral base + messages) minus (neutral base), so templates that inject a default
-    system prompt do not repeat it every turn. Whatever the earlier context lacks of the template's
-    message ending (end-of-turn token + separator, ChatML: "<|im_end|>\n") is written first: a reply
-    that stopped on its end-of-turn token gets the separator, one cut off by max_tokens is closed.
-    """
+    """The template text of `messages` continuing a conversation: (neutral base + messages) minus base,
+    after whatever the context lacks of the previous message's ending."""
     base = tok.apply_chat_template(_DELTA_BASE, add_generation_prompt=False)
     full = tok.apply_chat_template(_DELTA_BASE + messages, add_generation_prompt=add_gen)
     if not full.startswith(base):

@@ -1,9 +1,4 @@
-"""Map failures to gRPC status codes with messages that say what to fix.
-
-Engine errors carry a `code` naming their status class (see `radixd.daemon.engine.types`); the server
-adds its own validation (`BadRequest`) and a drain refusal. Anything unexpected becomes INTERNAL with
-the exception's message, and the daemon keeps serving.
-"""
+"""Map failures to gRPC status codes with messages that say what to fix (unexpected ones: INTERNAL)."""
 
 from __future__ import annotations
 

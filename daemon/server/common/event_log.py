@@ -1,13 +1,7 @@
-"""`EventLog`: numbered entries, a bounded window of the recent ones for resume, bounded readers.
+"""`EventLog`: numbered entries, a window of recent ones for resume, bounded readers (both event streams).
 
-The one implementation of sequence numbers, retention, resume and back-pressure behind both cache-event
-streams (events.py): radixd's numbers node changes across namespaces, the vLLM protocol's block batches
-per namespace.
-
-NOTE: the tree never waits for a reader, so a reader holds at most `buffer` entries; one that falls that
-far behind is cut off after them and told (RESOURCE_EXHAUSTED) the cursor to resume from, so it loses
-none. `gap` marks a stretch nobody recorded: it spends one number and forgets the window, so no resume
-steps over it.
+NOTE: the tree never waits for a reader: one `buffer` entries behind is cut off with the cursor to
+resume from. `gap` spends a number and forgets the window, so no resume steps over unrecorded changes.
 """
 
 from __future__ import annotations
@@ -50,8 +44,7 @@ class Reader(Generic[T]):
 
 
 class EventLog(Generic[T]):
-    """Numbers entries from 1, keeps the last `retain` and hands each new one to every reader. `unit`
-    and `resume_hint(last)` (the request field to resume with) word the cut-off message."""
+    """Numbers entries from 1, keeps the last `retain`, hands each new one to every reader."""
 
     def __init__(self, unit: str, resume_hint: Callable[[int], str], retain: int, buffer: int) -> None:
         self.sequence = 0
@@ -82,8 +75,7 @@ class EventLog(Generic[T]):
             self.sequence += 1
 
     def since(self, after: int) -> list[tuple[int, T]] | None:
-        """The retained entries numbered after `after`; None when the window no longer reaches back to
-        `after + 1`, or `after` is beyond the newest entry (the daemon restarted)."""
+        """The retained entries after `after`; None when the window can't resume from it."""
         oldest = self.recent[0][0] if self.recent else self.sequence + 1
         if after > self.sequence or after + 1 < oldest:
             return None

@@ -1,14 +1,8 @@
-"""The daemon's cache-event log: the radix tree's changes, numbered for both cache-event streams.
+"""The daemon's cache-event logs: the radix tree's changes, numbered for both cache-event streams.
 
-NOTE: the radix tree is the only source of events. Its one listener, `CacheFeed` (cache_feed.py),
-installed while anyone subscribes to either stream, posts each change to the event loop, where
-`CacheEvents` applies it: to the namespace's `NamespaceKvLog` (full blocks in batches per loop tick, for
-the vLLM protocol's `SubscribeKvEvents`, rendered by vllm/kv_stream.py) and, while radixd's
-`SubscribeCacheEvents` has readers, to one log of node changes across namespaces (rendered here). Both
-are `EventLog`s (event_log.py). Every change is reported, LRU evictions under memory pressure included,
-so a subscriber's map stays exact. A log that stops recording (radixd's when its last reader leaves,
-every one when the listener is removed) leaves a gap in its numbers and forgets what it retained, so a
-later resume from an older sequence resynchronizes instead of missing changes.
+The tree's one listener (`CacheFeed`) posts every change, evictions included, to the loop; `CacheEvents`
+feeds each namespace's `NamespaceKvLog` (vLLM's `SubscribeKvEvents`) and, while it has readers, radixd's
+node log. NOTE: a log that stops recording leaves a gap in its numbers, so an older resume resyncs.
 """
 
 from __future__ import annotations
@@ -44,11 +38,7 @@ def numbered(sequence: int, event: Event) -> Event:
 
 
 class CacheEvents:
-    """Every namespace's KV log and radixd's change log, fed by the tree (the `CacheFeed`'s sink).
-
-    `feed`: installs the tree listener feeding this log while anyone subscribes (None: the owner keeps
-    one installed, as unit tests do). `schedule` batches a namespace's KV events per loop tick.
-    """
+    """Every namespace's KV log and radixd's change log (the `CacheFeed`'s sink)."""
 
     def __init__(
         self, block_size: int, schedule: Schedule | None = None, retain: int = 4096, buffer: int = 1024
@@ -73,10 +63,9 @@ class CacheEvents:
         return self.changes.num_subscribers
 
     def kv(self, namespace: str) -> NamespaceKvLog:
-        """The KV log of `namespace` (created empty on first use).
+        """The KV log of `namespace` (created on first use).
 
-        NOTE: namespaces are kept apart: a vLLM subscriber reads the log of the namespace it
-        authenticated as, so a router fronting one tenant never learns another tenant's prefixes."""
+        NOTE: a subscriber reads only its own namespace, so tenants never see each other's prefixes."""
         log = self._kv.get(namespace)
         if log is None:
             log = self._kv[namespace] = NamespaceKvLog(namespace, *self._kv_args)
@@ -88,8 +77,7 @@ class CacheEvents:
 
     # ---- the tree's changes (event loop) ----
     def _record(self, **fields: Any) -> None:
-        # NOTE: radixd's stream records only while it has readers (its events carry whole token paths):
-        # a new reader starts at the newest sequence, and the last one leaving leaves a gap (`subscribe`).
+        # Radixd's stream records only while it has readers (events carry whole token paths).
         if self.changes.num_subscribers:
             self.changes.append(Event(timestamp=time.time(), **fields))
 

@@ -1,9 +1,4 @@
-"""`@rpc`: the wrapper every servicer method runs in.
-
-It binds a request id (and the rpc name) to every log line of the call, turns exceptions into a
-status code with a message (`errors.status_for`), counts the call in `radixd_requests{rpc,code}`, and
-never lets one bad request take the daemon down.
-"""
+"""`@rpc`: the wrapper every servicer method runs in: log context, exceptions -> status, call counts."""
 
 from __future__ import annotations
 

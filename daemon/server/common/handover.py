@@ -1,16 +1,7 @@
 """Hand a step's outputs to the event loop in one call, when the engine thread stops needing the GIL.
 
-Every stream's `OutputBridge` posts its outputs here on the engine thread; the engine calls `flush`
-right before its forward pass and before it waits for work (`Engine.handover`), and the whole batch
-crosses to the loop in one `call_soon_threadsafe`, where each output lands in its stream's queue in
-the order the engine emitted them.
-
-NOTE: why then. The loop thread's work per output (the stream's queue, metrics, the protobuf message,
-`context.write`) is Python and takes the GIL. Handed over as each output is emitted, the loop wakes
-while the engine thread runs the next step's bookkeeping, which is Python too, and the engine waits
-for the GIL for as long as the loop works (measured: docs/bench-serve-step.md). Handed over before the
-forward pass, the loop works while the engine thread sits in torch ops, which release the GIL. The
-price: an output waits for the next step's scheduling (or for the engine to go idle) before it leaves.
+The engine calls `flush` before its forward pass and before it idles, so the loop's per-output Python
+work runs while the engine sits in GIL-releasing torch ops instead of competing with its bookkeeping.
 """
 
 from __future__ import annotations

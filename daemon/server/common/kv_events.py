@@ -1,18 +1,8 @@
-"""The radix tree's node events, translated into the vLLM worker protocol's KV events (full blocks).
+"""The radix tree's node events as the vLLM worker protocol's KV events (full blocks, per namespace).
 
-The tree reports nodes (a token path and where the node's own tokens start); a router such as smg's
-`cache_aware` policy wants blocks: exactly `block_size` token ids each, named by a 64-bit id and
-chained to their parent block's id. `NamespaceKvLog` keeps, per cache namespace, the full blocks the
-tree holds and appends its batches to an `EventLog` (numbering, retention, resume, back-pressure).
-
-Block ids are `block_hash(namespace, parent id, tokens)`: a keyed BLAKE2b of the chain, so the same
-prefix in the same namespace always gets the same id, in every replica and across restarts.
-
-NOTE: only full blocks counted from token 0 are published; a leaf's partial trailing block never is
-(no router could match it: it only learns full blocks). Pinned blocks are published like any other
-cached block, since requests do hit them. A block is live while at least one tree node covers it (a
-node covers block b when the block's end lies inside the node), so the log announces a block when its
-count goes 0 -> 1 and removes it when it drops back to 0.
+Block ids are a keyed BLAKE2b of (namespace, parent id, tokens): stable across replicas and restarts.
+NOTE: only full blocks counted from token 0 are published. A block is live while some tree node covers
+its end; it is announced when that count goes 0 -> 1 and removed when it returns to 0.
 """
 
 from __future__ import annotations
@@ -78,11 +68,7 @@ class LiveBlock:
 
 
 class NamespaceKvLog:
-    """One namespace's live full blocks and its log of numbered batches.
-
-    Fed on the event loop (`stored`, `removed`); changes made within one loop tick are
-    published as one batch when `schedule` runs the publish (immediately when `schedule` is None).
-    """
+    """One namespace's live full blocks and its log; one loop tick's changes publish as one batch."""
 
     def __init__(
         self, namespace: str, block_size: int, schedule: Schedule | None, retain: int, buffer: int
@@ -163,22 +149,19 @@ class NamespaceKvLog:
             self._pending = []
 
     def unobserved(self) -> None:
-        """The tree listener is gone: forget the live blocks and the history (they would go stale)
-        and leave a gap in the numbers, so a resume from before it gets a snapshot."""
+        """The tree listener is gone: forget state and leave a gap, so an older resume gets a snapshot."""
         self.blocks.clear()
         self._pending = []
         self.batches.gap()
 
     # ---- catching a subscriber up ----
     def replay(self, start: int) -> list[Batch] | None:
-        """Retained batches numbered >= `start`, or None when the history no longer reaches back to it
-        (or `start` is beyond the newest batch: this daemon restarted), so a snapshot is due."""
+        """Retained batches numbered >= `start`, or None when a snapshot is due (history gone, restart)."""
         kept = self.batches.since(start - 1) if start > 0 else None
         return None if kept is None else [to_batch(item) for item in kept]
 
     def snapshot(self) -> list[Batch]:
-        """The live blocks as snapshot chunks numbered up to the current sequence (empty before the first
-        batch: there is nothing to resync from)."""
+        """The live blocks as snapshot chunks up to the current sequence (empty before the first batch)."""
         if self.sequence == 0:
             return []
         ordered = sorted(self.blocks.values(), key=lambda b: b.depth)  # parents before children

@@ -1,9 +1,5 @@
-"""Prometheus metrics, served over HTTP on loopback (`--metrics-port`; by default a free port, printed
-in the daemon's ready line, so replicas on one host never collide on it).
-
-Request-path metrics (counts, tokens, latencies) are recorded by the handlers. Cache state (blocks by
-state, evictions, preemptions, hit tokens) is read from the engine at scrape time by a collector, so it
-is never stale and costs nothing between scrapes.
+"""Prometheus metrics over HTTP on loopback. Handlers record request metrics; cache state is read from
+the engine at scrape time, so it is never stale and costs nothing between scrapes.
 """
 
 from __future__ import annotations
@@ -52,13 +48,11 @@ class Metrics:
         )
 
     def add_engine_collector(self, read_stats: Callable[[], EngineStats | None]) -> None:
-        """Export cache state from `read_stats()` (the engine's stats; None = unavailable), as the
-        `radixd_*` series and the vLLM names gateways scrape (gateway_metrics.py)."""
+        """Export cache state from `read_stats()` (None = unavailable) as `radixd_*` and gateway series."""
         self.registry.register(_EngineCollector(read_stats))
 
     def serve(self, port: int, host: str = "127.0.0.1") -> Any:
-        """Start the HTTP exporter thread (`port` 0 = a free one, see `server_address`); returns the
-        server (has `shutdown()`)."""
+        """Start the HTTP exporter thread (`port` 0 = a free one); returns the server."""
         server, _thread = start_http_server(port, addr=host, registry=self.registry)
         return server
 
@@ -71,8 +65,7 @@ class _EngineCollector(Collector):
         s = self._read()
         if s is None:
             return
-        # NOTE: state "cached" is the evictable blocks (held only by the cache), as it always was here:
-        # the label stays for existing dashboards; free + cached + in_use = radixd_blocks_total.
+        # State "cached" is the evictable blocks (label kept for dashboards); free + cached + in_use = total.
         blocks = GaugeMetricFamily(
             "radixd_blocks",
             "KV blocks by state (cached: held only by the cache, evictable)",

@@ -1,14 +1,8 @@
-"""One request's path through the server, whatever protocol it came by.
+"""One request's path through the server, whatever protocol it came by: id registry (for Abort),
+drain count, submit, request metrics and cleanup; protocols only map messages in and out.
 
-Each protocol (GenerationService, SessionService turns, the vLLM-protocol servicer) checks its call
-(`admit`), maps its message to one engine `GenerateRequest`, and maps the outputs `open_request`
-yields back to its own messages. This module owns the rest: the client id -> engine id registry
-(for Abort), the drain's stream count, the submit, the request metrics and the cleanup.
-
-NOTE: KV release. Whatever ends a stream early (client cancel, deadline, disconnect, a write error,
-a slow-reader overflow, a server error) leaves `open_request`'s block through `finally`, which aborts
-the request in the engine unless every output already finished; the engine frees its blocks within
-one step.
+NOTE: whatever ends a stream early leaves `open_request` through `finally`, which aborts the unfinished
+request in the engine, so its KV is freed within one step.
 """
 
 from __future__ import annotations
@@ -35,11 +29,8 @@ log = get_logger("radixd.server.stream")
 
 
 class RequestRegistry:
-    """Client-visible request ids per namespace -> engine request ids, for Abort.
-
-    NOTE: engine ids are always fresh uuids, so two tenants choosing the same id never collide and a
-    tenant can only abort its own requests.
-    """
+    """Client request ids per namespace -> engine ids, for Abort.
+    NOTE: engine ids are fresh uuids, so tenants' ids never collide and a tenant aborts only its own."""
 
     def __init__(self) -> None:
         self._ids: dict[tuple[str, str], str] = {}
@@ -89,10 +80,7 @@ def failure(out: RequestOutput) -> RpcFailure:
 
 
 class RequestOutputs:
-    """The outputs of one submitted request, in engine order, until every index has finished.
-
-    An error before any output raises `failure(out)`; a later one is yielded like any ending.
-    """
+    """One request's outputs until every index finished; an error before any output raises."""
 
     def __init__(
         self, state: ServerState, req: GenerateRequest, client_id: str, bridge: OutputBridge

@@ -1,9 +1,7 @@
 """Any wire's sampling fields -> the engine's `SamplingParams`, with one set of bounds.
 
-Each protocol only extracts its fields (its own unset values and defaults resolved) and names its
-message (`what`: "sampling", "sampling_params") so that every refusal names the field as the client
-spelled it. Sizes are checked first (`bounds`), so nothing is built from an oversized list or count;
-every other value is checked by `SamplingParams` itself. Every refusal is INVALID_ARGUMENT.
+Sizes are checked first; `SamplingParams` checks the rest. Refusals (INVALID_ARGUMENT) name the field
+as the client's message (`what`) spells it.
 """
 
 from __future__ import annotations
@@ -39,8 +37,7 @@ def engine_sampling(
     logit_bias: Mapping[int, float] | None = None,
     **values: Any,
 ) -> SamplingParams:
-    """The engine's SamplingParams; `n` / `max_tokens` None take the defaults, `values` are the other
-    `SamplingParams` fields the wire set. `logit_bias`: token id -> bias (at most MAX_LOGIT_BIAS)."""
+    """The engine's SamplingParams; None `n` / `max_tokens` take the defaults, `values` the other fields."""
     if n is not None:
         check_range(f"{what}.n", n, 1, MAX_N, "; ask for fewer completions per request")
     if max_tokens is not None:

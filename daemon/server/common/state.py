@@ -51,12 +51,7 @@ class Tokenizing(Protocol):
 
 @dataclass(frozen=True)
 class Limits:
-    """Per-request limits the server enforces before the engine sees a request.
-
-    The fixed bounds (n, stop lists, ids, ...) are constants in `bounds.py`; these depend on the model
-    and the pool. `max_prompt_chars`: no text longer than this can fit `context_length` tokens
-    (`bounds.prompt_char_bound`), so longer texts are refused without being tokenized.
-    """
+    """Model- and pool-dependent request limits (fixed ones are in `bounds.py`), checked before the engine."""
 
     context_length: int
     default_max_tokens: int = 256
@@ -69,16 +64,13 @@ class Limits:
 
 
 def _lower_priority() -> None:
-    # NOTE: Linux gives each thread its own nice value. A long prompt is one client's cost: at nice 19
-    # its tokenization takes only CPU the engine and the event loop leave idle, so every other
-    # client's latency stays where it was.
+    # Per-thread nice 19 (Linux): a long prompt's tokenization takes only CPU nobody else wants.
     with contextlib.suppress(OSError, AttributeError):
         os.setpriority(os.PRIO_PROCESS, threading.get_native_id(), 19)
 
 
 def tokenize_pool() -> concurrent.futures.ThreadPoolExecutor:
-    """One low-priority thread for long prompts. The tokenizer runs serially on it (no thread pool of
-    its own, which would run at normal priority) and releases the GIL while it works."""
+    """One low-priority thread for long prompts; the tokenizer runs serially on it and releases the GIL."""
     os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
     return concurrent.futures.ThreadPoolExecutor(
         1, thread_name_prefix="radixd-tokenize", initializer=_lower_priority

@@ -1,12 +1,8 @@
 """One vLLM `Generate` call: one engine request run through the pipeline, written as chunks or completes.
 
-Streaming: one `GenerateStreamChunk` per engine step with the new token ids of one output index, then
-one `GenerateComplete` per index with its finish reason (and no ids: they were all streamed).
-Not streaming: one `GenerateComplete` per index with every output id. `n > 1` gives one complete per
-index. Token counts and `cached_tokens` ride on every message. Prompt logprobs (the engine hands
-them out once per request) ride, as in vLLM's servicer, on each index's first chunk and on every
-complete (`input_logprobs`). The request asks for no text (the
-gateway detokenizes), so the engine runs no detokenizer for it unless stop strings need one.
+Streaming: a chunk per step and output index, then one id-less complete per index; otherwise one
+complete per index with every id. Prompt logprobs ride on each index's first chunk and every complete,
+as in vLLM's servicer. No text is computed: the gateway detokenizes.
 """
 
 from __future__ import annotations
@@ -46,8 +42,7 @@ def _logprobs(out: RequestOutput) -> pb.OutputLogProbs | None:
 def _input_logprobs(
     prompt: list[int], prompt_logprobs: list[TokenLogprob | None], top: bool
 ) -> pb.InputLogProbs:
-    """vLLM's `InputLogProbs`: one entry per prompt token, the first without a value; the top
-    alternatives only when the request asked for some (as vLLM's servicer)."""
+    """vLLM's `InputLogProbs`: one entry per prompt token (the first valueless), top alternatives if asked."""
     msg = pb.InputLogProbs(token_ids=prompt)
     for lp in prompt_logprobs:
         if lp is None:

@@ -1,10 +1,8 @@
 """`SubscribeKvEvents`: catch a subscriber up (replay or snapshot), then stream batches and load records.
 
-A subscriber with `start_sequence_number` inside the retained history gets the batches from that
-number on; one without a cursor (0), or whose cursor the history no longer reaches (or that is beyond
-the newest batch: the daemon restarted), gets a snapshot of the live blocks first, numbered so that
-live batches follow without a gap. Load records ride on every batch, and on `load_only` batches
-(numbered like the last batch sent) when the load changed or as a heartbeat while nothing happens.
+A cursor inside the retained history replays from there; otherwise a snapshot of the live blocks comes
+first, numbered so live batches follow without a gap. Load records ride on every batch and on
+`load_only` batches (on change, or as a heartbeat).
 """
 
 from __future__ import annotations

@@ -1,10 +1,8 @@
 """Engine load for routers: the `EngineLoad` records on the KV-event stream and `GetLoads`, both
 rendered from the engine's `EngineStats`.
 
-NOTE: `token_usage` is the KV that running requests hold (`active_blocks`: the distinct blocks in their
-block tables), not what the prefix cache retains: the cache is kept full on purpose, and smg takes a
-worker above 0.8 usage out of rotation, so reporting the cache would make every warm replica look
-overloaded. Swapped-out sequences count as waiting (they wait to resume).
+`token_usage` is the KV running requests hold, not the cache (kept full on purpose: counting it would
+take warm replicas out of rotation). Swapped-out sequences count as waiting.
 """
 
 from __future__ import annotations
@@ -43,8 +41,7 @@ def routing_core(s: EngineStats) -> tuple[int, int, int]:
 
 
 class LoadSampler:
-    """Reads the engine's load every `interval_s` while anyone listens; keeps the latest reading and
-    the generation rate between the last two."""
+    """Reads the engine's load every `interval_s` while anyone listens (latest reading, generation rate)."""
 
     def __init__(self, engine: Engine, interval_s: float = 0.25) -> None:
         self._engine = engine

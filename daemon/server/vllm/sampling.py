@@ -1,19 +1,9 @@
 """vLLM `SamplingParams` -> the engine's `SamplingParams`, refusing what radixd cannot honour.
 
-Every field the engine supports is passed on; every other one, when set to anything but its neutral
-value, is refused with INVALID_ARGUMENT naming the field, never silently ignored. Detokenization
-options (`skip_special_tokens`, `spaces_between_special_tokens`, `include_stop_str_in_output`) are
-accepted: the worker returns token ids, and the gateway detokenizes and applies them itself.
-
-The `constraint` oneof (json_schema, regex, grammar, structural_tag, json_object, choice) maps to the
-engine's `Constraint` by `server.constraint`. smg sets `grammar_from_first_token` on a constraint it
-shaped itself (OpenAI `response_format`, `tools` with tool_choice required or a named function) to say
-the constraint starts at the first generated token even for an engine whose reasoning parser would
-hold it back until the model's thinking closes. radixd runs no reasoning parser: every constraint
-starts at the first generated token, so the flag is accepted either way and changes nothing.
-
-NOTE: proto3 scalars cannot tell "unset" from 0, so `top_p` 0 and `repetition_penalty` 0 (never valid
-values) mean "unset" here, as in vLLM's own servicer, and `n` 0 means 1.
+Unsupported fields set to non-neutral values are refused, never ignored; detokenization options are
+accepted (the gateway detokenizes). `grammar_from_first_token` changes nothing: with no reasoning
+parser every constraint starts at the first token. As in vLLM's servicer, `top_p` 0 and
+`repetition_penalty` 0 mean unset and `n` 0 means 1 (proto3 cannot tell unset from 0).
 """
 
 from __future__ import annotations

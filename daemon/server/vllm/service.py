@@ -1,13 +1,7 @@
 """`vllm.grpc.engine.VllmEngine` over the engine, for gateways (smg) that front vLLM workers.
 
-Authentication: with API-key tenants on, every call but `HealthCheck` needs the same
-`authorization: Bearer <key>` metadata as `radixd.v1`, and maps to the same cache namespace; a
-gateway sends its own key with `smg --api-key`. `SubscribeKvEvents` streams only the blocks of the
-caller's namespace (see `events.CacheEvents.kv`).
-
-NOTE: `FlushCache` empties a cache every client shares, so on this public port it needs the admin
-token (`authorization: Bearer <admin token>`), exactly like `CacheAdminService.Flush` on the admin
-port; without it the call fails PERMISSION_DENIED / UNAUTHENTICATED and nothing is flushed.
+Calls but `HealthCheck` authenticate like `radixd.v1` (same tenants and namespaces); KV events are the
+caller's namespace only. NOTE: `FlushCache` empties a shared cache, so it needs the admin token.
 """
 
 from __future__ import annotations

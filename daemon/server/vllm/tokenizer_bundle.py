@@ -1,13 +1,8 @@
 """The tokenizer bundle a gateway needs to tokenize and render chats the way the model does.
 
-Built from the model's own tokenizer and chat template (for a GGUF file, the ones its metadata holds,
-as the loader rebuilt them): `tokenizer.json`, `tokenizer_config.json` (chat template and special
-tokens), `chat_template.jinja` and `config.json`. `GetTokenizer` streams it as one zip; the same files
-are also written to a local directory whose path `GetModelInfo.tokenizer_path` reports, so a gateway
-on the same host loads them without the call.
-
-NOTE: the zip is deterministic (sorted names, fixed timestamps), so its sha256 names the content: the
-directory is keyed by it and replicas of the same model report the same fingerprint.
+`GetTokenizer` streams it as one zip; the files are also written to a local directory that
+`GetModelInfo.tokenizer_path` reports. NOTE: the zip is deterministic, so its sha256 names the content
+(the directory's key; replicas of one model report the same fingerprint).
 """
 
 from __future__ import annotations
