@@ -17,7 +17,7 @@ from radixd.radix.errors import RadixError
 from radixd.radix.events import CacheListener
 from radixd.radix.lru import LruIndex
 from radixd.radix.node import TOKEN_BYTES, Node, Tokens, common_prefix_bytes, split_runs, token_ids
-from radixd.radix.pool import BlockPool
+from radixd.radix.ownership import CacheOwnership
 
 EVICT_REASONS = ("lru", "prefix", "flush", "superseded")
 
@@ -25,10 +25,10 @@ EVICT_REASONS = ("lru", "prefix", "flush", "superseded")
 class NodeStore:
     """The nodes of one tree and their LRU order (not thread-safe: the tree's owner drives it)."""
 
-    def __init__(self, pool: BlockPool) -> None:
-        self.pool = pool
-        self.block_size = pool.block_size
-        self.block_bytes = pool.block_size * TOKEN_BYTES  # a block's tokens, in packed bytes
+    def __init__(self, ownership: CacheOwnership, block_size: int) -> None:
+        self.ownership = ownership
+        self.block_size = block_size
+        self.block_bytes = block_size * TOKEN_BYTES  # a block's tokens, in packed bytes
         self.roots: dict[str, Node] = {}  # read by all; changed only here
         self.lru = LruIndex()  # and the clock that gives ticks
         self.num_nodes = 0
@@ -114,7 +114,7 @@ class NodeStore:
         """
         leaf = Node(tokens, blocks, parent, tokens[: self.block_bytes], self.lru.next_tick())
         try:
-            leaf.runs = self.pool.adopt(leaf, blocks, donate)
+            leaf.runs = self.ownership.adopt(leaf, blocks, donate)
         except RadixError:
             self.drop_if_empty_root(parent)
             raise
@@ -162,7 +162,7 @@ class NodeStore:
             upper.by_first = {child.key[:TOKEN_BYTES]: [child]}
         upper.hold = child.hold
         upper.pin = child.pin
-        self.pool.split_owner(upper, upper.blocks, upper.runs, child)
+        self.ownership.split_owner(upper, upper.blocks, upper.runs, child)
         self.num_nodes += 1
         return upper
 
@@ -176,8 +176,8 @@ class NodeStore:
     ) -> int:
         """Drop a leaf and its tree references; returns how many of its blocks became free.
 
-        ``freed`` and ``pending`` are those of :meth:`BlockPool.disown`: the ids that became free, and
-        runs left for the caller to free together (``pool.release_runs``).
+        ``freed`` and ``pending`` are those of :meth:`CacheOwnership.disown`: the ids that became free, and
+        runs left for the caller to free together (``ownership.release_runs``).
         """
         parent = node.parent
         if parent is None or node.children:
@@ -193,7 +193,7 @@ class NodeStore:
             parent.unindex_child(node)
         if node.in_lru:
             self.lru.discard(node)
-        n_freed = self.pool.disown(node, blocks, node.runs, freed, pending)
+        n_freed = self.ownership.disown(node, blocks, node.runs, freed, pending)
         node.alive = False
         self.num_nodes -= 1
         self.num_cached_blocks -= n
@@ -252,7 +252,7 @@ class NodeStore:
                 break
             got += self.remove_leaf(node, reason, freed, pending=runs)
         if runs:
-            self.pool.release_runs(runs)
+            self.ownership.release_runs(runs)
         return got
 
     def evict_subtree(self, top: Node, reason: str) -> int:
@@ -272,5 +272,5 @@ class NodeStore:
                 dropped += bytes.__len__(x.blocks) // ID_BYTES
                 self.remove_leaf(x, reason, None, pending=runs)
         if runs:
-            self.pool.release_runs(runs)
+            self.ownership.release_runs(runs)
         return dropped

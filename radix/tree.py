@@ -55,12 +55,12 @@ class RadixTree:
     def __init__(self, pool: BlockPool, pin_budget_fraction: float = 0.25) -> None:
         if not 0.0 <= pin_budget_fraction <= 1.0:
             raise InvalidRequest(f"pin_budget_fraction must be within [0, 1], got {pin_budget_fraction}")
-        pool.attach_cache()
+        self.ownership = pool.attach_cache()
         self.pool = pool
         self.block_size = pool.block_size
         self._bb = pool.block_size * TOKEN_BYTES  # a block's tokens, in packed bytes
-        self.store = NodeStore(pool)
-        self.holds = Holds(pool, self.store.lru)
+        self.store = NodeStore(self.ownership, pool.block_size)
+        self.holds = Holds(self.ownership, self.store.lru)
         self._pins = Pins(self.store, self.holds, int(pin_budget_fraction * pool.num_usable))
         self._hit_tokens = 0
         self._miss_tokens = 0
