@@ -24,7 +24,7 @@ import grpc
 from google.protobuf import json_format
 
 from radixd_client.client import Client, GenerationStream
-from radixd_client.constraint_flags import add_constraint_flags, constraint_options
+from radixd_client.constraint_flags import CONSTRAINT_FLAGS, add_constraint_flags, flag_options
 from radixd_client.types import FLUSH_MODES, Chunk, End, SamplingOptions, Start
 
 DEFAULT_ADDRESS = "127.0.0.1:50051"
@@ -131,19 +131,9 @@ def _sampling_flags(p: argparse.ArgumentParser, max_tokens: int = 64) -> None:
 
 
 def _sampling(args: argparse.Namespace) -> SamplingOptions:
-    opts = SamplingOptions(max_tokens=args.max_tokens)
-    if args.temperature is not None:
-        opts["temperature"] = args.temperature
-    if args.top_p is not None:
-        opts["top_p"] = args.top_p
-    if args.top_k is not None:
-        opts["top_k"] = args.top_k
-    if args.seed is not None:
-        opts["seed"] = args.seed
-    if args.stop:
-        opts["stop"] = args.stop
-    constraint_options(args, opts)
-    return opts
+    """The options the flags set; unset ones stay unset (the daemon's defaults)."""
+    given = flag_options(args, ("temperature", "top_p", "top_k", "seed", "stop", *CONSTRAINT_FLAGS))
+    return SamplingOptions(max_tokens=args.max_tokens, **given)
 
 
 def _stream(stream: GenerationStream, as_json: bool = False) -> None:

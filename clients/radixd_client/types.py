@@ -48,31 +48,34 @@ class SamplingOptions(TypedDict, total=False):
     compile (a bad schema, regex or grammar) is INVALID_ARGUMENT with the compiler's message.
     """
 
+    # Length and stopping.
     max_tokens: int
     min_tokens: int
+    stop: Sequence[str]
+    stop_token_ids: Sequence[int]
+    ignore_eos: bool
+    n: int
+    # Sampling.
     temperature: float
     top_k: int
     top_p: float
     min_p: float
+    seed: int
+    # Penalties; logit_bias maps a token id to a bias in [-100, 100] (at most 300 entries).
     repetition_penalty: float
     presence_penalty: float
     frequency_penalty: float
-    seed: int
-    stop: Sequence[str]
-    stop_token_ids: Sequence[int]
-    ignore_eos: bool
+    logit_bias: Mapping[int, float]
+    # Logprobs of the output tokens, and of the prompt tokens (0 = their own only): see Start.
     logprobs: int
-    n: int
+    prompt_logprobs: int
+    # Constraints (at most one).
     json_schema: Mapping[str, Any] | str
     json_object: bool
     regex: str
     grammar: str
     choice: Sequence[str]
     structural_tag: str
-    # Token id -> bias in [-100, 100] added to its logit (at most 300 entries).
-    logit_bias: Mapping[int, float]
-    # Top alternatives per prompt token (0 = the prompt tokens' own logprobs only): see Start.
-    prompt_logprobs: int
 
 
 # (token_id, logprob, [(top_token_id, logprob), ...]): one token's logprob and its top alternatives.
