@@ -1,7 +1,6 @@
 """Allocator: hands out free blocks at refcount 1, as few runs of consecutive ids as the free extents allow.
 
-It also remembers how its recent split allocations were split (newest first out), so that the cache can
-adopt them run by run after a cheap check instead of searching the ids for run boundaries.
+It remembers how recent split allocations were split, so the tree can adopt them run by run.
 """
 
 from __future__ import annotations
@@ -49,12 +48,8 @@ class Allocator:
         return BlockIds(ids)
 
     def allocate_into(self, ids: array[int], n: int, after: int = 0) -> None:
-        """:meth:`allocate`, appended to a packed id array (a table's blocks) with no object in between.
-
-        ``after``: the block the new ones follow in the table (0: none). The blocks right after it are
-        taken when free, and a single block that cannot follow it starts where the table has room to
-        grow (:meth:`FreeExtents.take_room`), so a table's blocks lie in long runs of consecutive ids.
-        """
+        """:meth:`allocate`, appended to a packed id array (a table's blocks). ``after``: the table's last
+        block (0: none); the blocks right after it are taken when free, so a table stays a few runs."""
         view = self._words.id_view
         a = self._take_run(n, after)
         if a:

@@ -34,12 +34,8 @@ class Holds:
         self._lock_up_to(node, None)
 
     def move_lock(self, old: Node, new: Node) -> None:
-        """Move one hold from ``old``'s path to ``new``'s (a lease following its owner's inserts).
-
-        NOTE: when ``old`` is an ancestor of ``new`` (a decoding sequence's lease moving onto the block it
-        just filled) the path above ``old`` keeps its hold: only the nodes below it gain one, so the move
-        costs the nodes added, not the path's depth (which grows by one node per block inserted).
-        """
+        """Move one hold from ``old``'s path to ``new``'s (a lease following its owner's inserts). When
+        ``old`` is an ancestor of ``new`` only the nodes below it change (cost: the nodes added)."""
         if not self._lock_up_to(new, old):
             self.unlock(old)
 

@@ -1,8 +1,6 @@
 """Owners: the registry of cache entries that own blocks, and the exact count of evictable blocks.
 
-An owner (a tree node) gets a small id, stored in the high half of its blocks' state words
-(radix/words.py). ``evictable`` counts blocks whose owner is unheld (``hold == 0``) and that nobody else
-holds (refcount 1); refcounting and cache ownership keep it exact, so reading it is O(1).
+An owner's small id sits in the high half of its blocks' state words (radix/words.py).
 """
 
 from __future__ import annotations
@@ -11,11 +9,8 @@ from typing import Protocol
 
 
 class BlockOwner(Protocol):
-    """What the pool needs to know about the cache entry (a tree node) that owns blocks.
-
-    ``n_solo``: its blocks with refcount 1; ``hold``: its lease + pin count (0: the cache may evict it);
-    ``oid``: the id the registry gave it (0: none).
-    """
+    """A cache entry (a tree node) that owns blocks: ``n_solo`` (its blocks with refcount 1), ``hold``
+    (lease + pin count; 0: evictable) and ``oid`` (its registry id, 0: none)."""
 
     n_solo: int
     hold: int

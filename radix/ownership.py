@@ -1,9 +1,7 @@
-"""CacheOwnership: the cache's side of the pool, the only code that changes which owner a block has.
+"""CacheOwnership: the tree's side of the pool, the only code that changes which owner a block has.
 
-The radix tree (one per pool, :meth:`BlockPool.attach_cache`) marks the blocks it stores with their owner
-(a node): each owned block's state word carries the owner's id, so refcount changes made by tables keep
-the owner's ``n_solo`` and the evictable count exact. Adopting or freeing a few runs of fresh blocks
-costs one memcpy per run.
+An owned block's state word carries its owner's id (a node), so refcount changes made by tables keep the
+owner's ``n_solo`` and the evictable count exact. A few runs of fresh blocks move one memcpy per run.
 """
 
 from __future__ import annotations
@@ -51,11 +49,8 @@ class CacheOwnership:
         return len(self._owners)
 
     def runs_of(self, blocks: bytes) -> Runs | None:
-        """``blocks`` (packed) as a few runs of consecutive ids, or None (scattered, or invalid ids).
-
-        One run is proven by one memcmp, a split allocation by the runs the allocator remembers for it
-        (runs of one allocation are disjoint), anything else by one vectorised pass.
-        """
+        """``blocks`` (packed) as a few runs of consecutive ids, or None (scattered, or invalid ids); a
+        split allocation is recognised by the runs the allocator remembers for it."""
         if not bytes.__len__(blocks):
             return []
         a: int = unpack_id(blocks)[0]
@@ -69,13 +64,9 @@ class CacheOwnership:
         return runs if runs is not None and disjoint_within(runs, self._words.num_blocks) else None
 
     def adopt(self, owner: BlockOwner, blocks: BlockIds, donate: bool) -> Runs | None:
-        """Make ``owner`` (new, holding nothing yet) the owner of ``blocks``; sets ``owner.n_solo``.
-
-        The owner takes one reference per block: the caller's own with ``donate``, else a new one. Fresh
-        blocks in a few runs (the common case) are written one memcpy per run and their runs returned,
-        for :meth:`disown` to free run by run; others are adopted one by one (None is returned). A bad
-        block undoes everything and raises InvalidRequest (or DoubleFree).
-        """
+        """Make ``owner`` (new) the owner of ``blocks`` with one reference each (the caller's, with
+        ``donate``); -> their runs when they were fresh runs, else None. A bad block undoes everything
+        and raises InvalidRequest (or DoubleFree)."""
         words = self._words
         runs = self.runs_of(blocks)
         oid = self._owners.register(owner)
@@ -148,12 +139,8 @@ class CacheOwnership:
         freed: list[int] | None,
         pending: Runs | None,
     ) -> int:
-        """Drop ``owner`` and its reference on each of ``blocks``; -> how many blocks became free.
-
-        With ``freed``, the blocks that became free are appended to it. With ``pending``, whole runs that
-        became free are appended to it instead, for the caller to free with other owners' runs
-        (:meth:`release_runs`).
-        """
+        """Drop ``owner`` and its reference on each of ``blocks``; -> blocks freed (appended to ``freed``
+        if given). With ``pending``, wholly freed runs go there for :meth:`release_runs` instead."""
         n = bytes.__len__(blocks) // ID_BYTES
         owners = self._owners
         if owner.hold == 0:
@@ -187,12 +174,8 @@ class CacheOwnership:
         return n_freed
 
     def release_runs(self, runs: Runs) -> None:
-        """Free whole runs ``(first, length)`` that the cache held alone: word 0, back to the free extents.
-
-        A run that continues the one before it is merged with it first (blocks allocated together tend
-        to be evicted together, in order). The order is kept, not sorted: it is the order in which the
-        free extents hand runs out again (newest first).
-        """
+        """Free whole runs ``(first, length)`` the cache held alone, merging a run with the one before it
+        when it continues it. The order is kept, not sorted: the free extents hand runs out newest first."""
         words = self._words
         put = self._free.put
         s = e = 0  # the group being merged: blocks [s, e)

@@ -1,9 +1,7 @@
-"""BlockPool: the physical KV blocks, as one object composed of the parts that own their state.
+"""BlockPool: the physical KV blocks, composed of the parts that own their state.
 
-:class:`BlockWords` (radix/words.py) holds each block's refcount and owner id; :class:`FreeExtents`
-(radix/extents.py) the free blocks as runs; :class:`Owners` (radix/owners.py) the cache entries that own
-blocks and the evictable count; :class:`Refcounts` and :class:`Allocator` change them for holders, and
-:class:`CacheOwnership` (radix/ownership.py) for the one tree that caches blocks (:meth:`attach_cache`).
+BlockWords (refcount and owner per block), FreeExtents (free runs), Owners (owners, evictable count),
+Refcounts and Allocator (for holders) and CacheOwnership (for the one tree: :meth:`attach_cache`).
 """
 
 from __future__ import annotations
@@ -28,12 +26,8 @@ _PROMOTE_AT = 65536  # pools at least this large move their lists to the oldest 
 
 
 class BlockPool:
-    """``num_blocks`` physical blocks of ``block_size`` tokens; block 0 is the null block.
-
-    Each handed-out block carries a reference count and returns to the free extents exactly when it drops
-    to 0. Allocation costs O(free runs) Python steps whatever its size, a free O(1); recently freed blocks
-    are reused first.
-    """
+    """``num_blocks`` physical blocks of ``block_size`` tokens; block 0 is the null block. A block returns
+    to the free extents exactly when its refcount drops to 0; recently freed blocks are reused first."""
 
     # NOTE: invariants:
     #  * refcount(b) == number of holders of b (tables + the tree), for every block b >= 1;

@@ -1,8 +1,7 @@
 """Refcounts: holders (tables, forks) gaining and dropping references on allocated blocks.
 
-A block returns to the free extents exactly when its count drops to 0. When a block the cache owns goes
-from 1 holder to 2 (or back), its owner's ``n_solo`` and the evictable count follow, so both stay exact
-without the tree scanning anything.
+A block is freed exactly when its count drops to 0; an owned block's owner ``n_solo`` and the evictable
+count follow its changes between 1 and 2 holders.
 """
 
 from __future__ import annotations

@@ -1,11 +1,7 @@
 """NodeStore: the radix tree's nodes, with the state that changes whenever one does.
 
-It owns the roots (one per namespace), the LRU index of evictable leaves (with the logical clock), the
-counts of nodes, cached blocks and evicted blocks, and the listener told of each change of content.
-Every change of the tree's shape goes through its methods (the holds on paths through
-:class:`radixd.radix.holds.Holds`), and every change of block ownership through the pool's. The tree
-(:class:`radixd.radix.tree.RadixTree`) decides what to change; :meth:`NodeStore.descend` is the one
-walk down the tree that all its operations use.
+Roots (one per namespace), the LRU index, the counts of nodes, cached and evicted blocks, and the
+listener. Every change of the tree's shape goes through it; :meth:`NodeStore.descend` is the one walk.
 """
 
 from __future__ import annotations
@@ -46,13 +42,8 @@ class NodeStore:
         return root
 
     def descend(self, t: Tokens, node: Node) -> tuple[list[Node], Node | None, int]:
-        """Follow key ``t`` down from ``node``, whose path spells ``t[:node.end]``, by whole blocks.
-
-        Returns the nodes whose whole edge ``t`` spells, in order (the walk stops at an edge that ends
-        in a partial block), then the child where ``t`` leaves that path inside an edge (None when no
-        child continues it by a full block) and the bytes of that edge ``t`` shares (>= one block).
-        Changes nothing: the caller marks what it used (``lru.use``, ``lru.touch_all``).
-        """
+        """Follow key ``t`` down from ``node`` by whole blocks, changing nothing; -> (the nodes whose whole
+        edge ``t`` spells, the child whose edge ``t`` leaves inside or None, the bytes ``t`` shares there)."""
         B = self.block_bytes
         n = len(t)
         pos = node.end
@@ -107,11 +98,7 @@ class NodeStore:
 
     # ================================================================= shape
     def add_leaf(self, parent: Node, tokens: Tokens, blocks: BlockIds, donate: bool) -> Node:
-        """A new leaf under ``parent`` holding ``tokens`` in ``blocks``; the pool makes it their owner.
-
-        A bad block raises (from the pool) with nothing changed, dropping ``parent`` if it is a root that
-        was created for this insert only.
-        """
+        """A new leaf under ``parent`` owning ``blocks``; a bad block raises with nothing changed."""
         leaf = Node(tokens, blocks, parent, tokens[: self.block_bytes], self.lru.next_tick())
         try:
             leaf.runs = self.ownership.adopt(leaf, blocks, donate)
@@ -133,11 +120,8 @@ class NodeStore:
         return leaf
 
     def split(self, child: Node, k: int) -> Node:
-        """Split ``child`` after its first ``k`` blocks; returns the new upper node.
-
-        The lower part keeps the node's identity, so leases and pins that end at it stay valid and keep
-        covering the whole path (the upper part inherits their hold and pin counts).
-        """
+        """Split ``child`` after its first ``k`` blocks; -> the new upper node. The lower part keeps the
+        node's identity (leases and pins ending at it stay valid); the upper inherits its holds."""
         B = self.block_bytes
         parent = child.parent
         if parent is None or not 0 < k < len(child.blocks):
@@ -174,11 +158,8 @@ class NodeStore:
         keep_root: bool = False,
         pending: list[tuple[int, int]] | None = None,
     ) -> int:
-        """Drop a leaf and its tree references; returns how many of its blocks became free.
-
-        ``freed`` and ``pending`` are those of :meth:`CacheOwnership.disown`: the ids that became free, and
-        runs left for the caller to free together (``ownership.release_runs``).
-        """
+        """Drop a leaf and its blocks' tree references; -> blocks freed (``freed``, ``pending``: see
+        :meth:`CacheOwnership.disown`)."""
         parent = node.parent
         if parent is None or node.children:
             raise RadixError("internal: only a leaf can be removed")
@@ -214,12 +195,9 @@ class NodeStore:
                     return
 
     def settle_partial(self, node: Node, rest: Tokens, rest_blocks: BlockIds, dups: list[int]) -> Node | None:
-        """Resolve partial-block overlaps between ``rest`` (to be added under ``node``) and its children.
-
-        Returns the child that already covers ``rest`` (``rest`` is a single partial block whose tokens
-        begin a cached block) after recording the duplicate; otherwise drops unleased single-block
-        partial leaves that ``rest`` supersedes and returns None (the caller adds ``rest`` as a leaf).
-        """
+        """Resolve partial-block overlaps of ``rest`` (to be added under ``node``) with its children:
+        -> the child that already covers ``rest`` (recording the duplicate), or None after dropping the
+        unheld partial leaves ``rest`` supersedes."""
         by_first = node.by_first
         cands = by_first.get(rest[:TOKEN_BYTES]) if by_first is not None else None
         if not cands:

@@ -27,10 +27,8 @@ def iter_nodes(tree: RadixTree) -> Iterable[Node]:
 
 
 def check_consistency(tree: RadixTree, tables: Iterable[BlockTable] = ()) -> None:
-    """Raise InvariantViolation unless every documented invariant holds.
-
-    With ``tables`` (all live tables), also checks refcount == holders for every block.
-    """
+    """Raise InvariantViolation unless every documented invariant holds (with ``tables``, all live
+    tables, also refcount == holders for every block)."""
     pool = tree.pool
     store = tree.store
     B = store.block_bytes  # node offsets are in packed bytes

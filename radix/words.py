@@ -1,8 +1,6 @@
 """BlockWords: one int64 state word per block (``owner_id << OWNER_SHIFT | refcount``) and the block ids.
 
-The word array is the single record of who holds a block: refcounting (radix/refcounts.py), allocation
-(radix/allocator.py) and cache ownership (radix/ownership.py) all read and write it, whole runs of words
-at a time through byte views (a memcpy per run, whatever its length).
+The single record of who holds a block, written a run of words at a time (one memcpy per run).
 """
 
 from __future__ import annotations

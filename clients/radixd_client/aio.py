@@ -1,10 +1,5 @@
-"""asyncio client: `AsyncClient`, `AsyncSession` and `AsyncGenerationStream` (grpc.aio underneath).
-
-    async with AsyncClient("127.0.0.1:50051") as client:
-        async for event in client.generate("Hello", max_tokens=8):
-            ...
-
-Mirrors the blocking `radixd_client.Client` call for call.
+"""asyncio client: `AsyncClient`, `AsyncSession` and `AsyncGenerationStream`, the blocking client's
+twins call for call (grpc.aio underneath, the same request core).
 """
 
 from __future__ import annotations

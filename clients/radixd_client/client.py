@@ -1,10 +1,7 @@
-"""Synchronous client: `Client`, `Session` and `GenerationStream`.
+"""Blocking client: `Client`, `Session` and `GenerationStream`, over the request core (core.py).
 
     client = Client("127.0.0.1:50051", admin_address="127.0.0.1:50052", admin_token="...")
     print(client.generate("The capital of France is", max_tokens=8).collect().text)
-    session = client.create_session(context="You are terse.")
-    for event in session.send("Hello!"):
-        ...
 
 Errors are `grpc.RpcError` with the daemon's status code and a message saying what to fix.
 """

@@ -1,12 +1,4 @@
-"""radixctl's structured-output flags: at most one constraint for `generate` and `chat`.
-
-    radixctl generate "A colour:" --choice red,green,blue
-    radixctl generate "Describe a user as JSON:" --json-schema user.schema.json
-    radixctl generate "Today's date:" --regex '[0-9]{4}-[0-9]{2}-[0-9]{2}'
-    radixctl generate "An answer:" --grammar answer.lark      # Lark, or GBNF (rules with ::=)
-
-The files are sent as they are; the daemon checks them (INVALID_ARGUMENT with what to fix).
-"""
+"""radixctl's structured-output flags (at most one constraint), sent as given: the daemon checks them."""
 
 from __future__ import annotations
 

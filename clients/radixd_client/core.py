@@ -1,8 +1,7 @@
 """The one request-building core of the blocking and asyncio clients.
 
-`Calls` builds every request the clients send (messages, bearer metadata, option checks) over the stubs
-of one channel pair, and says how to turn each response into the client's result. A `Call` runs
-blocking (`run`) or awaited (`run_async`): the clients differ only in how they wait.
+`Calls` builds every request (message, bearer metadata, option checks) and says how to convert its
+response; a `Call` runs blocking (`run`) or awaited (`run_async`): the clients differ only there.
 """
 
 from __future__ import annotations
@@ -13,25 +12,15 @@ from typing import Any, Generic, TypedDict, TypeVar, cast
 
 from google.protobuf.message import Message
 
-from radixd_client._pb import (
-    cache_admin_pb2,
-    cache_admin_pb2_grpc,
-    generation_pb2,
-    generation_pb2_grpc,
-    session_pb2,
-    session_pb2_grpc,
-)
+from radixd_client._pb import cache_admin_pb2, generation_pb2, session_pb2
+from radixd_client._pb.cache_admin_pb2_grpc import CacheAdminServiceStub
+from radixd_client._pb.generation_pb2_grpc import GenerationServiceStub
+from radixd_client._pb.session_pb2_grpc import SessionServiceStub
 from radixd_client.types import (
-    HEALTH_CHECK_METHOD,
     Completion,
     Event,
     PromptLike,
     SamplingOptions,
-    bearer,
-    decode_health_response,
-    encode_health_request,
-    evict_request,
-    flush_mode,
     from_response,
     to_prompt,
     to_sampling,
@@ -46,13 +35,66 @@ Timeout = float | None
 """A call's deadline in seconds (None: none)."""
 
 
-class ConnectOptions(TypedDict, total=False):
-    """Keyword arguments of `Client` and `AsyncClient` besides the address.
+FLUSH_MODES: dict[str, cache_admin_pb2.FlushMode] = {
+    "evict_unlocked": cache_admin_pb2.FLUSH_MODE_EVICT_UNLOCKED,
+    "refuse_if_busy": cache_admin_pb2.FLUSH_MODE_REFUSE_IF_BUSY,
+    "wait_for_idle": cache_admin_pb2.FLUSH_MODE_WAIT_FOR_IDLE,
+}
 
-    `api_key` is sent as `authorization: Bearer <key>` on the public port (it selects the tenant);
-    `admin_token` likewise on the admin port (`admin_address`). `root_certificates` (PEM) switches both
-    channels to TLS.
-    """
+
+def bearer(token: str | None) -> tuple[tuple[str, str], ...]:
+    """gRPC metadata carrying `token` as a bearer credential (empty when no token)."""
+    return (("authorization", f"Bearer {token}"),) if token else ()
+
+
+# Standard grpc.health.v1 wire format, encoded by hand so the client needs no grpcio-health-checking:
+# HealthCheckRequest{string service = 1}, HealthCheckResponse{ServingStatus status = 1}.
+HEALTH_CHECK_METHOD = "/grpc.health.v1.Health/Check"
+HEALTH_STATUS = {0: "UNKNOWN", 1: "SERVING", 2: "NOT_SERVING", 3: "SERVICE_UNKNOWN"}
+
+
+def encode_health_request(service: str = "") -> bytes:
+    data = service.encode()
+    if not data:
+        return b""
+    if len(data) > 127:
+        raise ValueError("service name too long for the health check")
+    return bytes([0x0A, len(data)]) + data
+
+
+def decode_health_response(data: bytes) -> str:
+    if len(data) >= 2 and data[0] == 0x08:
+        return HEALTH_STATUS.get(data[1], f"STATUS_{data[1]}")
+    return "UNKNOWN"
+
+
+def flush_mode(mode: str) -> cache_admin_pb2.FlushMode:
+    """The wire FlushMode for a mode name."""
+    if mode not in FLUSH_MODES:
+        raise ValueError(f"flush mode must be one of {sorted(FLUSH_MODES)}, got {mode!r}")
+    return FLUSH_MODES[mode]
+
+
+def evict_request(
+    num_blocks: int | None, prefix: PromptLike | None, session_id: str | None, namespace: str
+) -> cache_admin_pb2.EvictRequest:
+    """The EvictRequest for exactly one of num_blocks / prefix / session_id."""
+    chosen = [x is not None for x in (num_blocks, prefix, session_id)]
+    if sum(chosen) != 1:
+        raise ValueError("evict needs exactly one of num_blocks=, prefix= or session_id=")
+    req = cache_admin_pb2.EvictRequest(namespace=namespace)
+    if num_blocks is not None:
+        req.num_blocks = num_blocks
+    elif prefix is not None:
+        req.prefix.CopyFrom(to_prompt(prefix))
+    elif session_id is not None:
+        req.session_id = session_id
+    return req
+
+
+class ConnectOptions(TypedDict, total=False):
+    """Keyword arguments of `Client` and `AsyncClient` besides the address: bearer tokens for the public
+    port (`api_key`, the tenant) and the admin port; `root_certificates` (PEM) switches to TLS."""
 
     api_key: str | None
     admin_address: str | None
@@ -146,14 +188,14 @@ class Calls:
 
     def __init__(self, channel: Any, admin_channel: Any | None, options: ConnectOptions) -> None:
         self.channel = channel
-        self.generation = generation_pb2_grpc.GenerationServiceStub(channel)
-        self.sessions = session_pb2_grpc.SessionServiceStub(channel)
-        self._admin = cache_admin_pb2_grpc.CacheAdminServiceStub(admin_channel) if admin_channel else None
+        self.generation = GenerationServiceStub(channel)
+        self.sessions = SessionServiceStub(channel)
+        self._admin = CacheAdminServiceStub(admin_channel) if admin_channel else None
         self._md = bearer(options.get("api_key"))
         self._admin_md = bearer(options.get("admin_token"))
 
     @property
-    def admin(self) -> cache_admin_pb2_grpc.CacheAdminServiceStub:
+    def admin(self) -> CacheAdminServiceStub:
         if self._admin is None:
             raise ValueError("this client has no admin_address; pass admin_address= (and admin_token=)")
         return self._admin
