@@ -52,11 +52,3 @@ class Owners:
 
     def get(self, oid: int) -> BlockOwner | None:
         return self.by_id.get(oid)
-
-    def held(self, owner: BlockOwner) -> None:
-        """``owner.hold`` went from 0 to 1: its solo blocks stop being evictable."""
-        self.evictable -= owner.n_solo
-
-    def unheld(self, owner: BlockOwner) -> None:
-        """``owner.hold`` went back to 0: its solo blocks are evictable again."""
-        self.evictable += owner.n_solo

@@ -34,11 +34,11 @@ class CacheOwnership:
 
     def held(self, owner: BlockOwner) -> None:
         """``owner.hold`` went from 0 to 1: its solo blocks stop being evictable."""
-        self._owners.held(owner)
+        self._owners.evictable -= owner.n_solo
 
     def unheld(self, owner: BlockOwner) -> None:
         """``owner.hold`` went back to 0: its solo blocks are evictable again."""
-        self._owners.unheld(owner)
+        self._owners.evictable += owner.n_solo
 
     def owner_by_id(self, oid: int) -> BlockOwner | None:
         return self._owners.get(oid)

@@ -25,11 +25,34 @@ class Refcounts:
 
     def incref(self, block: int) -> None:
         """Add one holder to an allocated block."""
-        self.incref_all((block,))
+        words = self._words
+        w = int(words.state[block]) if 0 < block < words.num_blocks else 0
+        if not w & RC_MASK:
+            words.bad_incref(block)
+        words.state[block] = w + 1
+        if w & RC_MASK == 1 and w >> OWNER_SHIFT:
+            owner = self._owners.by_id[w >> OWNER_SHIFT]
+            owner.n_solo -= 1
+            if owner.hold == 0:
+                self._owners.evictable -= 1
 
     def decref(self, block: int) -> bool:
         """Drop one holder; the block becomes free when none is left. Returns True if freed."""
-        return self.decref_all((block,)) == 1
+        words = self._words
+        w = int(words.state[block]) if 0 < block < words.num_blocks else 0
+        if w & RC_MASK == 1:
+            words.state[block] = 0  # free blocks have no owner
+            self._free.put(block, 1)
+            return True
+        if not w & RC_MASK:
+            words.bad_decref(block)
+        words.state[block] = w - 1
+        if w & RC_MASK == 2 and w >> OWNER_SHIFT:
+            owner = self._owners.by_id[w >> OWNER_SHIFT]
+            owner.n_solo += 1
+            if owner.hold == 0:
+                self._owners.evictable += 1
+        return False
 
     def incref_all(self, blocks: Iterable[int]) -> None:
         """:meth:`incref` each block (inlined: this runs per block of every shared prefix)."""

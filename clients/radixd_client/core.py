@@ -42,7 +42,7 @@ FLUSH_MODES: dict[str, cache_admin_pb2.FlushMode] = {
 }
 
 
-def bearer(token: str | None) -> tuple[tuple[str, str], ...]:
+def bearer(token: str | None) -> Metadata:
     """gRPC metadata carrying `token` as a bearer credential (empty when no token)."""
     return (("authorization", f"Bearer {token}"),) if token else ()
 
