@@ -13,7 +13,7 @@ import grpc.aio
 
 from radixd_client import core
 from radixd_client._pb import cache_admin_pb2, cache_admin_pb2_grpc, generation_pb2, session_pb2
-from radixd_client.core import Timeout
+from radixd_client.options import ConnectOptions, EvictTarget, GenerateOptions, Timeout, checked
 from radixd_client.types import Completion, Event, PromptLike, SamplingOptions
 
 
@@ -75,8 +75,8 @@ class AsyncSession:
 class AsyncClient:
     """asyncio twin of `radixd_client.Client` (same arguments and calls, awaitable)."""
 
-    def __init__(self, address: str = core.DEFAULT_ADDRESS, **options: Unpack[core.ConnectOptions]) -> None:
-        root = core.checked(options, core.ConnectOptions).get("root_certificates")
+    def __init__(self, address: str = core.DEFAULT_ADDRESS, **options: Unpack[ConnectOptions]) -> None:
+        root = checked(options, ConnectOptions).get("root_certificates")
         admin_address = options.get("admin_address")
         self.address = address
         self.channel = make_aio_channel(address, root)
@@ -96,7 +96,7 @@ class AsyncClient:
         await self.close()
 
     # ---- generation ------------------------------------------------------------------------------
-    def generate(self, prompt: PromptLike, **options: Unpack[core.GenerateOptions]) -> AsyncGenerationStream:
+    def generate(self, prompt: PromptLike, **options: Unpack[GenerateOptions]) -> AsyncGenerationStream:
         return AsyncGenerationStream(self._calls.generate(prompt, options))
 
     async def complete(
@@ -149,7 +149,7 @@ class AsyncClient:
     def admin(self) -> cache_admin_pb2_grpc.CacheAdminServiceStub:
         return self._calls.admin
 
-    async def evict(self, **target: Unpack[core.EvictTarget]) -> int:
+    async def evict(self, **target: Unpack[EvictTarget]) -> int:
         return await self._calls.evict(target).run_async()
 
     async def flush(self, mode: str = "evict_unlocked", timeout_s: float = 30.0) -> int:

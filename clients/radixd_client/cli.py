@@ -20,7 +20,7 @@ from google.protobuf import json_format
 
 from radixd_client.client import Client, GenerationStream
 from radixd_client.constraint_flags import CONSTRAINT_FLAGS, add_constraint_flags, flag_options
-from radixd_client.core import FLUSH_MODES
+from radixd_client.options import FLUSH_MODES
 from radixd_client.types import Chunk, End, SamplingOptions, Start
 
 DEFAULT_ADDRESS = "127.0.0.1:50051"

@@ -16,7 +16,8 @@ import grpc
 
 from radixd_client import core
 from radixd_client._pb import cache_admin_pb2, cache_admin_pb2_grpc, generation_pb2, session_pb2
-from radixd_client.core import MAX_MESSAGE_BYTES, Timeout, channel_options
+from radixd_client.core import MAX_MESSAGE_BYTES, channel_options
+from radixd_client.options import ConnectOptions, EvictTarget, GenerateOptions, Timeout, checked
 from radixd_client.types import Completion, Event, PromptLike, SamplingOptions, collect
 
 
@@ -91,11 +92,11 @@ class Session:
 class Client:
     """Blocking client for the generation, session and (with `admin_address`) cache-admin services.
 
-    Keyword arguments: see `core.ConnectOptions` (api_key, admin_address, admin_token, root_certificates).
+    Keyword arguments: see `ConnectOptions` (api_key, admin_address, admin_token, root_certificates).
     """
 
-    def __init__(self, address: str = core.DEFAULT_ADDRESS, **options: Unpack[core.ConnectOptions]) -> None:
-        core.checked(options, core.ConnectOptions)
+    def __init__(self, address: str = core.DEFAULT_ADDRESS, **options: Unpack[ConnectOptions]) -> None:
+        checked(options, ConnectOptions)
         admin_address, root = options.get("admin_address"), options.get("root_certificates")
         self.address = address
         self.channel = make_channel(address, root)
@@ -116,7 +117,7 @@ class Client:
         self.close()
 
     # ---- generation ------------------------------------------------------------------------------
-    def generate(self, prompt: PromptLike, **options: Unpack[core.GenerateOptions]) -> GenerationStream:
+    def generate(self, prompt: PromptLike, **options: Unpack[GenerateOptions]) -> GenerationStream:
         return GenerationStream(self._calls.generate(prompt, options))
 
     def complete(
@@ -172,7 +173,7 @@ class Client:
         """The cache-admin stub (ValueError without `admin_address`)."""
         return self._calls.admin
 
-    def evict(self, **target: Unpack[core.EvictTarget]) -> int:
+    def evict(self, **target: Unpack[EvictTarget]) -> int:
         """Evict N LRU blocks, a prefix's cached continuation or a session's context; returns blocks freed."""
         return self._calls.evict(target).run()
 
