@@ -1,11 +1,6 @@
 """BlockIds: block ids packed as native int32, the form in which the tree stores and hands out blocks.
 
-A request at block size 1 moves about a thousand block ids through match, allocation and insert. As
-packed bytes, taking a run of fresh ids is one slice of the pool's id bytes, joining the matched prefix
-to the new blocks is one concatenation, and checking that a caller's blocks are the tree's own (or one
-run of consecutive ids) is one memcmp: C-level copies and compares, no Python step per block. The same
-bytes are a zero-copy ``int32`` array for a scheduler that builds a device block table
-(:meth:`BlockIds.array`).
+A run of fresh ids is one slice; checking ids against the tree's (or a run) is one memcmp.
 """
 
 from __future__ import annotations
@@ -26,10 +21,7 @@ unpack_id = struct.Struct("i").unpack_from
 
 
 def packed_getitem(packed: bytes, key: SupportsIndex | slice, name: str) -> int | bytes:
-    """``packed[key]`` counting native int32 items, not bytes: an int, or for a slice its packed bytes.
-
-    The one indexing rule of the packed sequences (``BlockIds`` here, ``TokenKey`` for tokens).
-    """
+    """``packed[key]`` counting native int32 items (``BlockIds``, ``TokenKey``): an int, or packed bytes."""
     n = bytes.__len__(packed) // ID_BYTES
     if isinstance(key, slice):
         start, stop, step = key.indices(n)
@@ -46,11 +38,8 @@ def packed_getitem(packed: bytes, key: SupportsIndex | slice, name: str) -> int 
 
 
 class BlockIds(bytes):
-    """Packed block ids that behave like a read-only sequence of ints.
-
-    ``len()``, indexing, slicing (which returns a BlockIds) and iteration count block ids, not bytes.
-    Equality is that of the packed bytes: compare ``list(ids)`` with a list.
-    """
+    """Packed block ids that behave like a read-only sequence of ints (``len``, indexing, slicing count
+    ids); equality is that of the packed bytes."""
 
     __slots__ = ()
 
@@ -112,15 +101,9 @@ def spells_runs(blocks: bytes, id_bytes: bytes, runs: list[tuple[int, int]]) -> 
 
 
 def packed_runs(blocks: bytes, id_bytes: bytes, max_runs: int = 8) -> list[tuple[int, int]] | None:
-    """``blocks`` (packed) as at most ``max_runs`` runs of consecutive ascending ids ``[(first, length)]``.
-
-    Allocation hands out mostly contiguous ids, so bulk updates (refcounts, ownership) can use one
-    C-level slice store per run instead of a Python step per block. A single run is verified with one
-    memcmp against ``id_bytes`` (the pool's ids ``0 .. num_blocks-1``, packed), which also proves that
-    every id in it is a valid block other than the null block; several runs take one vectorised pass.
-    Anything more fragmented, or out of range, returns None (the caller then takes its per-block path);
-    an empty ``blocks`` is no runs.
-    """
+    """``blocks`` (packed) as at most ``max_runs`` runs of consecutive ascending ids ``[(first, length)]``,
+    or None when more fragmented or out of range. One run is proven by one memcmp against ``id_bytes``
+    (the pool's ids, packed), several by one vectorised pass."""
     nbytes = bytes.__len__(blocks)
     n = nbytes // ID_BYTES
     if not n:

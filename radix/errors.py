@@ -1,8 +1,4 @@
-"""Exceptions raised by the radix memory core.
-
-Every error says what was wrong and, where it helps, what the caller can do about it. Validation never
-uses ``assert`` (it would vanish under ``python -O``).
-"""
+"""Exceptions raised by the radix memory core; each says what was wrong and what the caller can do."""
 
 from __future__ import annotations
 

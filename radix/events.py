@@ -1,19 +1,9 @@
 """Cache events: what a tree tells an observer (a router, metrics) about the prefixes it holds.
 
-The tree reports every change of its content at the node that changed: a new leaf (``stored``), and a
-removed leaf, whatever removed it (LRU pressure, an admin eviction, a flush, a longer insert that
-superseded a partial block: ``removed``). Each event names the namespace, the whole token path from
-the root to the end of the node, and ``start``, where the node's own tokens begin: the node covers
-``tokens[start:]``.
+Each change of content is reported at its node: ``stored`` (a new leaf) or ``removed`` (any reason),
+with the namespace, the token path to the node's end, and ``start``, where the node's own tokens begin.
 
-An observer that counts, for every prefix, the live nodes covering it (``stored`` adds one to the
-prefixes ``tokens[:start+1] .. tokens``, ``removed`` takes it back) knows exactly what is cached: a
-prefix is cached while its count is positive. Counting matters because two sibling leaves may both
-end in a partial block that starts with the same tokens.
-
-NOTE: the listener runs inside the tree's operation, on the thread that owns the tree. It must be
-quick and must not call back into the tree; the daemon's listener only hands the event to another
-thread.
+NOTE: the listener runs inside the tree's operation, on its thread: quick, and no calls back into it.
 """
 
 from __future__ import annotations

@@ -6,20 +6,8 @@ from itertools import islice
 
 
 class FreeExtents:
-    """Free block ids kept as runs ``[start, start + length)``.
-
-    Why runs: a request at block size 1 moves about a thousand blocks. Handing them out as a few runs
-    lets the pool set refcounts with one C-level slice store per run and lets the tree recognise them as
-    runs without probing. Freed runs merge with free neighbours at once (two dict lookups), so the free
-    space never fragments into runs that are adjacent but kept apart, whatever order blocks come back in.
-
-    Allocation looks at the newest runs first (``dict`` keeps insertion order): :meth:`take_fit` takes
-    the shortest of the 16 newest runs that holds the whole request (best fit keeps long runs for long
-    requests, so requests are split over several runs less often); when none does, :meth:`take` splits
-    it over the newest runs. A run that is only partly taken keeps its remainder on top. A table that
-    grows takes the blocks right after its last one when they are free (:meth:`take_at`), and else
-    starts a new run where it has room to grow (:meth:`take_room`).
-    """
+    """Free block ids as runs ``[start, start + length)``, newest last; a freed run merges with its free
+    neighbours at once. Allocation looks at the newest runs first; a partly taken run stays on top."""
 
     # NOTE: invariants (radixd.radix.verify checks them):
     #  * _by_start[s] == k  <=>  _by_end[s + k] == s; every run has k >= 1;
@@ -79,15 +67,8 @@ class FreeExtents:
                 return got
 
     def take_fit(self, n: int, scan: int = 16) -> int:
-        """Take ``n >= 1`` blocks from the head of the shortest run that holds them among the ``scan``
-        newest runs (the newest first on a tie; an exact fit ends the search).
-
-        Returns the first id taken, or 0 (the null block is never free) when none of those runs is long
-        enough. Why: an allocation served by one run is one slice for the caller and one run for the tree
-        to adopt, where splitting it over the newest runs (:meth:`take`) would hand out several; taking
-        the shortest run that fits (best fit) keeps long runs for long requests, which makes splits rarer.
-        A run that is only partly taken keeps its remainder on top, so the next allocation continues it.
-        """
+        """Take ``n >= 1`` blocks from the head of the shortest of the ``scan`` newest runs that holds
+        them (best fit keeps long runs for long requests); -> the first id, or 0 when none is long enough."""
         by_start = self._by_start
         best_a = 0
         best_k = self.count + 1  # longer than any run
@@ -122,14 +103,8 @@ class FreeExtents:
         self.count -= n
 
     def take_room(self, scan: int = 16) -> int:
-        """Take one block where a table can grow: in the longest of the ``scan`` newest runs, the block
-        that leaves at least as many free blocks after it as before it. Returns its id, or 0 when none
-        is free.
-
-        Why: tables that grow a block at a time side by side (a decode step's) would otherwise take
-        consecutive ids in turn, and each would hold every n-th block; started apart, each grows into
-        the room after its own block (:meth:`take_at`), and the halves before are left to the others.
-        """
+        """Take one block in the middle of the longest of the ``scan`` newest runs, so that a table growing
+        a block at a time beside others has room after it (:meth:`take_at`); -> its id, or 0 if none."""
         best_a = best_k = 0
         for a, k in islice(reversed(self._by_start.items()), scan):
             if k > best_k:

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from radixd.radix.lru import LruIndex
 from radixd.radix.node import Node
-from radixd.radix.pool import BlockPool
+from radixd.radix.ownership import CacheOwnership
 
 
 class Holds:
@@ -14,8 +14,8 @@ class Holds:
 
     # NOTE: a parent's hold >= each child's, so hold == 0 means the whole subtree may be evicted.
 
-    def __init__(self, pool: BlockPool, lru: LruIndex) -> None:
-        self._pool = pool
+    def __init__(self, ownership: CacheOwnership, lru: LruIndex) -> None:
+        self._ownership = ownership
         self._lru = lru
         self.num_leases = 0  # leases that lock a path (a lease of an empty match locks none yet)
 
@@ -34,25 +34,21 @@ class Holds:
         self._lock_up_to(node, None)
 
     def move_lock(self, old: Node, new: Node) -> None:
-        """Move one hold from ``old``'s path to ``new``'s (a lease following its owner's inserts).
-
-        NOTE: when ``old`` is an ancestor of ``new`` (a decoding sequence's lease moving onto the block it
-        just filled) the path above ``old`` keeps its hold: only the nodes below it gain one, so the move
-        costs the nodes added, not the path's depth (which grows by one node per block inserted).
-        """
+        """Move one hold from ``old``'s path to ``new``'s (a lease following its owner's inserts). When
+        ``old`` is an ancestor of ``new`` only the nodes below it change (cost: the nodes added)."""
         if not self._lock_up_to(new, old):
             self.unlock(old)
 
     def _lock_up_to(self, node: Node, stop: Node | None) -> bool:
         """One more hold on ``node`` and its ancestors below ``stop``; -> whether the walk met ``stop``."""
-        pool = self._pool
+        ownership = self._ownership
         x: Node | None = node
         while x is not None and x.parent is not None:
             if x is stop:
                 return True
             x.hold += 1
             if x.hold == 1:
-                pool.owner_held(x)
+                ownership.held(x)
                 if x.in_lru:
                     self._lru.discard(x)
             x = x.parent
@@ -60,12 +56,12 @@ class Holds:
 
     def unlock(self, node: Node) -> None:
         """Undo one :meth:`lock`; leaves whose last hold went become evictable again."""
-        pool = self._pool
+        ownership = self._ownership
         x: Node | None = node
         while x is not None and x.parent is not None:
             x.hold -= 1
             if x.hold == 0:
-                pool.owner_unheld(x)
+                ownership.unheld(x)
                 if not x.children:
                     self._lru.add(x)
             x = x.parent

@@ -10,12 +10,8 @@ if TYPE_CHECKING:
 
 
 class Lease:
-    """Locks a matched path against eviction until :meth:`release` (idempotent).
-
-    The lease of an empty match locks nothing yet, but it is live: an insert with it
-    (``RadixTree.insert_table``) locks the inserted path, exactly as it moves a lease that locked a
-    matched path.
-    """
+    """Locks a matched path against eviction until :meth:`release` (idempotent). An empty match's lease
+    locks nothing yet; an insert with it locks the inserted path."""
 
     # NOTE: a live lease that locks a path holds one hold on every node of it (Holds.lease), counted
     # in Holds.num_leases; the lease's node stays alive and keeps its end while the lease lasts.
@@ -72,14 +68,8 @@ class Lease:
         self._namespace = namespace
 
     def resume_point(self, t: Tokens, cached: int, namespace: str) -> Node | None:
-        """The locked path's end when it spells exactly ``t``'s first ``cached`` bytes in ``namespace``,
-        so an insert of ``t`` may start there instead of at the root; else None.
-
-        NOTE: the edge compare (one memcmp) stands in for the walk from the root: the lease keeps the
-        path alive and in place (a split keeps the lower node, and its end), so a path that ends in the
-        right place with the right last edge is the caller's, short of a caller that changed earlier
-        tokens.
-        """
+        """The locked path's end when it spells ``t``'s first ``cached`` bytes in ``namespace`` (an insert
+        may start there), else None. NOTE: the lease keeps the path in place, so one edge compare suffices."""
         node = self._node
         if node is None or self._namespace != namespace or node.end != cached:
             return None

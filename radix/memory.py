@@ -1,7 +1,6 @@
 """KV-cache memory model: bytes per token / per block for a model, and blocks that fit a budget.
 
-M_KV(L) = 2 (K and V) * layers * kv_heads * head_dim * dtype_bytes * L bytes; a block of B tokens holds
-B tokens of that, per layer or across all layers.
+A token takes 2 (K and V) * layers * kv_heads * head_dim * dtype_bytes bytes; a block holds B tokens.
 """
 
 from __future__ import annotations

@@ -18,13 +18,9 @@ Tokens = bytes
 
 
 class TokenKey:
-    """Token ids packed once (see :func:`encode_tokens`), behaving like a read-only sequence of ids.
-
-    ``len()``, indexing, slicing (which returns a TokenKey) and iteration count tokens, so ``key[:-1]``
-    drops the last token. ``packed`` holds the native int32 bytes, which the tree reads as they are: a
-    key kept per request is matched and inserted without a conversion or a copy. It is a wrapper rather
-    than a ``bytes`` subclass so that nothing mistakes byte offsets for token offsets.
-    """
+    """Token ids packed once (:func:`encode_tokens`), behaving like a read-only sequence of ids (``len``,
+    indexing, slicing count tokens); the tree reads ``packed`` as it is. A wrapper, not a ``bytes``
+    subclass, so that nothing mistakes byte offsets for token offsets."""
 
     __slots__ = ("packed",)
 
@@ -88,12 +84,8 @@ def token_ids(t: bytes | TokenKey) -> list[int]:
 
 
 class Node:
-    """One edge of the radix tree: a run of whole blocks (only a leaf may end in a partial block).
-
-    ``tokens`` (packed, see ``Tokens``) and ``blocks`` (packed too, see ``BlockIds``) are parallel: block
-    ``i`` holds token bytes ``tokens[i*Bb : (i+1)*Bb]`` with ``Bb = block_size * TOKEN_BYTES``. ``key`` is
-    the node's first block (its key in ``parent.children``). A root (one per namespace) has no tokens.
-    """
+    """One edge of the radix tree: packed ``tokens`` and the parallel packed ``blocks`` holding them;
+    ``key`` is its first block of tokens (its key in ``parent.children``). Roots have no tokens."""
 
     # NOTE: invariants (checked by radixd.radix.verify):
     #  * len(blocks) == ceil(len(tokens) / B); len(tokens) % B != 0 only for a leaf;
@@ -210,11 +202,8 @@ def split_runs(runs: list[tuple[int, int]], k: int) -> tuple[list[tuple[int, int
 
 
 def common_prefix_bytes(a: Tokens, off: int, b: Tokens) -> int:
-    """Length in bytes of the longest common prefix of ``a[off:]`` and ``b`` (the real tokens).
-
-    Compares slices (C speed) and bisects on the first mismatch, so the Python-level work is
-    O(log n) instead of one step per token.
-    """
+    """Length in bytes (whole tokens) of the longest common prefix of ``a[off:]`` and ``b``; compares
+    slices and bisects on the first mismatch (O(log n) Python steps)."""
     n = min(len(a) - off, len(b))
     if a[off : off + n] == b[:n]:
         return n

@@ -11,14 +11,8 @@ from radixd.radix.lease import Lease
 
 @dataclass(slots=True)
 class PrefixMatch:
-    """Result of :meth:`RadixTree.match`.
-
-    ``block_ids`` are the cached *full* blocks of the prefix, packed (a sequence of ints, see
-    :class:`BlockIds`; ``num_tokens == len(block_ids) * block_size``); ``blocks`` is the same as a list.
-    When the following block also matches partly, ``partial_block`` is that cached block and
-    ``partial_tokens`` (1 .. block_size-1) how many of its leading tokens match: copy them
-    (``BlockTable.copy_partial``) instead of recomputing. The caller must release ``lease``.
-    """
+    """Result of :meth:`RadixTree.match`: the cached full blocks (``block_ids``, ``num_tokens`` tokens),
+    the partly matching next block and its matched tokens (to copy), and the ``lease`` to release."""
 
     block_ids: BlockIds
     num_tokens: int
@@ -39,13 +33,8 @@ class PrefixMatch:
 
 @dataclass(slots=True)
 class InsertResult:
-    """Result of :meth:`RadixTree.insert_table`.
-
-    ``duplicate_blocks``: the table's blocks the tree did not adopt because it already caches the same
-    tokens in other blocks (the tree released them; the table reads the tree's blocks instead).
-    ``num_cached_tokens``: tokens already cached before the insert; ``num_new_tokens``: tokens whose
-    blocks the tree adopted (one tree reference each).
-    """
+    """Result of :meth:`RadixTree.insert_table`: the table's blocks released as duplicates of cached ones,
+    the tokens cached before the insert and the tokens it added."""
 
     duplicate_blocks: list[int]
     num_cached_tokens: int
@@ -54,11 +43,8 @@ class InsertResult:
 
 @dataclass(frozen=True, slots=True)
 class CacheStats:
-    """A snapshot of pool and cache state.
-
-    free + evictable + in_use == usable blocks. ``pinned_blocks`` (cached blocks under a pin) and
-    ``cached_blocks`` (all blocks the tree holds) overlap those classes.
-    """
+    """A snapshot of pool and cache state: free + evictable + in_use == usable blocks (``cached_blocks``
+    and ``pinned_blocks`` overlap those classes)."""
 
     block_size: int
     usable_blocks: int

@@ -1,11 +1,7 @@
 """NodeStore: the radix tree's nodes, with the state that changes whenever one does.
 
-It owns the roots (one per namespace), the LRU index of evictable leaves (with the logical clock), the
-counts of nodes, cached blocks and evicted blocks, and the listener told of each change of content.
-Every change of the tree's shape goes through its methods (the holds on paths through
-:class:`radixd.radix.holds.Holds`), and every change of block ownership through the pool's. The tree
-(:class:`radixd.radix.tree.RadixTree`) decides what to change; :meth:`NodeStore.descend` is the one
-walk down the tree that all its operations use.
+Roots (one per namespace), the LRU index, the counts of nodes, cached and evicted blocks, and the
+listener. Every change of the tree's shape goes through it; :meth:`NodeStore.descend` is the one walk.
 """
 
 from __future__ import annotations
@@ -17,7 +13,7 @@ from radixd.radix.errors import RadixError
 from radixd.radix.events import CacheListener
 from radixd.radix.lru import LruIndex
 from radixd.radix.node import TOKEN_BYTES, Node, Tokens, common_prefix_bytes, split_runs, token_ids
-from radixd.radix.pool import BlockPool
+from radixd.radix.ownership import CacheOwnership
 
 EVICT_REASONS = ("lru", "prefix", "flush", "superseded")
 
@@ -25,10 +21,10 @@ EVICT_REASONS = ("lru", "prefix", "flush", "superseded")
 class NodeStore:
     """The nodes of one tree and their LRU order (not thread-safe: the tree's owner drives it)."""
 
-    def __init__(self, pool: BlockPool) -> None:
-        self.pool = pool
-        self.block_size = pool.block_size
-        self.block_bytes = pool.block_size * TOKEN_BYTES  # a block's tokens, in packed bytes
+    def __init__(self, ownership: CacheOwnership, block_size: int) -> None:
+        self.ownership = ownership
+        self.block_size = block_size
+        self.block_bytes = block_size * TOKEN_BYTES  # a block's tokens, in packed bytes
         self.roots: dict[str, Node] = {}  # read by all; changed only here
         self.lru = LruIndex()  # and the clock that gives ticks
         self.num_nodes = 0
@@ -46,13 +42,8 @@ class NodeStore:
         return root
 
     def descend(self, t: Tokens, node: Node) -> tuple[list[Node], Node | None, int]:
-        """Follow key ``t`` down from ``node``, whose path spells ``t[:node.end]``, by whole blocks.
-
-        Returns the nodes whose whole edge ``t`` spells, in order (the walk stops at an edge that ends
-        in a partial block), then the child where ``t`` leaves that path inside an edge (None when no
-        child continues it by a full block) and the bytes of that edge ``t`` shares (>= one block).
-        Changes nothing: the caller marks what it used (``lru.use``, ``lru.touch_all``).
-        """
+        """Follow key ``t`` down from ``node`` by whole blocks, changing nothing; -> (the nodes whose whole
+        edge ``t`` spells, the child whose edge ``t`` leaves inside or None, the bytes ``t`` shares there)."""
         B = self.block_bytes
         n = len(t)
         pos = node.end
@@ -107,14 +98,10 @@ class NodeStore:
 
     # ================================================================= shape
     def add_leaf(self, parent: Node, tokens: Tokens, blocks: BlockIds, donate: bool) -> Node:
-        """A new leaf under ``parent`` holding ``tokens`` in ``blocks``; the pool makes it their owner.
-
-        A bad block raises (from the pool) with nothing changed, dropping ``parent`` if it is a root that
-        was created for this insert only.
-        """
+        """A new leaf under ``parent`` owning ``blocks``; a bad block raises with nothing changed."""
         leaf = Node(tokens, blocks, parent, tokens[: self.block_bytes], self.lru.next_tick())
         try:
-            leaf.runs = self.pool.adopt(leaf, blocks, donate)
+            leaf.runs = self.ownership.adopt(leaf, blocks, donate)
         except RadixError:
             self.drop_if_empty_root(parent)
             raise
@@ -133,11 +120,8 @@ class NodeStore:
         return leaf
 
     def split(self, child: Node, k: int) -> Node:
-        """Split ``child`` after its first ``k`` blocks; returns the new upper node.
-
-        The lower part keeps the node's identity, so leases and pins that end at it stay valid and keep
-        covering the whole path (the upper part inherits their hold and pin counts).
-        """
+        """Split ``child`` after its first ``k`` blocks; -> the new upper node. The lower part keeps the
+        node's identity (leases and pins ending at it stay valid); the upper inherits its holds."""
         B = self.block_bytes
         parent = child.parent
         if parent is None or not 0 < k < len(child.blocks):
@@ -162,7 +146,7 @@ class NodeStore:
             upper.by_first = {child.key[:TOKEN_BYTES]: [child]}
         upper.hold = child.hold
         upper.pin = child.pin
-        self.pool.split_owner(upper, upper.blocks, upper.runs, child)
+        self.ownership.split_owner(upper, upper.blocks, upper.runs, child)
         self.num_nodes += 1
         return upper
 
@@ -174,11 +158,8 @@ class NodeStore:
         keep_root: bool = False,
         pending: list[tuple[int, int]] | None = None,
     ) -> int:
-        """Drop a leaf and its tree references; returns how many of its blocks became free.
-
-        ``freed`` and ``pending`` are those of :meth:`BlockPool.disown`: the ids that became free, and
-        runs left for the caller to free together (``pool.release_runs``).
-        """
+        """Drop a leaf and its blocks' tree references; -> blocks freed (``freed``, ``pending``: see
+        :meth:`CacheOwnership.disown`)."""
         parent = node.parent
         if parent is None or node.children:
             raise RadixError("internal: only a leaf can be removed")
@@ -193,7 +174,7 @@ class NodeStore:
             parent.unindex_child(node)
         if node.in_lru:
             self.lru.discard(node)
-        n_freed = self.pool.disown(node, blocks, node.runs, freed, pending)
+        n_freed = self.ownership.disown(node, blocks, node.runs, freed, pending)
         node.alive = False
         self.num_nodes -= 1
         self.num_cached_blocks -= n
@@ -214,12 +195,9 @@ class NodeStore:
                     return
 
     def settle_partial(self, node: Node, rest: Tokens, rest_blocks: BlockIds, dups: list[int]) -> Node | None:
-        """Resolve partial-block overlaps between ``rest`` (to be added under ``node``) and its children.
-
-        Returns the child that already covers ``rest`` (``rest`` is a single partial block whose tokens
-        begin a cached block) after recording the duplicate; otherwise drops unleased single-block
-        partial leaves that ``rest`` supersedes and returns None (the caller adds ``rest`` as a leaf).
-        """
+        """Resolve partial-block overlaps of ``rest`` (to be added under ``node``) with its children:
+        -> the child that already covers ``rest`` (recording the duplicate), or None after dropping the
+        unheld partial leaves ``rest`` supersedes."""
         by_first = node.by_first
         cands = by_first.get(rest[:TOKEN_BYTES]) if by_first is not None else None
         if not cands:
@@ -252,7 +230,7 @@ class NodeStore:
                 break
             got += self.remove_leaf(node, reason, freed, pending=runs)
         if runs:
-            self.pool.release_runs(runs)
+            self.ownership.release_runs(runs)
         return got
 
     def evict_subtree(self, top: Node, reason: str) -> int:
@@ -272,5 +250,5 @@ class NodeStore:
                 dropped += bytes.__len__(x.blocks) // ID_BYTES
                 self.remove_leaf(x, reason, None, pending=runs)
         if runs:
-            self.pool.release_runs(runs)
+            self.ownership.release_runs(runs)
         return dropped

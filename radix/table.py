@@ -22,12 +22,8 @@ class AppendResult(NamedTuple):
 
 
 class BlockTable:
-    """Logical -> physical blocks of one sequence; holds one pool reference per block in it.
-
-    Token ``p`` lives in block ``blocks[p // B]`` at offset ``p % B``. Blocks may be shared with the
-    radix tree and with forked tables; a shared block is never written: appending into a partially
-    filled shared last block first moves it to a fresh block (copy-on-write) and reports the copy.
-    """
+    """Logical -> physical blocks of one sequence (token ``p`` in ``blocks[p // B]`` at ``p % B``); a
+    shared, partly filled last block is copied before it is written (copy-on-write)."""
 
     # NOTE: invariants: each entry of `blocks[leased:]` is one reference this table holds in the pool;
     # `blocks[:leased]` are full blocks the radix tree owns, kept alive by the lease of the table's owner
@@ -60,11 +56,8 @@ class BlockTable:
         return self.blocks[pos // B] * B + pos % B
 
     def share_prefix(self, blocks: Sequence[int], num_tokens: int) -> None:
-        """Start this (empty) table from cached blocks, taking one reference on each.
-
-        ``num_tokens`` is what those blocks hold; the last block may be partial (a later append will then
-        copy it first because it is shared). Typically ``share_prefix(m.blocks, m.num_tokens)``.
-        """
+        """Start this (empty) table from cached blocks holding ``num_tokens`` (the last may be partial),
+        taking one reference on each."""
         B = self.pool.block_size
         if self.blocks:
             raise InvalidRequest("share_prefix needs an empty table (it already holds blocks)")
@@ -83,12 +76,8 @@ class BlockTable:
         self.num_tokens = num_tokens
 
     def lease_prefix(self, blocks: Sequence[int]) -> None:
-        """Start this (empty) table from full cached blocks that a lease keeps alive, taking no
-        reference on them (typically ``lease_prefix(m.block_ids)`` while ``m.lease`` is held).
-
-        O(1) Python steps whatever the prefix length: the lease, not a reference per block, protects
-        them. The caller must hold the lease until :meth:`release`.
-        """
+        """Start this (empty) table from full cached blocks that the caller's lease keeps alive until
+        :meth:`release` (no reference per block: O(1) Python steps)."""
         if self.blocks:
             raise InvalidRequest("lease_prefix needs an empty table (it already holds blocks)")
         if isinstance(blocks, bytes):  # packed ids (BlockIds): one memcpy
@@ -106,11 +95,9 @@ class BlockTable:
         self.leased = n_blocks
 
     def settle_cached(self, done: int, known: int, dups: list[int], theirs: list[int] | None) -> None:
-        """After an insert of this table's blocks (``RadixTree.insert_table``): blocks ``done..known``
-        sat at positions the tree had cached. Where the tree holds this very block (a fork inserted it
-        first) the donation left the table's reference with the table: drop it. Where it holds another
-        block, it released ours (``dups``), and the table reads the tree's instead (``theirs``: the
-        tree's blocks from position 0, given when there are duplicates)."""
+        """After ``RadixTree.insert_table``: blocks ``done..known`` sat at positions the tree had cached.
+        The table drops its reference on blocks the tree holds itself, and reads the tree's blocks
+        (``theirs``, from position 0) in place of its duplicates (``dups``), which the tree released."""
         blocks = self.blocks
         dup = set(dups)
         for i in range(done, known):
@@ -120,11 +107,8 @@ class BlockTable:
             blocks[done:known] = array("i", theirs[done:known])
 
     def copy_partial(self, src_block: int, n_tokens: int) -> CopyOp:
-        """Append a fresh block that will receive the first ``n_tokens`` of ``src_block`` (a partial match).
-
-        The table must end on a block boundary. The caller runs the returned copy before computing the
-        following tokens; ``src_block`` must stay allocated until then (the match's lease ensures it).
-        """
+        """Append a fresh block for the first ``n_tokens`` of ``src_block`` (a partial match) and return
+        the copy to run; the table must end on a block boundary."""
         B = self.pool.block_size
         if self.num_tokens % B:
             raise InvalidRequest(
@@ -141,12 +125,8 @@ class BlockTable:
         return (src_block, dst, n_tokens)
 
     def append(self, n_tokens: int) -> list[CopyOp]:
-        """Reserve slots for ``n_tokens`` new tokens, allocating blocks as needed; -> copies to run first.
-
-        If the last block is partially filled and shared (refcount > 1) it is first replaced by a fresh
-        copy (one CopyOp). All-or-nothing: raises OutOfBlocks and changes nothing when the pool is short.
-        Token ``p`` then lives in slot :meth:`slot` ``(p)``.
-        """
+        """Reserve slots for ``n_tokens`` new tokens; -> copies to run first (a shared, partly filled last
+        block). All-or-nothing: OutOfBlocks, with nothing changed, when the pool is short."""
         if n_tokens < 0:
             raise InvalidRequest(f"cannot append a negative number of tokens ({n_tokens})")
         pool = self.pool
@@ -190,13 +170,8 @@ class BlockTable:
         return AppendResult([blocks[p // B] * B + p % B for p in range(start, start + n_tokens)], copies)
 
     def truncate(self, n_tokens: int) -> int:
-        """Shrink to the first ``n_tokens`` slots (speculative decoding drops the slots of rejected
-        draft tokens); blocks past the new end lose this table's reference. -> blocks freed.
-
-        NOTE: only this table's own blocks may go: ``n_tokens`` must keep every leased block (the
-        tree's). The slots past the end keep stale content that nothing reads (a table's positions end
-        at ``num_tokens``), and the next append copies a shared partly filled last block as always.
-        """
+        """Shrink to the first ``n_tokens`` slots (rejected draft tokens); -> blocks freed. Leased blocks
+        stay: only the table's own blocks past the new end lose its reference."""
         B = self.pool.block_size
         if not self.leased * B <= n_tokens <= self.num_tokens:
             raise InvalidRequest(
@@ -220,15 +195,12 @@ class BlockTable:
             t = BlockTable(pool)
             t.blocks = array("i", self.blocks)
             t.num_tokens = self.num_tokens
-            t.leased = self.leased  # NOTE: each fork's owner needs a lease on the same path (Lease.clone)
+            t.leased = self.leased  # each fork's owner needs a lease on the same path (Lease.clone)
             out.append(t)
         return out
 
     def release(self) -> int:
-        """Drop every reference (idempotent; the table is empty and reusable afterwards).
-
-        Returns how many blocks became free.
-        """
+        """Drop every reference (idempotent; the table is empty and reusable); -> blocks freed."""
         blocks = self.blocks
         leased = self.leased
         self.blocks = array("i")
@@ -268,13 +240,8 @@ def append_one_each(
     tables: Sequence[BlockTable], make_room: Callable[[int], bool] | None = None
 ) -> list[CopyOp]:
     """``append(1)`` on each of ``tables`` (distinct tables of one pool: a decode step); -> the copies
-    to run first, in order.
-
-    All-or-nothing: raises OutOfBlocks and changes nothing when the pool has fewer free blocks than
-    :func:`blocks_for_one_each` counts and ``make_room(need)`` (the caller's eviction, asked only
-    then) does not free them. A table whose last block has room of its own (15 of 16 decode steps at
-    block size 16) only counts its token.
-    """
+    to run first. All-or-nothing: OutOfBlocks, with nothing changed, when the pool is short and
+    ``make_room(need)`` (asked once) does not free enough."""
     if not tables:
         return []
     roomy = _roomy(tables)

@@ -1,9 +1,7 @@
 """RadixTree: token-exact prefix cache over paged KV blocks (match, insert, leases, pins, eviction).
 
-One class, composed of the owners of its state: a :class:`NodeStore` (the nodes, their LRU order and
-counts; radix/store.py), :class:`Holds` (the locks of leases and pins; radix/holds.py) and :class:`Pins`
-(pinned prefixes and their budget; radix/pins.py); the tree itself counts match hits and misses. Every
-walk down the tree is :meth:`NodeStore.descend`. Blocks change owner only through :class:`BlockPool`.
+Composed of the owners of its state: NodeStore (nodes, LRU, counts; the one descent), Holds, Pins, and
+the pool's CacheOwnership (block owners). The tree decides what changes and counts hits and misses.
 """
 
 from __future__ import annotations
@@ -23,9 +21,7 @@ from radixd.radix.store import NodeStore
 from radixd.radix.table import BlockTable
 
 RUN_EVICTION_BUDGET = 2
-"""Blocks :meth:`RadixTree.evict_for_run` may evict per block asked for. On bench/block_layout.py's
-churned pool, 1 left an agent's context in 128 runs of 195 blocks, 2 in 29, 4 in 23, with the prefix
-hit rate unchanged (docs/bench-kernels.md, seventh run)."""
+"""Blocks :meth:`RadixTree.evict_for_run` may evict per block asked for (docs/bench-kernels.md)."""
 
 __all__ = ["RadixTree"]
 
@@ -33,17 +29,7 @@ Key = Sequence[int] | bytes | TokenKey
 
 
 class RadixTree:
-    """Prefix cache of KV blocks keyed by (namespace, token ids).
-
-    * ``match`` returns the longest cached prefix as full blocks plus the partially matching next
-      block (block id + matched token count) and a :class:`Lease` locking that path.
-    * ``insert_table`` caches a running sequence's tokens with its table's blocks (prompt and generated
-      tokens; the last block may be partial) and moves the sequence's lease onto them.
-    * ``evict`` frees least-recently-used unlocked, unpinned leaves in O(log n) per node, cascading to
-      parents that become leaves; ``evict_prefix``, ``flush``, ``pin`` / ``unpin`` manage the cache.
-
-    Not thread-safe: one owner (the engine thread) drives it.
-    """
+    """Prefix cache of KV blocks keyed by (namespace, token ids); one owner (the engine thread)."""
 
     # NOTE: ownership invariants (radixd.radix.verify checks them; tests/radix after every step):
     #  * the tree holds exactly one pool reference per block it stores (per occurrence in a node);
@@ -55,12 +41,12 @@ class RadixTree:
     def __init__(self, pool: BlockPool, pin_budget_fraction: float = 0.25) -> None:
         if not 0.0 <= pin_budget_fraction <= 1.0:
             raise InvalidRequest(f"pin_budget_fraction must be within [0, 1], got {pin_budget_fraction}")
-        pool.attach_cache()
+        self.ownership = pool.attach_cache()
         self.pool = pool
         self.block_size = pool.block_size
         self._bb = pool.block_size * TOKEN_BYTES  # a block's tokens, in packed bytes
-        self.store = NodeStore(pool)
-        self.holds = Holds(pool, self.store.lru)
+        self.store = NodeStore(self.ownership, pool.block_size)
+        self.holds = Holds(self.ownership, self.store.lru)
         self._pins = Pins(self.store, self.holds, int(pin_budget_fraction * pool.num_usable))
         self._hit_tokens = 0
         self._miss_tokens = 0
@@ -76,12 +62,8 @@ class RadixTree:
 
     # ================================================================== lookup
     def match(self, tokens: Key, namespace: str = "") -> PrefixMatch:
-        """Longest cached prefix of ``tokens``; locks it until ``result.lease.release()``.
-
-        ``tokens``: token ids, or packed ones (``encode_tokens``) to skip the conversion. To keep at
-        least one token to compute (for logits), match ``tokens[:-1]``. The lease of an empty match
-        locks nothing yet, but an insert with it locks the inserted path.
-        """
+        """Longest cached prefix of ``tokens`` (full blocks + the partially matching next block), locked
+        until ``result.lease.release()``; an empty match's lease locks the path its insert creates."""
         t = tokens.packed if type(tokens) is TokenKey else as_tokens(tokens)
         node, blocks, pblock, ptok = self._walk(t, namespace, True)
         num_tokens = bytes.__len__(blocks) // ID_BYTES * self.block_size
@@ -99,12 +81,8 @@ class RadixTree:
         return len(blocks) * self.block_size + ptok
 
     def following(self, tokens: Key, namespace: str = "", max_tokens: int = 8) -> list[int]:
-        """Up to ``max_tokens`` tokens the tree holds right after the whole of ``tokens``, in
-        ``namespace`` only: what followed this very prefix in earlier requests (a speculative decoding
-        draft). Where the cached paths branch, the most recently used one is followed. [] when
-        ``tokens`` is not a cached prefix or nothing follows it. Read-only: no lock, LRU or stats
-        change, so a draft never keeps anything cached.
-        """
+        """Up to ``max_tokens`` cached tokens right after the whole of ``tokens`` (a speculative draft),
+        along the most recently used branch; [] when none. Read-only: no lock, LRU or stats change."""
         if max_tokens <= 0:
             return []
         t = tokens.packed if type(tokens) is TokenKey else as_tokens(tokens)
@@ -121,8 +99,8 @@ class RadixTree:
             rest = t[node.end :]
             if len(rest) >= self._bb:
                 return []  # a whole block more than any cached continuation of the path
-            # NOTE: a partial-block leaf may hold exactly ``rest`` and nothing after it, beside a
-            # sibling that goes on: only children with something past ``rest`` can draft.
+            # A partial-block leaf may hold exactly ``rest`` and nothing after it: only children with
+            # something past ``rest`` can draft.
             starting = [c for c in node.children_starting(rest) if len(c.tokens) > len(rest) or c.children]
             if not starting and rest:
                 return []
@@ -186,21 +164,9 @@ class RadixTree:
         *,
         final: bool = False,
     ) -> InsertResult:
-        """Cache ``tokens`` (``n_blocks`` blocks of ``table``) for the table's owner, who holds ``lease``.
-
-        The protocol a scheduler runs (the engine's ``KVManager`` and ``bench/radix_adapter.py`` both
-        call it): the table's first ``table.leased`` blocks are the tree's, kept by ``lease``; only the
-        blocks after them are passed, with the table's references donated. ``lease`` moves to the
-        inserted path and ``table.leased`` becomes ``n_blocks``: the table then holds no reference on
-        those blocks, and where the tree already cached a position in another block the table reads the
-        tree's block from then on (the tree released the table's own: a duplicate). The table's later
-        blocks (a partial tail) stay its own. The key must fill exactly ``n_blocks`` blocks.
-
-        ``final=True``: the owner releases the table and the lease right after (a finishing
-        sequence), so the lease is not moved: the inserted path is cached unlocked, and the lease
-        keeps only what it kept before until its release. Saves locking a path that is unlocked at
-        once. The table must not be appended to or read past ``leased`` afterwards.
-        """
+        """Cache ``tokens`` (exactly ``n_blocks`` blocks of ``table``) for the owner of ``lease``: the blocks
+        after the table's ``leased`` ones are donated (duplicates of cached ones released, the table then
+        reads the tree's), and ``lease`` moves onto the path unless ``final`` (table and lease end next)."""
         done = table.leased
         blocks = table.blocks
         if not done <= n_blocks <= len(blocks):
@@ -219,10 +185,9 @@ class RadixTree:
         # The table's new blocks in one copy, as the immutable BlockIds a new leaf can keep as it is.
         with memoryview(blocks) as mv:
             new_blocks = BlockIds(mv[done:n_blocks])
-        # NOTE: a running sequence publishes each block it fills, and its path grows a node per block:
-        # walking it from the root each time would make a generation's inserts quadratic in its
-        # length. Its lease ends where the last insert ended, so the walk starts there. A final
-        # insert walks from the root, which marks the whole path used as the sequence ends.
+        # A sequence's path grows a node per block it fills: walking it from the root on every insert
+        # would be quadratic, so the walk starts where its lease ends (a final insert walks from the
+        # root, marking the whole path used).
         start = None if final else lease.resume_point(t, done * bb, namespace)
         end, dups, new_tokens = self._insert(t, new_blocks, namespace, done, start)
         if not final:
@@ -245,13 +210,9 @@ class RadixTree:
     def _insert(
         self, t: Tokens, bl: BlockIds, namespace: str, c: int, start: Node | None
     ) -> tuple[Node, list[int], int]:
-        """Cache key ``t`` (non-empty) with blocks ``bl`` after ``c`` of the tree's own blocks.
-
-        Returns (the node where ``t`` ends, the caller's duplicate blocks, tokens newly cached).
-        ``start``: a live node whose path spells ``t``'s first ``c`` blocks (a lease's); the walk starts
-        there instead of at the root, and the nodes above it are not touched. Raises InvalidRequest,
-        having cached and split nothing, when the tree does not cache ``t``'s first ``c`` blocks.
-        """
+        """Cache key ``t`` with blocks ``bl`` after ``c`` of the tree's own blocks, walking from ``start``
+        (a node spelling ``t``'s first ``c`` blocks) or the root; -> (end node, duplicates, new tokens).
+        InvalidRequest, with nothing changed, when the tree does not cache ``t``'s first ``c`` blocks."""
         store = self.store
         B = self._bb
         n = len(t)
@@ -318,33 +279,19 @@ class RadixTree:
         return self.pool.num_evictable
 
     def evict(self, n_blocks: int) -> list[int]:
-        """Free at least ``n_blocks`` blocks if possible, least recently used leaves first.
-
-        Returns the blocks that became free (fewer when not enough is evictable). O(log n) per node.
-        """
+        """Free at least ``n_blocks`` blocks if possible, least recently used leaves first; -> the freed
+        blocks. O(log n) per node."""
         freed: list[int] = []
         self.store.evict_lru(n_blocks, freed)
         return freed
 
     def evict_count(self, n_blocks: int) -> int:
-        """Like :meth:`evict` but returns only how many blocks became free.
-
-        For callers that size the free pool and never look at the ids (a scheduler making room): it
-        skips building the list, which at block size 1 is a thousand ids per evicted request.
-        """
+        """:meth:`evict`, returning only how many blocks became free (no list of ids is built)."""
         return self.store.evict_lru(n_blocks, None)
 
     def evict_for_run(self, n_blocks: int, budget: int | None = None) -> int:
-        """Evict least recently used leaves, at most ``budget`` blocks' worth (the last leaf may pass
-        it; default ``RUN_EVICTION_BUDGET * n_blocks``), until the pool holds ``n_blocks`` consecutive
-        free ids; -> blocks freed (0 when such a run is already free, or ``n_blocks <= 1``).
-
-        Why: in a full pool, the blocks that eviction frees lie wherever the evicted leaves held
-        them, and an allocation served from such scraps is split into as many runs; a context spread
-        a block here and a block there is read by the CPU attention at about 0.6 times the rate of
-        one in long runs (bench/block_layout.py). A few more leaves from the cold end of the cache
-        usually free the neighbours of what is already free and join the scraps into one run.
-        """
+        """Evict LRU leaves (about ``budget`` blocks, ``RUN_EVICTION_BUDGET * n_blocks`` by default) until
+        ``n_blocks`` consecutive ids are free, so an allocation is one run; -> blocks freed."""
         pool = self.pool
         if n_blocks <= 1:
             return 0
@@ -358,10 +305,8 @@ class RadixTree:
         return got
 
     def evict_prefix(self, tokens: Key, namespace: str = "") -> int:
-        """Drop every unlocked, unpinned cached sequence that starts with ``tokens``.
-
-        An empty ``tokens`` means the whole namespace. Returns the number of blocks dropped.
-        """
+        """Drop every unlocked, unpinned cached sequence starting with ``tokens`` ([]: the whole
+        namespace); -> blocks dropped."""
         store = self.store
         root = store.roots.get(namespace)
         if root is None:
@@ -389,12 +334,8 @@ class RadixTree:
 
     # ================================================================== pins
     def pin(self, tokens: Key, namespace: str = "") -> int:
-        """Exempt the cached prefix of ``tokens`` from eviction; returns the number of tokens pinned.
-
-        Pins whole cached blocks (a partial trailing block only when it ends a cached leaf). Pinning
-        the same tokens again is a no-op. Raises PinBudgetExceeded, changing nothing, when the newly
-        pinned blocks would exceed the budget (``pin_budget_fraction`` of the pool).
-        """
+        """Exempt the cached prefix of ``tokens`` (whole blocks) from eviction; -> tokens pinned. Again: a
+        no-op. PinBudgetExceeded, with nothing changed, past ``pin_budget_fraction`` of the pool."""
         return self._pins.pin(as_tokens(tokens), namespace)
 
     def unpin(self, tokens: Key, namespace: str = "") -> int:
@@ -403,9 +344,8 @@ class RadixTree:
 
     # ================================================================= stats
     def replay(self, listener: CacheListener) -> int:
-        """Report every cached node to ``listener`` as ``stored``, parents before children, as if it
-        had just been inserted (so an observer attached late starts from the tree's content); the
-        tree's own listener is not called. -> nodes reported."""
+        """Report every cached node to ``listener`` as ``stored``, parents first (an observer attached
+        late starts from the content); -> nodes reported."""
         return self.store.replay(listener)
 
     @property

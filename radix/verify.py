@@ -8,9 +8,9 @@ from typing import NoReturn
 
 from radixd.radix.errors import RadixError
 from radixd.radix.node import TOKEN_BYTES, Node
-from radixd.radix.pool import NULL_BLOCK
 from radixd.radix.table import BlockTable
 from radixd.radix.tree import RadixTree
+from radixd.radix.words import NULL_BLOCK
 
 
 class InvariantViolation(RadixError):
@@ -27,10 +27,8 @@ def iter_nodes(tree: RadixTree) -> Iterable[Node]:
 
 
 def check_consistency(tree: RadixTree, tables: Iterable[BlockTable] = ()) -> None:
-    """Raise InvariantViolation unless every documented invariant holds.
-
-    With ``tables`` (all live tables), also checks refcount == holders for every block.
-    """
+    """Raise InvariantViolation unless every documented invariant holds (with ``tables``, all live
+    tables, also refcount == holders for every block)."""
     pool = tree.pool
     store = tree.store
     B = store.block_bytes  # node offsets are in packed bytes
@@ -83,7 +81,7 @@ def check_consistency(tree: RadixTree, tables: Iterable[BlockTable] = ()) -> Non
         solo = 0
         for b in x.blocks:
             tree_refs[b] += 1
-            if owner_ids[b] == 0 or pool.owner_by_id(owner_ids[b]) is not x:
+            if owner_ids[b] == 0 or tree.ownership.owner_by_id(owner_ids[b]) is not x:
                 _fail(f"block {b} of {x} is not owned by it")
             if rc[b] == 1:
                 solo += 1
@@ -120,8 +118,8 @@ def check_consistency(tree: RadixTree, tables: Iterable[BlockTable] = ()) -> Non
 
     if evictable != pool.num_evictable:
         _fail(f"pool counts {pool.num_evictable} evictable blocks, the tree holds {evictable}")
-    if pool.num_owners != nodes:
-        _fail(f"{pool.num_owners} registered block owners for {nodes} nodes")
+    if tree.ownership.num_owners != nodes:
+        _fail(f"{tree.ownership.num_owners} registered block owners for {nodes} nodes")
     if nodes != store.num_nodes or sum(tree_refs.values()) != store.num_cached_blocks:
         _fail("node or cached-block counter is off")
     if pinned != tree.num_pinned_blocks:

@@ -1,15 +1,10 @@
 """`radixctl`: command line for a running radixd daemon.
 
     radixctl generate "The capital of France is" --max-tokens 16
-    radixctl generate "Pick one:" --choice yes,no     # structured output (see constraint_flags.py)
     radixctl chat                       # interactive REPL over a session
-    radixctl --admin-token T stats      # admin calls go to --admin-address (loopback by default)
     radixctl --ready-file ready.json --admin-token T stats   # addresses from `radixd serve --ready-file`
 
 Global flags come before the subcommand; `radixctl <command> --help` lists each command's flags.
-`radixd serve` picks a free admin port unless given `--admin-port`; radixctl's default admin address
-(127.0.0.1:50052) is what `make serve` pins, so for any other daemon pass the `admin_address` of its
-`radixd ready:` line, or its `--ready-file`.
 """
 
 from __future__ import annotations
@@ -24,8 +19,9 @@ import grpc
 from google.protobuf import json_format
 
 from radixd_client.client import Client, GenerationStream
-from radixd_client.constraint_flags import add_constraint_flags, constraint_options
-from radixd_client.types import FLUSH_MODES, Chunk, End, SamplingOptions, Start
+from radixd_client.constraint_flags import CONSTRAINT_FLAGS, add_constraint_flags, flag_options
+from radixd_client.options import FLUSH_MODES
+from radixd_client.types import Chunk, End, SamplingOptions, Start
 
 DEFAULT_ADDRESS = "127.0.0.1:50051"
 DEFAULT_ADMIN_ADDRESS = "127.0.0.1:50052"
@@ -131,19 +127,9 @@ def _sampling_flags(p: argparse.ArgumentParser, max_tokens: int = 64) -> None:
 
 
 def _sampling(args: argparse.Namespace) -> SamplingOptions:
-    opts = SamplingOptions(max_tokens=args.max_tokens)
-    if args.temperature is not None:
-        opts["temperature"] = args.temperature
-    if args.top_p is not None:
-        opts["top_p"] = args.top_p
-    if args.top_k is not None:
-        opts["top_k"] = args.top_k
-    if args.seed is not None:
-        opts["seed"] = args.seed
-    if args.stop:
-        opts["stop"] = args.stop
-    constraint_options(args, opts)
-    return opts
+    """The options the flags set; unset ones stay unset (the daemon's defaults)."""
+    given = flag_options(args, ("temperature", "top_p", "top_k", "seed", "stop", *CONSTRAINT_FLAGS))
+    return SamplingOptions(max_tokens=args.max_tokens, **given)
 
 
 def _stream(stream: GenerationStream, as_json: bool = False) -> None:
@@ -190,7 +176,7 @@ def _run(args: argparse.Namespace, client: Client) -> int:
         stats = json_format.MessageToDict(
             client.cache_stats(), always_print_fields_with_no_presence=True, preserving_proto_field_name=True
         )
-        # NOTE: cached_blocks is the deprecated name of evictable_blocks: the latter takes its place.
+        # cached_blocks is the deprecated name of evictable_blocks: the latter takes its place.
         names = ["evictable_blocks" if k == "cached_blocks" else k for k in stats if k != "evictable_blocks"]
         stats = {k: stats[k] for k in names}
         load = json_format.MessageToDict(
@@ -300,7 +286,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         return _run(args, client)
     except grpc.RpcError as err:
         print(f"radixctl: {err.code().name}: {err.details()}", file=sys.stderr)
-        # NOTE: only for a failed connection; a draining daemon also answers UNAVAILABLE, with its reason.
+        # Only for a failed connection; a draining daemon also answers UNAVAILABLE, with its reason.
         unreachable = err.code() == grpc.StatusCode.UNAVAILABLE and "connect" in (err.details() or "")
         if unreachable and args.command in ADMIN_COMMANDS:
             print(_unreachable_admin_hint(admin_address), file=sys.stderr)

@@ -1,18 +1,15 @@
-"""radixctl's structured-output flags: at most one constraint for `generate` and `chat`.
-
-    radixctl generate "A colour:" --choice red,green,blue
-    radixctl generate "Describe a user as JSON:" --json-schema user.schema.json
-    radixctl generate "Today's date:" --regex '[0-9]{4}-[0-9]{2}-[0-9]{2}'
-    radixctl generate "An answer:" --grammar answer.lark      # Lark, or GBNF (rules with ::=)
-
-The files are sent as they are; the daemon checks them (INVALID_ARGUMENT with what to fix).
-"""
+"""radixctl's structured-output flags (at most one constraint), sent as given: the daemon checks them."""
 
 from __future__ import annotations
 
 import argparse
+from collections.abc import Iterable
+from typing import cast
 
 from radixd_client.types import SamplingOptions
+
+CONSTRAINT_FLAGS = ("json_schema", "json_object", "regex", "grammar", "choice")
+"""The constraint options radixctl has flags for (all but structural_tag)."""
 
 
 def add_constraint_flags(p: argparse.ArgumentParser) -> None:
@@ -37,18 +34,12 @@ def add_constraint_flags(p: argparse.ArgumentParser) -> None:
     )
 
 
-def constraint_options(args: argparse.Namespace, opts: SamplingOptions) -> None:
-    """Copy the one constraint flag given (if any) into `opts`."""
-    if args.json_schema is not None:
-        opts["json_schema"] = args.json_schema
-    elif args.json_object:
-        opts["json_object"] = True
-    elif args.regex is not None:
-        opts["regex"] = args.regex
-    elif args.grammar is not None:
-        opts["grammar"] = args.grammar
-    elif args.choice is not None:
-        opts["choice"] = args.choice
+def flag_options(args: argparse.Namespace, names: Iterable[str]) -> SamplingOptions:
+    """The options named ``names`` whose flags were given (an unset flag is None, False or [])."""
+    given = {name: getattr(args, name) for name in names}
+    return cast(
+        SamplingOptions, {k: v for k, v in given.items() if v is not None and v is not False and v != []}
+    )
 
 
 def _read_file(path: str) -> str:

@@ -1,19 +1,8 @@
-"""Regenerate the checked-in protobuf and gRPC stubs: ``python -m radixd_client.protogen``.
+"""Regenerate the checked-in protobuf and gRPC stubs: ``python -m radixd_client.protogen [--out DIR]``.
 
-Runs ``grpc_tools.protoc`` (a dev dependency, imported only here) on ``proto/radixd/v1/*.proto`` and
-writes the modules flat into ``radixd_client/_pb/``. protoc emits absolute imports such as
-``from radixd.v1 import common_pb2``; they are rewritten to package-relative ones
-(``from . import common_pb2``) so the stubs live inside ``radixd_client`` and never need a top-level
-``radixd`` package on the path. Beside protoc's ``.pyi`` files for messages it writes a small typed
-``.pyi`` for each ``*_pb2_grpc`` module (protoc has none), so strict mypy sees the stubs and servicers.
-
-It also writes ``descriptors.binpb``: a ``FileDescriptorSet`` of the radixd.v1 files *with* their
-comments (``source_code_info``). The ``*_pb2`` modules embed descriptors without comments, so the daemon
-serves gRPC reflection from this file instead; a client that only has reflection (grpcurl, Postman, a
-dynamic client in another language) then still reads "0 = greedy" and the metadata formats. Because
-comments land in this file, a comment-only edit of a .proto also needs ``make proto``.
-
-``--out DIR`` writes elsewhere (the staleness test regenerates into a temporary folder and compares).
+Runs ``grpc_tools.protoc`` on ``proto/radixd/v1/*.proto`` into ``radixd_client/_pb/`` with relative
+imports, a typed ``.pyi`` per ``*_pb2_grpc`` module, and ``descriptors.binpb`` (the descriptors with
+their comments, served by reflection: a comment-only .proto edit also needs ``make proto``).
 """
 
 from __future__ import annotations
@@ -115,7 +104,7 @@ def generate(proto_dir: Path = _DEFAULT_PROTO, out_dir: Path = _DEFAULT_OUT) -> 
         for src in sorted((tmp / "radixd" / "v1").iterdir()):
             text = _ABS_IMPORT.sub("from . import ", src.read_text())
             if src.name.endswith("_pb2_grpc.py"):
-                # NOTE: protoc's grpc modules are untyped; the .pyi written below is what mypy reads.
+                # protoc's grpc modules are untyped; the .pyi written below is what mypy reads.
                 text = "# mypy: ignore-errors\n" + text
             dst = out_dir / src.name
             dst.write_text(text)

@@ -1,8 +1,7 @@
-"""Plain Python views of what the daemon streams back, shared by the sync and asyncio clients.
+"""Plain Python views of what the daemon streams back, and the conversions to and from the wire.
 
-A generation stream is a sequence of events: one `Start` (prompt and cached token counts), then
-`Chunk`s (token ids, a UTF-8 safe text delta, optional logprobs), then one `End` per completion index
-(finish reason, usage, timings). `Completion` is what `collect()` makes of a whole stream.
+A generation stream is one `Start`, then `Chunk`s, then one `End` per completion index; `Completion` is
+what `collect()` makes of a whole stream.
 """
 
 from __future__ import annotations
@@ -12,7 +11,7 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, TypedDict, cast
 
-from radixd_client._pb import cache_admin_pb2, common_pb2
+from radixd_client._pb import common_pb2
 
 _FINISH = {
     common_pb2.FINISH_REASON_STOP: "stop",
@@ -20,59 +19,44 @@ _FINISH = {
     common_pb2.FINISH_REASON_ABORT: "abort",
     common_pb2.FINISH_REASON_ERROR: "error",
 }
-FLUSH_MODES: dict[str, cache_admin_pb2.FlushMode] = {
-    "evict_unlocked": cache_admin_pb2.FLUSH_MODE_EVICT_UNLOCKED,
-    "refuse_if_busy": cache_admin_pb2.FLUSH_MODE_REFUSE_IF_BUSY,
-    "wait_for_idle": cache_admin_pb2.FLUSH_MODE_WAIT_FOR_IDLE,
-}
 
 # A prompt: text, token ids, or chat messages ({"role": ..., "content": ...} mappings).
 PromptLike = str | Sequence[int] | Sequence[Mapping[str, str]]
 
 
 class SamplingOptions(TypedDict, total=False):
-    """Sampling keyword arguments accepted by every generate call (unset = daemon default).
+    """Sampling keyword arguments of every generate call (unset = daemon default). At most one constraint
+    (``json_schema``, ``json_object``, ``regex``, ``grammar``, ``choice``, ``structural_tag``; two raise
+    ValueError before anything is sent): see docs/structured-outputs.md."""
 
-    At most one constraint (structured output) per call; each completion then matches it:
-
-    - ``json_schema``: a JSON Schema, as a dict or as JSON text; the output is JSON that validates;
-    - ``json_object``: True = any JSON object;
-    - ``regex``: a regular expression the whole output matches;
-    - ``grammar``: a context-free grammar, Lark (llguidance's dialect, start rule ``start``) or GBNF
-      (llama.cpp's, recognized by its ``::=`` rules, start rule ``root``);
-    - ``choice``: the output is exactly one of these strings;
-    - ``structural_tag``: a structural-tag JSON document (free text until a trigger, then the tag's
-      schema).
-
-    Two constraints in one call raise ValueError before anything is sent; one the daemon cannot
-    compile (a bad schema, regex or grammar) is INVALID_ARGUMENT with the compiler's message.
-    """
-
+    # Length and stopping.
     max_tokens: int
     min_tokens: int
+    stop: Sequence[str]
+    stop_token_ids: Sequence[int]
+    ignore_eos: bool
+    n: int
+    # Sampling.
     temperature: float
     top_k: int
     top_p: float
     min_p: float
+    seed: int
+    # Penalties; logit_bias maps a token id to a bias in [-100, 100] (at most 300 entries).
     repetition_penalty: float
     presence_penalty: float
     frequency_penalty: float
-    seed: int
-    stop: Sequence[str]
-    stop_token_ids: Sequence[int]
-    ignore_eos: bool
+    logit_bias: Mapping[int, float]
+    # Logprobs of the output tokens, and of the prompt tokens (0 = their own only): see Start.
     logprobs: int
-    n: int
+    prompt_logprobs: int
+    # Constraints (at most one).
     json_schema: Mapping[str, Any] | str
     json_object: bool
     regex: str
     grammar: str
     choice: Sequence[str]
     structural_tag: str
-    # Token id -> bias in [-100, 100] added to its logit (at most 300 entries).
-    logit_bias: Mapping[int, float]
-    # Top alternatives per prompt token (0 = the prompt tokens' own logprobs only): see Start.
-    prompt_logprobs: int
 
 
 # (token_id, logprob, [(top_token_id, logprob), ...]): one token's logprob and its top alternatives.
@@ -244,53 +228,3 @@ def from_response(
             total_s=e.timings.total_s,
         )
     raise ValueError(f"unexpected stream message without an event: {msg!r}")
-
-
-def bearer(token: str | None) -> tuple[tuple[str, str], ...]:
-    """gRPC metadata carrying `token` as a bearer credential (empty when no token)."""
-    return (("authorization", f"Bearer {token}"),) if token else ()
-
-
-# Standard grpc.health.v1 wire format, encoded by hand so the client needs no grpcio-health-checking:
-# HealthCheckRequest{string service = 1}, HealthCheckResponse{ServingStatus status = 1}.
-HEALTH_CHECK_METHOD = "/grpc.health.v1.Health/Check"
-HEALTH_STATUS = {0: "UNKNOWN", 1: "SERVING", 2: "NOT_SERVING", 3: "SERVICE_UNKNOWN"}
-
-
-def encode_health_request(service: str = "") -> bytes:
-    data = service.encode()
-    if not data:
-        return b""
-    if len(data) > 127:
-        raise ValueError("service name too long for the health check")
-    return bytes([0x0A, len(data)]) + data
-
-
-def decode_health_response(data: bytes) -> str:
-    if len(data) >= 2 and data[0] == 0x08:
-        return HEALTH_STATUS.get(data[1], f"STATUS_{data[1]}")
-    return "UNKNOWN"
-
-
-def flush_mode(mode: str) -> cache_admin_pb2.FlushMode:
-    """The wire FlushMode for a mode name."""
-    if mode not in FLUSH_MODES:
-        raise ValueError(f"flush mode must be one of {sorted(FLUSH_MODES)}, got {mode!r}")
-    return FLUSH_MODES[mode]
-
-
-def evict_request(
-    num_blocks: int | None, prefix: PromptLike | None, session_id: str | None, namespace: str
-) -> cache_admin_pb2.EvictRequest:
-    """The EvictRequest for exactly one of num_blocks / prefix / session_id."""
-    chosen = [x is not None for x in (num_blocks, prefix, session_id)]
-    if sum(chosen) != 1:
-        raise ValueError("evict needs exactly one of num_blocks=, prefix= or session_id=")
-    req = cache_admin_pb2.EvictRequest(namespace=namespace)
-    if num_blocks is not None:
-        req.num_blocks = num_blocks
-    elif prefix is not None:
-        req.prefix.CopyFrom(to_prompt(prefix))
-    elif session_id is not None:
-        req.session_id = session_id
-    return req

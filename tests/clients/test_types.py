@@ -4,19 +4,9 @@ from __future__ import annotations
 
 import pytest
 from radixd_client._pb import cache_admin_pb2, common_pb2, generation_pb2
-from radixd_client.types import (
-    Chunk,
-    End,
-    Start,
-    collect,
-    decode_health_response,
-    encode_health_request,
-    evict_request,
-    flush_mode,
-    from_response,
-    to_prompt,
-    to_sampling,
-)
+from radixd_client.core import decode_health_response, encode_health_request
+from radixd_client.options import evict_request, flush_mode
+from radixd_client.types import Chunk, End, Start, collect, from_response, to_prompt, to_sampling
 
 
 def test_to_prompt_kinds() -> None:
@@ -86,7 +76,7 @@ def test_health_wire_format_matches_grpc_health() -> None:
 def test_client_flush_modes_are_the_engines() -> None:
     """One flush vocabulary from the wire to the engine: the client (installable alone, so it cannot
     import the daemon) names the modes exactly as the engine's `FlushMode` does."""
-    from radixd_client.types import FLUSH_MODES as CLIENT_FLUSH_MODES
+    from radixd_client.options import FLUSH_MODES as CLIENT_FLUSH_MODES
 
     from radixd.daemon.engine.types import FLUSH_MODES
 

@@ -134,10 +134,11 @@ def test_take_fit_looks_at_a_bounded_number_of_runs() -> None:
 def test_free_runs_merges_runs_that_continue_each_other_and_keeps_their_order() -> None:
     pool = BlockPool(101, 1)
     held = pool.allocate_ids(100)  # refcount 1 each, as the tree holds its blocks alone
-    pool.release_runs([(41, 10), (51, 5), (11, 5), (80, 1), (81, 4)])
+    ownership = pool.attach_cache()
+    ownership.release_runs([(41, 10), (51, 5), (11, 5), (80, 1), (81, 4)])
     assert pool.free_extents() == [(41, 15), (11, 5), (80, 5)]  # merged in eviction order, not sorted
     assert pool.num_free == 25 and pool.refcount(45) == 0 and pool.refcount(56) == 1
-    pool.release_runs([(16, 25)])  # fills the gap: the free extents merge it with both neighbours
+    ownership.release_runs([(16, 25)])  # fills the gap: the free extents merge it with both neighbours
     assert pool.free_extents() == [(80, 5), (11, 45)] and pool.num_free == 50
     assert pool.allocate_ids(45).tolist() == list(range(11, 56))  # the best fit, handed out whole
     assert pool.num_free == 5 and len(held) == 100
