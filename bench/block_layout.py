@@ -36,8 +36,8 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from radixd.daemon.engine.config import EngineConfig
-from radixd.daemon.engine.kv import KVManager
+from benchkit import EngineConfig, KVManager
+
 from radixd.radix import (
     RUN_EVICTION_BUDGET,
     BlockTable,

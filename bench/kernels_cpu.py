@@ -31,9 +31,8 @@ from collections.abc import Callable
 
 import torch
 import torch.nn.functional as F
+from benchkit import DEFAULT_KV_CACHE_GB, zeros_on_huge_pages
 
-from radixd.daemon.engine.config import DEFAULT_KV_CACHE_GB
-from radixd.daemon.host import zeros_on_huge_pages
 from radixd.kernels import cpu_attention
 from radixd.kernels.paged_decode import paged_decode_torch, plan_for, rows_plan_for
 from radixd.kernels.paged_prefill import paged_prefill_torch

@@ -15,7 +15,7 @@ import urllib.request
 from collections.abc import Sequence
 from typing import Any
 
-from radixd.daemon.loaders import default_model_path
+from benchkit import default_model_path
 
 
 def free_port() -> int:

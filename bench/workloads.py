@@ -28,13 +28,16 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 
 import torch
-
-from radixd.daemon.engine.config import EngineConfig
-from radixd.daemon.engine.core import EngineCore
-from radixd.daemon.engine.factory import build_core
-from radixd.daemon.engine.types import GenerateRequest, RequestOutput
-from radixd.daemon.loaders import LoadedModel, load_model
-from radixd.daemon.sampling import SamplingParams
+from benchkit import (
+    EngineConfig,
+    EngineCore,
+    GenerateRequest,
+    LoadedModel,
+    RequestOutput,
+    SamplingParams,
+    build_core,
+    load_model,
+)
 
 
 @dataclass
