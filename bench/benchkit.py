@@ -8,6 +8,7 @@ so `import benchkit` needs nothing else.
 
 from __future__ import annotations
 
+import importlib
 import json
 import subprocess
 import sys
@@ -15,71 +16,66 @@ import tempfile
 import time
 from collections.abc import Sequence
 from pathlib import Path
+from typing import Any
 
-import radixd.daemon.runner as runner_module
-from radixd.daemon.engine.config import DEFAULT_BLOCK_SIZE, DEFAULT_KV_CACHE_GB, EngineConfig
-from radixd.daemon.engine.core import EngineCore
-from radixd.daemon.engine.factory import build_core, build_engine
-from radixd.daemon.engine.kv import KVManager
-from radixd.daemon.engine.types import GenerateRequest, RequestOutput, Sink
-from radixd.daemon.host import startup_heap_frozen, zeros_on_huge_pages
-from radixd.daemon.loaders import LoadedModel, convert, default_model_path, load_model
-from radixd.daemon.loaders.common import ConvertedModel
-from radixd.daemon.log import configure
-from radixd.daemon.model import AttentionMetadata, ModelConfig
-from radixd.daemon.model.native_decoder import ENV_DECODER
-from radixd.daemon.model.precision import default_dtype_name
-from radixd.daemon.quality import QualityReport, reference_log_probs, teacher_forced_quality
-from radixd.daemon.runner import ModelRunner, StepResult, StepSeq, num_blocks_for_budget
-from radixd.daemon.sampling import SampleResult, SamplingParams, SamplingState
-from radixd.daemon.server.bounds import prompt_char_bound
-from radixd.daemon.server.bridge import OutputBridge
-from radixd.daemon.server.state import Limits
-
-__all__ = [
-    "DEFAULT_BLOCK_SIZE",
-    "DEFAULT_KV_CACHE_GB",
-    "ENV_DECODER",
-    "AttentionMetadata",
-    "Daemon",
-    "EngineConfig",
-    "EngineCore",
-    "GenerateRequest",
-    "KVManager",
-    "Limits",
-    "LoadedModel",
-    "ModelConfig",
-    "ModelRunner",
-    "OutputBridge",
-    "QualityReport",
-    "RequestOutput",
-    "SampleResult",
-    "SamplingParams",
-    "SamplingState",
-    "Sink",
-    "StepResult",
-    "StepSeq",
-    "build_core",
-    "build_engine",
-    "configure",
-    "default_dtype_name",
-    "default_model_path",
-    "load_model",
-    "model_files",
-    "num_blocks_for_budget",
-    "prompt_char_bound",
-    "reference_log_probs",
-    "runner_module",
-    "startup_heap_frozen",
-    "teacher_forced_quality",
-    "zeros_on_huge_pages",
-]
+# Where each daemon internal the benchmarks use lives. Imported on first use (`from benchkit import
+# EngineConfig` imports radixd.daemon.engine.config alone), so a benchmark pays only for what it
+# touches: the radix-only ones never import torch. A name ending in `_module` is the module itself.
+_DAEMON: dict[str, str] = {
+    "DEFAULT_BLOCK_SIZE": "radixd.daemon.engine.config",
+    "DEFAULT_KV_CACHE_GB": "radixd.daemon.engine.config",
+    "EngineConfig": "radixd.daemon.engine.config",
+    "EngineCore": "radixd.daemon.engine.core",
+    "build_core": "radixd.daemon.engine.factory",
+    "build_engine": "radixd.daemon.engine.factory",
+    "KVManager": "radixd.daemon.engine.kv",
+    "GenerateRequest": "radixd.daemon.engine.types",
+    "RequestOutput": "radixd.daemon.engine.types",
+    "Sink": "radixd.daemon.engine.types",
+    "startup_heap_frozen": "radixd.daemon.host",
+    "zeros_on_huge_pages": "radixd.daemon.host",
+    "LoadedModel": "radixd.daemon.loaders",
+    "convert": "radixd.daemon.loaders",
+    "default_model_path": "radixd.daemon.loaders",
+    "load_model": "radixd.daemon.loaders",
+    "configure": "radixd.daemon.log",
+    "AttentionMetadata": "radixd.daemon.model",
+    "ModelConfig": "radixd.daemon.model",
+    "ENV_DECODER": "radixd.daemon.model.native_decoder",
+    "default_dtype_name": "radixd.daemon.model.precision",
+    "QualityReport": "radixd.daemon.quality",
+    "reference_log_probs": "radixd.daemon.quality",
+    "teacher_forced_quality": "radixd.daemon.quality",
+    "runner_module": "radixd.daemon.runner",
+    "ModelRunner": "radixd.daemon.runner",
+    "StepResult": "radixd.daemon.runner",
+    "StepSeq": "radixd.daemon.runner",
+    "num_blocks_for_budget": "radixd.daemon.runner",
+    "SampleResult": "radixd.daemon.sampling",
+    "SamplingParams": "radixd.daemon.sampling",
+    "SamplingState": "radixd.daemon.sampling",
+    "prompt_char_bound": "radixd.daemon.server.bounds",
+    "OutputBridge": "radixd.daemon.server.bridge",
+    "Limits": "radixd.daemon.server.state",
+}
 
 
-def model_files(path: str | None = None) -> ConvertedModel:
-    """The model's tokenizer, config and weights as loaded from its file (default: the embedded
-    SmolLM2), without building the model: for benchmarks that need its vocabulary, not its forward."""
-    return convert(path or default_model_path())
+def __getattr__(name: str) -> Any:
+    """A daemon internal named in `_DAEMON`, imported now (and kept as a module global after)."""
+    where = _DAEMON.get(name)
+    if where is None:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    module = importlib.import_module(where)
+    value = module if name.endswith("_module") else getattr(module, name)
+    globals()[name] = value
+    return value
+
+
+def model_files(path: str | None = None) -> Any:
+    """The model's tokenizer, config and weights as read from its file (default: the embedded SmolLM2;
+    a `ConvertedModel`), without building the model: for benchmarks that need its vocabulary, not its
+    forward pass."""
+    return __getattr__("convert")(path or __getattr__("default_model_path")())
 
 
 class Daemon:
