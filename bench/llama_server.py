@@ -23,7 +23,7 @@ def require_binary(path: str) -> str:
     """`path` if it is an executable file; else exit with a message saying how to get llama-server."""
     if not (os.path.isfile(path) and os.access(path, os.X_OK)):
         raise SystemExit(
-            f"no llama-server binary at {path}: build llama.cpp (e.g. shared/bench/build_llama_cpp.sh DIR) "
+            f"no llama-server binary at {path!r}: build llama.cpp (e.g. shared/bench/build_llama_cpp.sh DIR) "
             "and pass --llama-server DIR/llama/build/bin/llama-server"
         )
     return path
