@@ -42,7 +42,7 @@ MODEL_RUNS: dict[str, tuple[str, str]] = {
         "--no-quality --threads 1",
         "| batch 1 |",
     ),
-    "workloads.py": ("--workloads n8 --gen 2 --num-blocks 256", "| n8 | off |"),
+    "workloads.py": ("--workloads n8 --gen 2 --scale 0.05 --num-blocks 256", "| n8 | off |"),
 }
 # against the module's daemon (--address is added)
 SERVED_RUNS: dict[str, tuple[str, str]] = {
