@@ -10,7 +10,7 @@ ADMIN_PORT   ?= 50052
 METRICS_PORT ?= 9464
 
 .PHONY: venv serve test lint typecheck unit proto bench bench-memory bench-radix bench-kernels bench-offline \
-        bench-workloads bench-serve bench-big-prompt gpu-check clean
+        bench-workloads bench-sched bench-serve bench-serve-step bench-big-prompt bench-single-stream gpu-check clean
 
 venv: $(STAMP)
 
@@ -41,10 +41,13 @@ proto: $(STAMP)
 	$(PY) -m radixd_client.protogen
 
 # Benchmarks print their tables; docs/benchmarks.md says which file keeps each one and how it was run.
-bench: bench-memory bench-radix bench-kernels bench-offline bench-workloads bench-serve bench-big-prompt
+# Each has a seconds-long smoke run in make test (tests/bench/test_smoke.py).
+bench: bench-memory bench-radix bench-kernels bench-offline bench-workloads bench-sched bench-serve \
+       bench-serve-step bench-big-prompt
 
 bench-memory: $(STAMP)
 	$(PY) bench/fragmentation.py
+	$(PY) bench/block_layout.py
 
 # Needs ../shared/bench/radix_peer_bench.py, outside this repository (bench/radix_adapter.py says what
 # it needs and stops when it is missing), and SGLang's sources (~/.cache/sglang_src, fetched with pip).
@@ -54,6 +57,7 @@ bench-radix: $(STAMP)
 
 bench-kernels: $(STAMP)
 	$(PY) bench/kernels_cpu.py --rounds 40 --threads 1
+	$(PY) bench/decode_chunks.py
 
 # LLAMA_BATCHED_BENCH=path/to/llama-batched-bench puts llama.cpp beside every mode (docs/bench-offline.md).
 bench-offline: $(STAMP)
@@ -63,11 +67,22 @@ bench-workloads: $(STAMP)
 	$(PY) bench/workloads.py --gen 64
 	$(PY) bench/workloads.py --workloads chat --gen 64 --repeat 3
 
+bench-sched: $(STAMP)
+	$(PY) bench/sched_overhead.py
+	$(PY) bench/sched_overhead.py --seqs 64 --steps 100
+
 bench-serve: $(STAMP)
 	$(PY) bench/serve_bench.py
 
+bench-serve-step: $(STAMP)
+	$(PY) bench/serve_step.py --contexts 32 3000 --rounds 4
+
 bench-big-prompt: $(STAMP)
 	$(PY) bench/big_prompt_latency.py --rounds 3 --seconds 15
+
+# Needs llama.cpp's server: make bench-single-stream LLAMA_SERVER=path/to/llama-server (docs/bench-single-stream.md).
+bench-single-stream: $(STAMP)
+	$(PY) bench/single_stream.py --llama-server "$(LLAMA_SERVER)" --threads 2 --rounds 3
 
 # On a CUDA machine (not part of make test): correctness sweep, bandwidth sweep, report in $$OUT or docs/.
 gpu-check:

@@ -1,6 +1,7 @@
 """Does one client sending the largest prompts move everyone else's latency?
 
     .venv/bin/python bench/big_prompt_latency.py                  # starts its own `radixd serve`
+    .venv/bin/python bench/big_prompt_latency.py --address 127.0.0.1:50051   # a running daemon
     .venv/bin/python bench/big_prompt_latency.py --rounds 3 --seconds 20
 
 Eight clients send small greedy requests back to back (short prompt, 8 tokens) and record each
@@ -21,20 +22,13 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import json
 import os
 import statistics
-import subprocess
-import sys
-import tempfile
 import time
-from pathlib import Path
 
 import grpc
+from benchkit import Daemon, model_files, prompt_char_bound
 from radixd_client import AsyncClient
-
-from radixd.daemon.loaders import load_model
-from radixd.daemon.server.common.bounds import prompt_char_bound
 
 SMALL_PROMPT = "Name three colors:"
 
@@ -89,19 +83,6 @@ async def phase(address: str, seconds: float, big_text: str | None) -> dict[str,
     }
 
 
-def start_daemon(tmp: Path, extra: list[str]) -> tuple[subprocess.Popen[bytes], dict[str, object]]:
-    ready = tmp / "ready.json"
-    cmd = [sys.executable, "-m", "radixd.daemon.cli", "serve", "--port", "0", "--admin-port", "0"]
-    cmd += ["--metrics-port", "0", "--ready-file", str(ready), "--log-level", "warning", *extra]
-    proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=(tmp / "log").open("wb"))
-    deadline = time.monotonic() + 300
-    while not ready.exists():
-        if proc.poll() is not None or time.monotonic() > deadline:
-            raise SystemExit(f"daemon did not start: {(tmp / 'log').read_text()[-2000:]}")
-        time.sleep(0.2)
-    return proc, json.loads(ready.read_text())
-
-
 async def run(
     args: argparse.Namespace, address: str, longest_token: int
 ) -> tuple[int, dict[str, list[dict[str, object]]]]:
@@ -128,18 +109,16 @@ def main() -> None:
     ap.add_argument("--seconds", type=float, default=15.0)
     ap.add_argument("--model", default=None, help="GGUF file or HF directory (default: embedded SmolLM2)")
     ap.add_argument("--extra", default="", help="extra `radixd serve` flags")
+    ap.add_argument("--address", default=None, help="a running daemon of --model (default: start one)")
     args = ap.parse_args()
-    with tempfile.TemporaryDirectory() as tmp:
+    # The daemon's own bound: the same tokenizer, the context it reports.
+    longest = model_files(args.model).tokenizer.longest_token_chars
+    if args.address:
+        bound, results = asyncio.run(run(args, args.address, longest))
+    else:
         model = ["--model", args.model] if args.model else []
-        proc, info = start_daemon(Path(tmp), model + args.extra.split())
-        try:
-            address = f"127.0.0.1:{info['port']}"
-            # The daemon's own bound: the same tokenizer, the context it reports.
-            longest = load_model(args.model).tokenizer.longest_token_chars
-            bound, results = asyncio.run(run(args, address, longest))
-        finally:
-            proc.terminate()
-            proc.wait(60)
+        with Daemon(model + args.extra.split()) as daemon:
+            bound, results = asyncio.run(run(args, daemon.address, longest))
     quiet = statistics.median(float(r["p50_ms"]) for r in results["quiet"])  # type: ignore[arg-type]
     print(
         f"\nchar bound {bound}; cores {os.cpu_count()}; {args.rounds} rounds x {args.seconds:g} s per phase"

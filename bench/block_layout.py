@@ -22,9 +22,9 @@ Trace (deterministic, --seed):
 
 Reported per agent: its table's blocks, runs, mean and median run (blocks), and the share of its blocks
 in runs of at least 16; and the trace's evictions and prefix hit rate. With `--tables DIR` it writes each
-table's block ids, one per line, which `bench/attention_read.c` reads (`THREADS CTX file:DIR/agent.txt`).
+table's block ids, one per line, which `bench/offline.py --layout DIR/agent.txt` runs the product's step on.
 
-    .venv/bin/python -P bench/block_layout.py [--run-budget K] [--tables DIR]
+    .venv/bin/python bench/block_layout.py [--run-budget K] [--tables DIR]
 """
 
 from __future__ import annotations
@@ -36,8 +36,8 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from radixd.daemon.engine.config import EngineConfig
-from radixd.daemon.engine.kv import KVManager
+from benchkit import EngineConfig, KVManager
+
 from radixd.radix import (
     RUN_EVICTION_BUDGET,
     BlockTable,

@@ -26,12 +26,10 @@ from typing import Any
 
 import torch
 
-ROOT = Path(__file__).resolve().parent.parent
-if str(ROOT) not in sys.path:
-    sys.path.insert(0, str(ROOT))
+from radixd.kernels import copy_blocks, paged_decode, paged_prefill, store_kv
+from radixd.kernels.paged_decode import DECODE_CONFIG, SPLIT_TOKENS
 
-from radixd.kernels import copy_blocks, paged_decode, paged_prefill, store_kv  # noqa: E402
-from radixd.kernels.paged_decode import DECODE_CONFIG, SPLIT_TOKENS  # noqa: E402
+ROOT = Path(__file__).resolve().parent.parent
 
 TOL = {
     torch.float32: (1e-4, 1e-4),

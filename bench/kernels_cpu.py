@@ -1,48 +1,38 @@
-"""CPU benchmark of the paged decode attention: both designs, an older commit's, SDPA, and the memory floor.
+"""CPU benchmark of the paged decode attention: both designs, SDPA, and the memory floor.
 
 Decode batch of ``--batch`` sequences at SmolLM2-135M's attention shape (9 query heads, 3 kv heads,
 head_dim 64), 16-token blocks scattered over the pool, for each context of ``--ctx`` (a comma list).
 With ``--layers L`` every variant attends over L distinct pools per round (one per layer, as a decode
 step does), so K/V come from memory rather than the caches; the figure is per step (all L layers).
-The pools are the daemon's: as large as its default KV budget (or the context, if larger), in 2 MiB
-pages where the OS lends them, as its ModelRunner allocates them.
+The pools are the daemon's: as large as its default KV budget (``--pool-gib``; or the context, if
+larger), in 2 MiB pages where the OS lends them, as its ModelRunner allocates them.
 
 Variants, timed interleaved (one call of each per round, after two warm-up rounds):
 - ``compiled``: the compiled row kernel (kernels/cpu_attention.c, the default design);
 - ``split``: the torch split design (kernels/split_attention.py, the fallback without a compiler);
-- ``baseline``: the torch twin of ``--baseline-commit`` in its default design (its kernels package
-  loaded side by side: e.g. 0fcdfc1, before issue 25, or a commit with the compiled kernel);
 - ``SDPA``: ``F.scaled_dot_product_attention`` on a contiguous copy of the same K/V (``--sdpa``).
 
-Each variant's call follows one full read of a 256 MiB tensor (``sum``, in 2 MiB pages) at the same
-thread count, timed: the machine's read bandwidth (a round's median). The floor is the K/V bytes the
-step reads / that bandwidth; ``x floor`` is the median over rounds of (variant time / floor of the
-same round).
+Each variant's call follows one full read of a 256 MiB tensor (``--read-mib``; ``sum``, in 2 MiB
+pages) at the same thread count, timed: the machine's read bandwidth (a round's median). The floor
+is the K/V bytes the step reads / that bandwidth; ``x floor`` is the median over rounds of (variant
+time / floor of the same round).
 
-    .venv/bin/python bench/kernels_cpu.py --ctx 128,1000,4000,16000 --layers 30 --threads 1 \\
-        --baseline-commit 0fcdfc1
+    .venv/bin/python bench/kernels_cpu.py --ctx 128,1000,4000,16000 --layers 30 --threads 1
 """
 
 from __future__ import annotations
 
 import argparse
-import importlib
 import math
 import os
 import statistics
-import subprocess
-import sys
-import tempfile
 import time
 from collections.abc import Callable
-from pathlib import Path
-from types import ModuleType
 
 import torch
 import torch.nn.functional as F
+from benchkit import DEFAULT_KV_CACHE_GB, zeros_on_huge_pages
 
-from radixd.daemon.engine.config import DEFAULT_KV_CACHE_GB
-from radixd.daemon.process.host import zeros_on_huge_pages
 from radixd.kernels import cpu_attention
 from radixd.kernels.paged_decode import paged_decode_torch, plan_for, rows_plan_for
 from radixd.kernels.paged_prefill import paged_prefill_torch
@@ -50,26 +40,6 @@ from radixd.kernels.paging import gather_kv
 
 DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
 HQ, HKV, D, B = 9, 3, 64, 16
-ROOT = Path(__file__).resolve().parent.parent
-
-
-def load_baseline(commit: str) -> ModuleType:
-    """The paged_decode module of ``commit``'s kernels package, imported beside today's (as the package
-    ``radixd_kernels_<commit>``)."""
-    name = f"radixd_kernels_{commit}"
-    tmp = Path(tempfile.mkdtemp(prefix="radixd-baseline-"))
-    tar = subprocess.run(
-        ["git", "-C", str(ROOT), "archive", commit, "kernels"], check=True, capture_output=True
-    )
-    subprocess.run(["tar", "-x", "-C", str(tmp)], input=tar.stdout, check=True)
-    (tmp / "kernels").rename(tmp / name)
-    for f in (tmp / name).glob("*.py"):
-        f.write_text(f.read_text().replace("radixd.kernels", name))
-    sys.path.insert(0, str(tmp))
-    pkg = importlib.import_module(name)
-    importlib.import_module(f"{name}.paged_prefill")
-    del pkg
-    return importlib.import_module(f"{name}.paged_decode")
 
 
 def read_bandwidth_fn(mib: int = 256) -> tuple[Callable[[], object], int]:
@@ -89,7 +59,14 @@ def tolerance(pool: torch.dtype) -> float:
 
 
 def build(
-    batch: int, ctx: int, layers: int, dtype: torch.dtype, ragged: bool, sdpa: bool, in_order: bool = False
+    batch: int,
+    ctx: int,
+    layers: int,
+    dtype: torch.dtype,
+    ragged: bool,
+    sdpa: bool,
+    in_order: bool = False,
+    pool_gib: float = DEFAULT_KV_CACHE_GB,
 ) -> dict[str, object]:
     """``layers`` pools sharing one block table (blocks scattered at random over the pool, or with
     ``in_order`` consecutive ids from 1: what one conversation takes from a fresh pool, whose free
@@ -98,7 +75,7 @@ def build(
     g = torch.Generator().manual_seed(ctx)
     lens = torch.randint(ctx // 2, ctx + 1, (batch,), generator=g) if ragged else torch.full((batch,), ctx)
     nb = -(-ctx // B)
-    budget = int(DEFAULT_KV_CACHE_GB * (1 << 30)) // (2 * layers * B * HKV * D * dtype.itemsize)
+    budget = int(pool_gib * (1 << 30)) // (2 * layers * B * HKV * D * dtype.itemsize)
     n = max(batch * nb + 1, budget)
     chosen = (
         torch.arange(1, batch * nb + 1) if in_order else torch.randperm(n - 1, generator=g)[: batch * nb] + 1
@@ -122,9 +99,7 @@ def build(
     return {"q": q, "pools": pools, "cont": cont, "tables": tables, "lens": lens.to(torch.int32)}
 
 
-def variants(
-    t: dict[str, object], baseline: ModuleType | None, sdpa: bool
-) -> dict[str, Callable[[], object]]:
+def variants(t: dict[str, object], sdpa: bool) -> dict[str, Callable[[], object]]:
     q, tables, lens = t["q"], t["tables"], t["lens"]
     pools, cont = t["pools"], t["cont"]
     assert isinstance(q, torch.Tensor) and isinstance(tables, torch.Tensor) and isinstance(lens, torch.Tensor)
@@ -143,19 +118,6 @@ def variants(
         return run
 
     fns = {"compiled": with_design("compiled", rows_plan), "split": with_design("split", split_plan)}
-    if baseline is not None:
-        # The baseline's default design, planned once for the step as its model planned it.
-        os.environ[cpu_attention.ENV_DESIGN] = "auto"
-        if hasattr(baseline, "decode_step_plan"):
-            old_plan = baseline.decode_step_plan(tables, lens, k0, "torch")
-        else:
-            old_plan = baseline.plan_for(tables, lens, k0)
-
-        def run_baseline() -> object:
-            os.environ[cpu_attention.ENV_DESIGN] = "auto"
-            return [baseline.paged_decode_torch(q, k, v, tables, lens, scale, old_plan) for k, v in pools]
-
-        fns["baseline"] = run_baseline
     if sdpa:
         s = q.shape[0]
         length = cont[0][0].shape[2]
@@ -177,7 +139,7 @@ def variants(
     return fns
 
 
-def prefill_variants(t: dict[str, object], baseline: ModuleType | None) -> dict[str, Callable[[], object]]:
+def prefill_variants(t: dict[str, object]) -> dict[str, Callable[[], object]]:
     """Every sequence's whole context as one prefill chunk (``--prefill``): each variant's prefill twin."""
     tables, lens, pools = t["tables"], t["lens"], t["pools"]
     assert isinstance(tables, torch.Tensor) and isinstance(lens, torch.Tensor) and isinstance(pools, list)
@@ -196,14 +158,6 @@ def prefill_variants(t: dict[str, object], baseline: ModuleType | None) -> dict[
         return run
 
     fns = {"compiled": with_design("compiled"), "split": with_design("split")}
-    if baseline is not None:
-        old = sys.modules[baseline.__name__.rsplit(".", 1)[0] + ".paged_prefill"]
-
-        def run_baseline() -> object:
-            os.environ[cpu_attention.ENV_DESIGN] = "auto"  # the baseline's default design
-            return [old.paged_prefill_torch(q, k, v, tables, cu, lens, scale) for k, v in pools]
-
-        fns["baseline"] = run_baseline
     want = fns["split"]()
     for name, fn in fns.items():
         for got, ref in zip(fn(), want, strict=True):  # type: ignore[call-overload]
@@ -212,12 +166,12 @@ def prefill_variants(t: dict[str, object], baseline: ModuleType | None) -> dict[
     return fns
 
 
-def measure(fns: dict[str, Callable[[], object]], rounds: int) -> dict[str, list[float]]:
+def measure(fns: dict[str, Callable[[], object]], rounds: int, read_mib: int) -> dict[str, list[float]]:
     """Seconds per call of each variant, one of each per round, and of the bandwidth read (the round's
     median). Every variant follows a bandwidth read of its own, so each starts with the caches as
     cold as the last (the one that ran first in a round used to pay alone for the Python and torch
     code the read evicted: 0.82 against 0.58 ms at 128 tokens for the same kernel)."""
-    bw_fn, _ = read_bandwidth_fn()
+    bw_fn, _ = read_bandwidth_fn(read_mib)
     times: dict[str, list[float]] = {name: [] for name in ("(bandwidth read)", *fns)}
     for r in range(rounds + 2):
         reads = []
@@ -251,9 +205,8 @@ def main(argv: list[str] | None = None) -> str:
         help="blocks in consecutive ids (one conversation on a fresh pool) instead of scattered at random",
     )
     ap.add_argument("--threads", type=int, default=0, help="torch intra-op threads (0 = torch's default)")
-    ap.add_argument(
-        "--baseline-commit", default=None, help="also time this commit's torch twin (e.g. 0fcdfc1)"
-    )
+    ap.add_argument("--pool-gib", type=float, default=DEFAULT_KV_CACHE_GB, help="K and V pools in all")
+    ap.add_argument("--read-mib", type=int, default=256, help="the bandwidth read's buffer")
     ap.add_argument("--sdpa", action="store_true", help="also time SDPA on contiguous copies")
     ap.add_argument(
         "--prefill", action="store_true", help="time the prefill twins instead: each context as one chunk"
@@ -262,8 +215,7 @@ def main(argv: list[str] | None = None) -> str:
     if args.threads:
         torch.set_num_threads(args.threads)
     dtype = DTYPES[args.dtype]
-    baseline = load_baseline(args.baseline_commit) if args.baseline_commit else None
-    _, bw_bytes = read_bandwidth_fn()
+    bw_bytes = args.read_mib << 20
     lines = [
         f"{'prefill' if args.prefill else 'decode'} batch {args.batch}"
         f"{' (ragged, ctx/2..ctx)' if args.ragged else ''}"
@@ -272,16 +224,22 @@ def main(argv: list[str] | None = None) -> str:
         f"{torch.get_num_threads()} threads, "
         f"{args.rounds} interleaved rounds; ms per step (all layers)",
         "",
-        "| ctx | K+V MiB/step | read GB/s | floor ms | variant | median ms | x floor | vs split "
-        "| vs baseline |",
-        "| ---: | ---: | ---: | ---: | --- | ---: | ---: | ---: | ---: |",
+        "| ctx | K+V MiB/step | read GB/s | floor ms | variant | median ms | x floor | vs split |",
+        "| ---: | ---: | ---: | ---: | --- | ---: | ---: | ---: |",
     ]
     for ctx in [int(c) for c in args.ctx.split(",")]:
         t = build(
-            args.batch, ctx, args.layers, dtype, args.ragged, args.sdpa and not args.prefill, args.in_order
+            args.batch,
+            ctx,
+            args.layers,
+            dtype,
+            args.ragged,
+            args.sdpa and not args.prefill,
+            args.in_order,
+            args.pool_gib,
         )
-        fns = prefill_variants(t, baseline) if args.prefill else variants(t, baseline, args.sdpa)
-        times = measure(fns, args.rounds)
+        fns = prefill_variants(t) if args.prefill else variants(t, args.sdpa)
+        times = measure(fns, args.rounds, args.read_mib)
         lens = t["lens"]
         assert isinstance(lens, torch.Tensor)
         kv_bytes = args.layers * 2 * int(lens.sum()) * HKV * D * dtype.itemsize
@@ -290,15 +248,11 @@ def main(argv: list[str] | None = None) -> str:
         for name in fns:
             ts = times[name]
             x_floor = statistics.median(a / f for a, f in zip(ts, floors, strict=True))
-            vs = {
-                other: f"{statistics.median(b_ / a for a, b_ in zip(ts, times[other], strict=True)):.2f}x"
-                for other in ("split", "baseline")
-                if other in times
-            }
+            vs_split = statistics.median(b_ / a for a, b_ in zip(ts, times["split"], strict=True))
             lines.append(
                 f"| {ctx} | {kv_bytes / 2**20:.1f} | {statistics.median(bws) / 1e9:.1f} | "
                 f"{statistics.median(floors) * 1e3:.2f} | {name} | {statistics.median(ts) * 1e3:.2f} | "
-                f"{x_floor:.2f} | {vs.get('split', '-')} | {vs.get('baseline', '-')} |"
+                f"{x_floor:.2f} | {vs_split:.2f}x |"
             )
         print("\n".join(lines[-len(fns) :]), flush=True)
     report = "\n".join(lines)

@@ -1,13 +1,14 @@
 """llama.cpp's llama-server as a benchmark peer: started on a free loopback port on radixd's own GGUF.
 
-Benchmarks that compare a radixd path with llama-server (bench/structured.py, bench/speculative.py,
-bench/single_stream.py) start it here, post to its native `/completion` endpoint with token ids (so
-both sides see the same tokens) and read its own timings.
+Benchmarks that compare a radixd path with llama-server (bench/single_stream.py) start it here, post
+to its native `/completion` endpoint with token ids (so both sides see the same tokens) and read its
+own timings.
 """
 
 from __future__ import annotations
 
 import json
+import os
 import socket
 import subprocess
 import time
@@ -15,7 +16,17 @@ import urllib.request
 from collections.abc import Sequence
 from typing import Any
 
-from radixd.daemon.loaders import default_model_path
+from benchkit import default_model_path
+
+
+def require_binary(path: str) -> str:
+    """`path` if it is an executable file; else exit with a message saying how to get llama-server."""
+    if not (os.path.isfile(path) and os.access(path, os.X_OK)):
+        raise SystemExit(
+            f"no llama-server binary at {path!r}: build llama.cpp (e.g. shared/bench/build_llama_cpp.sh DIR) "
+            "and pass --llama-server DIR/llama/build/bin/llama-server"
+        )
+    return path
 
 
 def free_port() -> int:

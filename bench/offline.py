@@ -33,13 +33,24 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 import torch
-
-from radixd.daemon.engine.config import DEFAULT_BLOCK_SIZE, DEFAULT_KV_CACHE_GB
-from radixd.daemon.executor.runner import ModelRunner, StepResult, StepSeq, num_blocks_for_budget
-from radixd.daemon.executor.sampling import SampleResult, SamplingParams, SamplingState
-from radixd.daemon.loaders import LoadedModel, default_model_path, load_model
-from radixd.daemon.model.native_decoder import ENV_DECODER
-from radixd.daemon.quality import QualityReport, reference_log_probs, teacher_forced_quality
+from benchkit import (
+    DEFAULT_BLOCK_SIZE,
+    DEFAULT_KV_CACHE_GB,
+    ENV_DECODER,
+    LoadedModel,
+    ModelRunner,
+    QualityReport,
+    SampleResult,
+    SamplingParams,
+    SamplingState,
+    StepResult,
+    StepSeq,
+    default_model_path,
+    load_model,
+    num_blocks_for_budget,
+    reference_log_probs,
+    teacher_forced_quality,
+)
 
 QUALITY_TEXT = Path(__file__).resolve().parent.parent / "tests" / "daemon" / "data" / "quality_text.md"
 STEP_TOKENS = 512

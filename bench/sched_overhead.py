@@ -35,19 +35,23 @@ from typing import Any
 
 import torch
 import uvloop
-
-import radixd.daemon.executor.runner as runner_mod
-from radixd.daemon.engine.config import EngineConfig
-from radixd.daemon.engine.core import EngineCore
-from radixd.daemon.engine.types import GenerateRequest, RequestOutput, Sink
-from radixd.daemon.executor.runner import ModelRunner
-from radixd.daemon.executor.sampling import SamplingParams
-from radixd.daemon.loaders import load_model
-from radixd.daemon.model import AttentionMetadata, ModelConfig
-from radixd.daemon.process.host import startup_heap_frozen
-from radixd.daemon.process.log import configure
-from radixd.daemon.server.common.bridge import OutputBridge
-from radixd.daemon.server.common.state import Limits
+from benchkit import (
+    AttentionMetadata,
+    EngineConfig,
+    EngineCore,
+    GenerateRequest,
+    Limits,
+    ModelConfig,
+    ModelRunner,
+    OutputBridge,
+    RequestOutput,
+    SamplingParams,
+    Sink,
+    configure,
+    model_files,
+    runner_module,
+    startup_heap_frozen,
+)
 
 
 class NullModel:
@@ -57,6 +61,9 @@ class NullModel:
         self.config = config
         self.forward_s = forward_s  # a device's forward pass: the host waits with the GIL released
         self.dtype = torch.float32
+        # The runner's pool takes this dtype; the null forward never reads the pool (only the
+        # copy-on-write copies touch it), so the reference mode's fp32 stands for every mode.
+        self.kv_dtype = torch.float32
         # Materialized once: a real model writes its logits anyway, and that is forward-pass time.
         self._logits = torch.zeros(max_rows, config.vocab_size)
         self._logits[:, token] = 1.0
@@ -110,10 +117,10 @@ class PhaseClock:
 
 
 def build(args: argparse.Namespace) -> tuple[EngineCore, PhaseClock]:
-    lm = load_model()
-    tok = lm.tokenizer
+    files = model_files()  # the real tokenizer and vocabulary; the weights are never built
+    tok = files.tokenizer
     # One layer with one tiny KV head keeps the pool small; the null forward never reads it.
-    cfg = replace(lm.config, num_layers=1, num_heads=1, num_kv_heads=1, head_dim=8)
+    cfg = replace(files.config, num_layers=1, num_heads=1, num_kv_heads=1, head_dim=8)
     word = tok.encode(" the", add_special_tokens=False)[0]
     # Prefill runs 4,096 tokens a step, so early sequences decode a few dozen tokens before the last
     # is admitted: room for 128 tokens each beyond the measured steps.
@@ -128,7 +135,8 @@ def build(args: argparse.Namespace) -> tuple[EngineCore, PhaseClock]:
         max_waiting=args.seqs * 2,
         stream_interval=args.stream_interval,
     )
-    core = EngineCore(runner, tok, config, eos_token_ids=tuple(lm.config.eos_token_ids))
+    eos = tuple(tok.eos_token_ids) or tuple(files.config.eos_token_ids)  # as build_core takes them
+    core = EngineCore(runner, tok, config, eos_token_ids=eos)
     clock = PhaseClock()
     # The phases: the scheduler's plan (admission, KV bookkeeping, preemption), the runner building
     # the step's tensors, the (null) forward and logits, sampling, and accepting the sampled tokens.
@@ -136,7 +144,7 @@ def build(args: argparse.Namespace) -> tuple[EngineCore, PhaseClock]:
     model = runner.model
     model.forward = clock.wrap("forward (null)", model.forward)  # type: ignore[method-assign]
     model.logits = clock.wrap("forward (null)", model.logits)  # type: ignore[method-assign]
-    runner_mod.sample = clock.wrap("sample", runner_mod.sample)
+    runner_module.sample = clock.wrap("sample", runner_module.sample)
     runner._forward = clock.wrap("runner: batch tensors", runner._forward)  # type: ignore[method-assign]
     core.admin.track_peaks = clock.wrap("peak tracking", core.admin.track_peaks)  # type: ignore[method-assign]
     core._after_step = clock.wrap("accept + outputs", core._after_step)  # type: ignore[method-assign]
@@ -222,7 +230,7 @@ class CountSinks:
 
 
 class LoopSinks:
-    """The daemon's handover (`radixd.daemon.server.bridge.OutputBridge`): the engine thread hands each
+    """The daemon's handover (`radixd.daemon.server.common.bridge.OutputBridge`): the engine thread hands each
     output to a uvloop loop running in its own thread, where one task per stream reads it as the gRPC
     handler does (without the protobuf and the socket)."""
 

@@ -19,15 +19,12 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
-import os
 import statistics
-import subprocess
 import sys
-import tempfile
 import time
 from dataclasses import dataclass, field
-from pathlib import Path
 
+from benchkit import Daemon
 from radixd_client import AsyncClient, AsyncSession, Chunk, End, Start
 
 SYSTEM = (
@@ -163,40 +160,6 @@ async def run_workload(address: str, args: argparse.Namespace, workload: str, la
             res.samples = await agent_workload(client, args.concurrency, args.forks, args.max_tokens)
         res.wall_s = time.perf_counter() - t0
         return res
-
-
-class Daemon:
-    """`radixd serve` as a subprocess on free loopback ports."""
-
-    def __init__(self, extra: list[str]) -> None:
-        self.dir = tempfile.TemporaryDirectory()
-        ready = Path(self.dir.name) / "ready.json"
-        cmd = [sys.executable, "-m", "radixd.daemon.cli", "serve", "--host", "127.0.0.1", "--port", "0"]
-        cmd += [
-            "--admin-port",
-            "0",
-            "--metrics-port",
-            "0",
-            "--admin-token",
-            "bench",
-            "--log-level",
-            "warning",
-        ]
-        cmd += ["--ready-file", str(ready), *extra]
-        self.proc = subprocess.Popen(
-            cmd, stdout=subprocess.DEVNULL, env={**os.environ, "PYTHONUNBUFFERED": "1"}
-        )
-        deadline = time.monotonic() + 180
-        while not ready.exists():
-            if self.proc.poll() is not None or time.monotonic() > deadline:
-                raise RuntimeError(f"radixd serve did not start: {' '.join(cmd)}")
-            time.sleep(0.2)
-        self.address = f"127.0.0.1:{json.loads(ready.read_text())['port']}"
-
-    def stop(self) -> None:
-        self.proc.terminate()
-        self.proc.wait(60)
-        self.dir.cleanup()
 
 
 def table(results: list[Result]) -> str:

@@ -27,20 +27,22 @@ import shlex
 import statistics
 import subprocess
 import sys
-import tempfile
 import threading
 import time
 from collections.abc import Callable
 from pathlib import Path
 
+from benchkit import (
+    Daemon,
+    EngineConfig,
+    GenerateRequest,
+    RequestOutput,
+    SamplingParams,
+    build_engine,
+    default_dtype_name,
+)
 from radixd_client import AsyncClient
 from radixd_client.types import Chunk
-
-from radixd.daemon.engine.config import EngineConfig
-from radixd.daemon.engine.factory import build_engine
-from radixd.daemon.engine.types import GenerateRequest, RequestOutput
-from radixd.daemon.executor.sampling import SamplingParams
-from radixd.daemon.model.precision import default_dtype_name
 
 
 def prompt_ids(n: int, salt: int) -> list[int]:
@@ -132,22 +134,14 @@ class Offline:
 
 
 class Served:
-    """A `radixd serve` subprocess on loopback."""
+    """A daemon on loopback: the one at `address`, else a `radixd serve` subprocess started here."""
 
     def __init__(self, address: str | None, serve_args: list[str]) -> None:
+        self.daemon: Daemon | None = None
         self.proc: subprocess.Popen[bytes] | None = None
         if address is None:
-            ready = Path(tempfile.mkdtemp()) / "ready.json"
-            cmd = [sys.executable, "-P", "-m", "radixd.daemon.cli", "serve", "--port", "0"]
-            cmd += ["--ready-file", str(ready), "--log-level", "warning", *serve_args]
-            self.proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL)
-            deadline = time.monotonic() + 300
-            while not ready.exists():
-                if self.proc.poll() is not None or time.monotonic() > deadline:
-                    raise RuntimeError("radixd serve did not start")
-                time.sleep(0.2)
-            time.sleep(0.2)
-            address = json.loads(ready.read_text())["address"]
+            self.daemon = Daemon(serve_args)
+            self.proc, address = self.daemon.proc, self.daemon.address
         self.address = address
 
     async def _run(self, prompt: list[int], max_tokens: int) -> tuple[float, int]:
@@ -163,9 +157,8 @@ class Served:
         return asyncio.run(self._run(prompt, max_tokens))
 
     def close(self) -> None:
-        if self.proc is not None:
-            self.proc.terminate()
-            self.proc.wait(60)
+        if self.daemon is not None:
+            self.daemon.stop()
 
 
 def main() -> None:

@@ -15,7 +15,7 @@ radixd's gRPC `Generate`, llama-server's `/completion` with `stream`):
 
 Rounds alternate which server goes first; medians are reported with per-round ratios.
 
-    PYTHONPATH=$PWD:$PWD/clients .venv/bin/python -P bench/single_stream.py \
+    .venv/bin/python bench/single_stream.py \
         --llama-server DIR/llama/build/bin/llama-server --threads 2 --rounds 3
 """
 
@@ -32,7 +32,7 @@ import urllib.request
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 
-from llama_server import LlamaServer
+from llama_server import LlamaServer, require_binary
 from radixd_client import AsyncClient
 from radixd_client.types import Chunk
 from serve_step import Served, prompt_ids
@@ -178,6 +178,7 @@ def main() -> None:
     ap.add_argument("--many-turns", type=int, default=4)
     ap.add_argument("--serve-args", default="", help="more `radixd serve` flags")
     args = ap.parse_args()
+    require_binary(args.llama_server)  # before radixd starts
     out = asyncio.run(measure(args))
     keys = sorted({k.split(" ", 1)[1] for k in out if " " in k})
     print("\n| one stream | radixd | llama-server | radixd / llama (median of per-round ratios) |")

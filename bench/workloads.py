@@ -28,13 +28,16 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 
 import torch
-
-from radixd.daemon.engine.config import EngineConfig
-from radixd.daemon.engine.core import EngineCore
-from radixd.daemon.engine.factory import build_core
-from radixd.daemon.engine.types import GenerateRequest, RequestOutput
-from radixd.daemon.executor.sampling import SamplingParams
-from radixd.daemon.loaders import LoadedModel, load_model
+from benchkit import (
+    EngineConfig,
+    EngineCore,
+    GenerateRequest,
+    LoadedModel,
+    RequestOutput,
+    SamplingParams,
+    build_core,
+    load_model,
+)
 
 
 @dataclass
@@ -50,9 +53,14 @@ class Trace:
 class Driver:
     """Submits rounds of requests to a core and records them in the trace."""
 
-    def __init__(self, core: EngineCore) -> None:
+    def __init__(self, core: EngineCore, scale: float = 1.0) -> None:
         self.core = core
         self.trace = Trace()
+        self.scale = scale  # every prompt part's length is multiplied by this (--scale)
+
+    def tokens(self, rng: random.Random, n: int) -> list[int]:
+        """`n` x scale random ordinary token ids (at least 1)."""
+        return [rng.randrange(1000, 30000) for _ in range(max(1, round(n * self.scale)))]
 
     def round(
         self, reqs: list[GenerateRequest], full_prompts: list[list[int]] | None = None
@@ -85,18 +93,13 @@ def greedy(gen: int) -> SamplingParams:
     return SamplingParams(max_tokens=gen, temperature=0.0, ignore_eos=True)
 
 
-def rand_tokens(rng: random.Random, n: int) -> list[int]:
-    return [rng.randrange(1000, 30000) for _ in range(n)]
-
-
 def wl_chat(d: Driver, gen: int) -> None:
     rng = random.Random(1)
-    system = rand_tokens(rng, 300)
+    system = d.tokens(rng, 300)
     history = [list(system) for _ in range(8)]
     for turn in range(4):
         reqs = [
-            GenerateRequest(f"chat-{c}-{turn}", history[c] + rand_tokens(rng, 40), greedy(gen))
-            for c in range(8)
+            GenerateRequest(f"chat-{c}-{turn}", history[c] + d.tokens(rng, 40), greedy(gen)) for c in range(8)
         ]
         outs = d.round(reqs)
         for c, r in enumerate(reqs):
@@ -107,13 +110,13 @@ def wl_agent(d: Driver, gen: int) -> None:
     rng = random.Random(2)
     core = d.core
     core.sessions.create("agent")
-    context = rand_tokens(rng, 1000)
+    context = d.tokens(rng, 1000)
     d.round([GenerateRequest("agent-0", context, greedy(gen), session_id="agent")], [context])
     branches = [s.session_id for s in core.sessions.fork("agent", 8)]
     for step in range(3):
         reqs, full = [], []
         for b, sid in enumerate(branches):
-            turn = rand_tokens(rng, 20)
+            turn = d.tokens(rng, 20)
             full.append(list(core.sessions.get(sid).tokens) + turn)
             reqs.append(GenerateRequest(f"agent-{b}-{step}", turn, greedy(gen), session_id=sid))
         d.round(reqs, full)
@@ -124,13 +127,13 @@ def wl_agent(d: Driver, gen: int) -> None:
 def wl_n8(d: Driver, gen: int) -> None:
     rng = random.Random(3)
     params = SamplingParams(max_tokens=gen, temperature=0.8, top_p=0.95, seed=11, n=8, ignore_eos=True)
-    d.round([GenerateRequest("n8", rand_tokens(rng, 1000), params)])
+    d.round([GenerateRequest("n8", d.tokens(rng, 1000), params)])
 
 
 def wl_fewshot(d: Driver, gen: int) -> None:
     rng = random.Random(4)
-    prefix = rand_tokens(rng, 1000)
-    d.round([GenerateRequest(f"fs-{i}", prefix + rand_tokens(rng, 20), greedy(gen)) for i in range(64)])
+    prefix = d.tokens(rng, 1000)
+    d.round([GenerateRequest(f"fs-{i}", prefix + d.tokens(rng, 20), greedy(gen)) for i in range(64)])
 
 
 WORKLOADS: dict[str, Callable[[Driver, int], None]] = {
@@ -186,7 +189,7 @@ def pct(xs: list[float], q: float) -> float:
 
 def run_one(lm: LoadedModel, name: str, caching: bool, args: argparse.Namespace) -> Row:
     core = build_core(lm, EngineConfig(prefix_caching=caching), num_blocks=args.num_blocks)
-    d = Driver(core)
+    d = Driver(core, args.scale)
     t0 = time.perf_counter()
     WORKLOADS[name](d, args.gen)
     wall = time.perf_counter() - t0
@@ -194,7 +197,7 @@ def run_one(lm: LoadedModel, name: str, caching: bool, args: argparse.Namespace)
     prompt_total = sum(len(p) for p in tr.prompts)
     gen_total = sum(len(o) for outs in tr.outputs for o in outs)
     stats = core.stats()
-    unshared = 8 * core.kv.blocks_for(1000 + args.gen) if name == "n8" else 0
+    unshared = 8 * core.kv.blocks_for(len(tr.prompts[0]) + args.gen) if name == "n8" else 0
     return Row(
         name, "on" if caching else "off", wall, gen_total, gen_total / wall,
         pct(tr.ttft, 0.5), pct(tr.ttft, 0.99), sum(tr.cached) / prompt_total,
@@ -260,6 +263,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--gen", type=int, default=64, help="generated tokens per request (the issue's 64)")
     ap.add_argument("--threads", type=int, default=1, help="torch intra-op threads")
     ap.add_argument("--num-blocks", type=int, default=2048)
+    ap.add_argument("--scale", type=float, default=1.0, help="prompt lengths x this (tiny runs)")
     ap.add_argument(
         "--repeat",
         type=int,

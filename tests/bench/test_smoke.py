@@ -1,0 +1,147 @@
+"""Every benchmark in bench/ runs: each script, as a subprocess with tiny arguments, exits 0 and prints
+its table (the numbers mean nothing at these sizes; that the code paths run is what is checked).
+
+What this repository does not hold is not needed here: benchmarks beside llama.cpp or the SGLang peer
+bench are checked to say what is missing, and the GPU check runs its CPU dry run. The served ones talk
+to one `radixd serve` started for this module (bench/benchkit.py's launcher, as the benchmarks start it).
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import os
+import subprocess
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+from types import ModuleType
+from typing import Any
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[2]
+BENCH = ROOT / "bench"
+MODULES = {"benchkit.py", "llama_server.py"}  # imported by the benchmarks, not run
+
+# script -> its smoke runs' arguments and a line of the table it must print
+RUNS: dict[str, tuple[str, str]] = {
+    "fragmentation.py": ("--requests 12 --budget-gib 4", "| shared system prompt, n=4 | radix-16 |"),
+    "block_layout.py": ("--churn 0.05 --concurrent 2 --turns 2", "| busy |"),
+    "kernels_cpu.py": ("--ctx 64 --layers 1 --rounds 1 --pool-gib 0.01 --read-mib 8", "| split |"),
+    "decode_chunks.py": ("--shapes 2x40 --rounds 1 --layers 2 --pool-blocks 64", "| 2 x 40 |"),
+    # the daemon's handover (--sink bridge) covers the default counting sink's path and more
+    "sched_overhead.py": (
+        "--seqs 8 --groups 2 --prefix 64 --suffix 16 --steps 4 --sink bridge",
+        "| **outside the forward pass** |",
+    ),
+}
+# loading the real model: slow
+MODEL_RUNS: dict[str, tuple[str, str]] = {
+    "offline.py": (
+        "--dtypes float32 --batches 1 --prompt-len 8 --decode-tokens 2 --prefill-batch 1 --repeats 1 "
+        "--no-quality --threads 1",
+        "| batch 1 |",
+    ),
+    "workloads.py": ("--workloads n8 --gen 2 --scale 0.05 --num-blocks 256", "| n8 | off |"),
+}
+# against the module's daemon (--address is added)
+SERVED_RUNS: dict[str, tuple[str, str]] = {
+    "serve_bench.py": (
+        "--workload both --concurrency 1 --turns 1 --forks 2 --max-tokens 2",
+        "| agent / cache |",
+    ),
+    "big_prompt_latency.py": ("--rounds 1 --seconds 1", "| over-bound |"),
+    "serve_step.py": ("--offline --contexts 16 --max-tokens 4 --rounds 1", "| 16 |"),
+}
+# needing what the repository does not hold (MISSING: a path where nothing is)
+MISSING_RUNS: dict[str, tuple[str, str]] = {
+    "single_stream.py": ("--llama-server MISSING", "no llama-server binary at"),
+    "radix_adapter.py": ("--peer-bench MISSING", "needs the peer bench radix_peer_bench.py"),
+}
+
+
+def run(script: str, *args: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
+    """`python bench/SCRIPT ARGS...` (`bash` for a .sh) from the repository root, output captured."""
+    cmd = ["bash"] if script.endswith(".sh") else [sys.executable]
+    return subprocess.run(
+        [*cmd, str(BENCH / script), *args],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=600,
+        env={**os.environ, **(env or {})},
+    )
+
+
+def check(proc: subprocess.CompletedProcess[str], table_row: str) -> None:
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    assert table_row in proc.stdout, proc.stdout[-3000:]
+
+
+@pytest.fixture(autouse=True)
+def private_cache(model_cache_dir: Path) -> Path:
+    """Kernels the benchmarks build and the converted model go to the session's cache, never the user's."""
+    return model_cache_dir
+
+
+def test_every_script_has_a_smoke_run() -> None:
+    scripts = {p.name for p in BENCH.iterdir() if p.suffix in (".py", ".sh", ".c")} - MODULES
+    covered = {*RUNS, *MODEL_RUNS, *SERVED_RUNS, *MISSING_RUNS, "gpu_check.py", "gpu_check.sh"}
+    assert scripts == covered
+
+
+def test_benchmarks_import_the_installed_package_only() -> None:
+    for path in BENCH.glob("*.py"):
+        text = path.read_text()
+        assert "sys.path" not in text, path.name
+        assert "from tests" not in text and "import tests" not in text, path.name
+
+
+@pytest.mark.parametrize("script", sorted(RUNS))
+def test_benchmark(script: str) -> None:
+    args, table_row = RUNS[script]
+    check(run(script, *args.split()), table_row)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("script", sorted(MODEL_RUNS))
+def test_benchmark_on_the_model(script: str) -> None:
+    args, table_row = MODEL_RUNS[script]
+    check(run(script, *args.split()), table_row)
+
+
+def _benchkit() -> ModuleType:
+    spec = importlib.util.spec_from_file_location("benchkit", BENCH / "benchkit.py")
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+@pytest.fixture(scope="module")
+def served(model_cache_dir: Path) -> Iterator[Any]:
+    """One `radixd serve` (a small pool) for the served benchmarks."""
+    with _benchkit().Daemon(["--num-blocks", "512"]) as daemon:
+        yield daemon
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("script", sorted(SERVED_RUNS))
+def test_served_benchmark(script: str, served: Any) -> None:
+    args, table_row = SERVED_RUNS[script]
+    check(run(script, "--address", served.address, *args.split()), table_row)
+
+
+@pytest.mark.parametrize("script", sorted(MISSING_RUNS))
+def test_benchmark_says_what_is_missing(script: str, tmp_path: Path) -> None:
+    args, message = MISSING_RUNS[script]
+    proc = run(script, *args.replace("MISSING", str(tmp_path / "absent")).split())
+    assert proc.returncode != 0
+    assert message in proc.stderr and "Traceback" not in proc.stderr, proc.stderr[-3000:]
+
+
+def test_gpu_check_dry_run(tmp_path: Path) -> None:
+    """`make gpu-check`'s script, its CPU dry run at one small shape (on a CUDA machine too)."""
+    args = f"--dry-run --skip-correctness --models SmolLM2-135M --batches 1 --ctxs 1024 --out {tmp_path}"
+    proc = run("gpu_check.sh", *args.split(), env={"PYTHON": sys.executable})
+    check(proc, "| SmolLM2-135M |")
