@@ -8,8 +8,8 @@ own codes and scales, so the head loses nothing against the GGUF.
 Torch has no CPU kernel for this layout that is faster than bf16 on an AVX2 machine without VNNI
 (docs/bench-offline.md: `_weight_int8pack_mm` holds one scale per row only and ran slower than bf16's
 `F.linear`; dequantizing blocks of rows and running the fp32 GEMM was 10x slower), so it runs
-`q8_0_gemm` of kernels/f32_gemm.c (`f32.py`'s library): a block of rows expanded to fp32 (q * scale)
-into a per-thread buffer, then the fp32 tiles.
+`radixd_gemm`'s Q8_0 kind (kernels/f32_gemm.c, through `f32.Gemm`): a block of rows expanded to fp32
+(q * scale) into a per-thread buffer, then the fp32 tiles.
 
 NOTE: row-invariant by construction, as every call of that library: each output sums in one fixed
 order whatever the call's row count, the row's position or the thread count, so a token's logits
@@ -22,7 +22,7 @@ from __future__ import annotations
 
 import torch
 
-from radixd.daemon.model.f32 import f32_available, library, run_gemm
+from radixd.daemon.model.f32 import Gemm, f32_available, library
 from radixd.daemon.model.invariant import RowInvariant
 from radixd.daemon.model.linear import dequantize_groups, quantize_groups
 
@@ -42,10 +42,9 @@ class Q8Linear:
             raise RuntimeError("the int8 kernel needs an x86-64 CPU with AVX2, FMA and F16C and a C compiler")
         if w_out_in.device.type != "cpu":
             raise ValueError(f"int8 weights run on CPU only, got {w_out_in.device}")
-        self._gemm = lib.q8_0_gemm
         q, scale = quantize_groups(w_out_in)
         self.q, self.scale = q.contiguous(), scale.contiguous()
-        self._ptrs = [self.q.data_ptr(), self.scale.data_ptr()]
+        self._gemm = Gemm("q8_0", [self.q, self.scale], bias, self.q.shape)
         self.weight = dequantize_groups(self.q, self.scale).to(dtype)
         self.bias = bias
         out_f, in_f = q.shape
@@ -53,7 +52,7 @@ class Q8Linear:
         self._rows = RowInvariant(kind, self._kernel, in_f, out_f, dtype, q.device)
 
     def _kernel(self, x: torch.Tensor) -> torch.Tensor:
-        return run_gemm(self._gemm, self._ptrs, x, self.q.shape, self.bias)
+        return self._gemm(x)
 
     def __call__(self, x: torch.Tensor) -> torch.Tensor:
         return self._rows(x)
