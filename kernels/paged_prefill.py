@@ -31,6 +31,7 @@ from radixd.kernels.split_attention import (
     split_attention,
     split_index,
 )
+from radixd.kernels.tiles import fold_split, split_softmax
 
 try:
     import triton
@@ -195,66 +196,18 @@ def _prefill_kernel(
     hi = tl.minimum(seq_len, ctx + first + BLOCK_M)
     hi = tl.where(first < q_len, hi, 0)
 
-    n = tl.arange(0, BLOCK_N)
-    row_stride = NUM_KV_HEADS * HEAD_DIM
     big_m = tl.full([BLOCK_M], float("-inf"), tl.float32)
     big_w = tl.zeros([BLOCK_M], tl.float32)
     big_o = tl.zeros([BLOCK_M, D_TILE], tl.float32)
     # Splits of SPLIT keys fixed by position, each reduced alone and folded in order: the decode
-    # kernel's split and fold (paged_decode.py), so a row here equals the decode of its position.
+    # kernel's split and fold (tiles.py), so a row here equals the decode of its position.
     for lo in range(0, hi, SPLIT):
-        split_hi = tl.minimum(lo + SPLIT, hi)
-        m_i = tl.full([BLOCK_M], float("-inf"), tl.float32)
-        l_i = tl.zeros([BLOCK_M], tl.float32)
-        acc = tl.zeros([BLOCK_M, D_TILE], tl.float32)
-        # NOTE: the tile body below is the decode kernel's stage 1, expression for expression.
-        for start in range(lo, split_hi, BLOCK_N):
-            pos = start + n
-            n_mask = pos < split_hi
-            logical = pos // BLOCK_SIZE
-            phys = tl.load(bt_ptr + seq * stride_bts + logical, mask=n_mask & (logical < max_blocks), other=0)
-            in_blk = (pos % BLOCK_SIZE).to(tl.int64) * row_stride + kvh * HEAD_DIM
-            kv_mask = n_mask[:, None] & d_mask[None, :]
-            k = tl.load(
-                k_ptr + (phys.to(tl.int64) * stride_kn + in_blk)[:, None] + dd[None, :],
-                mask=kv_mask,
-                other=0.0,
-            )
-            if ROWWISE_DOT:  # the interpreter: see ROWWISE_DOT in paged_decode.py
-                sc = tl.sum(q.to(tl.float32)[:, None, :] * k.to(tl.float32)[None, :, :], 2)
-            elif FP32_DOT:
-                sc = tl.dot(q, tl.trans(k), input_precision="ieee")
-            else:
-                sc = tl.dot(q, tl.trans(k))
-            sc = tl.where(n_mask[None, :] & (pos[None, :] <= q_pos[:, None]), sc, float("-inf"))
-            m_new = tl.maximum(m_i, tl.max(sc, 1))
-            # NOTE: a row may see only -inf in a tile; a finite stand-in max keeps exp() NaN-free.
-            m_safe = tl.where(m_new == float("-inf"), 0.0, m_new)
-            alpha = tl.exp(m_i - m_safe)
-            p = tl.exp(sc - m_safe[:, None])
-            l_i = l_i * alpha + tl.sum(p, 1)
-            v = tl.load(
-                v_ptr + (phys.to(tl.int64) * stride_vn + in_blk)[:, None] + dd[None, :],
-                mask=kv_mask,
-                other=0.0,
-            )
-            if ROWWISE_DOT:
-                pv = tl.sum(p.to(v.dtype).to(tl.float32)[:, :, None] * v.to(tl.float32)[None, :, :], 1)
-                acc = acc * alpha[:, None] + pv
-            elif FP32_DOT:
-                acc = acc * alpha[:, None] + tl.dot(p, v, input_precision="ieee")
-            else:
-                acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v)
-            m_i = m_new
-        o_j = acc / tl.where(l_i > 0, l_i, 1.0)[:, None]
-        # The fold (paged_decode.py's NOTE): a split past a row's position is empty and changes nothing.
-        m_new = tl.maximum(big_m, m_i)
-        m_safe = tl.where(m_new == float("-inf"), 0.0, m_new)
-        a = tl.exp(big_m - m_safe)
-        w_j = l_i * tl.exp(m_i - m_safe)
-        big_w = big_w * a + w_j
-        big_o = big_o * a[:, None] + o_j * w_j[:, None]
-        big_m = m_new
+        m_j, l_j, o_j = split_softmax(
+            q, q_pos, k_ptr, v_ptr, bt_ptr + seq * stride_bts, lo, tl.minimum(lo + SPLIT, hi), max_blocks,
+            kvh, stride_kn, stride_vn, BLOCK_M, HEAD_DIM, D_TILE, NUM_KV_HEADS, BLOCK_SIZE, BLOCK_N, True,
+            FP32_DOT, ROWWISE_DOT,
+        )  # fmt: skip
+        big_m, big_w, big_o = fold_split(big_m, big_w, big_o, m_j, l_j, o_j)
 
     o = big_o / tl.where(big_w > 0, big_w, 1.0)[:, None]
     o_off = (q_start + rows.to(tl.int64))[:, None] * stride_ot + head * stride_oh + dd[None, :]

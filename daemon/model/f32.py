@@ -69,8 +69,8 @@ class Gemm:
                 "the projection kernels need an x86-64 CPU with AVX2, FMA and F16C, and a compiler"
             )
         self._fn = lib.radixd_gemm
+        self.operands = list(operands)
         self._bias = None if bias is None else bias.to(torch.float32).contiguous()
-        self._tensors = [*operands, *([] if self._bias is None else [self._bias])]
         w, d, mn = [t.data_ptr() for t in operands] + [0] * (3 - len(operands))
         bias_ptr = 0 if self._bias is None else self._bias.data_ptr()
         self.proj = Proj(Weights[coding.upper()], w, d, mn, bias_ptr, *shape)
@@ -120,7 +120,10 @@ class F32Linear:
         self.gemm = Gemm(self.coding, operands, bias, self.weight.shape)
         out_f, in_f = self.weight.shape
         kind = self.coding if bias is None else f"{self.coding}+bias"
-        self._rows = RowInvariant(kind, self.gemm, in_f, out_f, torch.float32, self.weight.device)
+        self._rows = RowInvariant(kind, self._kernel, in_f, out_f, torch.float32, self.weight.device)
+
+    def _kernel(self, x: torch.Tensor) -> torch.Tensor:
+        return self.gemm(x)
 
     def __call__(self, x: torch.Tensor) -> torch.Tensor:
         return self._rows(x)
