@@ -21,6 +21,23 @@ from typing import Any
 
 import torch
 
+try:  # triton is a hard dependency, but keep the torch path importable without it
+    import triton
+    import triton.language as tl
+except ImportError:  # pragma: no cover
+    triton = tl = None
+
+__all__ = [
+    "BACKENDS",
+    "ENV_BACKEND",
+    "LazyKernel",
+    "check_same_device",
+    "interpreting",
+    "resolve_backend",
+    "tl",
+    "triton",
+]
+
 BACKENDS = ("triton", "torch")
 ENV_BACKEND = "RADIXD_KERNEL_BACKEND"
 

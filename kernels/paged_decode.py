@@ -22,14 +22,8 @@ import torch
 from radixd.kernels import cpu_attention
 from radixd.kernels.checks import check_block_tables, check_cache, check_int_vector, check_query
 from radixd.kernels.decode_plan import DecodePlan, check_plan, decode_with_plan, plan_decode
-from radixd.kernels.dispatch import LazyKernel, check_same_device, interpreting, resolve_backend
-from radixd.kernels.tiles import fold_split, split_softmax
-
-try:  # triton is a hard dependency, but keep the torch path importable without it
-    import triton
-    import triton.language as tl
-except ImportError:  # pragma: no cover
-    triton = None
+from radixd.kernels.dispatch import LazyKernel, check_same_device, resolve_backend, tl, triton
+from radixd.kernels.tiles import fold_split, scale_and_strides, split_softmax, tile_constants
 
 
 def paged_decode(
@@ -273,7 +267,8 @@ def paged_decode_triton(
     # NOTE: the grid covers the table's width (no host sync for max(seq_lens)); programs past a
     # sequence's end write empty partials that its fold never reads.
     num_splits = max(1, triton.cdiv(max_blocks * b, split_tokens))
-    d_tile = max(16, triton.next_power_of_2(d))
+    consts = tile_constants(k_cache, DECODE_CONFIG["block_n"])
+    d_tile = consts["D_TILE"]
     if group > ROW_TILE:
         raise ValueError(f"paged_decode: a GQA group of {group} query heads exceeds the {ROW_TILE}-row tile")
     part_o = torch.empty(s, hq, num_splits, d_tile, dtype=torch.float32, device=q.device)
@@ -286,24 +281,13 @@ def paged_decode_triton(
         seq_lens,
         part_o,
         part_ml,
-        float(scale),
-        q.stride(0),
-        q.stride(1),
-        k_cache.stride(0),
-        v_cache.stride(0),
-        block_tables.stride(0),
+        *scale_and_strides(q, k_cache, v_cache, block_tables, scale),
         max_blocks,
         num_splits,
         GROUP=group,
         GROUP_TILE=ROW_TILE,
-        HEAD_DIM=d,
-        D_TILE=d_tile,
-        NUM_KV_HEADS=hkv,
-        BLOCK_SIZE=b,
-        BLOCK_N=DECODE_CONFIG["block_n"],
         SPLIT=split_tokens,
-        FP32_DOT=k_cache.dtype == torch.float32,
-        ROWWISE_DOT=interpreting(),
+        **consts,
         num_warps=DECODE_CONFIG["num_warps"],
         num_stages=DECODE_CONFIG["num_stages"],
     )

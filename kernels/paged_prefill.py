@@ -20,7 +20,7 @@ import torch
 
 from radixd.kernels import cpu_attention
 from radixd.kernels.checks import check_block_tables, check_cache, check_int_vector, check_query
-from radixd.kernels.dispatch import LazyKernel, check_same_device, interpreting, resolve_backend
+from radixd.kernels.dispatch import LazyKernel, check_same_device, resolve_backend, tl, triton
 from radixd.kernels.paged_decode import DECODE_CONFIG, ROW_TILE, SPLIT_TOKENS
 from radixd.kernels.paging import length_chunks
 from radixd.kernels.split_attention import (
@@ -31,13 +31,7 @@ from radixd.kernels.split_attention import (
     split_attention,
     split_index,
 )
-from radixd.kernels.tiles import fold_split, split_softmax
-
-try:
-    import triton
-    import triton.language as tl
-except ImportError:  # pragma: no cover
-    triton = None
+from radixd.kernels.tiles import fold_split, scale_and_strides, split_softmax, tile_constants
 
 
 def paged_prefill(
@@ -229,7 +223,7 @@ def paged_prefill_triton(
 ) -> torch.Tensor:
     """Launch the Triton extend kernel (inputs already validated by :func:`paged_prefill`)."""
     t, hq, d = q.shape
-    _, b, hkv, _ = k_cache.shape
+    hkv = k_cache.shape[2]
     s = seq_lens.shape[0]
     out = torch.zeros(t, hq, d, dtype=q.dtype, device=q.device)
     if t == 0 or s == 0:
@@ -242,7 +236,7 @@ def paged_prefill_triton(
     q_max = int((cu_q_lens[1:] - cu_q_lens[:-1]).max())
     if q_max <= 0:
         return out
-    d_tile = max(16, triton.next_power_of_2(d))
+    consts = tile_constants(k_cache, DECODE_CONFIG["block_n"])
     grid = (triton.cdiv(q_max, ROW_TILE), s, hq)
     _kernel[grid](
         q,
@@ -252,25 +246,14 @@ def paged_prefill_triton(
         cu_q_lens,
         seq_lens,
         out,
-        float(scale),
-        q.stride(0),
-        q.stride(1),
-        k_cache.stride(0),
-        v_cache.stride(0),
-        block_tables.stride(0),
+        *scale_and_strides(q, k_cache, v_cache, block_tables, scale),
         out.stride(0),
         out.stride(1),
         max_blocks,
         GROUP=hq // hkv,
-        HEAD_DIM=d,
-        D_TILE=d_tile,
-        NUM_KV_HEADS=hkv,
-        BLOCK_SIZE=b,
         BLOCK_M=ROW_TILE,
-        BLOCK_N=DECODE_CONFIG["block_n"],
         SPLIT=SPLIT_TOKENS,
-        FP32_DOT=k_cache.dtype == torch.float32,
-        ROWWISE_DOT=interpreting(),
+        **consts,
         num_warps=4,
         num_stages=2,
     )

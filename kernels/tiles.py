@@ -12,11 +12,11 @@ w_j = l_j * exp(m_j - m_safe); W = W * a + w_j; O = O * a + o_j * w_j; M = m_new
 
 from __future__ import annotations
 
-try:
-    import triton.language as tl
-    from triton.runtime.jit import JITFunction
-except ImportError:  # pragma: no cover
-    tl = None
+from typing import Any
+
+import torch
+
+from radixd.kernels.dispatch import interpreting, tl, triton
 
 
 def _split_softmax(
@@ -104,6 +104,34 @@ def _fold_split(
     return m_new, big_w, big_o
 
 
+def tile_constants(k_cache: torch.Tensor, block_n: int) -> dict[str, Any]:
+    """The constexprs of a launch that `split_softmax` takes from the pool (shape, dtype), the key tile
+    (`block_n`) and the mode (the interpreter's row-wise dot)."""
+    _, b, hkv, d = k_cache.shape
+    return {
+        "HEAD_DIM": d,
+        "D_TILE": max(16, triton.next_power_of_2(d)),
+        "NUM_KV_HEADS": hkv,
+        "BLOCK_SIZE": b,
+        "BLOCK_N": block_n,
+        "FP32_DOT": k_cache.dtype == torch.float32,
+        "ROWWISE_DOT": interpreting(),
+    }
+
+
+def scale_and_strides(
+    q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, block_tables: torch.Tensor, scale: float
+) -> tuple[float, int, int, int, int, int]:
+    """The launch arguments both kernels take in this order: the scale, q's token and head strides,
+    the pools' block strides and the tables' row stride."""
+    strides = (q.stride(0), q.stride(1), k_cache.stride(0), v_cache.stride(0), block_tables.stride(0))
+    return (float(scale), *strides)
+
+
+split_softmax: Any = None
+fold_split: Any = None
 if tl is not None:
+    from triton.runtime.jit import JITFunction
+
     split_softmax = JITFunction(_split_softmax)
     fold_split = JITFunction(_fold_split)
