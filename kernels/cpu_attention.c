@@ -118,12 +118,9 @@ static inline v8f fold8(const v8f a[LANES]) {
 /* Pool rows to prefetch, asked for a few cache lines at a time from inside a loop's arithmetic, so
  * that the requests are spread over it.
  * NOTE: spread, not asked for a row or a block at once: a burst of prefetches fills the core's miss
- * buffers and stalls the loads behind it, so memory and arithmetic take turns instead of overlapping
- * (one core reading 16-token blocks: 16.9 -> 20.6 GB/s, bench/block_read.c modes 2 and 3; the
- * 4,000-token step on 2 threads 4.69 -> 4.19 ms, docs/bench-kernels.md).
- * Into L2 (locality 2, prefetcht1), not L1: a 4,000-token context's blocks are scattered 6 KiB runs,
- * and L1's few miss buffers cap what one core has in flight; requests for L2 take its larger queue
- * (on a Zen 4 EPYC the 4,000-token step went 17.1 -> 8.8 ms on 1 thread). */
+ * buffers and stalls the loads behind it, so memory and arithmetic take turns instead of overlapping.
+ * Into L2 (locality 2, prefetcht1), not L1: a long context's blocks are scattered runs of a few KiB,
+ * and L1's few miss buffers cap what one core has in flight; requests for L2 take its larger queue. */
 typedef struct {
     const char *base;    /* the pool */
     const int64_t *rows; /* the rows' offsets in elements, in the order asked */
@@ -182,7 +179,7 @@ static inline __attribute__((always_inline)) void attend_split(const radixd_attn
      * for this split's value rows (pass 2 reads them from L2) and for its key rows a block ahead; the
      * softmax and pass 2 ask for the next split's key rows when the row is alone (a thread takes a
      * row's splits in order, radixd_attend_rows). Pass 1 asks for its keys even when split j - 1
-     * did: without that second request the 4,000-token step took 4.62 ms instead of 4.32 (2 threads). */
+     * did (docs/bench-kernels.md). */
     const int64_t row_bytes = stride_tok * elem;
     prefetch_stream values = stream_of(a->v, rows, n, elem, row_bytes);
     prefetch_stream keys = stream_of(a->k, rows + b, b >= n ? 0 : n - b, elem, row_bytes);
@@ -403,9 +400,7 @@ int radixd_attend_rows(const radixd_attn *a, int threads) {
     {
         float *scratch = malloc((size_t)(hq * SPLIT + hq * d) * sizeof(float));
         /* Each thread takes one contiguous run of units holding about its share of the keys: a row's
-         * splits follow each other on one thread, so pass 2 can prefetch the next one's keys (2
-         * threads, a 30-layer step, f16: 4,000 tokens 5.1 -> 4.5-4.8 ms, 1,000 tokens 1.60 -> 1.48,
-         * against one unit at a time to whichever thread is free; docs/bench-kernels.md), and a
+         * splits follow each other on one thread, so pass 2 can prefetch the next one's keys, and a
          * prefill chunk's short early rows do not leave one thread the long ones. Which thread runs a
          * unit never changes its bits. */
         const int64_t lo = unit_near(cost, units, cost[units] * thread_num() / thread_count());

@@ -1,19 +1,13 @@
-"""The compiled CPU attention (``cpu_attention.c``): prefill and decode rows, one loop per row.
+"""The compiled CPU attention (``radixd_attend_rows``, cpu_attention.c): prefill and decode rows alike.
 
-Design 2 of the batch-invariant CPU attention (docs/batch-invariance-attention.md). Each query row (a
-token: its sequence's block table and its position) attends to keys ``0..pos`` in splits fixed by
-position (256 keys); each (row, split) is one thread's unit (a pass over K for the scores, ``exp``
-and their sum, a pass over V for the weighted values), and a row's splits are folded in split order.
-A row's arithmetic depends only on its query, its keys and its position: not on the other rows of
-the call, the batch size, the thread count, or whether it is a prefill or a decode row. There is no
-padding and no GEMM.
+Each query row (a token: its block table and position) attends to keys ``0..pos`` in splits fixed by
+position; ``RowsPlan`` checks every index the C code follows. Which design runs is :func:`design`:
+``RADIXD_CPU_ATTENTION`` = ``compiled`` | ``split`` | ``auto`` (default: compiled where the library
+builds, else the torch split design of ``split_attention.py``); prefill and decode ask the same
+function, so a process never mixes the two.
 
-The kernel is ``radixd_attend_rows`` of native.py's library (torch's OpenMP runtime, the GIL
-released during a call).
-
-Which design runs is :func:`design`: ``RADIXD_CPU_ATTENTION`` = ``compiled`` | ``split`` | ``auto``
-(default: compiled where it builds, else the torch split design of ``split_attention.py``). Both the
-prefill and the decode twin ask the same function, so a process never mixes the two designs.
+NOTE: a row's arithmetic depends only on its query, its keys and its position: not on the other rows
+of the call, the batch size, the thread count, or whether it is a prefill or a decode row.
 """
 
 from __future__ import annotations

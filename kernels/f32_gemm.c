@@ -242,8 +242,8 @@ static int same_bits(__m256 a, __m256 b) {
  * expanded from, as GGUF's quantizer lays them out (the group's minimum has code 0, its maximum 15).
  * Returns 1 when every weight is recovered bit for bit by (d * q) + m, else 0 (the outputs are then
  * meaningless: the matrix is not Q4_1 data). A code is only a candidate until that check passes.
- * One thread: it runs once per matrix at load (~2 ms for 1.8M weights), where waking a second thread
- * on a busy machine can cost more than that. */
+ * One thread: it runs once per matrix at load, where waking a second thread on a busy machine can
+ * cost more than the work. */
 int radixd_q4_1_encode(const float *w, int64_t n, int64_t k, uint8_t *codes, float *d, float *mn) {
     int64_t groups = k / 32;
     int ok = 1;

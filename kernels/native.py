@@ -1,20 +1,14 @@
 """The native CPU kernels: this package's C files, built into one library per machine and loaded here.
 
-Torch has no CPU kernel for some of what radixd runs (a row-invariant paged attention, row-invariant
-projections over GGUF blocks, a float32 step's layers in one call). Each is a C file beside this
-module; ``radixd.h`` declares every entry point, struct and enum, and this module mirrors them in
-ctypes (tests/kernels/test_header.py checks the mirror). :func:`library` compiles every C file as its
-own unit with :data:`CFLAGS` (plus an ISA flag list per file where :data:`UNIT_FLAGS` names one),
-links them into radixd's cache directory, keyed by every source and header, the flags, the compiler,
-the OpenMP runtime and the CPU's flags, and loads the result with ctypes, which releases the GIL
-during a call as torch's own kernels do.
+``radixd.h`` declares every entry point, struct and enum; this module mirrors them in ctypes (checked
+by tests/kernels/test_header.py) and :func:`library` builds every C file as its own unit with
+:data:`CFLAGS` (plus :data:`UNIT_FLAGS`'s ISA flags), links them into radixd's cache directory (keyed
+by every source and header, the flags, the compiler, the OpenMP runtime and the CPU's flags) and loads
+the result with ctypes, which releases the GIL during a call. Where the library cannot be built,
+:func:`library` warns once and returns None, and every caller runs its torch fallback.
 
 NOTE: the library links the OpenMP runtime torch itself loaded (same soname), so a kernel's
 ``omp parallel`` shares torch's thread pool instead of starting a second one beside it.
-NOTE: -ffp-contract=off and no -ffast-math are part of every kernel's row-invariance argument.
-
-Where the library cannot be built (no compiler, a compile error), :func:`library` warns once and
-returns None, and every caller runs its torch fallback.
 """
 
 from __future__ import annotations
@@ -76,8 +70,8 @@ def release_openmp_workers() -> bool:
     NOTE: libgomp lets its waiting workers spin only ~100 times, instead of ~300,000, once it manages
     more threads than there are CPUs, and every thread that ever opened a parallel region keeps its
     workers. A model loaded on one thread and run on another (the engine thread) therefore doubles
-    the workers, and on a 2-core machine each of a step's ~200 parallel regions then wakes its worker
-    through the kernel: a batch-1 step took 17 ms instead of 10 (bench/serve_step.py)."""
+    the workers, and on a small machine each of a step's parallel regions then wakes its worker
+    through the kernel."""
     path = _omp_runtime()
     try:
         lib = ctypes.CDLL(path or "libgomp.so.1")
@@ -94,6 +88,10 @@ def _compiler() -> str | None:
     return shutil.which(cc) if cc else shutil.which("cc") or shutil.which("gcc")
 
 
+# NOTE: -ffp-contract=off and no -ffast-math are part of every kernel's row-invariance argument (each
+# expression rounds as written, e.g. a Q4_1 weight's (d * q) + m as the GGUF reader's numpy rounds it);
+# -O3 unrolls the tiles' loops over constant row and output counts so their accumulators stay in
+# registers; -march=native picks the CPU's vector path (FMA, F16C) for every unit alike.
 CFLAGS = ("-O3", "-march=native", "-ffp-contract=off", "-fno-fast-math", "-fopenmp", "-std=c11")
 _X86 = platform.machine() in ("x86_64", "AMD64")
 _AVX2 = ("-mavx2", "-mfma", "-mf16c")

@@ -1,18 +1,14 @@
 """paged_decode: one query token per sequence attends to its KV through a block table.
 
-Triton: split-K flash decoding with splits fixed by position: split ``j`` holds keys
-``[j * split_tokens, (j + 1) * split_tokens)`` whatever the batch. Stage 1 runs one program per
-(sequence, kv head, split); the query heads of the GQA group are packed into one ``ROW_TILE``-row tile
-(the prefill kernel's tile height, so ``tl.dot`` sees the same shape) and an fp32 online softmax runs
-over ``block_n``-key tiles gathered through the block table. Stage 2 folds a sequence's own splits in
-order with :func:`_fold_split`, the very arithmetic the prefill kernel folds its splits with: a decode
-row equals the prefill row of its position where the GPU's ``tl.dot`` gives a row the same bits in
-both tiles (under TRITON_INTERPRET=1 it does, tests/kernels/test_batch_invariance_triton.py).
+Triton: split-K flash decoding with splits fixed by position (split ``j`` holds keys
+``[j * split_tokens, (j + 1) * split_tokens)`` whatever the batch); stage 1 runs tiles.py's online
+softmax per (sequence, kv head, split) over the GQA group packed in a ``ROW_TILE``-row tile, stage 2
+folds a sequence's splits in order with tiles.py's fold, the prefill kernel's very arithmetic.
+CPU twin: the compiled row kernel (cpu_attention.py), else the split design (decode_plan.py), planned
+once per step (:func:`decode_step_plan`) for every layer.
 
-CPU twin (the daemon's CPU path): by default the compiled row kernel (``cpu_attention.py``), each
-sequence one row at position ``seq_len - 1``; where it cannot build, the split design
-(``decode_plan.py``: per chunk of length-sorted sequences one gather and one ``split_attention``).
-Either is planned once per step (:func:`decode_step_plan`) and the plan reused by every layer.
+NOTE: a decode row equals the prefill row of its position wherever ``tl.dot`` gives a row the same
+bits in both tiles (under TRITON_INTERPRET=1 it does: tests/kernels/test_batch_invariance_triton.py).
 """
 
 from __future__ import annotations

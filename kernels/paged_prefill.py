@@ -1,17 +1,12 @@
 """paged_prefill (extend): a ragged batch of new tokens attends to the cached prefix and causally to itself.
 
 New token i of sequence s sits at position ``seq_lens[s] - q_len[s] + i`` and attends to every KV
-position <= its own; its own K/V (and the prefix's) are already in the pool. This one op serves
-plain prefill (empty prefix), chunked prefill and prefix-cache hits.
+position <= its own (its K/V are already in the pool): plain prefill, chunked prefill and prefix-cache
+hits alike. Triton: one program per (query tile, sequence, query head), the decode kernel's splits,
+online softmax and fold (tiles.py). CPU twin: every new token is one row of the compiled row kernel
+(cpu_attention.py), else the split design (one gather, one ``split_attention``).
 
-Triton: one program per (query tile, sequence, query head); keys up to the tile's last causal
-position are taken in the decode kernel's fixed splits, each reduced by an fp32 online softmax over KV
-tiles gathered through the block table and folded in order exactly as the decode kernel folds them.
-CPU twin: every new token is one row at its own position for the compiled row kernel
-(``cpu_attention.py``), the very rows a decode of that position runs; where the kernel cannot build,
-the split design: queries padded to [S, Hkv, G*Qmax, D] (the G heads of a kv head stacked as rows),
-one gather, one :func:`~radixd.kernels.split_attention.split_attention` (the decode twin's arithmetic:
-a prefill row equals the decode of its position bit for bit, split_attention.py).
+NOTE: a prefill row equals the decode of its position (the same splits and arithmetic).
 """
 
 from __future__ import annotations

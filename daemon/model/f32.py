@@ -133,12 +133,10 @@ class Widened16Linear:
     """16-bit weights (`weight`, as given) computed by `F32Linear` over their exact fp32 values, the
     result rounded to their dtype (bias added in fp32 first, as `F.linear` does).
 
-    For CPUs without native bf16 (AVX512-BF16 / AMX), where torch's 16-bit GEMM is emulated: there
-    oneDNN's kernel sums a row in an order that depends on the call's row count (measured on an
-    AVX512F CPU: 2 rows differ from 1, and 65 from 512), and the bf16 rounding of its output hides
-    most of those differences from the probe of `invariant.py`, so no probed plan is safe. The fp32
-    kernel is row-invariant by construction. It holds an fp32 copy of the weights beside them: on such
-    CPUs the 16-bit modes are never `auto`'s pick, and fp32 runs there faster anyway."""
+    For CPUs without native bf16 (AVX512-BF16 / AMX), where oneDNN's emulated 16-bit GEMM sums a row
+    in an order that depends on the call's row count and the bf16 rounding hides that from the probe
+    of `invariant.py`. It holds an fp32 copy of the weights beside them (on such CPUs the 16-bit
+    modes are never `auto`'s pick)."""
 
     def __init__(self, w_out_in: torch.Tensor, bias: torch.Tensor | None) -> None:
         self.weight = w_out_in
