@@ -141,10 +141,10 @@ def _build() -> Path | str:
                 )
                 for p, o in zip(units, objs, strict=True)
             ]
-            for job in jobs:
-                _, err = job.communicate()
+            errors = [job.communicate()[1] for job in jobs]  # every compile ends before the folder goes
+            for job, stderr in zip(jobs, errors, strict=True):
                 if job.returncode:
-                    raise subprocess.CalledProcessError(job.returncode, job.args, stderr=err)
+                    raise subprocess.CalledProcessError(job.returncode, job.args, stderr=stderr)
             so = Path(tmp) / "radixd.so"
             link = [cc, "-shared", *map(str, objs), "-o", str(so)] + ([omp] if omp else ["-fopenmp"])
             subprocess.run(link, check=True, capture_output=True)
