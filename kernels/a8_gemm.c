@@ -12,8 +12,8 @@
  * of a group converted and added by one FMA each, the minimums' terms in a scalar in the same order,
  * one fixed horizontal sum last), whatever the row count, the row's position or the thread count.
  * On CPUs with AVX512-VNNI calls whose inputs are whole pairs of groups run a8_avx512.c's tiles
- * instead: the same arithmetic, two groups per instruction. The
- * weights' scales and minimums are fp16 here (the values the GGUF stores). */
+ * instead: the same arithmetic, two groups per instruction. The weights' scales and minimums are
+ * fp16 here (the values the GGUF stores). */
 #include "gemm.h"
 
 /* Row r of x [m, k] as int8 codes per group of 32 (q [m, k]), their scales e [m, k / 32] and, for
