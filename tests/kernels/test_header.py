@@ -49,43 +49,39 @@ def _declarators(decl: str) -> list[tuple[str, Any]]:
     return out
 
 
+def _typedefs(text: str, kind: str) -> dict[str, str]:
+    """name -> body of every `typedef enum {...} name;` (kind "enum") or struct."""
+    return {name: body for body, name in re.findall(rf"typedef {kind} \{{(.*?)\}}\s*(\w+);", text, re.DOTALL)}
+
+
 def mismatches(text: str) -> list[str]:
     """Every way the header `text` and native.py's mirror differ (empty: they agree)."""
     text = re.sub(r"/\*.*?\*/|//[^\n]*", "", text, flags=re.DOTALL)
-    found: list[str] = []
-    enums = dict(
-        (name, body) for body, name in re.findall(r"typedef enum \{(.*?)\}\s*(\w+);", text, re.DOTALL)
-    )
-    if enums.keys() != ENUMS.keys():
-        found.append(f"enums: header {sorted(enums)}, mirror {sorted(ENUMS)}")
-    for name, body in enums.items():
-        if name in ENUMS:
-            cls, prefix = ENUMS[name]
-            header = {k.removeprefix(prefix): int(v) for k, v in re.findall(r"(\w+)\s*=\s*(\d+)", body)}
-            if header != {m.name: int(m.value) for m in cls}:
-                found.append(f"{name}: header {header}, mirror {[(m.name, int(m.value)) for m in cls]}")
-    structs = dict(
-        (name, body) for body, name in re.findall(r"typedef struct \{(.*?)\}\s*(\w+);", text, re.DOTALL)
-    )
-    if structs.keys() != STRUCTS.keys():
-        found.append(f"structs: header {sorted(structs)}, mirror {sorted(STRUCTS)}")
-    for name, body in structs.items():
-        if name in STRUCTS:
-            header_fields = [f for decl in body.split(";") if decl.strip() for f in _declarators(decl)]
-            mirror = [(f[0], f[1]) for f in STRUCTS[name]._fields_]
-            if header_fields != mirror:
-                found.append(f"{name}: header {header_fields}, mirror {mirror}")
     protos = re.findall(r"^\s*(\w+)\s+(radixd_\w+)\s*\(([^)]*)\);", text, re.MULTILINE)
-    if {p[1] for p in protos} != native.SIGNATURES.keys():
-        found.append(
-            f"entry points: header {sorted(p[1] for p in protos)}, mirror {sorted(native.SIGNATURES)}"
-        )
-    for ret, fn, params in protos:
-        if fn in native.SIGNATURES:
-            args = [_declarators(p)[0][1] for p in params.split(",")]
-            if (SCALARS[ret], args) != (native.SIGNATURES[fn][0], native.SIGNATURES[fn][1]):
-                found.append(f"{fn}: header {SCALARS[ret]} {args}, mirror {native.SIGNATURES[fn]}")
-    return found
+    header: dict[str, Any] = {
+        **{
+            n: {k: int(v) for k, v in re.findall(r"(\w+)\s*=\s*(\d+)", b)}
+            for n, b in _typedefs(text, "enum").items()
+        },
+        **{
+            n: [f for d in b.split(";") if d.strip() for f in _declarators(d)]
+            for n, b in _typedefs(text, "struct").items()
+        },
+        **{
+            fn: (SCALARS[ret], [_declarators(p)[0][1] for p in params.split(",")])
+            for ret, fn, params in protos
+        },
+    }
+    mirror: dict[str, Any] = {
+        **{n: {prefix + m.name: int(m.value) for m in cls} for n, (cls, prefix) in ENUMS.items()},
+        **{n: [(f[0], f[1]) for f in cls._fields_] for n, cls in STRUCTS.items()},
+        **{fn: (ret, list(args)) for fn, (ret, args) in native.SIGNATURES.items()},
+    }
+    return [
+        f"{name}: header {header.get(name)}, mirror {mirror.get(name)}"
+        for name in sorted(header.keys() | mirror.keys())
+        if header.get(name) != mirror.get(name)
+    ]
 
 
 def test_the_mirror_matches_the_header() -> None:
