@@ -114,6 +114,16 @@ def _units() -> list[Path]:
     return [p for p in sorted(_HERE.glob("*.c")) if _X86 or p.name not in UNIT_FLAGS]
 
 
+def build_key(cc: str) -> str:
+    """What a build depends on, hashed: every unit with its flags, every header, the common flags, the
+    compiler, the OpenMP runtime and the CPU's flags."""
+    ident = [f"{p.name}\0{UNIT_FLAGS.get(p.name, ())}".encode() + p.read_bytes() for p in _units()]
+    ident += [p.name.encode() + p.read_bytes() for p in sorted(_HERE.glob("*.h"))]
+    ident += [" ".join(CFLAGS).encode(), cc.encode(), str(_omp_runtime()).encode()]
+    ident.append(" ".join(sorted(cpu_flags())).encode())
+    return hashlib.sha256(b"\0".join(ident)).hexdigest()[:16]
+
+
 def _build() -> Path | str:
     """The built library's path, or why it could not be built."""
     cc = _compiler()
@@ -121,12 +131,7 @@ def _build() -> Path | str:
         return "no C compiler (cc, gcc or $CC) on PATH"
     omp = _omp_runtime()
     units = _units()
-    ident = [f"{p.name}\0{UNIT_FLAGS.get(p.name, ())}".encode() + p.read_bytes() for p in units]
-    ident += [p.name.encode() + p.read_bytes() for p in sorted(_HERE.glob("*.h"))]
-    ident += [" ".join(CFLAGS).encode(), cc.encode(), str(omp).encode()]
-    ident.append(" ".join(sorted(cpu_flags())).encode())
-    key = hashlib.sha256(b"\0".join(ident)).hexdigest()[:16]
-    target = cache_root() / "kernels" / f"radixd-{key}.so"
+    target = cache_root() / "kernels" / f"radixd-{build_key(cc)}.so"
     if target.exists():
         return target
     try:

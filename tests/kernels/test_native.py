@@ -56,3 +56,19 @@ def test_without_a_compiler_it_warns_and_every_caller_falls_back(
         assert f32.library() is None and not f32.f32_available()
     finally:
         native.library.cache_clear()  # the next caller loads the machine's own build again
+
+
+def test_the_build_key_covers_every_source_and_header(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    for f in [*native._HERE.glob("*.c"), *native._HERE.glob("*.h")]:
+        (tmp_path / f.name).write_bytes(f.read_bytes())
+    monkeypatch.setattr(native, "_HERE", tmp_path)
+    keys = {native.build_key("cc")}
+    for name in ("radixd.h", "vec8.h", "cpu_attention.c", "a8_avx512.c"):
+        with open(tmp_path / name, "a") as f:
+            f.write("\n")
+        keys.add(native.build_key("cc"))
+    (tmp_path / "new_kernel.c").write_text("int radixd_new(void) { return 0; }\n")
+    keys.add(native.build_key("cc"))
+    assert len(keys) == 6
