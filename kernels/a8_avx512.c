@@ -1,11 +1,10 @@
-/* The w4a8 projections on CPUs with AVX512-VNNI: included by a8_gemm.c, which runs them where the
- * compiler targets such a CPU (-march=native) and a call's inputs are whole pairs of groups.
+/* The w4a8 projections on CPUs with AVX512-VNNI: a8_gemm.c runs them where the CPU has it and a
+ * call's inputs are whole pairs of groups. The one unit built with AVX512 flags (native.py).
  *
  * Why: a one-row step is compute-bound on the AVX2 path's work per group and output (unpack,
  * maddubs + madd, a scalar scale, a scalar minimum's term). Here one vpdpbusd multiplies and sums
  * two groups (64 codes), the two groups' scales are one vector product, and the minimums' terms are
- * one vector dot product per output after the loop (a batch-1 step's projections 7.85 -> 6.55 ms on
- * a 2-vCPU Xeon, before the prefetching both paths now share).
+ * one vector dot product per output after the loop.
  *
  * Layout: a pair of groups (2p, 2p + 1) is 64 activation bytes. Q4_1 holds input j of a group in
  * the low nibble of byte j and input j + 16 in the high one, so a pair's 32 code bytes unpack (a
@@ -20,10 +19,11 @@
  * NOTE: row-invariant by construction, as the AVX2 path: an output accumulates its pairs in order
  * (16 lanes, one FMA each), then one fixed horizontal sum, plus its minimums' term summed 16 groups
  * a vector in order; the same operations in every tile, at any row count, position or thread count.
- * Its results differ from the AVX2 path's in the last bits (other lanes): for a given k, a build
+ * Its results differ from the AVX2 path's in the last bits (other lanes): for a given k, a CPU
  * runs one path only. */
-#include <immintrin.h>
 #include <string.h>
+
+#include "gemm.h"
 
 /* The group (0 or 1 of its pair) each int32 lane of a pair's dot product sums. */
 static inline __m512i lane_groups(int q4) {
@@ -45,7 +45,7 @@ static inline __m512 spread_half(const half *two, __m512i lanes) {
 
 /* x [m, k] as a8_rows: codes per pair in the kind's order, e spread over the lanes [m, k / 64, 16],
  * Q8_0's lane starts c [m, k / 64, 16], es [m, k / 32] (Q4_1's minimums' terms, as the AVX2 path). */
-static void quantize_pairs(const float *x, int64_t m, int64_t k, int q4, const a8_rows *out) {
+void radixd_quantize_pairs(const float *x, int64_t m, int64_t k, int q4, const a8_rows *out) {
     const int64_t pairs = k / 64, groups = k / 32;
     const __m512i lanes = lane_groups(q4);
     for (int64_t r = 0; r < m; r++)
@@ -137,7 +137,6 @@ static inline float mins_dot(const half *mn, const float *es, int64_t groups) {
 A8WTILES(q4_1, 1)
 A8WTILES(q8_0, 0)
 
-/* [kind][rows 1 or 4][outputs 1 or 4] */
-static const a8_tile_fn A8W_TILES[2][2][2] = {
+const a8_tile_fn radixd_a8w_tiles[2][2][2] = {
     {{a8w_q4_1_1_1, a8w_q4_1_1_4}, {a8w_q4_1_4_1, a8w_q4_1_4_4}},
     {{a8w_q8_0_1_1, a8w_q8_0_1_4}, {a8w_q8_0_4_1, a8w_q8_0_4_4}}};

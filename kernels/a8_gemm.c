@@ -1,5 +1,4 @@
-/* Projections over GGUF blocks with 8-bit activations: the w4a8 mode's (daemon/model/f32.py), built
- * and loaded by kernels/native.py together with f32_gemm.c, which this file includes.
+/* Projections over GGUF blocks with 8-bit activations: radixd_gemm's a8 kinds (the w4a8 mode).
  *
  * A call quantizes each row of x per group of 32 inputs to int8 (symmetric: scale amax / 127, round
  * to nearest even) and multiplies the codes by the weights' codes in integers, as llama.cpp's
@@ -12,39 +11,10 @@
  * a row is quantized on its own, and each output sums its groups in increasing order (8 int32 lanes
  * of a group converted and added by one FMA each, the minimums' terms in a scalar in the same order,
  * one fixed horizontal sum last), whatever the row count, the row's position or the thread count.
- * On CPUs with AVX512-VNNI (a build with -march=native there) calls whose inputs are whole pairs of
- * groups run a8_avx512.c's tiles instead: the same arithmetic, two groups per instruction. The
- * weights' scales and minimums are fp16 here (the values the GGUF stores). */
-#include "f32_gemm.c"
-
-enum { SRC_Q4_1_A8 = 3, SRC_Q8_0_A8 = 4 };
-
-/* One group of 32 inputs as int8 codes (in input order, one 256-bit vector), with its scale
- * e = amax / 127 and e * sum(codes) (Q4_1's minimums' term). */
-static inline __attribute__((always_inline)) __m256i quantize_group(const float *p, float *e, float *es) {
-    const __m256 sign = _mm256_set1_ps(-0.0f);
-    const __m256i order = _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7);
-    __m256 v[4], amax = _mm256_setzero_ps();
-    for (int i = 0; i < 4; i++) {
-        v[i] = _mm256_loadu_ps(p + 8 * i);
-        amax = _mm256_max_ps(amax, _mm256_andnot_ps(sign, v[i]));
-    }
-    float a = hmax(amax);
-    __m256 inv = _mm256_set1_ps(a > 0 ? 127.0f / a : 0.0f);
-    __m256i c[4];
-    for (int i = 0; i < 4; i++) c[i] = _mm256_cvtps_epi32(_mm256_round_ps(_mm256_mul_ps(v[i], inv), NEAREST));
-    /* packs interleave the 128-bit lanes; the permute puts inputs back in order */
-    __m256i b = _mm256_packs_epi16(_mm256_packs_epi32(c[0], c[1]), _mm256_packs_epi32(c[2], c[3]));
-    b = _mm256_permutevar8x32_epi32(b, order);
-    __m256i s16 = _mm256_maddubs_epi16(_mm256_set1_epi8(1), b);
-    __m256i s32 = _mm256_madd_epi16(s16, _mm256_set1_epi16(1));
-    __m128i h = _mm_add_epi32(_mm256_castsi256_si128(s32), _mm256_extracti128_si256(s32, 1));
-    h = _mm_add_epi32(h, _mm_shuffle_epi32(h, 0x4E));
-    h = _mm_add_epi32(h, _mm_shuffle_epi32(h, 0xB1));
-    *e = a / 127.0f;
-    *es = *e * (float)_mm_cvtsi128_si32(h);
-    return b;
-}
+ * On CPUs with AVX512-VNNI calls whose inputs are whole pairs of groups run a8_avx512.c's tiles
+ * instead: the same arithmetic, two groups per instruction. The weights' scales and minimums are
+ * fp16 here (the values the GGUF stores). */
+#include "gemm.h"
 
 /* Row r of x [m, k] as int8 codes per group of 32 (q [m, k]), their scales e [m, k / 32] and, for
  * Q4_1's minimums, e * sum(codes) per group (es [m, k / 32]). */
@@ -74,22 +44,6 @@ static inline __attribute__((always_inline)) __m256i dot_q8_0(const void *codes,
     __m256i p = _mm256_maddubs_epi16(_mm256_sign_epi8(w, w), _mm256_sign_epi8(a, w));
     return _mm256_madd_epi16(p, _mm256_set1_epi16(1));
 }
-
-/* A call's activations, quantized, from the row a tile starts at: int8 codes q (stride k), scales e,
- * Q4_1's minimums' terms es (stride k / 32) and, on the AVX512 path, the lanes' starts c (a8_avx512.c;
- * e and c then have k / 4 entries a row, one per lane). */
-typedef struct {
-    int8_t *q;
-    float *e, *es;
-    int32_t *c;
-} a8_rows;
-
-/* fp16 bits: the a8 kinds' block scales and minimums, as the GGUF stores them (every Q4_1 / Q8_0
- * scale is an fp16 value), so a step streams 0.625 bytes a Q4_1 weight instead of 0.75. */
-typedef uint16_t half;
-
-typedef void (*a8_tile_fn)(const a8_rows *, int64_t, const void *, const half *, const half *, int64_t, float *,
-                           int64_t);
 
 /* NT outputs from j0 for MT rows of the quantized x, weights of KIND. The same operations in the
  * same order for an output whatever the tile: a row's result does not depend on its tile. */
@@ -128,39 +82,36 @@ static const a8_tile_fn A8_TILES[2][2][2] = {
     {{a8_q4_1_1_1, a8_q4_1_1_4}, {a8_q4_1_4_1, a8_q4_1_4_2}},
     {{a8_q8_0_1_1, a8_q8_0_1_4}, {a8_q8_0_4_1, a8_q8_0_4_2}}};
 
-#if defined(__AVX512VNNI__) && defined(__AVX512BW__) && defined(__AVX512VL__)
-#define A8_AVX512 1
-#include "a8_avx512.c"
-#else
-#define A8_AVX512 0
-#endif
+/* Whether this CPU runs a8_avx512.c's tiles: its features only, the same answer for every call. */
+static int avx512_vnni(void) {
+    return __builtin_cpu_supports("avx512vnni") && __builtin_cpu_supports("avx512bw") &&
+           __builtin_cpu_supports("avx512vl");
+}
 
-/* y [m, n] = x [m, k] . W [n, k]^T over Q4_1 (kind SRC_Q4_1_A8: codes, d, mn) or Q8_0 (SRC_Q8_0_A8:
+/* y [m, n] = x [m, k] . W [n, k]^T over Q4_1 (kind RADIXD_W_Q4_1_A8: codes, d, mn) or Q8_0 (RADIXD_W_Q8_0_A8:
  * codes, d) blocks, x quantized here. Threads split the outputs into blocks of 4; rows run in tiles of
  * 4 (each unpacked weight group serves 4 rows), the rest one at a time. Returns 0, or -1 where the
  * activations' buffer could not be allocated (y is then unset). */
-static int a8_gemm(int kind, const float *x, int64_t m, int64_t k, const void *codes, const half *d,
-                   const half *mn, int64_t n, float *y, int threads) {
+int radixd_a8_gemm(int kind, const float *x, int64_t m, int64_t k, const void *codes, const half *d,
+                    const half *mn, int64_t n, float *y, int threads) {
     const int64_t groups = k / 32;
-    const int q4 = kind == SRC_Q4_1_A8;
+    const int q4 = kind == RADIXD_W_Q4_1_A8;
     /* NOTE: the path depends on the build and on k only, so a row's result never depends on its call. */
-    const int wide = A8_AVX512 && groups % 2 == 0;
+    const int wide = groups % 2 == 0 && avx512_vnni();
     const int64_t per_row = wide ? groups * 8 : groups; /* entries of e and c a row */
-    /* NOTE: the calling thread's scratch (f32_gemm.c), reused across calls: the tiles below never
+    /* NOTE: the calling thread's scratch (radixd_scratch), reused across calls: the tiles below never
      * touch it, and a decode step makes ~120 of these calls. Scales first, then the codes. */
-    float *buf = scratch(m * (2 * per_row + groups) + (m * k + 3) / 4);
+    float *buf = radixd_scratch(m * (2 * per_row + groups) + (m * k + 3) / 4);
     if (!buf) return -1;
     a8_rows rows = {(int8_t *)(buf + m * (2 * per_row + groups)), buf, buf + m * 2 * per_row,
                     (int32_t *)(buf + m * per_row)};
     const a8_tile_fn(*fns)[2] = A8_TILES[q4 ? 0 : 1];
     int wide_nt = 2;
-#if A8_AVX512
     if (wide) {
-        quantize_pairs(x, m, k, q4, &rows);
-        fns = A8W_TILES[q4 ? 0 : 1];
+        radixd_quantize_pairs(x, m, k, q4, &rows);
+        fns = radixd_a8w_tiles[q4 ? 0 : 1];
         wide_nt = 4;
     } else
-#endif
         quantize_rows(x, m, k, rows.q, rows.e, rows.es);
     const half *mins = q4 ? mn : 0;
     const int64_t blocks = (n + 3) / 4;
@@ -185,24 +136,4 @@ static int a8_gemm(int kind, const float *x, int64_t m, int64_t k, const void *c
         }
     }
     return 0;
-}
-
-/* Any projection kind: fp32 / Q4_1 / Q8_0 weights as f32_gemm.c runs them, or the blocks times 8-bit
- * activations (the w4a8 mode). The one entry point of the decoder (cpu_decoder.c). */
-static int any_gemm(int kind, const float *x, int64_t m, int64_t k, const void *w, const void *d,
-                    const void *mn, int64_t n, float *y, int threads) {
-    if (kind == SRC_Q4_1_A8 || kind == SRC_Q8_0_A8) return a8_gemm(kind, x, m, k, w, d, mn, n, y, threads);
-    return gemm(kind, x, m, k, w, (const float *)d, (const float *)mn, n, y, threads);
-}
-
-/* Q4_1 blocks x 8-bit activations: codes [n, k / 2], d and mn [n, k / 32] fp16. */
-int q4_1_a8_gemm(const float *x, int64_t m, int64_t k, const uint8_t *codes, const half *d, const half *mn,
-                 int64_t n, float *y, int threads) {
-    return a8_gemm(SRC_Q4_1_A8, x, m, k, codes, d, mn, n, y, threads);
-}
-
-/* Q8_0 blocks x 8-bit activations: codes [n, k] int8, d [n, k / 32] fp16. */
-int q8_0_a8_gemm(const float *x, int64_t m, int64_t k, const int8_t *codes, const half *d, int64_t n, float *y,
-                 int threads) {
-    return a8_gemm(SRC_Q8_0_A8, x, m, k, codes, d, 0, n, y, threads);
 }

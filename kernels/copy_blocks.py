@@ -13,20 +13,16 @@ from collections.abc import Sequence
 import torch
 
 from radixd.kernels.checks import check_cache
-from radixd.kernels.dispatch import LazyKernel, resolve_backend
+from radixd.kernels.dispatch import LazyKernel, resolve_backend, tl, triton
 
-try:
-    import triton
-    import triton.language as tl
-except ImportError:  # pragma: no cover
-    triton = None
+Pools = Sequence[torch.Tensor]  # one pool per layer
 
 
 def copy_blocks(
-    src_k: Sequence[torch.Tensor],
-    src_v: Sequence[torch.Tensor],
-    dst_k: Sequence[torch.Tensor],
-    dst_v: Sequence[torch.Tensor],
+    src_k: Pools,
+    src_v: Pools,
+    dst_k: Pools,
+    dst_v: Pools,
     ops: torch.Tensor,
     backend: str | None = None,
 ) -> None:
@@ -87,13 +83,7 @@ def _slot_indices(ops: torch.Tensor, block_size: int) -> tuple[torch.Tensor, tor
     return ops[op_of, 0] * block_size + within, ops[op_of, 1] * block_size + within
 
 
-def copy_blocks_torch(
-    src_k: Sequence[torch.Tensor],
-    src_v: Sequence[torch.Tensor],
-    dst_k: Sequence[torch.Tensor],
-    dst_v: Sequence[torch.Tensor],
-    ops: torch.Tensor,
-) -> None:
+def copy_blocks_torch(src_k: Pools, src_v: Pools, dst_k: Pools, dst_v: Pools, ops: torch.Tensor) -> None:
     """Torch twin: one index_select / index_copy pair per pool; whole blocks when every op is full."""
     b = src_k[0].shape[1]
     src_dev, dst_dev = src_k[0].device, dst_k[0].device
@@ -150,13 +140,7 @@ _kernel = LazyKernel(_copy_kernel)
 _TILE = 2048
 
 
-def copy_blocks_triton(
-    src_k: Sequence[torch.Tensor],
-    src_v: Sequence[torch.Tensor],
-    dst_k: Sequence[torch.Tensor],
-    dst_v: Sequence[torch.Tensor],
-    ops: torch.Tensor,
-) -> None:
+def copy_blocks_triton(src_k: Pools, src_v: Pools, dst_k: Pools, dst_v: Pools, ops: torch.Tensor) -> None:
     """One launch per pool; each program copies one TILE-element chunk of one op's block."""
     _, b, h, d = src_k[0].shape
     ops_dev = ops.to(device=dst_k[0].device, dtype=torch.int64).contiguous()

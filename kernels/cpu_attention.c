@@ -25,17 +25,14 @@
  * exp is computed here (a Cephes-style polynomial) rather than by libm, so that it vectorizes and its
  * bits do not depend on which libm variant a call site picks.
  */
-#include <stdint.h>
 #include <stdlib.h>
-#include <string.h>
 #ifdef _OPENMP
 #include <omp.h>
 #endif
-#if defined(__F16C__) || defined(__FMA__) || defined(__AVX__)
-#include <immintrin.h>
-#endif
 
-#define LANES 8
+#include "radixd.h"
+#include "vec8.h"
+
 /* Keys per split: a row's keys are cut at fixed positions, so splits are units of parallel work whose
  * boundaries depend on the position only. */
 #define SPLIT 256
@@ -55,8 +52,6 @@ _Static_assert(LANES % UK == 0, "pass 1 takes a group's keys UK at a time");
 /* A unit's fixed work (q scaled, softmax, zeroed sums, its part folded) in keys' worth, for sharing a
  * call's units between threads by cost. */
 #define UNIT_COST 32
-
-enum { DT_F32 = 0, DT_BF16 = 1, DT_F16 = 2 };
 
 #ifndef __F16C__
 /* f16 -> float32 where the CPU has no F16C conversion. */
@@ -81,31 +76,12 @@ static float f16_to_float(uint16_t h) {
 }
 #endif
 
-static inline float bf16_to_float(uint16_t h) {
-    const uint32_t u = (uint32_t)h << 16;
-    float f;
-    memcpy(&f, &u, sizeof f);
-    return f;
-}
-
-/* Eight float lanes (GCC/Clang vector extension: AVX on x86, two NEON registers on Arm). */
-typedef float v8f __attribute__((vector_size(32)));
-typedef int32_t v8i __attribute__((vector_size(32)));
-
-static inline v8f ld(const float *p) {
-    v8f v;
-    memcpy(&v, p, sizeof v);
-    return v;
-}
-
-static inline void st(float *p, v8f v) { memcpy(p, &v, sizeof v); }
-
 /* Elements idx..idx+7 of a pool of `dtype` widened to float32 (exactly: every bf16 and f16 value is a
  * float). `dtype` is a constant where the caller is specialized, so the branch folds away. */
 static inline __attribute__((always_inline)) v8f ld_kv(const void *base, int64_t idx, int dtype) {
-    if (dtype == DT_F32) return ld((const float *)base + idx);
+    if (dtype == RADIXD_F32) return ld((const float *)base + idx);
     const uint16_t *p = (const uint16_t *)base + idx;
-    if (dtype == DT_BF16) {
+    if (dtype == RADIXD_BF16) {
         v8i w = {p[0], p[1], p[2], p[3], p[4], p[5], p[6], p[7]};
         return (v8f)(w << 16);
     }
@@ -115,16 +91,6 @@ static inline __attribute__((always_inline)) v8f ld_kv(const void *base, int64_t
     v8f r;
     for (int i = 0; i < LANES; i++) r[i] = f16_to_float(p[i]);
     return r;
-#endif
-}
-
-/* a * b + c rounded once where the CPU has FMA (one instruction instead of two in the dots), else
- * rounded twice: a build runs one of them for every row, so the choice never depends on a row. */
-static inline __attribute__((always_inline)) v8f fma8(v8f a, v8f b, v8f c) {
-#ifdef __FMA__
-    return (v8f)_mm256_fmadd_ps((__m256)a, (__m256)b, (__m256)c);
-#else
-    return a * b + c;
 #endif
 }
 
@@ -149,19 +115,12 @@ static inline v8f fold8(const v8f a[LANES]) {
 #endif
 }
 
-static inline float fold_lanes(v8f a) {
-    return ((a[0] + a[1]) + (a[2] + a[3])) + ((a[4] + a[5]) + (a[6] + a[7]));
-}
-
 /* Pool rows to prefetch, asked for a few cache lines at a time from inside a loop's arithmetic, so
  * that the requests are spread over it.
  * NOTE: spread, not asked for a row or a block at once: a burst of prefetches fills the core's miss
- * buffers and stalls the loads behind it, so memory and arithmetic take turns instead of overlapping
- * (one core reading 16-token blocks: 16.9 -> 20.6 GB/s, bench/block_read.c modes 2 and 3; the
- * 4,000-token step on 2 threads 4.69 -> 4.19 ms, docs/bench-kernels.md).
- * Into L2 (locality 2, prefetcht1), not L1: a 4,000-token context's blocks are scattered 6 KiB runs,
- * and L1's few miss buffers cap what one core has in flight; requests for L2 take its larger queue
- * (on a Zen 4 EPYC the 4,000-token step went 17.1 -> 8.8 ms on 1 thread). */
+ * buffers and stalls the loads behind it, so memory and arithmetic take turns instead of overlapping.
+ * Into L2 (locality 2, prefetcht1), not L1: a long context's blocks are scattered runs of a few KiB,
+ * and L1's few miss buffers cap what one core has in flight; requests for L2 take its larger queue. */
 typedef struct {
     const char *base;    /* the pool */
     const int64_t *rows; /* the rows' offsets in elements, in the order asked */
@@ -187,48 +146,9 @@ static inline void stream_ask(prefetch_stream *s, int lines) {
     }
 }
 
-/* a float in every lane */
-#define SPLAT(x) ((v8f){x, x, x, x, x, x, x, x})
-
-/* exp(x) for x <= 0 (0 below -87, where float32 leaves the normal range; -inf gives 0). */
-static inline v8f exp_nonpos(v8f x) {
-    const v8f lo = SPLAT(-87.f);
-    v8i under = x < lo;
-    v8f xc = (v8f)(((v8i)x & ~under) | ((v8i)lo & under));
-    /* round to nearest: adding 1.5 * 2^23 leaves the integer part in the low mantissa bits */
-    const v8f t = fma8(xc, SPLAT(1.44269504088896341f), SPLAT(12582912.0f));
-    const v8f n = t - 12582912.0f;
-    v8f r = fma8(n, SPLAT(-0.693359375f), xc);
-    r = fma8(n, SPLAT(2.12194440e-4f), r);
-    const v8f z = r * r;
-    v8f y = fma8(r, SPLAT(1.9875691500e-4f), SPLAT(1.3981999507e-3f));
-    y = fma8(y, r, SPLAT(8.3334519073e-3f));
-    y = fma8(y, r, SPLAT(4.1665795894e-2f));
-    y = fma8(y, r, SPLAT(1.6666665459e-1f));
-    y = fma8(y, r, SPLAT(5.0000001201e-1f));
-    y = fma8(y, z, r) + 1.0f;
-    v8i e = (__builtin_convertvector(n, v8i) + 127) << 23;
-    return (v8f)((v8i)(y * (v8f)e) & ~under);
-}
-
-typedef struct {
-    const void *q; /* [rows, hq, d] in io_dtype */
-    int io_dtype;  /* the query's and the output's: DT_F32 or DT_BF16 */
-    const void *k, *v; /* [blocks, block_size, hkv, d] */
-    int dtype;
-    int64_t block_size, hkv, group, d;
-    const int32_t *tables; /* [num_tables, width] */
-    int64_t width;
-    const int64_t *row_table; /* [rows] row of tables */
-    const int64_t *row_pos;   /* [rows] last key position (-1: no keys, zero output) */
-    int64_t rows;
-    float scale;
-    void *out; /* [rows, hq, d] in io_dtype */
-} attn_args;
-
 /* Whether a row's neighbours in the call read other tables: then nothing else of the call brings its
  * keys into cache (the rows of a prefill chunk read one table, and each other's keys). */
-static inline int row_alone(const attn_args *a, int64_t row) {
+static inline int row_alone(const radixd_attn *a, int64_t row) {
     return (row == 0 || a->row_table[row - 1] != a->row_table[row]) &&
            (row == a->rows - 1 || a->row_table[row + 1] != a->row_table[row]);
 }
@@ -237,11 +157,11 @@ static inline int row_alone(const attn_args *a, int64_t row) {
  * Writes part = [hq][d + 2]: acc (d), m, l. Scratch: scores [hq][SPLIT], qs [hq][d].
  * Inlined with constant shapes and dtype where the caller specializes them: the same operations in
  * the same order, with the loops over the head dim unrolled and their accumulators in registers. */
-static inline __attribute__((always_inline)) void attend_split(const attn_args *a, int64_t row, int64_t j,
+static inline __attribute__((always_inline)) void attend_split(const radixd_attn *a, int64_t row, int64_t j,
                                                                float *part, float *scores, float *qs,
                                                                const int64_t d, const int64_t hkv,
                                                                const int64_t g_n, const int dtype) {
-    const int64_t b = a->block_size, hq = hkv * g_n, stride_tok = hkv * d, elem = dtype == DT_F32 ? 4 : 2;
+    const int64_t b = a->block_size, hq = hkv * g_n, stride_tok = hkv * d, elem = dtype == RADIXD_F32 ? 4 : 2;
     const int64_t pos = a->row_pos[row], t_lo = j * SPLIT, t_hi = pos + 1 < t_lo + SPLIT ? pos + 1 : t_lo + SPLIT;
     const int64_t n = t_hi - t_lo, n8 = (n + LANES - 1) / LANES * LANES;
     const int32_t *table = a->tables + a->row_table[row] * a->width;
@@ -259,14 +179,14 @@ static inline __attribute__((always_inline)) void attend_split(const attn_args *
      * for this split's value rows (pass 2 reads them from L2) and for its key rows a block ahead; the
      * softmax and pass 2 ask for the next split's key rows when the row is alone (a thread takes a
      * row's splits in order, radixd_attend_rows). Pass 1 asks for its keys even when split j - 1
-     * did: without that second request the 4,000-token step took 4.62 ms instead of 4.32 (2 threads). */
+     * did (docs/bench-kernels.md). */
     const int64_t row_bytes = stride_tok * elem;
     prefetch_stream values = stream_of(a->v, rows, n, elem, row_bytes);
     prefetch_stream keys = stream_of(a->k, rows + b, b >= n ? 0 : n - b, elem, row_bytes);
     prefetch_stream next = stream_of(a->k, rows + n, t_end - t_hi, elem, row_bytes);
     /* lines asked for with each head of each key: its share of a row */
     const int per_head = (int)((row_bytes / hkv + 63) / 64);
-    if (a->io_dtype == DT_F32) {
+    if (a->io_dtype == RADIXD_F32) {
         const float *q = (const float *)a->q + row * hq * d;
         for (int64_t i = 0; i < hq * d; i++) qs[i] = q[i] * a->scale;
     } else {
@@ -364,13 +284,13 @@ static inline __attribute__((always_inline)) void attend_split(const attn_args *
 }
 
 /* attend_split specialized for the common shapes (and each pool dtype), generic otherwise. */
-static void attend_split_any(const attn_args *a, int64_t row, int64_t j, float *part, float *scores,
+static void attend_split_any(const radixd_attn *a, int64_t row, int64_t j, float *part, float *scores,
                              float *qs) {
 #define SHAPE(D, HKV, G)                                                                                  \
     if (a->d == D && a->hkv == HKV && a->group == G) {                                                   \
-        if (a->dtype == DT_F32) attend_split(a, row, j, part, scores, qs, D, HKV, G, DT_F32);            \
-        else if (a->dtype == DT_F16) attend_split(a, row, j, part, scores, qs, D, HKV, G, DT_F16);       \
-        else attend_split(a, row, j, part, scores, qs, D, HKV, G, DT_BF16);                              \
+        if (a->dtype == RADIXD_F32) attend_split(a, row, j, part, scores, qs, D, HKV, G, RADIXD_F32);            \
+        else if (a->dtype == RADIXD_F16) attend_split(a, row, j, part, scores, qs, D, HKV, G, RADIXD_F16);       \
+        else attend_split(a, row, j, part, scores, qs, D, HKV, G, RADIXD_BF16);                              \
         return;                                                                                          \
     }
     SHAPE(64, 3, 3)  /* SmolLM2-135M */
@@ -382,8 +302,8 @@ static void attend_split_any(const attn_args *a, int64_t row, int64_t j, float *
 
 /* Output row `i` (a query head of a row) from its float32 values `o`: in place for a float32 output,
  * rounded to nearest even for a bfloat16 one (torch's rounding: a NaN becomes 0x7fc0). */
-static void put_row(const attn_args *a, int64_t i, const float *o) {
-    if (a->io_dtype == DT_F32) return;
+static void put_row(const radixd_attn *a, int64_t i, const float *o) {
+    if (a->io_dtype == RADIXD_F32) return;
     uint16_t *dst = (uint16_t *)a->out + i * a->d;
     for (int64_t e = 0; e < a->d; e++) {
         uint32_t u;
@@ -394,7 +314,7 @@ static void put_row(const attn_args *a, int64_t i, const float *o) {
 
 /* One query head's output row `o` (zeroed) from a row's splits, in split order:
  * o = sum_j acc_j w_j / sum_j l_j w_j, w_j = exp(m_j - m). */
-static void fold_head(const attn_args *a, int64_t hh, const float *parts, int64_t splits, float *o) {
+static void fold_head(const radixd_attn *a, int64_t hh, const float *parts, int64_t splits, float *o) {
     const int64_t d = a->d, hq = a->hkv * a->group;
     float m = parts[hh * (d + 2) + d];
     for (int64_t j = 1; j < splits; j++) {
@@ -413,11 +333,11 @@ static void fold_head(const attn_args *a, int64_t hh, const float *parts, int64_
 }
 
 /* Fold a row's splits into its output (zeros for a row with no keys), head by head. */
-static void fold_row(const attn_args *a, int64_t row, const float *parts, int64_t splits) {
+static void fold_row(const radixd_attn *a, int64_t row, const float *parts, int64_t splits) {
     const int64_t d = a->d, hq = a->hkv * a->group;
     float buf[MAX_D];
     for (int64_t hh = 0; hh < hq; hh++) {
-        float *o = a->io_dtype == DT_F32 ? (float *)a->out + (row * hq + hh) * d : buf;
+        float *o = a->io_dtype == RADIXD_F32 ? (float *)a->out + (row * hq + hh) * d : buf;
         for (int64_t i = 0; i < d; i++) o[i] = 0.0f;
         if (splits > 0) fold_head(a, hh, parts, splits, o);
         put_row(a, row * hq + hh, o);
@@ -448,12 +368,8 @@ static int thread_count(void) { return 1; }
  * q and out are float32 or bfloat16 (`io_dtype`; the pools' `dtype` is separate), so that a caller
  * with bfloat16 activations passes them as they are.
  * The caller checks shapes: d % LANES == 0, d <= MAX_D, tables and block ids cover every position read. */
-int radixd_attend_rows(const void *q, int io_dtype, const void *k, const void *v, int dtype, int64_t block_size,
-                       int64_t hkv, int64_t group, int64_t d, const int32_t *tables, int64_t width,
-                       const int64_t *row_table, const int64_t *row_pos, int64_t rows, float scale,
-                       void *out, int threads) {
-    attn_args a = {q, io_dtype, k, v, dtype, block_size, hkv, group, d, tables, width, row_table, row_pos, rows, scale, out};
-    const int64_t hq = hkv * group, part_n = hq * (d + 2);
+int radixd_attend_rows(const radixd_attn *a, int threads) {
+    const int64_t rows = a->rows, *row_pos = a->row_pos, d = a->d, hq = a->hkv * a->group, part_n = hq * (d + 2);
     /* units: (row, split) pairs, row-major; first[r] = the first unit of row r */
     int64_t *first = malloc((size_t)(rows + 1) * sizeof(int64_t));
     if (first == NULL) return -1;
@@ -484,9 +400,7 @@ int radixd_attend_rows(const void *q, int io_dtype, const void *k, const void *v
     {
         float *scratch = malloc((size_t)(hq * SPLIT + hq * d) * sizeof(float));
         /* Each thread takes one contiguous run of units holding about its share of the keys: a row's
-         * splits follow each other on one thread, so pass 2 can prefetch the next one's keys (2
-         * threads, a 30-layer step, f16: 4,000 tokens 5.1 -> 4.5-4.8 ms, 1,000 tokens 1.60 -> 1.48,
-         * against one unit at a time to whichever thread is free; docs/bench-kernels.md), and a
+         * splits follow each other on one thread, so pass 2 can prefetch the next one's keys, and a
          * prefill chunk's short early rows do not leave one thread the long ones. Which thread runs a
          * unit never changes its bits. */
         const int64_t lo = unit_near(cost, units, cost[units] * thread_num() / thread_count());
@@ -494,7 +408,7 @@ int radixd_attend_rows(const void *q, int io_dtype, const void *k, const void *v
         for (int64_t u = lo; u < hi; u++) {
             if (scratch != NULL) {
                 const int64_t r = unit_row[u];
-                attend_split_any(&a, r, u - first[r], parts + u * part_n, scratch, scratch + hq * SPLIT);
+                attend_split_any(a, r, u - first[r], parts + u * part_n, scratch, scratch + hq * SPLIT);
             } else {
 #pragma omp atomic write
                 failed = 1;
@@ -502,7 +416,7 @@ int radixd_attend_rows(const void *q, int io_dtype, const void *k, const void *v
         }
 #pragma omp barrier
 #pragma omp for schedule(static)
-        for (int64_t r = 0; r < rows; r++) fold_row(&a, r, parts + first[r] * part_n, first[r + 1] - first[r]);
+        for (int64_t r = 0; r < rows; r++) fold_row(a, r, parts + first[r] * part_n, first[r + 1] - first[r]);
         free(scratch);
     }
     free(cost);

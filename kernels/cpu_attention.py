@@ -1,45 +1,34 @@
-"""The compiled CPU attention (``cpu_attention.c``): prefill and decode rows, one loop per row.
+"""The compiled CPU attention (``radixd_attend_rows``, cpu_attention.c): prefill and decode rows alike.
 
-Design 2 of the batch-invariant CPU attention (docs/batch-invariance-attention.md). Each query row (a
-token: its sequence's block table and its position) attends to keys ``0..pos`` in splits fixed by
-position (256 keys); each (row, split) is one thread's unit (a pass over K for the scores, ``exp``
-and their sum, a pass over V for the weighted values), and a row's splits are folded in split order.
-A row's arithmetic depends only on its query, its keys and its position: not on the other rows of
-the call, the batch size, the thread count, or whether it is a prefill or a decode row. There is no
-padding and no GEMM.
+Each query row (a token: its block table and position) attends to keys ``0..pos`` in splits fixed by
+position; ``RowsPlan`` checks every index the C code follows. Which design runs is :func:`design`:
+``RADIXD_CPU_ATTENTION`` = ``compiled`` | ``split`` | ``auto`` (default: compiled where the library
+builds, else the torch split design of ``split_attention.py``); prefill and decode ask the same
+function, so a process never mixes the two.
 
-The C source is compiled once per machine and loaded with ctypes (native.py: radixd's cache
-directory, torch's own OpenMP runtime, the GIL released during a call).
-
-Which design runs is :func:`design`: ``RADIXD_CPU_ATTENTION`` = ``compiled`` | ``split`` | ``auto``
-(default: compiled where it builds, else the torch split design of ``split_attention.py``). Both the
-prefill and the decode twin ask the same function, so a process never mixes the two designs.
+NOTE: a row's arithmetic depends only on its query, its keys and its position: not on the other rows
+of the call, the batch size, the thread count, or whether it is a prefill or a decode row.
 """
 
 from __future__ import annotations
 
 import ctypes
-import functools
 import os
 from dataclasses import dataclass
 
 import torch
 
-from radixd.kernels.native import load
+from radixd.kernels.native import Attn, DType, library
 
 ENV_DESIGN = "RADIXD_CPU_ATTENTION"
 DESIGNS = ("auto", "compiled", "split")
-_SOURCE = "cpu_attention.c"
-# NOTE: -ffp-contract=off and no -ffast-math are part of the invariance argument (cpu_attention.c).
-_CFLAGS = ("-O3", "-march=native", "-ffp-contract=off", "-fno-fast-math", "-fopenmp", "-std=c11")
-_DTYPES = {torch.float32: 0, torch.bfloat16: 1, torch.float16: 2}
+_DTYPES = {torch.float32: DType.F32, torch.bfloat16: DType.BF16, torch.float16: DType.F16}
 # Query / output dtypes the kernel reads and writes as they are (others go through float32).
-_IO_DTYPES = {torch.float32: 0, torch.bfloat16: 1}
+_IO_DTYPES = {torch.float32: DType.F32, torch.bfloat16: DType.BF16}
 _LANES = 8
 _MAX_D = 256  # cpu_attention.c's MAX_D
-# Below this many (key, kv head) visits per call a second thread costs more than it saves (measured
-# with bench-like pools, 30 layers, f16, 2 threads: 600 keys x 3 heads 1.85 -> 1.40 ms a step, 3,000
-# keys 10.6 -> 6.4 ms; 300 keys 0.98 -> 0.92 ms). Rows of at most one split (256 keys) cannot split.
+# Below this many (key, kv head) visits per call a second thread costs more than it saves. Rows of at
+# most one split (256 keys) cannot split.
 _PARALLEL_MIN_WORK = 1024
 
 
@@ -50,7 +39,7 @@ def design() -> str:
         raise ValueError(f"unknown {ENV_DESIGN}={name!r}: use one of {DESIGNS}")
     if name == "split":
         return "split"
-    lib = _library()
+    lib = library()
     if lib is None:
         if name == "compiled":
             raise RuntimeError(
@@ -183,13 +172,9 @@ def attend_rows(
     q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, plan: RowsPlan, scale: float
 ) -> torch.Tensor:
     """Attention of the query rows q [R, Hq, D] along ``plan`` (:func:`plan_rows`) over pools
-    [N, B, Hkv, D] that :func:`supports`. -> [R, Hq, D] in q's dtype.
-
-    NOTE: called once per layer, right after the kernel has streamed a layer's KV through the caches,
-    so the Python here runs cold: a call's own work cost ~29 us beside a ~160 us layer (4,000 tokens,
-    2 threads), 8 of them torch's conversions of the query and the output. float32 and bfloat16
-    queries now go in and come out as they are (~15 us a call left; docs/bench-kernels.md)."""
-    lib = _library()
+    [N, B, Hkv, D] that :func:`supports`. -> [R, Hq, D] in q's dtype (float32 and bfloat16 queries go
+    in and come out as they are: no conversion beside a layer's call)."""
+    lib = library()
     if lib is None:
         raise RuntimeError("the compiled CPU attention is not available")
     r, hq, d = q.shape
@@ -206,57 +191,25 @@ def attend_rows(
     out = torch.empty(r, hq, d, dtype=qx.dtype)
     if r == 0:
         return out.to(q.dtype)
-    threads = threads_for(plan, hkv)
-    rc = lib.radixd_attend_rows(
-        qx.data_ptr(),
-        _IO_DTYPES[qx.dtype],
-        k_cache.data_ptr(),
-        v_cache.data_ptr(),
-        _DTYPES[k_cache.dtype],
-        b,
-        hkv,
-        hq // hkv,
-        d,
-        plan.tables.data_ptr(),
-        plan.tables.shape[1],
-        plan.row_table.data_ptr(),
-        plan.row_pos.data_ptr(),
-        r,
-        ctypes.c_float(scale),
-        out.data_ptr(),
-        threads,
+    call = Attn(
+        q=qx.data_ptr(),
+        out=out.data_ptr(),
+        k=k_cache.data_ptr(),
+        v=v_cache.data_ptr(),
+        tables=plan.tables.data_ptr(),
+        row_table=plan.row_table.data_ptr(),
+        row_pos=plan.row_pos.data_ptr(),
+        rows=r,
+        block_size=b,
+        hkv=hkv,
+        group=hq // hkv,
+        d=d,
+        width=plan.tables.shape[1],
+        scale=scale,
+        io_dtype=_IO_DTYPES[qx.dtype],
+        dtype=_DTYPES[k_cache.dtype],
     )
+    rc = lib.radixd_attend_rows(ctypes.byref(call), threads_for(plan, hkv))
     if rc != 0:
         raise MemoryError("attention: the CPU kernel could not allocate its buffers")
     return out if io is not None else out.to(q.dtype)
-
-
-@functools.cache
-def _library() -> ctypes.CDLL | None:
-    """The kernel (built once per machine and source: native.py); None, with a warning, if it cannot."""
-    lib = load(_SOURCE, _CFLAGS, "the CPU attention runs the slower split design")
-    if lib is None:
-        return None
-    fn = lib.radixd_attend_rows
-    i64, ptr = ctypes.c_int64, ctypes.c_void_p
-    fn.argtypes = [
-        ptr,
-        ctypes.c_int,
-        ptr,
-        ptr,
-        ctypes.c_int,
-        i64,
-        i64,
-        i64,
-        i64,
-        ptr,
-        i64,
-        ptr,
-        ptr,
-        i64,
-        ctypes.c_float,
-        ptr,
-        ctypes.c_int,
-    ]
-    fn.restype = ctypes.c_int
-    return lib

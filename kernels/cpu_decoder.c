@@ -1,60 +1,29 @@
 /* The float32 decoder's layers in one call: every layer of a step (norms, projections, rotary, KV
  * store, attention, SwiGLU, residuals) and the final norm, for any mix of prefill and decode rows.
  *
- * A batch-1 decode step otherwise runs ~120 small torch operations a layer around the compiled
- * projections and attention, each a few microseconds of dispatch and Python: at 30 layers that was as
- * long as streaming the weights (docs/bench-single-stream.md). Here a step is one ctypes call.
- *
- * It reuses the two kernels the layer-by-layer path calls, compiled into this library from the same
- * sources: the projections of f32_gemm.c and the row attention of cpu_attention.c. What it adds is
- * row-wise: RMSNorm, rotary, SiLU * up, the residual adds, the KV store (into fp32 pools, or f16 ones
- * rounded to nearest even as torch rounds them: w4a8's).
+ * It calls the two kernels the layer-by-layer path calls (radixd_gemm, radixd_attend_rows). What it
+ * adds is row-wise: RMSNorm, rotary, SiLU * up, the residual adds, the KV store (into fp32 pools, or
+ * f16 ones rounded to nearest even as torch rounds them: w4a8's).
  *
  * NOTE: row-invariant like the kernels it calls. Every operation here reads and writes one row (one
  * token) at a time, in a fixed order that depends neither on the number of rows nor on the thread
  * that runs the row; the projections and the attention are row-invariant by construction. So a
  * token's hidden state is bitwise the same alone or in a batch of any size, in a prefill chunk or a
- * decode step. Built with -ffp-contract=off, like both sources (their arguments rely on it).
+ * decode step. Built with -ffp-contract=off, like the kernels it calls (their arguments rely on it).
  * The numbers are not bitwise those of the torch path (llama.py): RMSNorm's sum and SiLU's exp are
  * computed here, in their own orders; the rotary is the same arithmetic as rope.apply_rotary. */
-#include "a8_gemm.c" /* and f32_gemm.c, which it includes */
-#include "cpu_attention.c"
-
+#include <immintrin.h>
 #include <math.h>
+#include <string.h>
 
-/* One projection y = x W^T (+ bias): W as f32_gemm.c's `gemm` takes it. */
-typedef struct {
-    int64_t kind; /* SRC_F32, SRC_Q4_1, SRC_Q8_0, SRC_Q4_1_A8, SRC_Q8_0_A8 */
-    const void *w;
-    const void *d, *mn;  /* block scales and minimums: fp32, fp16 for the a8 kinds (NULL where unused) */
-    const float *bias;   /* [n] or NULL */
-    int64_t n, k;
-} proj_t;
-
-typedef struct {
-    const float *attn_norm, *mlp_norm; /* [hidden] */
-    proj_t qkv, o, gate_up, down;       /* qkv rows: q heads, k heads, v heads; gate_up: gate then up */
-    void *k_cache, *v_cache;            /* [blocks, block_size, hkv, d] of step_t's kv_dtype */
-} layer_t;
-
-/* The step's rows: shapes, rotary tables, KV slots and the attention's rows (cpu_attention.py's
- * RowsPlan, checked there: every table entry and position stays inside the pool). */
-typedef struct {
-    int64_t rows, hidden, hq, hkv, d, inter, block_size, width;
-    float eps, scale;
-    int32_t threads, attn_threads;
-    int32_t kv_dtype;        /* the pools': DT_F32 or DT_F16 (cpu_attention.c) */
-    const float *cos, *sin;  /* [rows, d]: halves duplicated; sin signed (-sin, sin) as in rope.py */
-    const int64_t *slots;    /* [rows] slot = block * block_size + offset; -1 stores nothing */
-    const int32_t *tables;   /* [num_tables, width] */
-    const int64_t *row_table, *row_pos; /* [rows] */
-} step_t;
+#include "radixd.h"
+#include "vec8.h"
 
 /* Elementwise loops take a second thread only past this many elements (a fork costs microseconds). */
 #define PARALLEL_ELEMS 65536
 
 /* out = x / sqrt(mean(x^2) + eps) * w, row by row; n % 8 == 0. The squares sum in 8 lanes
- * (element i in lane i % 8, in increasing i), folded by cpu_attention.c's fixed tree. */
+ * (element i in lane i % 8, in increasing i), folded by vec8.h's fixed tree. */
 static void rms_norm_rows(const float *x, const float *w, int64_t rows, int64_t n, float eps, float *out) {
 #pragma omp parallel for schedule(static) if (rows * n >= PARALLEL_ELEMS)
     for (int64_t r = 0; r < rows; r++) {
@@ -71,7 +40,7 @@ static void rms_norm_rows(const float *x, const float *w, int64_t rows, int64_t 
 }
 
 /* silu(g) * u for every element: silu(x) = x / (1 + e^-x), with e^-|x| (never overflowing) from
- * cpu_attention.c's exp: x >= 0 gives x / (1 + e), x < 0 gives x * e / (1 + e). n % 8 == 0. */
+ * vec8.h's exp: x >= 0 gives x / (1 + e), x < 0 gives x * e / (1 + e). n % 8 == 0. */
 static void silu_mul_rows(const float *gu, int64_t rows, int64_t n, float *out) {
 #pragma omp parallel for schedule(static) if (rows * n >= PARALLEL_ELEMS)
     for (int64_t r = 0; r < rows; r++) {
@@ -97,7 +66,7 @@ static inline void rotate(const float *x, const float *cos, const float *sin, in
 /* n floats (n % 8 == 0) into a pool row of `dtype`: fp32 as they are, f16 rounded to nearest even,
  * as torch's .to(torch.float16) rounds them on the layer-by-layer path (store_kv.py). */
 static void store_row(const float *src, void *dst, int64_t n, int dtype) {
-    if (dtype == DT_F32) {
+    if (dtype == RADIXD_F32) {
         memcpy(dst, src, (size_t)n * sizeof(float));
         return;
     }
@@ -107,9 +76,9 @@ static void store_row(const float *src, void *dst, int64_t n, int dtype) {
 }
 
 /* Rotate q into `q` [rows, hq, d]; rotate k and store it and v into their pool slots. */
-static void rotate_and_store(const step_t *s, const float *qkv, float *q, void *k_cache, void *v_cache) {
+static void rotate_and_store(const radixd_step *s, const float *qkv, float *q, void *k_cache, void *v_cache) {
     const int64_t d = s->d, hq = s->hq, hkv = s->hkv, width = (hq + 2 * hkv) * d;
-    const int64_t row_bytes = hkv * d * (s->kv_dtype == DT_F32 ? 4 : 2);
+    const int64_t row_bytes = hkv * d * (s->kv_dtype == RADIXD_F32 ? 4 : 2);
 #pragma omp parallel for schedule(static) if (s->rows * width >= PARALLEL_ELEMS)
     for (int64_t r = 0; r < s->rows; r++) {
         const float *row = qkv + r * width, *cos = s->cos + r * d, *sin = s->sin + r * d;
@@ -124,16 +93,10 @@ static void rotate_and_store(const step_t *s, const float *qkv, float *q, void *
 }
 
 /* y = x W^T (+ bias), or y += x W^T (+ bias) into `acc` (the residual) when it is given. */
-static int project(const proj_t *p, const float *x, int64_t rows, float *y, float *acc, int threads) {
-    if (any_gemm((int)p->kind, x, rows, p->k, p->w, p->d, p->mn, p->n, y, threads)) return -1;
-    if (p->bias == NULL && acc == NULL) return 0;
-    for (int64_t r = 0; r < rows; r++) {
-        float *yr = y + r * p->n;
-        if (p->bias != NULL)
-            for (int64_t j = 0; j < p->n; j++) yr[j] = yr[j] + p->bias[j];
-        if (acc != NULL)
-            for (int64_t j = 0; j < p->n; j++) acc[r * p->n + j] = acc[r * p->n + j] + yr[j];
-    }
+static int project(const radixd_proj *p, const float *x, int64_t rows, float *y, float *acc, int threads) {
+    if (radixd_gemm(p, x, rows, y, threads)) return -1;
+    if (acc != NULL)
+        for (int64_t i = 0; i < rows * p->n; i++) acc[i] = acc[i] + y[i];
     return 0;
 }
 
@@ -145,21 +108,24 @@ int64_t radixd_decoder_workspace(int64_t rows, int64_t hidden, int64_t hq, int64
 
 /* h [rows, hidden]: the embeddings in, the final-normed hidden states out (`out`, may be h). Writes
  * every layer's new K/V into its pool. Returns 0, or -1 where a kernel could not allocate memory. */
-int radixd_decoder_forward(const layer_t *layers, int64_t num_layers, const float *final_norm, const step_t *s,
+int radixd_decoder_forward(const radixd_layer *layers, int64_t num_layers, const float *final_norm, const radixd_step *s,
                            float *h, float *out, float *work) {
     const int64_t rows = s->rows, hd = s->hq * s->d, qkv_w = (s->hq + 2 * s->hkv) * s->d;
     const int64_t wide = qkv_w > 2 * s->inter ? qkv_w : 2 * s->inter;
     float *x = work, *big = x + rows * s->hidden, *q = big + rows * wide, *attn = q + rows * hd;
     float *act = attn + rows * hd, *y = act + rows * s->inter;
+    radixd_attn attn_call = {.q = q, .out = attn, .tables = s->tables, .row_table = s->row_table,
+                             .row_pos = s->row_pos, .rows = rows, .block_size = s->block_size, .hkv = s->hkv,
+                             .group = s->hq / s->hkv, .d = s->d, .width = s->width, .scale = s->scale,
+                             .io_dtype = RADIXD_F32, .dtype = s->kv_dtype};
     for (int64_t li = 0; li < num_layers; li++) {
-        const layer_t *L = layers + li;
+        const radixd_layer *L = layers + li;
         rms_norm_rows(h, L->attn_norm, rows, s->hidden, s->eps, x);
         if (project(&L->qkv, x, rows, big, NULL, s->threads)) return -1;
         rotate_and_store(s, big, q, L->k_cache, L->v_cache);
-        if (radixd_attend_rows(q, DT_F32, L->k_cache, L->v_cache, s->kv_dtype, s->block_size, s->hkv, s->hq / s->hkv, s->d,
-                               s->tables, s->width, s->row_table, s->row_pos, rows, s->scale, attn,
-                               s->attn_threads))
-            return -1;
+        attn_call.k = L->k_cache;
+        attn_call.v = L->v_cache;
+        if (radixd_attend_rows(&attn_call, s->attn_threads)) return -1;
         if (project(&L->o, attn, rows, y, h, s->threads)) return -1;
         rms_norm_rows(h, L->mlp_norm, rows, s->hidden, s->eps, x);
         if (project(&L->gate_up, x, rows, big, NULL, s->threads)) return -1;

@@ -1,14 +1,9 @@
 """The CPU decode twin's work split, planned once per step and replayed by every layer.
 
-All layers of a decode step attend through the same block tables and lengths, so everything that
-depends only on them (length sort, chunk boundaries, the flat gather indices, the key masks) is
-computed once by :func:`plan_decode`; each layer then only gathers K/V and runs
-:func:`~radixd.kernels.split_attention.split_attention` per chunk.
-
-Chunks hold sequences of similar length whose gathered K+V fit in about ``TARGET_CHUNK_BYTES``, so
-the freshly gathered chunk is still in the core's L2 when the attention reads it back. Between two
-layers the weights stream through the caches, so a layer's pool comes from memory; gathering a big
-batch at once would make the attention read every gathered byte from memory a second time.
+Everything that depends only on the step's block tables and lengths (length sort, chunk boundaries,
+gather indices, key masks) is computed once by :func:`plan_decode`; each layer then gathers K/V and
+runs :func:`~radixd.kernels.split_attention.split_attention` per chunk of sequences of similar length
+whose K+V fit in about ``TARGET_CHUNK_BYTES`` (still in L2 when the attention reads them back).
 
 NOTE: chunking changes no row's result: a row's arithmetic depends only on its own position and keys
 (split_attention.py), so the chunk it lands in, and how far that chunk pads it, are invisible.
@@ -29,9 +24,8 @@ from radixd.kernels.split_attention import (
     split_index,
 )
 
-# Gathered K+V bytes per chunk: one core's L2 (2 MiB on this project's CPUs). Measured over whole
-# 30-layer decode steps with cold pools (bench/decode_chunks.py, docs/bench-kernels.md): 0.5-2 MiB
-# chunks beat gathering the whole batch at once by up to 2.3x (3-5x under heavier load).
+# Gathered K+V bytes per chunk: one core's L2 (2 MiB on this project's CPUs), so a chunk's gather
+# stays in cache for the attention that reads it (bench/decode_chunks.py, docs/bench-kernels.md).
 TARGET_CHUNK_BYTES = 2 << 20
 
 

@@ -8,7 +8,8 @@ Triton decides at *decoration* time whether a ``@triton.jit`` function is compil
 (``triton.knobs.runtime.interpret`` is read inside the decorator). A module-level decorator would
 therefore freeze the mode at import time, which breaks when a test sets ``TRITON_INTERPRET=1`` after
 something imported ``radixd.kernels``. :class:`LazyKernel` defers the decoration to the first launch
-and keeps one compiled and one interpreted variant, chosen per launch.
+and keeps one compiled and one interpreted variant, chosen per launch; the ``@triton.jit`` helpers a
+kernel calls (tiles.py) are compiled-mode functions, and an interpreted launch swaps in their twins.
 """
 
 from __future__ import annotations
@@ -19,6 +20,23 @@ from collections.abc import Callable, Iterator
 from typing import Any
 
 import torch
+
+try:  # triton is a hard dependency, but keep the torch path importable without it
+    import triton
+    import triton.language as tl
+except ImportError:  # pragma: no cover
+    triton = tl = None
+
+__all__ = [
+    "BACKENDS",
+    "ENV_BACKEND",
+    "LazyKernel",
+    "check_same_device",
+    "interpreting",
+    "resolve_backend",
+    "tl",
+    "triton",
+]
 
 BACKENDS = ("triton", "torch")
 ENV_BACKEND = "RADIXD_KERNEL_BACKEND"
@@ -82,7 +100,7 @@ class LazyKernel:
             return launch
 
         def interpreted_launch(*args: Any, **kwargs: Any) -> Any:
-            with _interpretable_stdlib():
+            with _interpretable(self.fn.__globals__):
                 return launch(*args, **kwargs)
 
         return interpreted_launch
@@ -97,37 +115,38 @@ class LazyKernel:
         return triton.jit(self.fn, do_not_specialize=list(self.do_not_specialize))
 
 
-_STDLIB_CACHE: dict[int, Any] = {}
+_TWINS: dict[int, Any] = {}
 
 
 @contextlib.contextmanager
-def _interpretable_stdlib() -> Iterator[None]:
-    """Let the interpreter call triton.language's own @jit helpers (tl.max, tl.sum, tl.cdiv, ...).
+def _interpretable(kernel_globals: dict[str, Any]) -> Iterator[None]:
+    """Let the interpreter call the @jit helpers of triton.language (tl.max, tl.sum, tl.cdiv, ...) and
+    those the kernel's module names (tiles.py's).
 
-    Those helpers are decorated when triton.language is imported; if TRITON_INTERPRET was not set
-    then, they are compiled-mode JITFunctions that the interpreter refuses to call. For the duration
-    of an interpreted launch, swap each for an interpreted twin of the same Python function.
+    Those helpers are decorated at import; if TRITON_INTERPRET was not set then, they are
+    compiled-mode JITFunctions that the interpreter refuses to call. For the duration of an
+    interpreted launch, swap each for an interpreted twin of the same Python function.
     """
     import triton.language as tl
     from triton.runtime.interpreter import InterpretedFunction
     from triton.runtime.jit import JITFunction
 
-    modules = [tl, tl.standard, tl.math, tl.core]
-    saved: list[tuple[Any, str, Any]] = []
+    spaces = [vars(mod) for mod in (tl, tl.standard, tl.math, tl.core)] + [kernel_globals]
+    saved: list[tuple[dict[str, Any], str, Any]] = []
     try:
-        for mod in modules:
-            for name, value in list(vars(mod).items()):
+        for space in spaces:
+            for name, value in list(space.items()):
                 if isinstance(value, JITFunction):
-                    twin = _STDLIB_CACHE.get(id(value))
+                    twin = _TWINS.get(id(value))
                     if twin is None:
                         twin = InterpretedFunction(value.fn)
-                        _STDLIB_CACHE[id(value)] = twin
-                    saved.append((mod, name, value))
-                    setattr(mod, name, twin)
+                        _TWINS[id(value)] = twin
+                    saved.append((space, name, value))
+                    space[name] = twin
         yield
     finally:
-        for mod, name, value in reversed(saved):
-            setattr(mod, name, value)
+        for space, name, value in reversed(saved):
+            space[name] = value
 
 
 def check_same_device(what: str, *tensors: torch.Tensor) -> torch.device:

@@ -1,21 +1,15 @@
-/* fp32 projections y = x . W^T with one summation order per output whatever the row count: the
- * float32 mode's projections and lm_head (daemon/model/f32.py), built and loaded by kernels/native.py.
+/* Projections y = x . W^T with one summation order per output whatever the row count (radixd_gemm):
+ * fp32 weights, and GGUF Q4_1 / Q8_0 blocks expanded to fp32 right before the same tiles; the a8
+ * kinds go to a8_gemm.c. Also the encoders that recover a matrix's GGUF blocks.
  *
  * NOTE: row-invariant by construction. Output (m, n) accumulates x[m, k] * w[n, k] in 8 lanes, lane j
  * taking k = j, j + 8, j + 16, ... in increasing k by FMA from zero (a short last group of 8 is read
  * masked, as zeros), then one fixed horizontal sum. Tile shapes, blocking and threads only decide
  * which outputs are computed together, never how one is summed: a row's result is bitwise the same
  * in a call of 1 row or 512, at any position, on any number of threads. */
-#include <immintrin.h>
-#include <stdint.h>
 #include <stdlib.h>
 
-static inline float hsum(__m256 v) {
-    __m128 a = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
-    a = _mm_add_ps(a, _mm_movehl_ps(a, a));
-    a = _mm_add_ss(a, _mm_movehdup_ps(a));
-    return _mm_cvtss_f32(a);
-}
+#include "gemm.h"
 
 /* Lanes below `r` on, the rest off (for the masked last group of a row). */
 static inline __m256i tail_mask(int64_t r) {
@@ -70,14 +64,12 @@ static const tile_fn TILES[4][8] = {ROW_OF_FNS(1), ROW_OF_FNS(2), ROW_OF_FNS(3),
 static const int TILE_OUTPUTS[4] = {8, 4, 4, 3};
 #define ROWS 4
 
-/* Where a call's weights come from: fp32 rows, or GGUF's Q4_1 / Q8_0 blocks of 32 inputs that a block of
+/* Where a call's weights come from (radixd_weights): fp32 rows, or GGUF's Q4_1 / Q8_0 blocks of 32 inputs that a block of
  * rows is expanded from, into a per-thread buffer, right before the tiles read it. The expansion
  * computes each weight exactly as the GGUF reader does (Q4_1: (d * q) + m, Q8_0: q * d, fp32, each
  * operation rounded on its own), so the tiles see bitwise the fp32 weights and the result equals the
  * fp32 call's bit for bit, while a call streams 6 (Q4_1) or 9 (Q8_0) bits per weight instead of 32
  * (scales in fp32). */
-enum { SRC_F32 = 0, SRC_Q4_1 = 1, SRC_Q8_0 = 2 };
-
 /* Group `at` (32 inputs) of a coded matrix as 4 vectors of fp32 weights, inputs 0-7, 8-15, 16-23, 24-31:
  * the one definition of the expansion, shared by the buffered and the in-register paths below. */
 static inline __attribute__((always_inline)) void group_q4_1(const void *codes, const float *d, const float *mn,
@@ -108,35 +100,13 @@ static void expand(int kind, const void *codes, const float *d, const float *mn,
     for (int64_t r = n0; r < n1; r++) {
         for (int64_t g = 0; g < groups; g++) {
             __m256 w[4];
-            if (kind == SRC_Q4_1)
+            if (kind == RADIXD_W_Q4_1)
                 group_q4_1(codes, d, mn, r * groups + g, w);
             else
                 group_q8_0(codes, d, mn, r * groups + g, w);
             for (int i = 0; i < 4; i++) _mm256_storeu_ps(out + (r - n0) * k + g * 32 + 8 * i, w[i]);
         }
     }
-}
-
-/* Outputs ahead whose weights a tile of coded weights asks for while it computes its own (here and
- * in a8_gemm.c; measured best of 4, 8, 16 on a 2-vCPU Xeon: w4a8's batch-1 projections 6.6 -> 4.0
- * ms). A thread's outputs lie one after another, so this is the stream the hardware prefetcher
- * follows, but a tile reads 4 rows of a few hundred bytes at once and the prefetcher alone stays
- * too close behind. */
-#define PREFETCH_OUTPUTS 8
-/* Code bytes a group of 32 weights. */
-#define GROUP_BYTES_q4_1 16
-#define GROUP_BYTES_q8_0 32
-
-/* Ask for the codes (`code_bytes` a group), scales and minimums (mn: NULL for Q8_0; `scale_bytes`
- * each) of the group PREFETCH_OUTPUTS rows past group `at`. Past the matrix's end the hints are for
- * nothing, harmlessly (a prefetch never faults). */
-static inline __attribute__((always_inline)) void prefetch_ahead(const void *codes, int64_t code_bytes,
-                                                                 const void *d, const void *mn, int64_t scale_bytes,
-                                                                 int64_t at, int64_t groups) {
-    const int64_t ahead = at + PREFETCH_OUTPUTS * groups;
-    _mm_prefetch((const char *)codes + ahead * code_bytes, _MM_HINT_T0);
-    _mm_prefetch((const char *)d + ahead * scale_bytes, _MM_HINT_T0);
-    if (mn) _mm_prefetch((const char *)mn + ahead * scale_bytes, _MM_HINT_T0);
 }
 
 /* A tile of MT rows (MT <= 4) times NT coded weight rows from j0, its weights expanded in registers
@@ -185,18 +155,6 @@ static const fused_fn FUSED_TILES[2][4][4] = {
  * the 16 registers. */
 static const int FUSED_OUTPUTS[4] = {4, 4, 3, 2};
 
-/* A per-thread buffer of at least `n` floats (kept for the thread's next calls). */
-static float *scratch(int64_t n) {
-    static _Thread_local float *buf = 0;
-    static _Thread_local int64_t cap = 0;
-    if (n > cap) {
-        free(buf);
-        cap = n;
-        buf = aligned_alloc(64, (size_t)((n * 4 + 63) / 64 * 64));
-    }
-    return buf;
-}
-
 /* y [m, n] = x [m, k] . W [n, k]^T, all contiguous; W from `kind` (see above): fp32 rows `w`, or the
  * codes `w` with per-group scales `d` (and minimums `mn` for Q4_1). Threads split the outputs into
  * blocks whose weights fit in a core's L2 (reused by every row tile of the call); within a block,
@@ -213,7 +171,7 @@ static int gemm(int kind, const float *x, int64_t m, int64_t k, const void *w, c
     for (int64_t b = 0; b < blocks; b++) {
         int64_t n0 = b * block, n1 = n0 + block < n ? n0 + block : n;
         const float *wb = (const float *)w + n0 * k; /* row n0 of the block's fp32 rows */
-        if (kind != SRC_F32 && m <= ROWS) {
+        if (kind != RADIXD_W_F32 && m <= ROWS) {
             int nt = FUSED_OUTPUTS[m - 1];
             for (int64_t j0 = n0; j0 < n1; j0 += nt) {
                 int ntt = (int)(n1 - j0 < nt ? n1 - j0 : nt);
@@ -221,8 +179,8 @@ static int gemm(int kind, const float *x, int64_t m, int64_t k, const void *w, c
             }
             continue;
         }
-        if (kind != SRC_F32) {
-            float *buf = scratch(block * k);
+        if (kind != RADIXD_W_F32) {
+            float *buf = radixd_scratch(block * k);
             if (!buf) {
                 failed = 1;
                 continue;
@@ -242,21 +200,27 @@ static int gemm(int kind, const float *x, int64_t m, int64_t k, const void *w, c
     return failed ? -1 : 0;
 }
 
-/* fp32 weights w [n, k]. */
-int f32_gemm(const float *x, int64_t m, int64_t k, const float *w, int64_t n, float *y, int threads) {
-    return gemm(SRC_F32, x, m, k, w, 0, 0, n, y, threads);
+float *radixd_scratch(int64_t n) {
+    static _Thread_local float *buf = 0;
+    static _Thread_local int64_t cap = 0;
+    if (n > cap) {
+        free(buf);
+        cap = n;
+        buf = aligned_alloc(64, (size_t)((n * 4 + 63) / 64 * 64));
+    }
+    return buf;
 }
 
-/* Q4_1 weights: codes [n, k / 2] (16 bytes per group of 32), d and mn [n, k / 32]. */
-int q4_1_gemm(const float *x, int64_t m, int64_t k, const uint8_t *codes, const float *d, const float *mn,
-              int64_t n, float *y, int threads) {
-    return gemm(SRC_Q4_1, x, m, k, codes, d, mn, n, y, threads);
-}
-
-/* Q8_0 weights: codes [n, k] int8, d [n, k / 32]. */
-int q8_0_gemm(const float *x, int64_t m, int64_t k, const int8_t *codes, const float *d, int64_t n, float *y,
-              int threads) {
-    return gemm(SRC_Q8_0, x, m, k, codes, d, 0, n, y, threads);
+int radixd_gemm(const radixd_proj *p, const float *x, int64_t m, float *y, int threads) {
+    const int kind = (int)p->kind;
+    if (kind == RADIXD_W_Q4_1_A8 || kind == RADIXD_W_Q8_0_A8
+            ? radixd_a8_gemm(kind, x, m, p->k, p->w, p->d, p->mn, p->n, y, threads)
+            : gemm(kind, x, m, p->k, p->w, p->d, p->mn, p->n, y, threads))
+        return -1;
+    if (p->bias != NULL)
+        for (int64_t r = 0; r < m; r++)
+            for (int64_t j = 0; j < p->n; j++) y[r * p->n + j] = y[r * p->n + j] + p->bias[j];
+    return 0;
 }
 
 static float half_round(float v) { return _cvtsh_ss(_cvtss_sh(v, 0)); }
@@ -268,27 +232,19 @@ static float hmin(__m256 v) {
     return _mm_cvtss_f32(_mm_min_ss(a, _mm_movehdup_ps(a)));
 }
 
-static float hmax(__m256 v) {
-    __m128 a = _mm_max_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
-    a = _mm_max_ps(a, _mm_movehl_ps(a, a));
-    return _mm_cvtss_f32(_mm_max_ss(a, _mm_movehdup_ps(a)));
-}
-
 /* Whether every lane of a and b holds the same bits (0.0 and -0.0 differ here). */
 static int same_bits(__m256 a, __m256 b) {
     __m256i eq = _mm256_cmpeq_epi32(_mm256_castps_si256(a), _mm256_castps_si256(b));
     return _mm256_movemask_epi8(eq) == -1;
 }
 
-#define NEAREST (_MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC)
-
 /* The Q4_1 blocks (scale and minimum fp16 values, codes 0..15) that the fp32 matrix w [n, k] was
  * expanded from, as GGUF's quantizer lays them out (the group's minimum has code 0, its maximum 15).
  * Returns 1 when every weight is recovered bit for bit by (d * q) + m, else 0 (the outputs are then
  * meaningless: the matrix is not Q4_1 data). A code is only a candidate until that check passes.
- * One thread: it runs once per matrix at load (~2 ms for 1.8M weights), where waking a second thread
- * on a busy machine can cost more than that. */
-int q4_1_encode(const float *w, int64_t n, int64_t k, uint8_t *codes, float *d, float *mn) {
+ * One thread: it runs once per matrix at load, where waking a second thread on a busy machine can
+ * cost more than the work. */
+int radixd_q4_1_encode(const float *w, int64_t n, int64_t k, uint8_t *codes, float *d, float *mn) {
     int64_t groups = k / 32;
     int ok = 1;
     for (int64_t at = 0; at < n * groups; at++) {
@@ -317,7 +273,7 @@ int q4_1_encode(const float *w, int64_t n, int64_t k, uint8_t *codes, float *d, 
 }
 
 /* Likewise for Q8_0 (fp16 scale, codes -127..127, weight = q * d). */
-int q8_0_encode(const float *w, int64_t n, int64_t k, int8_t *codes, float *d) {
+int radixd_q8_0_encode(const float *w, int64_t n, int64_t k, int8_t *codes, float *d) {
     int64_t groups = k / 32;
     int ok = 1;
     const __m256 sign = _mm256_set1_ps(-0.0f);

@@ -1,34 +1,30 @@
-"""Native CPU kernels: C sources in this package, compiled once per machine with the system's C compiler.
+"""The native CPU kernels: this package's C files, built into one library per machine and loaded here.
 
-Torch has no CPU kernel for some of what radixd runs (a row-invariant paged attention, row-invariant fp32
-projections over GGUF blocks, a float32 step's layers in one call); those are small C files beside
-this module (``cpu_attention.c``, ``f32_gemm.c``, ``a8_gemm.c`` and ``cpu_decoder.c``, which includes
-the others).
-:func:`load` compiles one into radixd's cache directory the first time a process needs it (keyed by
-the source and the sources it includes, the flags, the compiler, the OpenMP runtime and the CPU's
-flags, so a changed source or another machine builds anew) and loads it with ctypes, which releases the GIL
-during a call as torch's own kernels do.
+``radixd.h`` declares every entry point, struct and enum; this module mirrors them in ctypes (checked
+by tests/kernels/test_header.py) and :func:`library` builds every C file as its own unit with
+:data:`CFLAGS` (plus :data:`UNIT_FLAGS`'s ISA flags), links them into radixd's cache directory (keyed
+by every source and header, the flags, the compiler, the OpenMP runtime and the CPU's flags) and loads
+the result with ctypes, which releases the GIL during a call. Where the library cannot be built,
+:func:`library` warns once and returns None, and every caller runs its torch fallback.
 
-NOTE: every library links the OpenMP runtime torch itself loaded (same soname), so a kernel's
+NOTE: the library links the OpenMP runtime torch itself loaded (same soname), so a kernel's
 ``omp parallel`` shares torch's thread pool instead of starting a second one beside it.
-
-Where a library cannot be built (no compiler, a compile error), :func:`load` warns and returns None,
-and its caller runs its torch fallback.
 """
 
 from __future__ import annotations
 
 import ctypes
+import enum
 import functools
 import hashlib
 import os
-import re
+import platform
 import shutil
 import subprocess
 import tempfile
 import warnings
-from collections.abc import Sequence
 from pathlib import Path
+from typing import Any
 
 import torch
 
@@ -74,8 +70,8 @@ def release_openmp_workers() -> bool:
     NOTE: libgomp lets its waiting workers spin only ~100 times, instead of ~300,000, once it manages
     more threads than there are CPUs, and every thread that ever opened a parallel region keeps its
     workers. A model loaded on one thread and run on another (the engine thread) therefore doubles
-    the workers, and on a 2-core machine each of a step's ~200 parallel regions then wakes its worker
-    through the kernel: a batch-1 step took 17 ms instead of 10 (bench/serve_step.py)."""
+    the workers, and on a small machine each of a step's parallel regions then wakes its worker
+    through the kernel."""
     path = _omp_runtime()
     try:
         lib = ctypes.CDLL(path or "libgomp.so.1")
@@ -92,37 +88,70 @@ def _compiler() -> str | None:
     return shutil.which(cc) if cc else shutil.which("cc") or shutil.which("gcc")
 
 
-def _sources(src: Path) -> list[bytes]:
-    """The bytes of `src` and of every file of this package it includes (`#include "name"`), depth
-    first: what a build depends on, so that a changed included source builds anew too."""
-    text = src.read_bytes()
-    out = [text]
-    for name in re.findall(rb'^\s*#\s*include\s+"([^"]+)"', text, flags=re.MULTILINE):
-        out += _sources(_HERE / name.decode())
-    return out
+# NOTE: -ffp-contract=off and no -ffast-math are part of every kernel's row-invariance argument (each
+# expression rounds as written, e.g. a Q4_1 weight's (d * q) + m as the GGUF reader's numpy rounds it);
+# -O3 unrolls the tiles' loops over constant row and output counts so their accumulators stay in
+# registers; -march=native picks the CPU's vector path (FMA, F16C) for every unit alike.
+CFLAGS = ("-O3", "-march=native", "-ffp-contract=off", "-fno-fast-math", "-fopenmp", "-std=c11")
+_X86 = platform.machine() in ("x86_64", "AMD64")
+_AVX2 = ("-mavx2", "-mfma", "-mf16c")
+# Per-file ISA flags, x86-64 only (elsewhere those units stay out and their callers fall back). They
+# let a unit's intrinsics compile on any x86-64 CPU; its callers run it only where the CPU has the
+# ISA (f32.py checks AVX2, FMA and F16C; a8_gemm.c checks AVX512-VNNI before calling a8_avx512.c),
+# and there -march=native already enables the same features, so the code is the same.
+UNIT_FLAGS: dict[str, tuple[str, ...]] = {
+    "f32_gemm.c": _AVX2,
+    "a8_gemm.c": _AVX2,
+    "a8_avx512.c": (*_AVX2, "-mavx512f", "-mavx512bw", "-mavx512vl", "-mavx512vnni"),
+    "cpu_decoder.c": _AVX2,
+}
+# What runs instead where the library cannot be built.
+_FALLBACKS = "the CPU attention runs the split design, projections and float32 steps run in torch"
 
 
-@functools.cache
-def _build(source: str, cflags: tuple[str, ...]) -> Path | str:
+def _units() -> list[Path]:
+    """The C files this machine builds: all of them on x86-64, elsewhere those without ISA flags."""
+    return [p for p in sorted(_HERE.glob("*.c")) if _X86 or p.name not in UNIT_FLAGS]
+
+
+def build_key(cc: str) -> str:
+    """What a build depends on, hashed: every unit with its flags, every header, the common flags, the
+    compiler, the OpenMP runtime and the CPU's flags."""
+    ident = [f"{p.name}\0{UNIT_FLAGS.get(p.name, ())}".encode() + p.read_bytes() for p in _units()]
+    ident += [p.name.encode() + p.read_bytes() for p in sorted(_HERE.glob("*.h"))]
+    ident += [" ".join(CFLAGS).encode(), cc.encode(), str(_omp_runtime()).encode()]
+    ident.append(" ".join(sorted(cpu_flags())).encode())
+    return hashlib.sha256(b"\0".join(ident)).hexdigest()[:16]
+
+
+def _build() -> Path | str:
     """The built library's path, or why it could not be built."""
     cc = _compiler()
     if cc is None:
         return "no C compiler (cc, gcc or $CC) on PATH"
-    src = _HERE / source
     omp = _omp_runtime()
-    ident = [*_sources(src), " ".join(cflags).encode(), cc.encode(), str(omp).encode()]
-    key = hashlib.sha256(b"\0".join([*ident, " ".join(sorted(cpu_flags())).encode()])).hexdigest()[:16]
-    target = cache_root() / "kernels" / f"{src.stem}-{key}.so"
+    units = _units()
+    target = cache_root() / "kernels" / f"radixd-{build_key(cc)}.so"
     if target.exists():
         return target
     try:
         target.parent.mkdir(parents=True, exist_ok=True)
         with tempfile.TemporaryDirectory(dir=target.parent) as tmp:
-            obj, so = Path(tmp) / "k.o", Path(tmp) / "k.so"
-            subprocess.run(
-                [cc, *cflags, "-fPIC", "-c", str(src), "-o", str(obj)], check=True, capture_output=True
-            )
-            link = [cc, "-shared", str(obj), "-o", str(so)] + ([omp] if omp else ["-fopenmp"])
+            objs = [Path(tmp) / f"{p.stem}.o" for p in units]
+            jobs = [
+                subprocess.Popen(
+                    [cc, *CFLAGS, *UNIT_FLAGS.get(p.name, ()), "-fPIC", "-c", str(p), "-o", str(o)],
+                    stdout=subprocess.DEVNULL,
+                    stderr=subprocess.PIPE,
+                )
+                for p, o in zip(units, objs, strict=True)
+            ]
+            errors = [job.communicate()[1] for job in jobs]  # every compile ends before the folder goes
+            for job, stderr in zip(jobs, errors, strict=True):
+                if job.returncode:
+                    raise subprocess.CalledProcessError(job.returncode, job.args, stderr=stderr)
+            so = Path(tmp) / "radixd.so"
+            link = [cc, "-shared", *map(str, objs), "-o", str(so)] + ([omp] if omp else ["-fopenmp"])
             subprocess.run(link, check=True, capture_output=True)
             os.replace(so, target)  # atomic: concurrent builders leave one complete file
     except subprocess.CalledProcessError as e:
@@ -133,14 +162,109 @@ def _build(source: str, cflags: tuple[str, ...]) -> Path | str:
     return target
 
 
-def load(source: str, cflags: Sequence[str], purpose: str) -> ctypes.CDLL | None:
-    """The library built from ``source`` (a C file of this package) with ``cflags``; None, with a
-    warning naming ``purpose`` (what runs instead), where it cannot be built or loaded."""
-    built = _build(source, tuple(cflags))
+# ---- radixd.h in ctypes --------------------------------------------------------------------------
+
+_i64, _i32, _f32, _p = ctypes.c_int64, ctypes.c_int32, ctypes.c_float, ctypes.c_void_p
+
+
+class DType(enum.IntEnum):
+    """radixd_dtype: the KV pools' and the attention's query and output element types."""
+
+    F32 = 0
+    BF16 = 1
+    F16 = 2
+
+
+class Weights(enum.IntEnum):
+    """radixd_weights: how a projection's weights are stored."""
+
+    F32 = 0
+    Q4_1 = 1
+    Q8_0 = 2
+    Q4_1_A8 = 3
+    Q8_0_A8 = 4
+
+
+class Attn(ctypes.Structure):
+    """radixd_attn: one attention call."""
+
+    _fields_ = [
+        ("q", _p),
+        ("out", _p),
+        ("k", _p),
+        ("v", _p),
+        ("tables", _p),
+        ("row_table", _p),
+        ("row_pos", _p),
+        *((name, _i64) for name in ("rows", "block_size", "hkv", "group", "d", "width")),
+        ("scale", _f32),
+        ("io_dtype", _i32),
+        ("dtype", _i32),
+    ]
+
+
+class Proj(ctypes.Structure):
+    """radixd_proj: one projection's weights."""
+
+    _fields_ = [("kind", _i64), ("w", _p), ("d", _p), ("mn", _p), ("bias", _p), ("n", _i64), ("k", _i64)]
+
+
+class Layer(ctypes.Structure):
+    """radixd_layer: one decoder layer."""
+
+    _fields_ = [
+        ("attn_norm", _p),
+        ("mlp_norm", _p),
+        ("qkv", Proj),
+        ("o", Proj),
+        ("gate_up", Proj),
+        ("down", Proj),
+        ("k_cache", _p),
+        ("v_cache", _p),
+    ]
+
+
+class Step(ctypes.Structure):
+    """radixd_step: a decoder step's rows."""
+
+    _fields_ = [
+        *((name, _i64) for name in ("rows", "hidden", "hq", "hkv", "d", "inter", "block_size", "width")),
+        ("eps", _f32),
+        ("scale", _f32),
+        ("threads", _i32),
+        ("attn_threads", _i32),
+        ("kv_dtype", _i32),
+        *((name, _p) for name in ("cos", "sin", "slots", "tables", "row_table", "row_pos")),
+    ]
+
+
+_c_int = ctypes.c_int
+# name -> (restype, argtypes) of every entry point radixd.h declares.
+SIGNATURES: dict[str, tuple[Any, list[Any]]] = {
+    "radixd_attend_rows": (_c_int, [ctypes.POINTER(Attn), _c_int]),
+    "radixd_gemm": (_c_int, [ctypes.POINTER(Proj), _p, _i64, _p, _c_int]),
+    "radixd_q4_1_encode": (_c_int, [_p, _i64, _i64, _p, _p, _p]),
+    "radixd_q8_0_encode": (_c_int, [_p, _i64, _i64, _p, _p]),
+    "radixd_decoder_workspace": (_i64, [_i64] * 6),
+    "radixd_decoder_forward": (_c_int, [ctypes.POINTER(Layer), _i64, _p, ctypes.POINTER(Step), _p, _p, _p]),
+}
+
+
+@functools.cache
+def library() -> ctypes.CDLL | None:
+    """The loaded library, its entry points typed (those this machine built: see `UNIT_FLAGS`); None,
+    with a warning, where it cannot be built or loaded."""
+    built = _build()
     if isinstance(built, Path):
         try:
-            return ctypes.CDLL(str(built))
+            lib = ctypes.CDLL(str(built))
         except OSError as e:
             built = str(e)
-    warnings.warn(f"building {source} failed, {purpose}: {built}", RuntimeWarning, stacklevel=3)
+        else:
+            for name, (restype, argtypes) in SIGNATURES.items():
+                fn = getattr(lib, name, None)
+                if fn is not None:
+                    fn.restype, fn.argtypes = restype, argtypes
+            return lib
+    warnings.warn(f"building the native kernels failed, {_FALLBACKS}: {built}", RuntimeWarning, stacklevel=2)
     return None

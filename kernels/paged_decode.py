@@ -1,18 +1,14 @@
 """paged_decode: one query token per sequence attends to its KV through a block table.
 
-Triton: split-K flash decoding with splits fixed by position: split ``j`` holds keys
-``[j * split_tokens, (j + 1) * split_tokens)`` whatever the batch. Stage 1 runs one program per
-(sequence, kv head, split); the query heads of the GQA group are packed into one ``ROW_TILE``-row tile
-(the prefill kernel's tile height, so ``tl.dot`` sees the same shape) and an fp32 online softmax runs
-over ``block_n``-key tiles gathered through the block table. Stage 2 folds a sequence's own splits in
-order with :func:`_fold_split`, the very arithmetic the prefill kernel folds its splits with: a decode
-row equals the prefill row of its position where the GPU's ``tl.dot`` gives a row the same bits in
-both tiles (under TRITON_INTERPRET=1 it does, tests/kernels/test_batch_invariance_triton.py).
+Triton: split-K flash decoding with splits fixed by position (split ``j`` holds keys
+``[j * split_tokens, (j + 1) * split_tokens)`` whatever the batch); stage 1 runs tiles.py's online
+softmax per (sequence, kv head, split) over the GQA group packed in a ``ROW_TILE``-row tile, stage 2
+folds a sequence's splits in order with tiles.py's fold, the prefill kernel's very arithmetic.
+CPU twin: the compiled row kernel (cpu_attention.py), else the split design (decode_plan.py), planned
+once per step (:func:`decode_step_plan`) for every layer.
 
-CPU twin (the daemon's CPU path): by default the compiled row kernel (``cpu_attention.py``), each
-sequence one row at position ``seq_len - 1``; where it cannot build, the split design
-(``decode_plan.py``: per chunk of length-sorted sequences one gather and one ``split_attention``).
-Either is planned once per step (:func:`decode_step_plan`) and the plan reused by every layer.
+NOTE: a decode row equals the prefill row of its position wherever ``tl.dot`` gives a row the same
+bits in both tiles (under TRITON_INTERPRET=1 it does: tests/kernels/test_batch_invariance_triton.py).
 """
 
 from __future__ import annotations
@@ -22,13 +18,8 @@ import torch
 from radixd.kernels import cpu_attention
 from radixd.kernels.checks import check_block_tables, check_cache, check_int_vector, check_query
 from radixd.kernels.decode_plan import DecodePlan, check_plan, decode_with_plan, plan_decode
-from radixd.kernels.dispatch import LazyKernel, check_same_device, interpreting, resolve_backend
-
-try:  # triton is a hard dependency, but keep the torch path importable without it
-    import triton
-    import triton.language as tl
-except ImportError:  # pragma: no cover
-    triton = None
+from radixd.kernels.dispatch import LazyKernel, check_same_device, resolve_backend, tl, triton
+from radixd.kernels.tiles import fold_split, scale_and_strides, split_softmax, tile_constants
 
 
 def paged_decode(
@@ -147,14 +138,6 @@ ROW_TILE = 64
 SPLIT_TOKENS = 256
 
 
-# NOTE: the fold of a split into a row's running (max, weight, output) is written out in both kernels
-# (a module-level @triton.jit helper would freeze the interpreted/compiled mode at import, dispatch.py),
-# and must stay the same expression in both:
-#     m_new = max(M, m_j); m_safe = m_new == -inf ? 0 : m_new; a = exp(M - m_safe)
-#     w_j = l_j * exp(m_j - m_safe); W = W * a + w_j; O = O * a + o_j * w_j; M = m_new
-# An empty split (m_j = -inf, l_j = 0, o_j = 0) leaves (M, W, O) bit for bit unchanged.
-
-
 def _decode_stage1(
     q_ptr: tl.tensor,
     k_ptr: tl.tensor,
@@ -202,48 +185,10 @@ def _decode_stage1(
     )
     q = (q.to(tl.float32) * scale).to(k_ptr.dtype.element_ty)
 
-    m_i = tl.full([GROUP_TILE], float("-inf"), tl.float32)
-    l_i = tl.zeros([GROUP_TILE], tl.float32)
-    acc = tl.zeros([GROUP_TILE, D_TILE], tl.float32)
-    n = tl.arange(0, BLOCK_N)
-    row_stride = NUM_KV_HEADS * HEAD_DIM  # token stride inside a dense block
-    # NOTE: the tile body below is the prefill kernel's, expression for expression.
-    for start in range(lo, hi, BLOCK_N):
-        pos = start + n
-        n_mask = pos < hi
-        logical = pos // BLOCK_SIZE
-        phys = tl.load(bt_ptr + seq * stride_bts + logical, mask=n_mask & (logical < max_blocks), other=0)
-        in_blk = (pos % BLOCK_SIZE).to(tl.int64) * row_stride + kvh * HEAD_DIM
-        kv_mask = n_mask[:, None] & d_mask[None, :]
-        k = tl.load(
-            k_ptr + (phys.to(tl.int64) * stride_kn + in_blk)[:, None] + dd[None, :], mask=kv_mask, other=0.0
-        )
-        if ROWWISE_DOT:  # the interpreter: see ROWWISE_DOT in paged_decode.py
-            sc = tl.sum(q.to(tl.float32)[:, None, :] * k.to(tl.float32)[None, :, :], 2)
-        elif FP32_DOT:
-            sc = tl.dot(q, tl.trans(k), input_precision="ieee")
-        else:
-            sc = tl.dot(q, tl.trans(k))
-        sc = tl.where(n_mask[None, :], sc, float("-inf"))
-        m_new = tl.maximum(m_i, tl.max(sc, 1))
-        m_safe = tl.where(m_new == float("-inf"), 0.0, m_new)
-        alpha = tl.exp(m_i - m_safe)
-        p = tl.exp(sc - m_safe[:, None])
-        l_i = l_i * alpha + tl.sum(p, 1)
-        v = tl.load(
-            v_ptr + (phys.to(tl.int64) * stride_vn + in_blk)[:, None] + dd[None, :], mask=kv_mask, other=0.0
-        )
-        if ROWWISE_DOT:
-            pv = tl.sum(p.to(v.dtype).to(tl.float32)[:, :, None] * v.to(tl.float32)[None, :, :], 1)
-            acc = acc * alpha[:, None] + pv
-        elif FP32_DOT:
-            acc = acc * alpha[:, None] + tl.dot(p, v, input_precision="ieee")
-        else:
-            acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v)
-        m_i = m_new
-
-    # Empty split (past the sequence's end): l = 0, m = -inf, o = 0, which the fold ignores exactly.
-    o = acc / tl.where(l_i > 0, l_i, 1.0)[:, None]
+    m_i, l_i, o = split_softmax(
+        q, g, k_ptr, v_ptr, bt_ptr + seq * stride_bts, lo, hi, max_blocks, kvh, stride_kn, stride_vn,
+        GROUP_TILE, HEAD_DIM, D_TILE, NUM_KV_HEADS, BLOCK_SIZE, BLOCK_N, False, FP32_DOT, ROWWISE_DOT,
+    )  # fmt: skip
     gd_mask = g_mask[:, None] & d_mask[None, :]
     # partial buffers: o [S, Hq, num_splits, D_TILE], ml [S, Hq, num_splits, 2] (fp32, contiguous)
     row = (seq * NUM_KV_HEADS * GROUP + qh) * num_splits + split
@@ -281,13 +226,7 @@ def _decode_stage2(
         m_j = tl.load(part_ml_ptr + row * 2)
         l_j = tl.load(part_ml_ptr + row * 2 + 1)
         o_j = tl.load(part_o_ptr + row[:, None] * D_TILE + dd[None, :])
-        m_new = tl.maximum(big_m, m_j)
-        m_safe = tl.where(m_new == float("-inf"), 0.0, m_new)
-        a = tl.exp(big_m - m_safe)
-        w_j = l_j * tl.exp(m_j - m_safe)
-        big_w = big_w * a + w_j
-        big_o = big_o * a[:, None] + o_j * w_j[:, None]
-        big_m = m_new
+        big_m, big_w, big_o = fold_split(big_m, big_w, big_o, m_j, l_j, o_j)
     res = big_o / tl.where(big_w > 0, big_w, 1.0)[:, None]
     tl.store(
         out_ptr + seq * stride_os + head * stride_oh + one[:, None] * 0 + dd[None, :],
@@ -324,7 +263,8 @@ def paged_decode_triton(
     # NOTE: the grid covers the table's width (no host sync for max(seq_lens)); programs past a
     # sequence's end write empty partials that its fold never reads.
     num_splits = max(1, triton.cdiv(max_blocks * b, split_tokens))
-    d_tile = max(16, triton.next_power_of_2(d))
+    consts = tile_constants(k_cache, DECODE_CONFIG["block_n"])
+    d_tile = consts["D_TILE"]
     if group > ROW_TILE:
         raise ValueError(f"paged_decode: a GQA group of {group} query heads exceeds the {ROW_TILE}-row tile")
     part_o = torch.empty(s, hq, num_splits, d_tile, dtype=torch.float32, device=q.device)
@@ -337,24 +277,13 @@ def paged_decode_triton(
         seq_lens,
         part_o,
         part_ml,
-        float(scale),
-        q.stride(0),
-        q.stride(1),
-        k_cache.stride(0),
-        v_cache.stride(0),
-        block_tables.stride(0),
+        *scale_and_strides(q, k_cache, v_cache, block_tables, scale),
         max_blocks,
         num_splits,
         GROUP=group,
         GROUP_TILE=ROW_TILE,
-        HEAD_DIM=d,
-        D_TILE=d_tile,
-        NUM_KV_HEADS=hkv,
-        BLOCK_SIZE=b,
-        BLOCK_N=DECODE_CONFIG["block_n"],
         SPLIT=split_tokens,
-        FP32_DOT=k_cache.dtype == torch.float32,
-        ROWWISE_DOT=interpreting(),
+        **consts,
         num_warps=DECODE_CONFIG["num_warps"],
         num_stages=DECODE_CONFIG["num_stages"],
     )

@@ -1,17 +1,12 @@
 """paged_prefill (extend): a ragged batch of new tokens attends to the cached prefix and causally to itself.
 
 New token i of sequence s sits at position ``seq_lens[s] - q_len[s] + i`` and attends to every KV
-position <= its own; its own K/V (and the prefix's) are already in the pool. This one op serves
-plain prefill (empty prefix), chunked prefill and prefix-cache hits.
+position <= its own (its K/V are already in the pool): plain prefill, chunked prefill and prefix-cache
+hits alike. Triton: one program per (query tile, sequence, query head), the decode kernel's splits,
+online softmax and fold (tiles.py). CPU twin: every new token is one row of the compiled row kernel
+(cpu_attention.py), else the split design (one gather, one ``split_attention``).
 
-Triton: one program per (query tile, sequence, query head); keys up to the tile's last causal
-position are taken in the decode kernel's fixed splits, each reduced by an fp32 online softmax over KV
-tiles gathered through the block table and folded in order exactly as the decode kernel folds them.
-CPU twin: every new token is one row at its own position for the compiled row kernel
-(``cpu_attention.py``), the very rows a decode of that position runs; where the kernel cannot build,
-the split design: queries padded to [S, Hkv, G*Qmax, D] (the G heads of a kv head stacked as rows),
-one gather, one :func:`~radixd.kernels.split_attention.split_attention` (the decode twin's arithmetic:
-a prefill row equals the decode of its position bit for bit, split_attention.py).
+NOTE: a prefill row equals the decode of its position (the same splits and arithmetic).
 """
 
 from __future__ import annotations
@@ -20,7 +15,7 @@ import torch
 
 from radixd.kernels import cpu_attention
 from radixd.kernels.checks import check_block_tables, check_cache, check_int_vector, check_query
-from radixd.kernels.dispatch import LazyKernel, check_same_device, interpreting, resolve_backend
+from radixd.kernels.dispatch import LazyKernel, check_same_device, resolve_backend, tl, triton
 from radixd.kernels.paged_decode import DECODE_CONFIG, ROW_TILE, SPLIT_TOKENS
 from radixd.kernels.paging import length_chunks
 from radixd.kernels.split_attention import (
@@ -31,12 +26,7 @@ from radixd.kernels.split_attention import (
     split_attention,
     split_index,
 )
-
-try:
-    import triton
-    import triton.language as tl
-except ImportError:  # pragma: no cover
-    triton = None
+from radixd.kernels.tiles import fold_split, scale_and_strides, split_softmax, tile_constants
 
 
 def paged_prefill(
@@ -195,66 +185,18 @@ def _prefill_kernel(
     hi = tl.minimum(seq_len, ctx + first + BLOCK_M)
     hi = tl.where(first < q_len, hi, 0)
 
-    n = tl.arange(0, BLOCK_N)
-    row_stride = NUM_KV_HEADS * HEAD_DIM
     big_m = tl.full([BLOCK_M], float("-inf"), tl.float32)
     big_w = tl.zeros([BLOCK_M], tl.float32)
     big_o = tl.zeros([BLOCK_M, D_TILE], tl.float32)
     # Splits of SPLIT keys fixed by position, each reduced alone and folded in order: the decode
-    # kernel's split and fold (paged_decode.py), so a row here equals the decode of its position.
+    # kernel's split and fold (tiles.py), so a row here equals the decode of its position.
     for lo in range(0, hi, SPLIT):
-        split_hi = tl.minimum(lo + SPLIT, hi)
-        m_i = tl.full([BLOCK_M], float("-inf"), tl.float32)
-        l_i = tl.zeros([BLOCK_M], tl.float32)
-        acc = tl.zeros([BLOCK_M, D_TILE], tl.float32)
-        # NOTE: the tile body below is the decode kernel's stage 1, expression for expression.
-        for start in range(lo, split_hi, BLOCK_N):
-            pos = start + n
-            n_mask = pos < split_hi
-            logical = pos // BLOCK_SIZE
-            phys = tl.load(bt_ptr + seq * stride_bts + logical, mask=n_mask & (logical < max_blocks), other=0)
-            in_blk = (pos % BLOCK_SIZE).to(tl.int64) * row_stride + kvh * HEAD_DIM
-            kv_mask = n_mask[:, None] & d_mask[None, :]
-            k = tl.load(
-                k_ptr + (phys.to(tl.int64) * stride_kn + in_blk)[:, None] + dd[None, :],
-                mask=kv_mask,
-                other=0.0,
-            )
-            if ROWWISE_DOT:  # the interpreter: see ROWWISE_DOT in paged_decode.py
-                sc = tl.sum(q.to(tl.float32)[:, None, :] * k.to(tl.float32)[None, :, :], 2)
-            elif FP32_DOT:
-                sc = tl.dot(q, tl.trans(k), input_precision="ieee")
-            else:
-                sc = tl.dot(q, tl.trans(k))
-            sc = tl.where(n_mask[None, :] & (pos[None, :] <= q_pos[:, None]), sc, float("-inf"))
-            m_new = tl.maximum(m_i, tl.max(sc, 1))
-            # NOTE: a row may see only -inf in a tile; a finite stand-in max keeps exp() NaN-free.
-            m_safe = tl.where(m_new == float("-inf"), 0.0, m_new)
-            alpha = tl.exp(m_i - m_safe)
-            p = tl.exp(sc - m_safe[:, None])
-            l_i = l_i * alpha + tl.sum(p, 1)
-            v = tl.load(
-                v_ptr + (phys.to(tl.int64) * stride_vn + in_blk)[:, None] + dd[None, :],
-                mask=kv_mask,
-                other=0.0,
-            )
-            if ROWWISE_DOT:
-                pv = tl.sum(p.to(v.dtype).to(tl.float32)[:, :, None] * v.to(tl.float32)[None, :, :], 1)
-                acc = acc * alpha[:, None] + pv
-            elif FP32_DOT:
-                acc = acc * alpha[:, None] + tl.dot(p, v, input_precision="ieee")
-            else:
-                acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v)
-            m_i = m_new
-        o_j = acc / tl.where(l_i > 0, l_i, 1.0)[:, None]
-        # The fold (paged_decode.py's NOTE): a split past a row's position is empty and changes nothing.
-        m_new = tl.maximum(big_m, m_i)
-        m_safe = tl.where(m_new == float("-inf"), 0.0, m_new)
-        a = tl.exp(big_m - m_safe)
-        w_j = l_i * tl.exp(m_i - m_safe)
-        big_w = big_w * a + w_j
-        big_o = big_o * a[:, None] + o_j * w_j[:, None]
-        big_m = m_new
+        m_j, l_j, o_j = split_softmax(
+            q, q_pos, k_ptr, v_ptr, bt_ptr + seq * stride_bts, lo, tl.minimum(lo + SPLIT, hi), max_blocks,
+            kvh, stride_kn, stride_vn, BLOCK_M, HEAD_DIM, D_TILE, NUM_KV_HEADS, BLOCK_SIZE, BLOCK_N, True,
+            FP32_DOT, ROWWISE_DOT,
+        )  # fmt: skip
+        big_m, big_w, big_o = fold_split(big_m, big_w, big_o, m_j, l_j, o_j)
 
     o = big_o / tl.where(big_w > 0, big_w, 1.0)[:, None]
     o_off = (q_start + rows.to(tl.int64))[:, None] * stride_ot + head * stride_oh + dd[None, :]
@@ -276,7 +218,7 @@ def paged_prefill_triton(
 ) -> torch.Tensor:
     """Launch the Triton extend kernel (inputs already validated by :func:`paged_prefill`)."""
     t, hq, d = q.shape
-    _, b, hkv, _ = k_cache.shape
+    hkv = k_cache.shape[2]
     s = seq_lens.shape[0]
     out = torch.zeros(t, hq, d, dtype=q.dtype, device=q.device)
     if t == 0 or s == 0:
@@ -289,7 +231,7 @@ def paged_prefill_triton(
     q_max = int((cu_q_lens[1:] - cu_q_lens[:-1]).max())
     if q_max <= 0:
         return out
-    d_tile = max(16, triton.next_power_of_2(d))
+    consts = tile_constants(k_cache, DECODE_CONFIG["block_n"])
     grid = (triton.cdiv(q_max, ROW_TILE), s, hq)
     _kernel[grid](
         q,
@@ -299,25 +241,14 @@ def paged_prefill_triton(
         cu_q_lens,
         seq_lens,
         out,
-        float(scale),
-        q.stride(0),
-        q.stride(1),
-        k_cache.stride(0),
-        v_cache.stride(0),
-        block_tables.stride(0),
+        *scale_and_strides(q, k_cache, v_cache, block_tables, scale),
         out.stride(0),
         out.stride(1),
         max_blocks,
         GROUP=hq // hkv,
-        HEAD_DIM=d,
-        D_TILE=d_tile,
-        NUM_KV_HEADS=hkv,
-        BLOCK_SIZE=b,
         BLOCK_M=ROW_TILE,
-        BLOCK_N=DECODE_CONFIG["block_n"],
         SPLIT=SPLIT_TOKENS,
-        FP32_DOT=k_cache.dtype == torch.float32,
-        ROWWISE_DOT=interpreting(),
+        **consts,
         num_warps=4,
         num_stages=2,
     )

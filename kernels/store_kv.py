@@ -8,13 +8,7 @@ from __future__ import annotations
 import torch
 
 from radixd.kernels.checks import check_cache, check_int_vector
-from radixd.kernels.dispatch import LazyKernel, check_same_device, resolve_backend
-
-try:
-    import triton
-    import triton.language as tl
-except ImportError:  # pragma: no cover
-    triton = None
+from radixd.kernels.dispatch import LazyKernel, check_same_device, resolve_backend, tl, triton
 
 
 def store_kv(

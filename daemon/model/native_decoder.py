@@ -1,15 +1,10 @@
-"""A float32 or w4a8 step's layers in one compiled call (kernels/cpu_decoder.c) instead of ~120 torch
-operations a layer.
+"""A float32 or w4a8 step's layers in one native call (`radixd_decoder_forward`, kernels/cpu_decoder.c).
 
-At batch 1 the layer-by-layer path (`LlamaModel.forward`'s torch loop) spends as long dispatching its
-small operations (norms, rotary, KV store, SiLU, residual adds, views) as the projections take to stream
-the weights. Where every projection is an `F32Linear` (float32 or w4a8 on an x86-64 CPU with AVX2) and the
-attention is the compiled row kernel, `NativeDecoder` runs the whole step's layers and the final norm
-in C with the same projection and attention kernels, so the step is the weight stream plus the
-attention and little else.
-
+Where every projection is an `F32Linear` and the attention is the compiled row kernel,
+`NativeDecoder` runs the whole step's layers and the final norm in C with the same projection and
+attention kernels, instead of ~120 small torch operations a layer.
 `RADIXD_CPU_DECODER` = `native` | `torch` | `auto` (default: native where it runs, else torch) chooses;
-`native` where it cannot run is an error, `torch` keeps the layer-by-layer path (benchmarks' A/B).
+`native` where it cannot run is an error, `torch` keeps the layer-by-layer path.
 
 NOTE: row-invariant (cpu_decoder.c): a token's hidden state is bitwise the same whatever else the step
 holds, so the batch-invariance contract holds on this path as on the torch one. Its numbers are close
@@ -19,70 +14,20 @@ to the torch path's, not bitwise (RMSNorm's sum and SiLU's exp are computed in t
 from __future__ import annotations
 
 import ctypes
-import functools
 import os
 from collections.abc import Sequence
 from dataclasses import dataclass
 
 import torch
 
-from radixd.daemon.model.f32 import FLAGS as F32_FLAGS
-from radixd.daemon.model.f32 import F32Linear
-from radixd.daemon.model.f32 import library as f32_library
+from radixd.daemon.model.f32 import F32Linear, library
 from radixd.kernels import cpu_attention
-from radixd.kernels.native import load
+from radixd.kernels.native import DType, Layer, Step
 
 ENV_DECODER = "RADIXD_CPU_DECODER"
 CHOICES = ("auto", "native", "torch")
-_SOURCE = "cpu_decoder.c"
-# The pools the step stores into and attends over (cpu_attention.c's DT_F32, DT_F16).
-POOL_DTYPES = {torch.float32: 0, torch.float16: 2}
-
-_i64, _f32, _i32, _p = ctypes.c_int64, ctypes.c_float, ctypes.c_int32, ctypes.c_void_p
-
-
-class _Proj(ctypes.Structure):
-    _fields_ = [("kind", _i64), ("w", _p), ("d", _p), ("mn", _p), ("bias", _p), ("n", _i64), ("k", _i64)]
-
-
-class _Layer(ctypes.Structure):
-    _fields_ = [
-        ("attn_norm", _p),
-        ("mlp_norm", _p),
-        ("qkv", _Proj),
-        ("o", _Proj),
-        ("gate_up", _Proj),
-        ("down", _Proj),
-        ("k_cache", _p),
-        ("v_cache", _p),
-    ]
-
-
-class _Step(ctypes.Structure):
-    _fields_ = [
-        *((name, _i64) for name in ("rows", "hidden", "hq", "hkv", "d", "inter", "block_size", "width")),
-        ("eps", _f32),
-        ("scale", _f32),
-        ("threads", _i32),
-        ("attn_threads", _i32),
-        ("kv_dtype", _i32),
-        *((name, _p) for name in ("cos", "sin", "slots", "tables", "row_table", "row_pos")),
-    ]
-
-
-@functools.cache
-def _library() -> ctypes.CDLL | None:
-    if f32_library() is None:  # the same CPU and compiler requirements as the projections
-        return None
-    # f32.py's flags: cpu_attention.c relies on their -ffp-contract=off and -fno-fast-math too
-    lib = load(_SOURCE, F32_FLAGS, "float32 steps run layer by layer in torch")
-    if lib is None:
-        return None
-    lib.radixd_decoder_workspace.argtypes = [_i64] * 6
-    lib.radixd_decoder_workspace.restype = _i64
-    lib.radixd_decoder_forward.argtypes = [_p, _i64, _p, _p, _p, _p, _p]
-    lib.radixd_decoder_forward.restype = ctypes.c_int
-    return lib
+# The pools the step stores into and attends over.
+POOL_DTYPES = {torch.float32: DType.F32, torch.float16: DType.F16}
 
 
 def choice() -> str:
@@ -105,13 +50,6 @@ class DecoderLayer:
     down: F32Linear
 
 
-def _proj(op: F32Linear) -> _Proj:
-    kind, w, d, mn = op.source()
-    out_f, in_f = op.weight.shape
-    bias = 0 if op.bias is None else op.bias.data_ptr()
-    return _Proj(kind, w, d, mn, bias, out_f, in_f)
-
-
 class NativeDecoder:
     """Runs a float32 step's layers and final norm in one call (module docstring). Build it with
     `native_decoder`, which returns None where it cannot run."""
@@ -130,7 +68,7 @@ class NativeDecoder:
         self._norm = final_norm
         self._eps, self._scale, self._lib = eps, scale, lib
         self._work = torch.empty(0)
-        self._pools: tuple[tuple[int, ...], ctypes.Array[_Layer]] | None = None
+        self._pools: tuple[tuple[int, ...], ctypes.Array[Layer]] | None = None
 
     def takes(self, k_cache: torch.Tensor) -> bool:
         """Whether pools like `k_cache` run here: contiguous float32 or float16 on the CPU, with the
@@ -143,21 +81,21 @@ class NativeDecoder:
 
     def _layer_array(
         self, k_caches: Sequence[torch.Tensor], v_caches: Sequence[torch.Tensor]
-    ) -> ctypes.Array[_Layer]:
+    ) -> ctypes.Array[Layer]:
         """The layers' descriptors over these pools (kept while the same pools come back: one runner's)."""
         key = tuple(t.data_ptr() for t in (*k_caches, *v_caches))
         if self._pools is None or self._pools[0] != key:
-            arr = (_Layer * len(self._layers))()
+            arr = (Layer * len(self._layers))()
             for i, (lw, kc, vc) in enumerate(zip(self._layers, k_caches, v_caches, strict=True)):
                 if not (kc.is_contiguous() and vc.is_contiguous() and vc.dtype == kc.dtype):
                     raise ValueError("the KV pools must be contiguous and of one dtype")
-                arr[i] = _Layer(
+                arr[i] = Layer(
                     lw.attn_norm.data_ptr(),
                     lw.mlp_norm.data_ptr(),
-                    _proj(lw.qkv),
-                    _proj(lw.o_proj),
-                    _proj(lw.gate_up),
-                    _proj(lw.down),
+                    lw.qkv.gemm.proj,
+                    lw.o_proj.gemm.proj,
+                    lw.gate_up.gemm.proj,
+                    lw.down.gemm.proj,
                     kc.data_ptr(),
                     vc.data_ptr(),
                 )
@@ -194,7 +132,7 @@ class NativeDecoder:
             self._work = torch.empty(need)
         cos_c, sin_c = cos.contiguous(), sin.contiguous()
         slots_c = slots.to(torch.int64).contiguous()
-        step = _Step(
+        step = Step(
             t,
             self.hidden,
             self.hq,
@@ -217,10 +155,10 @@ class NativeDecoder:
         )
         layers = self._layer_array(k_caches, v_caches)
         rc = self._lib.radixd_decoder_forward(
-            ctypes.addressof(layers),
+            layers,
             len(self._layers),
             self._norm.data_ptr(),
-            ctypes.addressof(step),
+            ctypes.byref(step),
             h.data_ptr(),
             out.data_ptr(),
             self._work.data_ptr(),
@@ -251,7 +189,7 @@ def native_decoder(
         and hq % hkv == 0
         and all(t.dtype == torch.float32 and t.device.type == "cpu" and t.is_contiguous() for t in tensors)
     )
-    lib = _library() if fits else None
+    lib = library() if fits else None
     if lib is None:
         if want == "native":
             raise RuntimeError(

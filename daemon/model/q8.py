@@ -1,7 +1,7 @@
 """int8 weights with a scale per 32 inputs (GGUF's Q8_0 layout), run by the compiled fp32 kernels.
 
 The lm_head of the `int4` and `int8` modes; a Q8_0 embedding's own codes are recovered exactly. Torch
-has no faster CPU kernel for this layout, hence `q8_0_gemm` (`f32.py`'s library). NOTE: row-invariant
+has no faster CPU kernel for this layout, hence `radixd_gemm`'s Q8_0 kind (through `f32.Gemm`). NOTE: row-invariant
 by construction (one summation order), still behind `RowInvariant`'s probe; fp32 in, fp32 out.
 """
 
@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import torch
 
-from radixd.daemon.model.f32 import f32_available, library, run_gemm
+from radixd.daemon.model.f32 import Gemm, f32_available, library
 from radixd.daemon.model.invariant import RowInvariant
 from radixd.daemon.model.linear import dequantize_groups, quantize_groups
 
@@ -28,10 +28,9 @@ class Q8Linear:
             raise RuntimeError("the int8 kernel needs an x86-64 CPU with AVX2, FMA and F16C and a C compiler")
         if w_out_in.device.type != "cpu":
             raise ValueError(f"int8 weights run on CPU only, got {w_out_in.device}")
-        self._gemm = lib.q8_0_gemm
         q, scale = quantize_groups(w_out_in)
         self.q, self.scale = q.contiguous(), scale.contiguous()
-        self._ptrs = [self.q.data_ptr(), self.scale.data_ptr()]
+        self._gemm = Gemm("q8_0", [self.q, self.scale], bias, self.q.shape)
         self.weight = dequantize_groups(self.q, self.scale).to(dtype)
         self.bias = bias
         out_f, in_f = q.shape
@@ -39,7 +38,7 @@ class Q8Linear:
         self._rows = RowInvariant(kind, self._kernel, in_f, out_f, dtype, q.device)
 
     def _kernel(self, x: torch.Tensor) -> torch.Tensor:
-        return run_gemm(self._gemm, self._ptrs, x, self.q.shape, self.bias)
+        return self._gemm(x)
 
     def __call__(self, x: torch.Tensor) -> torch.Tensor:
         return self._rows(x)

@@ -132,7 +132,7 @@ def test_q4_1_weights_run_from_their_blocks_bitwise_as_fp32() -> None:
     w, codes = q4_1_weights(200, 96, seed=6)
     lin = F32Linear(w, None)
     assert lin.coding == "q4_1"
-    nib = lin._operands[0]  # the recovered codes: input j in the low nibble, j + 16 in the high one
+    nib = lin.gemm.operands[0]  # the recovered codes: input j in the low nibble, j + 16 in the high one
     low, high = (nib & 15).reshape(200, 3, 16), (nib >> 4).reshape(200, 3, 16)
     assert torch.equal(torch.cat((low, high), dim=2).reshape(200, 96).long(), codes)
     same_as_fp32_weights(lin)

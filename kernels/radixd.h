@@ -1,0 +1,89 @@
+/* radixd's native CPU kernels: every entry point, struct and enum of the one library that
+ * kernels/native.py builds from this package's C files (native.py mirrors them in ctypes, and
+ * tests/kernels/test_header.py checks the mirror against this file).
+ *
+ * NOTE: every kernel here is row-invariant: a row's result depends on its own inputs only, never on
+ * the other rows of a call, their number, or the thread count. The library is built with
+ * -ffp-contract=off and without -ffast-math, which that argument relies on.
+ */
+#ifndef RADIXD_H
+#define RADIXD_H
+
+#include <stdint.h>
+
+/* Element types of the KV pools and of the attention's query and output. */
+typedef enum { RADIXD_F32 = 0, RADIXD_BF16 = 1, RADIXD_F16 = 2 } radixd_dtype;
+
+/* How a projection's weights are stored (radixd_proj.kind). */
+typedef enum {
+    RADIXD_W_F32 = 0,     /* fp32 rows w [n, k] */
+    RADIXD_W_Q4_1 = 1,    /* GGUF Q4_1: codes [n, k / 2], fp32 scales d and minimums mn [n, k / 32] */
+    RADIXD_W_Q8_0 = 2,    /* GGUF Q8_0: int8 codes [n, k], fp32 scales d [n, k / 32] */
+    RADIXD_W_Q4_1_A8 = 3, /* Q4_1 times 8-bit activations: d and mn fp16 */
+    RADIXD_W_Q8_0_A8 = 4, /* Q8_0 times 8-bit activations: d fp16 */
+} radixd_weights;
+
+/* One attention call: rows of queries, each attending to keys 0..row_pos through its table. */
+typedef struct {
+    const void *q;                      /* [rows, hkv * group, d] of io_dtype */
+    void *out;                          /* like q */
+    const void *k, *v;                  /* pools [blocks, block_size, hkv, d] of dtype */
+    const int32_t *tables;              /* [num_tables, width] block ids */
+    const int64_t *row_table, *row_pos; /* [rows]: a row's table, its last key (-1: none, zeros) */
+    int64_t rows, block_size, hkv, group, d, width;
+    float scale;
+    int32_t io_dtype; /* RADIXD_F32 or RADIXD_BF16 */
+    int32_t dtype;    /* the pools' radixd_dtype */
+} radixd_attn;
+
+/* One projection y = x W^T (+ bias). */
+typedef struct {
+    int64_t kind; /* radixd_weights */
+    const void *w;
+    const void *d, *mn; /* block scales and minimums (NULL where the kind has none) */
+    const float *bias;  /* [n] or NULL */
+    int64_t n, k;
+} radixd_proj;
+
+/* One decoder layer. */
+typedef struct {
+    const float *attn_norm, *mlp_norm; /* [hidden] */
+    radixd_proj qkv, o, gate_up, down;  /* qkv rows: q heads, k heads, v heads; gate_up: gate then up */
+    void *k_cache, *v_cache;            /* [blocks, block_size, hkv, d] of radixd_step.kv_dtype */
+} radixd_layer;
+
+/* A decoder step's rows: shapes, rotary tables, KV slots and the attention's rows (checked by
+ * cpu_attention.py: every table entry and position stays inside the pool). */
+typedef struct {
+    int64_t rows, hidden, hq, hkv, d, inter, block_size, width;
+    float eps, scale;
+    int32_t threads, attn_threads;
+    int32_t kv_dtype;                   /* RADIXD_F32 or RADIXD_F16 */
+    const float *cos, *sin;             /* [rows, d]: halves duplicated; sin signed (-sin, sin) */
+    const int64_t *slots;               /* [rows] block * block_size + offset; -1 stores nothing */
+    const int32_t *tables;              /* [num_tables, width] */
+    const int64_t *row_table, *row_pos; /* [rows] */
+} radixd_step;
+
+/* cpu_attention.c: attend a->rows rows on up to `threads` threads. The caller checks shapes
+ * (d % 8 == 0, d <= 256) and every index. Returns 0, or -1 when memory is missing. */
+int radixd_attend_rows(const radixd_attn *a, int threads);
+
+/* f32_gemm.c: y [m, n] = x [m, k] W^T (+ bias), every kind of radixd_weights (k % 32 == 0 for the
+ * block kinds; the a8 kinds need AVX2 only, AVX512-VNNI where the CPU has it). 0, or -1 (no memory). */
+int radixd_gemm(const radixd_proj *p, const float *x, int64_t m, float *y, int threads);
+
+/* f32_gemm.c: the GGUF blocks the fp32 matrix w [n, k] was expanded from; 1 where every weight is
+ * recovered bit for bit (the outputs hold them), else 0. */
+int radixd_q4_1_encode(const float *w, int64_t n, int64_t k, uint8_t *codes, float *d, float *mn);
+int radixd_q8_0_encode(const float *w, int64_t n, int64_t k, int8_t *codes, float *d);
+
+/* cpu_decoder.c: floats of scratch radixd_decoder_forward needs for `rows` rows. */
+int64_t radixd_decoder_workspace(int64_t rows, int64_t hidden, int64_t hq, int64_t hkv, int64_t d, int64_t inter);
+
+/* cpu_decoder.c: every layer of a step and the final norm. h [rows, hidden]: the embeddings in (the
+ * residual stream), out: the final-normed hidden states (may be h). 0, or -1 (no memory). */
+int radixd_decoder_forward(const radixd_layer *layers, int64_t num_layers, const float *final_norm,
+                           const radixd_step *s, float *h, float *out, float *work);
+
+#endif
