@@ -1,8 +1,8 @@
 """A `Constraint` as llguidance grammar text, and its canonical form (the compile cache's key).
 
 llguidance takes one grammar language (Lark, possibly wrapping JSON schemas); every constraint kind maps
-onto it: `json_schema` through `grammar_from_json_schema` (`json_object` is the schema
-`{"type": "object"}`), `regex` through `grammar_from_regex`, `grammar` as Lark, or as GBNF (llama.cpp's
+onto it: `json_schema` through `grammar_from_json_schema`, read as `json_reading` defines
+(`json_object` is the schema `{"type": "object"}`), `regex` through `grammar_from_regex`, `grammar` as Lark, or as GBNF (llama.cpp's
 dialect, converted by llguidance) when it is written with `::=` rules, `choice` as a Lark alternation
 of JSON-quoted literals, `structural_tag` (vLLM's shape: `{"structures": [{"begin", "schema", "end"}],
 "triggers": [...]}`) through llguidance's `StructTag`.
@@ -19,12 +19,11 @@ from typing import Any
 
 import llguidance
 
+from radixd.daemon.structured.json_reading import ANY_OBJECT, default_reading
 from radixd.daemon.structured.spec import Constraint
 
 # A GBNF rule starts a line: `name ::= ...` (Lark writes `name: ...`).
 _GBNF_RULE = re.compile(r"^\s*[A-Za-z_][\w.-]*\s*::=", re.MULTILINE)
-
-_ANY_OBJECT = '{"type": "object"}'
 
 
 class GrammarError(ValueError):
@@ -66,9 +65,9 @@ def grammar_source(c: Constraint, tokenizer: llguidance.LLTokenizer) -> str:
             schema = _json(kind, c.text)
             if not isinstance(schema, dict):
                 raise GrammarError("a json_schema constraint must be a JSON object (a JSON Schema document)")
-            return str(llguidance.LLMatcher.grammar_from_json_schema(schema))
+            return str(llguidance.LLMatcher.grammar_from_json_schema(default_reading(schema)))
         if kind == "json_object":
-            return str(llguidance.LLMatcher.grammar_from_json_schema(_ANY_OBJECT))
+            return str(llguidance.LLMatcher.grammar_from_json_schema(default_reading(ANY_OBJECT)))
         if kind == "regex":
             return str(llguidance.LLMatcher.grammar_from_regex(c.text))
         if kind == "choice":
@@ -113,7 +112,11 @@ def _structural_tag(text: str, tokenizer: llguidance.LLTokenizer) -> str:
             raise GrammarError(
                 f"structural_tag structure {i}: its begin {s['begin']!r} starts with no trigger"
             )
-        tags.append(llguidance.StructTag(trigger=trigger, begin=s["begin"], grammar=schema, end=s["end"]))
+        tags.append(
+            llguidance.StructTag(
+                trigger=trigger, begin=s["begin"], grammar=default_reading(schema), end=s["end"]
+            )
+        )
     if not tags:
         raise GrammarError("a structural_tag constraint needs at least one structure")
     # NOTE: a `<...>` trigger is matched as a special token only where the vocabulary has it as one

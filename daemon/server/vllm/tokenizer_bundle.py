@@ -1,7 +1,8 @@
 """The tokenizer bundle a gateway needs to tokenize and render chats the way the model does.
 
 Built from the model's own tokenizer and chat template (for a GGUF file, the ones its metadata holds,
-as the loader rebuilt them): `tokenizer.json`, `tokenizer_config.json` (chat template and special
+as the loader rebuilt them, with `tool_template`'s rendering of tool calls where it has none):
+`tokenizer.json`, `tokenizer_config.json` (chat template and special
 tokens), `chat_template.jinja` and `config.json`. `GetTokenizer` streams it as one zip; the same files
 are also written to a local directory whose path `GetModelInfo.tokenizer_path` reports, so a gateway
 on the same host loads them without the call.
@@ -22,6 +23,8 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
+
+from radixd.daemon.server.vllm.tool_template import with_tool_rendering
 
 if TYPE_CHECKING:
     from radixd.daemon.model.config import ModelConfig
@@ -60,8 +63,9 @@ def bundle_files(tok: TextTokenizer, config: ModelConfig, context_length: int) -
         "clean_up_tokenization_spaces": False,
         "model_max_length": context_length,
     }
-    if tok.chat_template:
-        tok_config["chat_template"] = tok.chat_template
+    template = with_tool_rendering(tok.chat_template) if tok.chat_template else None
+    if template:
+        tok_config["chat_template"] = template
     model_config = {
         "architectures": ["LlamaForCausalLM"],
         "model_type": "llama",
@@ -83,8 +87,8 @@ def bundle_files(tok: TextTokenizer, config: ModelConfig, context_length: int) -
         "tokenizer_config.json": json.dumps(tok_config, indent=2, sort_keys=True).encode(),
         "config.json": json.dumps(model_config, indent=2, sort_keys=True).encode(),
     }
-    if tok.chat_template:
-        files["chat_template.jinja"] = tok.chat_template.encode()
+    if template:
+        files["chat_template.jinja"] = template.encode()
     return files
 
 
