@@ -1,11 +1,11 @@
 """A `Constraint` as llguidance grammar text, and its canonical form (the compile cache's key).
 
 llguidance takes one grammar language (Lark, possibly wrapping JSON schemas); every constraint kind maps
-onto it: `json_schema` through `grammar_from_json_schema`, read as `json_reading` defines
-(`json_object` is the schema `{"type": "object"}`), `regex` through `grammar_from_regex`, `grammar` as Lark, or as GBNF (llama.cpp's
+onto it: `json_schema` through `grammar_from_json_schema` (`json_object` is the schema
+`{"type": "object"}`), `regex` through `grammar_from_regex`, `grammar` as Lark, or as GBNF (llama.cpp's
 dialect, converted by llguidance) when it is written with `::=` rules, `choice` as a Lark alternation
 of JSON-quoted literals, `structural_tag` (vLLM's shape: `{"structures": [{"begin", "schema", "end"}],
-"triggers": [...]}`) through llguidance's `StructTag`.
+"triggers": [...]}`) through llguidance's `StructTag`. Every JSON schema is read as `json_reading` says.
 
 A constraint that cannot be turned into a grammar raises `GrammarError` with a message that says what to
 fix; syntax inside the grammar is checked by llguidance when the matcher is built (compiler.py).

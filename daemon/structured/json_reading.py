@@ -17,9 +17,7 @@ from __future__ import annotations
 
 from typing import Any, Final
 
-import llguidance
-
-JSON_OPTIONS: Final[llguidance.JsonCompileOptions] = {
+JSON_OPTIONS: Final[dict[str, Any]] = {
     "whitespace_flexible": False,
     "item_separator": ",",
     "key_separator": ":",
@@ -33,8 +31,10 @@ MAX_DEPTH: Final = 3  # nested objects/arrays in an undeclared object, itself in
 ANY_OBJECT: Final[dict[str, Any]] = {"type": "object"}
 
 # Keywords whose value is a schema, a list of schemas, or a map of names to schemas.
-_ONE = ("items", "additionalProperties", "additionalItems", "contains", "not", "if", "then", "else")
-_ONE += ("unevaluatedProperties", "unevaluatedItems", "propertyNames")
+_ONE = (
+    *("items", "additionalProperties", "additionalItems", "contains", "not", "if", "then", "else"),
+    *("unevaluatedProperties", "unevaluatedItems", "propertyNames"),
+)
 _LIST = ("anyOf", "oneOf", "allOf", "prefixItems")
 _MAP = ("properties", "patternProperties", "$defs", "definitions", "dependentSchemas")
 _OPENS = ("additionalProperties", "patternProperties", "unevaluatedProperties")
@@ -57,7 +57,7 @@ def _any_value(depth: int) -> dict[str, Any]:
 
 
 def _any_object(depth: int) -> dict[str, Any]:
-    key = f"^[^\"\\\\\\x00-\\x1f]{{1,{MAX_KEY_CHARS}}}$"
+    key = f'^[^"\\\\\\x00-\\x1f]{{1,{MAX_KEY_CHARS}}}$'
     return {
         "type": "object",
         "maxProperties": MAX_KEYS,
