@@ -1,0 +1,219 @@
+"""An agent's tool loop, timed turn by turn: radixd through smg against llama-server's OpenAI API.
+
+    python bench/agent_loop.py --llama-server DIR/llama-server        # results: docs/agent-tools.md
+    python bench/agent_loop.py --smoke                                # 2 turns, radixd only if no peer
+
+Both peers serve the same GGUF (the embedded SmolLM2) and get the same prompts through the official
+`openai` client: the task, two tools, `tool_choice="required"` for `--turns` turns (each turn's calls
+and their `role: "tool"` results appended to the history), then one answer with tool_choice "none".
+radixd runs as `radixd cluster --replicas 1` (smg in front, radixd's grammar on the tool-call array);
+llama-server runs with `--jinja` (its own JSON-schema tool calls). Every turn is streamed: time to first
+token is the first chunk carrying content or a tool-call delta, tokens/s the completion tokens after it
+over the rest of the turn. Each peer runs the loop `--reps` times with a run number in the task (so
+no run reuses another's cache) and the median per turn is printed as a markdown table.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import signal
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+from llama_server import LlamaServer
+from openai import OpenAI
+
+MODEL = "SmolLM2-135M-Instruct"
+TOOLS: list[dict[str, Any]] = [
+    {
+        "type": "function",
+        "function": {
+            "name": "get_weather",
+            "description": "The current weather in a city",
+            "parameters": {
+                "type": "object",
+                "properties": {"city": {"type": "string"}},
+                "required": ["city"],
+            },
+        },
+    },
+    {
+        "type": "function",
+        "function": {
+            "name": "add",
+            "description": "The sum of two integers",
+            "parameters": {
+                "type": "object",
+                "properties": {"a": {"type": "integer"}, "b": {"type": "integer"}},
+                "required": ["a", "b"],
+            },
+        },
+    },
+]
+TASK = "What is 2 plus 3, and what is the weather in Paris? Use the tools. (run {run})"
+
+
+def _result(name: str, arguments: str) -> str:
+    try:
+        args = json.loads(arguments)
+    except ValueError:
+        return json.dumps({"error": "arguments are not JSON"})
+    if name == "add" and isinstance(args, dict):
+        return json.dumps({"sum": args.get("a", 0) + args.get("b", 0)})
+    return json.dumps({"weather": "sunny", "celsius": 21})
+
+
+def _turn(client: OpenAI, model: str, messages: list[dict[str, Any]], **extra: Any) -> dict[str, Any]:
+    """One streamed turn: its timings, usage and the tool calls it made."""
+    t0 = time.perf_counter()
+    first = last = None
+    usage = None
+    calls: dict[int, dict[str, Any]] = {}
+    stream = client.chat.completions.create(
+        model=model,
+        messages=messages,  # type: ignore[arg-type]
+        tools=TOOLS,  # type: ignore[arg-type]
+        temperature=0,
+        stream=True,
+        stream_options={"include_usage": True},
+        **extra,
+    )
+    for chunk in stream:
+        if chunk.usage:
+            usage = chunk.usage
+        for choice in chunk.choices:
+            delta = choice.delta
+            if delta.content or delta.tool_calls:
+                last = time.perf_counter()
+                first = first or last
+            for d in delta.tool_calls or []:
+                call = calls.setdefault(d.index, {"id": "", "name": "", "arguments": ""})
+                call["id"] = d.id or call["id"]
+                if d.function:
+                    call["name"] += d.function.name or ""
+                    call["arguments"] += d.function.arguments or ""
+    out = usage.completion_tokens if usage else 0
+    details = usage.prompt_tokens_details if usage else None
+    decode_s = (last or t0) - (first or t0)
+    return {
+        "ttft_ms": ((first or time.perf_counter()) - t0) * 1000,
+        "tok_s": (out - 1) / decode_s if out > 1 and decode_s > 0 else float("nan"),
+        "prompt": usage.prompt_tokens if usage else 0,
+        "cached": (details.cached_tokens or 0) if details else 0,
+        "out": out,
+        "calls": [calls[i] for i in sorted(calls)],
+    }
+
+
+def agent_loop(client: OpenAI, model: str, turns: int, max_tokens: int, run: int) -> list[dict[str, Any]]:
+    """`turns` required tool turns then an answer; one record per turn."""
+    messages: list[dict[str, Any]] = [{"role": "user", "content": TASK.format(run=run)}]
+    records = []
+    for _ in range(turns):
+        rec = _turn(client, model, messages, tool_choice="required", max_tokens=max_tokens)
+        records.append(rec)
+        calls = [
+            {"id": c["id"], "type": "function", "function": {"name": c["name"], "arguments": c["arguments"]}}
+            for c in rec["calls"]
+        ]
+        messages.append({"role": "assistant", "content": None, "tool_calls": calls})
+        for c in rec["calls"]:
+            messages.append(
+                {"role": "tool", "tool_call_id": c["id"], "content": _result(c["name"], c["arguments"])}
+            )
+        if not calls:  # no call parsed: the turn's text goes on as a plain reply
+            messages[-1] = {"role": "assistant", "content": "(no tool call)"}
+    records.append(_turn(client, model, messages, tool_choice="none", max_tokens=max_tokens))
+    return records
+
+
+class RadixdCluster:
+    """`radixd cluster --replicas 1` on a free port; `base` is its OpenAI base URL once ready."""
+
+    def __init__(self, tmp: Path, serve: list[str]) -> None:
+        ready = tmp / "ready.json"
+        cmd = [sys.executable, "-m", "radixd.daemon.cli", "cluster", "--replicas", "1", "--port", "0"]
+        cmd += ["--ready-file", str(ready), "--log-dir", str(tmp / "logs"), "--", *serve]
+        self.out = (tmp / "cluster.out").open("wb")
+        self.proc = subprocess.Popen(cmd, stdout=self.out, stderr=subprocess.STDOUT)
+        deadline = time.monotonic() + 600
+        while not ready.exists():
+            if self.proc.poll() is not None or time.monotonic() > deadline:
+                self.close()
+                raise RuntimeError(f"radixd cluster did not start; see {tmp / 'cluster.out'}")
+            time.sleep(0.5)
+        self.base = str(json.loads(ready.read_text())["openai_base_url"])
+
+    def close(self) -> None:
+        if self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGINT)
+            try:
+                self.proc.wait(90)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+        self.out.close()
+
+
+def measure(base: str, model: str, args: argparse.Namespace) -> list[list[dict[str, Any]]]:
+    client = OpenAI(base_url=base, api_key="unused", max_retries=0, timeout=600)
+    agent_loop(client, model, 1, args.max_tokens, run=0)  # warm-up: compile, first allocations
+    return [agent_loop(client, model, args.turns, args.max_tokens, run=r + 1) for r in range(args.reps)]
+
+
+def _median(runs: list[list[dict[str, Any]]], turn: int, key: str) -> float:
+    return statistics.median(float(r[turn][key]) for r in runs)
+
+
+def table(results: dict[str, list[list[dict[str, Any]]]], turns: int) -> str:
+    peers = list(results)
+    head = "| turn |" + "".join(f" {p} TTFT ms | {p} tok/s | {p} prompt/cached | {p} calls |" for p in peers)
+    rows = [head, "|---:|" + "---:|---:|---:|---:|" * len(peers)]
+    for t in range(turns + 1):
+        label = str(t + 1) if t < turns else "answer"
+        row = f"| {label} |"
+        for p in peers:
+            runs = results[p]
+            calls = sum(1 for r in runs if r[t]["calls"]) if t < turns else "-"
+            row += (
+                f" {_median(runs, t, 'ttft_ms'):.0f} | {_median(runs, t, 'tok_s'):.1f} |"
+                f" {_median(runs, t, 'prompt'):.0f}/{_median(runs, t, 'cached'):.0f} |"
+                f" {calls}{'/' + str(len(runs)) if t < turns else ''} |"
+            )
+        rows.append(row)
+    return "\n".join(rows)
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--llama-server", help="llama-server binary (the peer; omitted: radixd alone)")
+    ap.add_argument("--threads", type=int, default=os.cpu_count() or 1)
+    ap.add_argument("--turns", type=int, default=5)
+    ap.add_argument("--reps", type=int, default=3)
+    ap.add_argument("--max-tokens", type=int, default=48)
+    ap.add_argument("--smoke", action="store_true", help="2 turns, 1 run: checks the script end to end")
+    args = ap.parse_args()
+    if args.smoke:
+        args.turns, args.reps = 2, 1
+    results: dict[str, list[list[dict[str, Any]]]] = {}
+    with tempfile.TemporaryDirectory() as tmp:
+        cluster = RadixdCluster(Path(tmp), ["--num-blocks", "512"])
+        try:
+            results["radixd"] = measure(cluster.base, MODEL, args)
+        finally:
+            cluster.close()
+    if args.llama_server:
+        with LlamaServer(args.llama_server, args.threads, extra=["--jinja"]) as url:
+            results["llama-server"] = measure(url.removesuffix("/completion") + "/v1", MODEL, args)
+    print(f"turns={args.turns} reps={args.reps} max_tokens={args.max_tokens} threads={args.threads}")
+    print(table(results, args.turns))
+
+
+if __name__ == "__main__":
+    main()
