@@ -57,6 +57,10 @@ TOOLS: list[dict[str, Any]] = [
         },
     },
 ]
+TOOL_CALL_FORMAT = (
+    'To call functions, answer with a JSON array only: [{"name":"<function name>","parameters":'
+    "{<arguments>}}]. The functions:"
+)
 TASK = "What is 2 plus 3, and what is the weather in Paris? Use the tools. (run {run})"
 
 
@@ -71,15 +75,15 @@ def _result(name: str, arguments: str) -> str:
 
 
 def _turn(client: OpenAI, model: str, messages: list[dict[str, Any]], **extra: Any) -> dict[str, Any]:
-    """One streamed turn: its timings, usage and the tool calls it made."""
+    """One streamed turn: its timings, usage, text and the tool calls it made."""
     t0 = time.perf_counter()
     first = last = None
     usage = None
+    text = ""
     calls: dict[int, dict[str, Any]] = {}
     stream = client.chat.completions.create(
         model=model,
         messages=messages,  # type: ignore[arg-type]
-        tools=TOOLS,  # type: ignore[arg-type]
         temperature=0,
         stream=True,
         stream_options={"include_usage": True},
@@ -93,6 +97,7 @@ def _turn(client: OpenAI, model: str, messages: list[dict[str, Any]], **extra: A
             if delta.content or delta.tool_calls:
                 last = time.perf_counter()
                 first = first or last
+            text += delta.content or ""
             for d in delta.tool_calls or []:
                 call = calls.setdefault(d.index, {"id": "", "name": "", "arguments": ""})
                 call["id"] = d.id or call["id"]
@@ -108,29 +113,92 @@ def _turn(client: OpenAI, model: str, messages: list[dict[str, Any]], **extra: A
         "prompt": usage.prompt_tokens if usage else 0,
         "cached": (details.cached_tokens or 0) if details else 0,
         "out": out,
+        "text": text,
         "calls": [calls[i] for i in sorted(calls)],
     }
 
 
-def agent_loop(client: OpenAI, model: str, turns: int, max_tokens: int, run: int) -> list[dict[str, Any]]:
+def call_schema() -> dict[str, Any]:
+    """The tool-call array, as smg sends it to radixd for tool_choice "required"."""
+    calls = [
+        {
+            "properties": {
+                "name": {"type": "string", "enum": [t["function"]["name"]]},
+                "parameters": t["function"]["parameters"],
+            },
+            "required": ["name", "parameters"],
+        }
+        for t in TOOLS
+    ]
+    return {"type": "array", "minItems": 1, "items": {"type": "object", "anyOf": calls}}
+
+
+def explicit(messages: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """The history as plain messages, rendered as radixd's tool rendering does for a template without
+    tool support (daemon/server/vllm/tool_template.py): the tools in a system message, each call
+    turn's calls as its content."""
+    listing = "\n".join(json.dumps(t["function"]) for t in TOOLS)
+    out: list[dict[str, Any]] = [{"role": "system", "content": TOOL_CALL_FORMAT + "\n" + listing}]
+    for m in messages:
+        if m.get("tool_calls"):
+            calls = [
+                {"name": c["function"]["name"], "parameters": json.loads(c["function"]["arguments"] or "{}")}
+                for c in m["tool_calls"]
+            ]
+            out.append({"role": "assistant", "content": json.dumps(calls, separators=(",", ":"))})
+        else:
+            out.append({"role": m["role"], "content": m["content"]})
+    return out
+
+
+def tool_turn(peer: str, client: OpenAI, messages: list[dict[str, Any]], max_tokens: int) -> dict[str, Any]:
+    """A `tool_choice="required"` turn: through smg's tools for radixd; for llama-server (whose tool
+    calling needs a template with tool support, which SmolLM2's lacks) the same array schema as its
+    own `response_format` json_schema over the same rendered history, the calls parsed from the text."""
+    if peer == "radixd":
+        return _turn(client, MODEL, messages, tools=TOOLS, tool_choice="required", max_tokens=max_tokens)
+    fmt = {"type": "json_schema", "json_schema": {"name": "calls", "schema": call_schema()}}
+    rec = _turn(client, MODEL, explicit(messages), response_format=fmt, max_tokens=max_tokens)
+    try:
+        parsed = json.loads(rec["text"])
+    except ValueError:
+        parsed = []
+    rec["calls"] = [
+        {
+            "id": f"call_{i}",
+            "name": c["name"],
+            "arguments": json.dumps(c["parameters"], separators=(",", ":")),
+        }
+        for i, c in enumerate(parsed)
+    ]
+    return rec
+
+
+def agent_loop(peer: str, client: OpenAI, turns: int, max_tokens: int, run: int) -> list[dict[str, Any]]:
     """`turns` required tool turns then an answer; one record per turn."""
     messages: list[dict[str, Any]] = [{"role": "user", "content": TASK.format(run=run)}]
     records = []
     for _ in range(turns):
-        rec = _turn(client, model, messages, tool_choice="required", max_tokens=max_tokens)
+        rec = tool_turn(peer, client, messages, max_tokens)
         records.append(rec)
         calls = [
             {"id": c["id"], "type": "function", "function": {"name": c["name"], "arguments": c["arguments"]}}
             for c in rec["calls"]
         ]
+        if not calls:  # no call parsed: the turn's text goes on as a plain reply
+            messages.append({"role": "assistant", "content": rec["text"] or "(no tool call)"})
+            messages.append({"role": "user", "content": "Use the tools."})
+            continue
         messages.append({"role": "assistant", "content": None, "tool_calls": calls})
         for c in rec["calls"]:
             messages.append(
                 {"role": "tool", "tool_call_id": c["id"], "content": _result(c["name"], c["arguments"])}
             )
-        if not calls:  # no call parsed: the turn's text goes on as a plain reply
-            messages[-1] = {"role": "assistant", "content": "(no tool call)"}
-    records.append(_turn(client, model, messages, tool_choice="none", max_tokens=max_tokens))
+    if peer == "radixd":
+        final = _turn(client, MODEL, messages, tools=TOOLS, tool_choice="none", max_tokens=max_tokens)
+    else:
+        final = _turn(client, MODEL, explicit(messages), max_tokens=max_tokens)
+    records.append(final)
     return records
 
 
@@ -161,10 +229,10 @@ class RadixdCluster:
         self.out.close()
 
 
-def measure(base: str, model: str, args: argparse.Namespace) -> list[list[dict[str, Any]]]:
+def measure(peer: str, base: str, args: argparse.Namespace) -> list[list[dict[str, Any]]]:
     client = OpenAI(base_url=base, api_key="unused", max_retries=0, timeout=600)
-    agent_loop(client, model, 1, args.max_tokens, run=0)  # warm-up: compile, first allocations
-    return [agent_loop(client, model, args.turns, args.max_tokens, run=r + 1) for r in range(args.reps)]
+    agent_loop(peer, client, 1, args.max_tokens, run=0)  # warm-up: compile, first allocations
+    return [agent_loop(peer, client, args.turns, args.max_tokens, run=r + 1) for r in range(args.reps)]
 
 
 def _median(runs: list[list[dict[str, Any]]], turn: int, key: str) -> float:
@@ -205,12 +273,12 @@ def main() -> None:
     with tempfile.TemporaryDirectory() as tmp:
         cluster = RadixdCluster(Path(tmp), ["--num-blocks", "512"])
         try:
-            results["radixd"] = measure(cluster.base, MODEL, args)
+            results["radixd"] = measure("radixd", cluster.base, args)
         finally:
             cluster.close()
     if args.llama_server:
         with LlamaServer(args.llama_server, args.threads, extra=["--jinja"]) as url:
-            results["llama-server"] = measure(url.removesuffix("/completion") + "/v1", MODEL, args)
+            results["llama-server"] = measure("llama-server", url.removesuffix("/completion") + "/v1", args)
     print(f"turns={args.turns} reps={args.reps} max_tokens={args.max_tokens} threads={args.threads}")
     print(table(results, args.turns))
 
