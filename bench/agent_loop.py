@@ -16,6 +16,7 @@ no run reuses another's cache) and the median per turn is printed as a markdown 
 from __future__ import annotations
 
 import argparse
+import importlib.util
 import json
 import os
 import signal
@@ -25,53 +26,39 @@ import sys
 import tempfile
 import time
 from pathlib import Path
+from types import ModuleType
 from typing import Any
 
 from llama_server import LlamaServer
 from openai import OpenAI
 
 MODEL = "SmolLM2-135M-Instruct"
-TOOLS: list[dict[str, Any]] = [
-    {
-        "type": "function",
-        "function": {
-            "name": "get_weather",
-            "description": "The current weather in a city",
-            "parameters": {
-                "type": "object",
-                "properties": {"city": {"type": "string"}},
-                "required": ["city"],
-            },
-        },
-    },
-    {
-        "type": "function",
-        "function": {
-            "name": "add",
-            "description": "The sum of two integers",
-            "parameters": {
-                "type": "object",
-                "properties": {"a": {"type": "integer"}, "b": {"type": "integer"}},
-                "required": ["a", "b"],
-            },
-        },
-    },
-]
+
+
+def _example() -> ModuleType:
+    """clients/examples/agent_tools.py, whose toy tools, task and results the loop uses."""
+    path = Path(__file__).resolve().parents[1] / "clients" / "examples" / "agent_tools.py"
+    spec = importlib.util.spec_from_file_location("agent_tools", path)
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+EXAMPLE = _example()
+TOOLS: list[dict[str, Any]] = [{"type": "function", "function": t} for t in EXAMPLE.TOOLS]
 TOOL_CALL_FORMAT = (
     'To call functions, answer with a JSON array only: [{"name":"<function name>","parameters":'
     "{<arguments>}}]. The functions:"
 )
-TASK = "What is 2 plus 3, and what is the weather in Paris? Use the tools. (run {run})"
+TASK = EXAMPLE.TASK + " (run {run})"
 
 
 def _result(name: str, arguments: str) -> str:
     try:
-        args = json.loads(arguments)
-    except ValueError:
-        return json.dumps({"error": "arguments are not JSON"})
-    if name == "add" and isinstance(args, dict):
-        return json.dumps({"sum": args.get("a", 0) + args.get("b", 0)})
-    return json.dumps({"weather": "sunny", "celsius": 21})
+        return str(EXAMPLE.run_tool(name, json.loads(arguments)))
+    except (ValueError, KeyError, TypeError):
+        return json.dumps({"error": "arguments do not fit the tool"})
 
 
 def _turn(client: OpenAI, model: str, messages: list[dict[str, Any]], **extra: Any) -> dict[str, Any]:

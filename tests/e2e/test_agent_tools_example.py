@@ -15,7 +15,8 @@ from radixd_client import Client
 EXAMPLE = Path(__file__).resolve().parents[2] / "clients" / "examples" / "agent_tools.py"
 
 
-def _example() -> ModuleType:
+def load_example() -> ModuleType:
+    """The example as a module (it is a script, not part of a package)."""
     spec = importlib.util.spec_from_file_location("agent_tools", EXAMPLE)
     assert spec is not None and spec.loader is not None
     module = importlib.util.module_from_spec(spec)
@@ -24,7 +25,7 @@ def _example() -> ModuleType:
 
 
 def test_the_tool_loop_example_runs_on_one_cached_session(daemon: RunningDaemon) -> None:
-    example = _example()
+    example = load_example()
     schemas = {t["name"]: t["parameters"] for t in example.TOOLS}
     with Client(daemon.address, api_key=daemon.api_key) as client:
         records = example.agent_loop(client, turns=3, max_tokens=40)

@@ -18,40 +18,18 @@ import jsonschema
 import pytest
 from cluster_kit import MODEL, Cluster, start_cluster
 from openai import OpenAI
+from test_agent_tools_example import load_example
 
 from radixd.daemon.loaders import LoadedModel
 
 pytestmark = pytest.mark.slow
 SERVE = ("--num-blocks", "256", "--max-num-seqs", "4")
 TURNS = 5
-TOOLS: list[dict[str, Any]] = [
-    {
-        "type": "function",
-        "function": {
-            "name": "get_weather",
-            "description": "The current weather in a city",
-            "parameters": {
-                "type": "object",
-                "properties": {"city": {"type": "string"}},
-                "required": ["city"],
-            },
-        },
-    },
-    {
-        "type": "function",
-        "function": {
-            "name": "add",
-            "description": "The sum of two integers",
-            "parameters": {
-                "type": "object",
-                "properties": {"a": {"type": "integer"}, "b": {"type": "integer"}},
-                "required": ["a", "b"],
-            },
-        },
-    },
-]
+# The toy tools and their results are the gRPC example's (clients/examples/agent_tools.py).
+EXAMPLE = load_example()
+TOOLS: list[dict[str, Any]] = [{"type": "function", "function": t} for t in EXAMPLE.TOOLS]
 SCHEMAS = {t["function"]["name"]: t["function"]["parameters"] for t in TOOLS}
-TASK = "What is 2 plus 3, and what is the weather in Paris? Use the tools."
+TASK = EXAMPLE.TASK
 
 
 @pytest.fixture(scope="module")
@@ -61,12 +39,6 @@ def client(loaded_model: LoadedModel, tmp_path_factory: pytest.TempPathFactory) 
         yield OpenAI(base_url=c.base, api_key="unused", max_retries=0, timeout=120)
     finally:
         c.ensure_stopped()
-
-
-def _result(name: str, arguments: dict[str, Any]) -> str:
-    if name == "add":
-        return json.dumps({"sum": arguments["a"] + arguments["b"]})
-    return json.dumps({"city": arguments["city"], "weather": "sunny", "celsius": 21})
 
 
 def _call(client: OpenAI, messages: list[dict[str, Any]]) -> tuple[list[dict[str, Any]], int]:
@@ -132,7 +104,7 @@ def _loop(client: OpenAI, stream: bool) -> None:
         messages.append({"role": "assistant", "content": None, "tool_calls": calls})
         for call in calls:
             fn = call["function"]
-            content = _result(fn["name"], json.loads(fn["arguments"]))
+            content = EXAMPLE.run_tool(fn["name"], json.loads(fn["arguments"]))
             messages.append({"role": "tool", "tool_call_id": call["id"], "content": content})
         assert len(messages) > before
     final = client.chat.completions.create(
