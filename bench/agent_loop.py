@@ -4,13 +4,15 @@
     python bench/agent_loop.py --smoke                                # 2 turns, radixd only if no peer
 
 Both peers serve the same GGUF (the embedded SmolLM2) and get the same prompts through the official
-`openai` client: the task, two tools, `tool_choice="required"` for `--turns` turns (each turn's calls
-and their `role: "tool"` results appended to the history), then one answer with tool_choice "none".
-radixd runs as `radixd cluster --replicas 1` (smg in front, radixd's grammar on the tool-call array);
-llama-server runs with `--jinja` (its own JSON-schema tool calls). Every turn is streamed: time to first
-token is the first chunk carrying content or a tool-call delta, tokens/s the completion tokens after it
-over the rest of the turn. Each peer runs the loop `--reps` times with a run number in the task (so
-no run reuses another's cache) and the median per turn is printed as a markdown table.
+`openai` client: the task, two tools, a required tool call for `--turns` turns (each turn's calls and
+their `role: "tool"` results appended to the history), then one answer. radixd runs as
+`radixd cluster --replicas 1` (smg in front; `tools` with tool_choice "required", radixd's grammar on
+the call array smg sends). llama-server's tool calling needs a template with tool support, which
+SmolLM2's lacks (with `--jinja` it answers in plain text), so it gets the same call array as its own
+`response_format` json_schema over the same rendered history (`explicit`). Every turn is streamed: time
+to first token is the first chunk (both servers send it with the first generated token), tokens/s the
+completion tokens after it over the time to the last chunk. Each peer runs the loop `--reps` times with
+a run number in the task (so no run reuses another's cache); the table holds the median per turn.
 """
 
 from __future__ import annotations
@@ -81,9 +83,8 @@ def _turn(client: OpenAI, model: str, messages: list[dict[str, Any]], **extra: A
             usage = chunk.usage
         for choice in chunk.choices:
             delta = choice.delta
-            if delta.content or delta.tool_calls:
-                last = time.perf_counter()
-                first = first or last
+            last = time.perf_counter()
+            first = first or last
             text += delta.content or ""
             for d in delta.tool_calls or []:
                 call = calls.setdefault(d.index, {"id": "", "name": "", "arguments": ""})
