@@ -1,6 +1,7 @@
 """A `Constraint` as llguidance grammar text, and its canonical form (the compile cache's key).
 
 Every kind maps onto llguidance's Lark (GBNF recognized by `::=`); what cannot raises `GrammarError`.
+Every JSON schema is read as `json_reading` says (closed objects, compact separators, bounded open ones).
 """
 
 from __future__ import annotations
@@ -11,12 +12,11 @@ from typing import Any
 
 import llguidance
 
+from radixd.daemon.structured.json_reading import ANY_OBJECT, default_reading
 from radixd.daemon.structured.spec import Constraint
 
 # A GBNF rule starts a line: `name ::= ...` (Lark writes `name: ...`).
 _GBNF_RULE = re.compile(r"^\s*[A-Za-z_][\w.-]*\s*::=", re.MULTILINE)
-
-_ANY_OBJECT = '{"type": "object"}'
 
 
 class GrammarError(ValueError):
@@ -53,9 +53,9 @@ def grammar_source(c: Constraint, tokenizer: llguidance.LLTokenizer) -> str:
             schema = _json(kind, c.text)
             if not isinstance(schema, dict):
                 raise GrammarError("a json_schema constraint must be a JSON object (a JSON Schema document)")
-            return str(llguidance.LLMatcher.grammar_from_json_schema(schema))
+            return str(llguidance.LLMatcher.grammar_from_json_schema(default_reading(schema)))
         if kind == "json_object":
-            return str(llguidance.LLMatcher.grammar_from_json_schema(_ANY_OBJECT))
+            return str(llguidance.LLMatcher.grammar_from_json_schema(default_reading(ANY_OBJECT)))
         if kind == "regex":
             return str(llguidance.LLMatcher.grammar_from_regex(c.text))
         if kind == "choice":
@@ -99,7 +99,11 @@ def _structural_tag(text: str, tokenizer: llguidance.LLTokenizer) -> str:
             raise GrammarError(
                 f"structural_tag structure {i}: its begin {s['begin']!r} starts with no trigger"
             )
-        tags.append(llguidance.StructTag(trigger=trigger, begin=s["begin"], grammar=schema, end=s["end"]))
+        tags.append(
+            llguidance.StructTag(
+                trigger=trigger, begin=s["begin"], grammar=default_reading(schema), end=s["end"]
+            )
+        )
     if not tags:
         raise GrammarError("a structural_tag constraint needs at least one structure")
     # A `<...>` trigger is a special token only where the vocabulary has it as one.

@@ -124,7 +124,7 @@ def test_structural_tag_in_vllms_shape(smollm: LoadedModel, llg: llguidance.LLTo
     compiled = compile_constraint(Constraint("structural_tag", json.dumps(spec)), llg)
     encode = functools.partial(smollm.tokenizer.encode, add_special_tokens=False)
     ok = compiled.matcher()
-    for t in encode('Let me check. <function=weather>{"city": "Paris"}</function>'):
+    for t in encode('Let me check. <function=weather>{"city":"Paris"}</function>'):
         ok.consume(t)
     bad = compiled.matcher()
     with pytest.raises(GrammarRefused):

@@ -1,8 +1,9 @@
 """The tokenizer bundle a gateway needs to tokenize and render chats the way the model does.
 
-`GetTokenizer` streams it as one zip; the files are also written to a local directory that
-`GetModelInfo.tokenizer_path` reports. NOTE: the zip is deterministic, so its sha256 names the content
-(the directory's key; replicas of one model report the same fingerprint).
+Built from the model's own tokenizer and chat template, with `tool_template`'s rendering of tool calls
+where the template has none. `GetTokenizer` streams it as one zip; the files are also written to a local
+directory that `GetModelInfo.tokenizer_path` reports. NOTE: the zip is deterministic, so its sha256 names
+the content (the directory's key; replicas of one model report the same fingerprint).
 """
 
 from __future__ import annotations
@@ -17,6 +18,8 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
+
+from radixd.daemon.server.vllm.tool_template import with_tool_rendering
 
 if TYPE_CHECKING:
     from radixd.daemon.model.config import ModelConfig
@@ -55,8 +58,9 @@ def bundle_files(tok: TextTokenizer, config: ModelConfig, context_length: int) -
         "clean_up_tokenization_spaces": False,
         "model_max_length": context_length,
     }
-    if tok.chat_template:
-        tok_config["chat_template"] = tok.chat_template
+    template = with_tool_rendering(tok.chat_template) if tok.chat_template else None
+    if template:
+        tok_config["chat_template"] = template
     model_config = {
         "architectures": ["LlamaForCausalLM"],
         "model_type": "llama",
@@ -78,8 +82,8 @@ def bundle_files(tok: TextTokenizer, config: ModelConfig, context_length: int) -
         "tokenizer_config.json": json.dumps(tok_config, indent=2, sort_keys=True).encode(),
         "config.json": json.dumps(model_config, indent=2, sort_keys=True).encode(),
     }
-    if tok.chat_template:
-        files["chat_template.jinja"] = tok.chat_template.encode()
+    if template:
+        files["chat_template.jinja"] = template.encode()
     return files
 
 

@@ -51,9 +51,9 @@ def test_a_draft_is_cut_before_the_first_token_the_grammar_forbids(llg: llguidan
     ends = person.ends
     assert ends == frozenset(llg.eos_tokens) and ends
     eos = min(ends)
-    good = llg.tokenize_str('{"name": "Ann", "age": 30, "city": "Paris"}')
+    good = llg.tokenize_str('{"name":"Ann","age":30,"city":"Paris"}')
     # "Rome" is not in the city enum: the cut falls where the two documents part.
-    bad = llg.tokenize_str('{"name": "Ann", "age": 30, "city": "Rome"}')
+    bad = llg.tokenize_str('{"name":"Ann","age":30,"city":"Rome"}')
     part = next(i for i, (a, b) in enumerate(zip(good, bad, strict=False)) if a != b)
     m = person.matcher()
     assert m.admitted(good) == len(good) == _first_refused(m, good, ends)
@@ -100,7 +100,7 @@ def _plain_masks(m: Matcher, draft: list[int], vocab: int) -> torch.Tensor:
 def test_drafted_rows_are_masked_as_plain_decoding_masks_each_position(llg: llguidance.LLTokenizer) -> None:
     vocab = llg.vocab_size
     person = _person(llg)
-    doc = llg.tokenize_str('{"name": "Ann", "age": 30, "city": "Paris"}')
+    doc = llg.tokenize_str('{"name":"Ann","age":30,"city":"Paris"}')
     plain_row = SamplingState(SamplingParams())  # a constrained row decoding plainly in the same step
     plain_row.grammar = person.matcher()
     drafted = SamplingState(SamplingParams())

@@ -140,7 +140,7 @@ def test_seeded_n2_forks_and_preemption_keep_the_same_tokens(smollm: LoadedModel
         )
         for i in range(3)
     ]
-    off, on, _, _, preempted = _both(smollm, reqs, num_blocks=24, max_num_batched_tokens=64)
+    off, on, _, _, preempted = _both(smollm, reqs, num_blocks=16, max_num_batched_tokens=64)
     assert preempted > 0  # the pool really was too small
     _same(off, on, reqs)
     for r in reqs:
@@ -154,10 +154,10 @@ def test_logprobs_requests_decode_step_by_step(smollm: LoadedModel) -> None:
     req = GenerateRequest(
         "lp",
         chat(smollm, "Write a delivery order as JSON."),
-        constrained(Constraint("json_schema", json.dumps(ORDER)), max_tokens=40, logprobs=1),
+        constrained(Constraint("json_schema", json.dumps(ORDER)), max_tokens=30, logprobs=1),
     )
     col = run(core, [req])
     assert core.jump_forward.forced_tokens == 0
     lps = [lp for o in col.outs[("lp", 0)] for lp in (o.logprobs or [])]
-    assert len(lps) == len(col.tokens("lp")) == 40
+    assert len(lps) == len(col.tokens("lp")) == 30
     assert_all_free(core)
