@@ -25,7 +25,7 @@ from radixd.kernels.split_attention import (
 )
 
 # Gathered K+V bytes per chunk: one core's L2 (2 MiB on this project's CPUs), so a chunk's gather
-# stays in cache for the attention that reads it (bench/decode_chunks.py, docs/bench-kernels.md).
+# stays in cache for the attention that reads it (bench/decode_chunks.py, docs/measurements/bench-kernels.md).
 TARGET_CHUNK_BYTES = 2 << 20
 
 

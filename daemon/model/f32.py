@@ -1,9 +1,9 @@
 """Row-invariant fp32 projections through the native library's `radixd_gemm` (kernels/f32_gemm.c).
 
 The float32 mode runs every projection and the lm_head here (`llama.make_linear`): torch's fp32 CPU
-kernels are not row-invariant the way radixd needs (docs/batch-invariance-cost.md). Weights that a
-GGUF stored in Q4_1 or Q8_0 blocks are kept as those blocks (recovered from the fp32 matrix at load
-and checked bit for bit) and expanded to fp32 right before the tiles read them, so a call returns
+kernels are not row-invariant the way radixd needs (docs/measurements/batch-invariance-cost.md). Weights
+that a GGUF stored in Q4_1 or Q8_0 blocks are kept as those blocks (recovered from the fp32 matrix at
+load and checked bit for bit) and expanded to fp32 right before the tiles read them, so a call returns
 bitwise the fp32 weights' result. The w4a8 mode multiplies the same blocks by 8-bit activations in
 integers (`int8_activations`; kernels/a8_gemm.c): not the fp32 product. Other weights run as fp32.
 
