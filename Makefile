@@ -59,7 +59,8 @@ bench-kernels: $(STAMP)
 	$(PY) bench/kernels_cpu.py --rounds 40 --threads 1
 	$(PY) bench/decode_chunks.py
 
-# LLAMA_BATCHED_BENCH=path/to/llama-batched-bench puts llama.cpp beside every mode (docs/bench-offline.md).
+# LLAMA_BATCHED_BENCH=path/to/llama-batched-bench puts llama.cpp beside every mode
+# (docs/measurements/bench-offline.md).
 bench-offline: $(STAMP)
 	$(PY) bench/offline.py --threads 2 $(if $(LLAMA_BATCHED_BENCH),--llama-batched-bench $(LLAMA_BATCHED_BENCH))
 
@@ -80,7 +81,8 @@ bench-serve-step: $(STAMP)
 bench-big-prompt: $(STAMP)
 	$(PY) bench/big_prompt_latency.py --rounds 3 --seconds 15
 
-# Needs llama.cpp's server: make bench-single-stream LLAMA_SERVER=path/to/llama-server (docs/bench-single-stream.md).
+# Needs llama.cpp's server: make bench-single-stream LLAMA_SERVER=path/to/llama-server
+# (docs/measurements/bench-single-stream.md).
 bench-single-stream: $(STAMP)
 	$(PY) bench/single_stream.py --llama-server "$(LLAMA_SERVER)" --threads 2 --rounds 3
 

@@ -1,6 +1,6 @@
 """How a conversation's KV blocks lie in the pool after churn: the runs of consecutive block ids that
 its block table holds, which decide how the CPU attention reads its context (a run of r blocks is one
-contiguous read of r x 6 KiB a layer, for K and again for V; docs/bench-kernels.md, seventh run).
+contiguous read of r x 6 KiB a layer, for K and again for V; docs/measurements/bench-kernels.md, seventh run).
 
 The radix core (pool, tree, tables) is driven by the engine's protocol (`daemon/engine/kv.py`: match,
 lease, copy a partial block, make room, append the prompt, insert full blocks, decode one token per

@@ -13,7 +13,8 @@ Every repeat runs every radixd mode and then llama-batched-bench, so background 
 sides alike; medians over the repeats are reported. `--plot PNG` draws decode tok/s against batch.
 
     .venv/bin/python bench/offline.py --threads 2 \\
-        --llama-batched-bench DIR/llama.cpp/build/bin/llama-batched-bench --plot docs/bench-offline.png
+        --llama-batched-bench DIR/llama.cpp/build/bin/llama-batched-bench \\
+        --plot docs/measurements/bench-offline.png
 """
 
 from __future__ import annotations

@@ -2,10 +2,9 @@
 
     radixd cluster --replicas 2 --port 8000 -- --num-blocks 512
 
-Flags after `--` go to every replica; they share one admin token. On a signal the gateway stops first,
-then replicas drain (exit 0 if all clean). A dead replica is routed around (exit 1 later); if smg or
-the last replica dies, everything stops (exit 1).
-"""
+Flags after `--` go to every replica (one shared admin token). On a signal the gateway stops, then the
+replicas drain (exit 0 if all clean); a dead replica is routed around (exit 1 later); if smg or the last
+replica dies, everything stops (exit 1)."""
 
 from __future__ import annotations
 

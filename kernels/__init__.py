@@ -1,19 +1,11 @@
 """Paged-attention kernels (Triton) and their torch reference twins, one op per file.
 
-Public API (the model calls only these; each takes ``backend: str | None = None``):
-
-- :func:`store_kv` - write new K/V rows into pool slots (``slot = block * B + offset``, -1 skips).
-- :func:`paged_decode` - one query token per sequence, split-K flash decoding over block tables.
-- :func:`paged_prefill` - ragged new tokens attend to their cached prefix and causally to themselves.
-- :func:`copy_blocks` - (src, dst, n_tokens) block copies over every layer (CoW, device<->host swap).
-- :func:`cpu_attention_design` - the CPU attention in force ("compiled" or "split"); the first call
-  builds the compiled kernel (cpu_attention.py).
-- :func:`cpu_step_plan` - a whole step's rows (prefill tokens, then decode sequences) for the compiled
-  CPU attention, checked once for every layer (the float32 native decoder's attention plan).
-
-Backend: ``backend`` argument, else env ``RADIXD_KERNEL_BACKEND``, else Triton for CUDA tensors,
-else Triton under ``TRITON_INTERPRET=1``, else the torch twin (the daemon's CPU path).
-Per-layer pool layout: ``k_cache``, ``v_cache`` each ``[num_blocks, block_size, num_kv_heads, head_dim]``.
+The model calls only these, each with ``backend: str | None = None`` (the rule: dispatch.py):
+:func:`store_kv` (new K/V rows into pool slots ``block * B + offset``, -1 skips); :func:`paged_decode`;
+:func:`paged_prefill`; :func:`copy_blocks` (CoW, device<->host swap); :func:`cpu_attention_design` (the
+CPU attention in force; the first call builds the kernel); :func:`cpu_step_plan` (a step's rows for the
+compiled CPU attention, checked once for every layer). Per-layer pool: ``k_cache``, ``v_cache`` each
+``[num_blocks, block_size, num_kv_heads, head_dim]``.
 """
 
 from radixd.kernels.copy_blocks import copy_blocks

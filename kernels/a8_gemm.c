@@ -7,7 +7,7 @@
  * For a Q4_1 group (w = d * q + m) and activation codes a with scale e:
  *     sum(w * x) ~ d * e * sum(q * a) + m * (e * sum(a))
  * NOTE: the result is not the fp32 product (the activations lose ~8 bits per group); the quality
- * contract bounds what that costs (docs/bench-offline.md). It is row-invariant by construction:
+ * contract bounds what that costs (docs/measurements/bench-offline.md). It is row-invariant by construction:
  * a row is quantized on its own, and each output sums its groups in increasing order (8 int32 lanes
  * of a group converted and added by one FMA each, the minimums' terms in a scalar in the same order,
  * one fixed horizontal sum last), whatever the row count, the row's position or the thread count.

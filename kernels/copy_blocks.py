@@ -1,8 +1,7 @@
 """copy_blocks: a batch of (src_block, dst_block, n_tokens) copies applied to every layer.
 
-Serves copy-on-write (source and destination pools are the same tensors) and swapping between the
-device pool and a host pool (different devices: the torch path moves the gathered rows across).
-Only the first ``n_tokens`` slots of a destination block are written; the rest stay as they were.
+Copy-on-write (one pool) and swapping between the device pool and a host pool (the torch path moves
+the gathered rows across). Only a destination's first ``n_tokens`` slots are written.
 NOTE: ops are applied as one batch: a block must not be both a destination and a source in one call.
 """
 
@@ -28,9 +27,8 @@ def copy_blocks(
 ) -> None:
     """Copy the first n_tokens slots of block src into block dst, for every layer's K and V pool.
 
-    ``ops`` is int64 [n, 3] rows ``(src_block, dst_block, n_tokens)`` (on any device). Triton runs
-    when source and destination pools share a CUDA device; cross-device copies use torch.
-    """
+    ``ops``: int64 [n, 3] rows ``(src_block, dst_block, n_tokens)`` on any device. Triton runs when both
+    pools share a CUDA device; cross-device copies use torch."""
     op = "copy_blocks"
     layers = len(src_k)
     if not (len(src_v) == len(dst_k) == len(dst_v) == layers):

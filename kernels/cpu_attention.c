@@ -179,7 +179,7 @@ static inline __attribute__((always_inline)) void attend_split(const radixd_attn
      * for this split's value rows (pass 2 reads them from L2) and for its key rows a block ahead; the
      * softmax and pass 2 ask for the next split's key rows when the row is alone (a thread takes a
      * row's splits in order, radixd_attend_rows). Pass 1 asks for its keys even when split j - 1
-     * did (docs/bench-kernels.md). */
+     * did (docs/measurements/bench-kernels.md). */
     const int64_t row_bytes = stride_tok * elem;
     prefetch_stream values = stream_of(a->v, rows, n, elem, row_bytes);
     prefetch_stream keys = stream_of(a->k, rows + b, b >= n ? 0 : n - b, elem, row_bytes);

@@ -1,10 +1,9 @@
 """The compiled CPU attention (``radixd_attend_rows``, cpu_attention.c): prefill and decode rows alike.
 
 Each query row (a token: its block table and position) attends to keys ``0..pos`` in splits fixed by
-position; ``RowsPlan`` checks every index the C code follows. Which design runs is :func:`design`:
+position; ``RowsPlan`` checks every index the C code follows. :func:`design` picks the design:
 ``RADIXD_CPU_ATTENTION`` = ``compiled`` | ``split`` | ``auto`` (default: compiled where the library
-builds, else the torch split design of ``split_attention.py``); prefill and decode ask the same
-function, so a process never mixes the two.
+builds, else split_attention.py's); prefill and decode ask it alike, so a process never mixes the two.
 
 NOTE: a row's arithmetic depends only on its query, its keys and its position: not on the other rows
 of the call, the batch size, the thread count, or whether it is a prefill or a decode row.
@@ -84,10 +83,8 @@ def plan_rows(
     tables: torch.Tensor, row_table: torch.Tensor, row_pos: torch.Tensor, block_size: int, num_blocks: int
 ) -> RowsPlan:
     """Check that every index the kernel will follow stays inside the tables and the pool (ValueError).
-
-    NOTE: the C code reads through these indices unchecked: an entry out of range would read foreign
-    memory, so this is the one gate in front of it.
-    """
+    NOTE: the C code reads through these indices unchecked (out of range would read foreign memory), so
+    this is the one gate in front of it."""
     tabs = tables.to(torch.int32).contiguous()
     rt = row_table.to(torch.int64).contiguous()
     rp = row_pos.to(torch.int64).clamp(min=-1).contiguous()

@@ -1,12 +1,12 @@
 """The CPU decode twin's work split, planned once per step and replayed by every layer.
 
-Everything that depends only on the step's block tables and lengths (length sort, chunk boundaries,
-gather indices, key masks) is computed once by :func:`plan_decode`; each layer then gathers K/V and
-runs :func:`~radixd.kernels.split_attention.split_attention` per chunk of sequences of similar length
-whose K+V fit in about ``TARGET_CHUNK_BYTES`` (still in L2 when the attention reads them back).
+:func:`plan_decode` computes once what depends only on the step's block tables and lengths (length
+sort, chunk boundaries, gather indices, key masks); each layer then gathers K/V and runs
+:func:`~radixd.kernels.split_attention.split_attention` per chunk of sequences of similar length whose
+K+V fit in about ``TARGET_CHUNK_BYTES`` (still in L2 when the attention reads them back).
 
 NOTE: chunking changes no row's result: a row's arithmetic depends only on its own position and keys
-(split_attention.py), so the chunk it lands in, and how far that chunk pads it, are invisible.
+(split_attention.py), so its chunk, and how far that chunk pads it, are invisible.
 """
 
 from __future__ import annotations
@@ -25,7 +25,7 @@ from radixd.kernels.split_attention import (
 )
 
 # Gathered K+V bytes per chunk: one core's L2 (2 MiB on this project's CPUs), so a chunk's gather
-# stays in cache for the attention that reads it (bench/decode_chunks.py, docs/bench-kernels.md).
+# stays in cache for the attention that reads it (bench/decode_chunks.py, docs/measurements/bench-kernels.md).
 TARGET_CHUNK_BYTES = 2 << 20
 
 
@@ -61,9 +61,8 @@ def plan_decode(
 ) -> DecodePlan:
     """Split a decode batch into length-sorted chunks of about ``chunk_bytes`` gathered K+V.
 
-    ``bytes_per_block``: one block of K plus one of V. Sequences of length 0 belong to no chunk
-    (their output is zeros). A batch that fits one chunk keeps its order and needs no permutation.
-    """
+    ``bytes_per_block``: one block of K plus one of V. Sequences of length 0 belong to no chunk (their
+    output is zeros). A batch that fits one chunk keeps its order and needs no permutation."""
     target = TARGET_CHUNK_BYTES if chunk_bytes is None else chunk_bytes
     s = block_tables.shape[0]
     lens = seq_lens.long().cpu()
@@ -119,10 +118,8 @@ def decode_with_plan(
     q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, plan: DecodePlan, scale: float
 ) -> torch.Tensor:
     """Run the torch twin of ``paged_decode`` for one layer along ``plan``: q [S, Hq, D] -> [S, Hq, D].
-
-    Per chunk: one gather per pool into a reused float32 buffer, then :func:`split_attention`, in
-    which the G query heads of a kv head act as G query rows (padded, :func:`padded_rows`).
-    """
+    Per chunk: one gather per pool into a reused float32 buffer, then :func:`split_attention`, where a
+    kv head's G query heads act as G query rows (padded, :func:`padded_rows`)."""
     s, hq, d = q.shape
     _, b, hkv, _ = k_cache.shape
     group = hq // hkv

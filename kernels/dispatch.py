@@ -1,15 +1,11 @@
 """Backend selection shared by every op: one rule, so the model and the tests agree on what runs.
 
-Rule (binding, see the team contract): an explicit ``backend`` argument wins; else the env var
-``RADIXD_KERNEL_BACKEND`` ("triton" | "torch"); else "triton" for CUDA tensors; else "triton" when
-``TRITON_INTERPRET=1`` (CPU tests of the Triton kernels); else "torch" (the daemon's CPU path).
-
-Triton decides at *decoration* time whether a ``@triton.jit`` function is compiled or interpreted
-(``triton.knobs.runtime.interpret`` is read inside the decorator). A module-level decorator would
-therefore freeze the mode at import time, which breaks when a test sets ``TRITON_INTERPRET=1`` after
-something imported ``radixd.kernels``. :class:`LazyKernel` defers the decoration to the first launch
-and keeps one compiled and one interpreted variant, chosen per launch; the ``@triton.jit`` helpers a
-kernel calls (tiles.py) are compiled-mode functions, and an interpreted launch swaps in their twins.
+An explicit ``backend`` argument wins; else ``RADIXD_KERNEL_BACKEND`` ("triton" | "torch"); else
+"triton" for CUDA tensors, or under ``TRITON_INTERPRET=1`` (CPU tests of the Triton kernels); else
+"torch" (the daemon's CPU path). Triton fixes at *decoration* time whether a ``@triton.jit`` function is
+compiled or interpreted, so a module-level decorator would freeze the mode at import: :class:`LazyKernel`
+decorates at first launch and keeps a compiled and an interpreted variant, chosen per launch (an
+interpreted launch swaps in the twins of the ``@triton.jit`` helpers in tiles.py).
 """
 
 from __future__ import annotations
@@ -53,11 +49,8 @@ def interpreting() -> bool:
 
 
 def resolve_backend(backend: str | None, device: torch.device) -> str:
-    """Return "triton" or "torch" for an op whose tensors live on ``device``.
-
-    Raises ValueError for an unknown name, and for "triton" on CPU tensors outside the interpreter
-    (a compiled Triton kernel cannot read host memory).
-    """
+    """Return "triton" or "torch" for an op whose tensors live on ``device``. Raises ValueError for an
+    unknown name, and for "triton" on CPU tensors outside the interpreter (it cannot read host memory)."""
     name = backend
     if name is None:
         env = os.environ.get(ENV_BACKEND, "").strip().lower()
@@ -77,10 +70,8 @@ def resolve_backend(backend: str | None, device: torch.device) -> str:
 
 
 class LazyKernel:
-    """A Triton kernel decorated on first launch, in the mode (compiled/interpreted) of that launch.
-
-    Usage: ``_kernel = LazyKernel(_kernel_fn)`` then ``_kernel[grid](args...)``.
-    """
+    """A Triton kernel decorated on first launch, in the mode (compiled/interpreted) of that launch:
+    ``_kernel = LazyKernel(_kernel_fn)``, then ``_kernel[grid](args...)``."""
 
     def __init__(self, fn: Callable[..., None], do_not_specialize: tuple[str, ...] = ()) -> None:
         self.fn = fn
@@ -120,13 +111,9 @@ _TWINS: dict[int, Any] = {}
 
 @contextlib.contextmanager
 def _interpretable(kernel_globals: dict[str, Any]) -> Iterator[None]:
-    """Let the interpreter call the @jit helpers of triton.language (tl.max, tl.sum, tl.cdiv, ...) and
-    those the kernel's module names (tiles.py's).
-
-    Those helpers are decorated at import; if TRITON_INTERPRET was not set then, they are
-    compiled-mode JITFunctions that the interpreter refuses to call. For the duration of an
-    interpreted launch, swap each for an interpreted twin of the same Python function.
-    """
+    """Let the interpreter call the @jit helpers of triton.language (tl.max, tl.sum, ...) and of the
+    kernel's module (tiles.py's): decorated at import without TRITON_INTERPRET, they are compiled-mode
+    JITFunctions the interpreter refuses, so an interpreted launch swaps in interpreted twins meanwhile."""
     import triton.language as tl
     from triton.runtime.interpreter import InterpretedFunction
     from triton.runtime.jit import JITFunction

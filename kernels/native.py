@@ -1,14 +1,13 @@
 """The native CPU kernels: this package's C files, built into one library per machine and loaded here.
 
-``radixd.h`` declares every entry point, struct and enum; this module mirrors them in ctypes (checked
-by tests/kernels/test_header.py) and :func:`library` builds every C file as its own unit with
-:data:`CFLAGS` (plus :data:`UNIT_FLAGS`'s ISA flags), links them into radixd's cache directory (keyed
-by every source and header, the flags, the compiler, the OpenMP runtime and the CPU's flags) and loads
-the result with ctypes, which releases the GIL during a call. Where the library cannot be built,
-:func:`library` warns once and returns None, and every caller runs its torch fallback.
+``radixd.h`` declares every entry point, struct and enum; this module mirrors them in ctypes (checked by
+tests/kernels/test_header.py). :func:`library` compiles each C file as its own unit (:data:`CFLAGS` plus
+:data:`UNIT_FLAGS`' ISA flags) into radixd's cache directory, keyed by the sources, header, flags,
+compiler, OpenMP runtime and CPU flags, and loads it with ctypes (the GIL released during a call); where
+it cannot build, it warns once and returns None, and every caller runs its torch fallback.
 
-NOTE: the library links the OpenMP runtime torch itself loaded (same soname), so a kernel's
-``omp parallel`` shares torch's thread pool instead of starting a second one beside it.
+NOTE: the library links the OpenMP runtime torch loaded (same soname), so a kernel's ``omp parallel``
+shares torch's thread pool instead of starting a second one.
 """
 
 from __future__ import annotations
@@ -66,12 +65,10 @@ def _omp_runtime() -> str | None:
 def release_openmp_workers() -> bool:
     """Stop the OpenMP worker threads the calling thread started (OpenMP 5's `omp_pause_resource_all`);
     True where the runtime did. Call it from a thread that stops computing, before another takes over.
-
-    NOTE: libgomp lets its waiting workers spin only ~100 times, instead of ~300,000, once it manages
-    more threads than there are CPUs, and every thread that ever opened a parallel region keeps its
-    workers. A model loaded on one thread and run on another (the engine thread) therefore doubles
-    the workers, and on a small machine each of a step's parallel regions then wakes its worker
-    through the kernel."""
+    NOTE: every thread that ever opened a parallel region keeps its workers, and libgomp's waiting workers
+    spin ~100 times, not ~300,000, once it manages more threads than CPUs: a model loaded on one thread
+    and run on another (the engine thread) doubles the workers, and on a small machine each parallel
+    region of a step then wakes its worker through the kernel."""
     path = _omp_runtime()
     try:
         lib = ctypes.CDLL(path or "libgomp.so.1")

@@ -1,14 +1,13 @@
 """paged_decode: one query token per sequence attends to its KV through a block table.
 
-Triton: split-K flash decoding with splits fixed by position (split ``j`` holds keys
-``[j * split_tokens, (j + 1) * split_tokens)`` whatever the batch); stage 1 runs tiles.py's online
-softmax per (sequence, kv head, split) over the GQA group packed in a ``ROW_TILE``-row tile, stage 2
-folds a sequence's splits in order with tiles.py's fold, the prefill kernel's very arithmetic.
-CPU twin: the compiled row kernel (cpu_attention.py), else the split design (decode_plan.py), planned
-once per step (:func:`decode_step_plan`) for every layer.
+Triton: split-K flash decoding, splits fixed by position (split ``j`` holds keys ``[j * split_tokens,
+(j + 1) * split_tokens)`` whatever the batch); stage 1 runs tiles.py's online softmax per (sequence, kv
+head, split) over the GQA group in one ``ROW_TILE``-row tile, stage 2 folds the splits in order with
+tiles.py's fold, the prefill kernel's arithmetic. CPU twin: the compiled row kernel (cpu_attention.py),
+else the split design (decode_plan.py), planned once per step for every layer (:func:`decode_step_plan`).
 
-NOTE: a decode row equals the prefill row of its position wherever ``tl.dot`` gives a row the same
-bits in both tiles (under TRITON_INTERPRET=1 it does: tests/kernels/test_batch_invariance_triton.py).
+NOTE: a decode row equals the prefill row of its position wherever ``tl.dot`` gives a row the same bits
+in both tiles (it does under TRITON_INTERPRET=1: tests/kernels/test_batch_invariance_triton.py).
 """
 
 from __future__ import annotations
@@ -33,16 +32,13 @@ def paged_decode(
     backend: str | None = None,
     plan: DecodePlan | cpu_attention.RowsPlan | None = None,
 ) -> torch.Tensor:
-    """Decode attention over a paged KV pool.
+    """Decode attention over a paged KV pool: q [S, Hq, D] (a token per sequence) -> [S, Hq, D], q's dtype.
 
-    q [S, Hq, D] (one token per sequence); k_cache/v_cache [N, B, Hkv, D]; block_tables int32
-    [S, max_blocks] (unused entries 0); seq_lens int32 [S], KV length incl. the current token
-    (already stored); a length of 0 yields a zero output row. ``split_tokens``: the Triton kernel's
-    keys per split (a multiple of its ``block_n``; None = ``SPLIT_TOKENS``); the torch twin splits by
-    its own fixed size and ignores it. Neither derives a split from the batch.
-    ``plan``: the torch twin's work split from :func:`plan_for`, made once per step and shared by
-    every layer (the Triton kernel ignores it); without one the twin plans the call itself.
-    Returns [S, Hq, D] in q's dtype.
+    k_cache/v_cache [N, B, Hkv, D]; block_tables int32 [S, max_blocks] (unused entries 0); seq_lens int32
+    [S], KV length incl. the current (stored) token; a length of 0 yields a zero row. ``split_tokens``: the
+    Triton kernel's keys per split (a multiple of its ``block_n``; None = ``SPLIT_TOKENS``; the torch twin
+    keeps its own); neither derives a split from the batch. ``plan``: the torch twin's work split
+    (:func:`plan_for`), made once per step for every layer, else planned per call.
     """
     op = "paged_decode"
     _, _, hkv, d = check_cache(op, k_cache, v_cache)

@@ -1,10 +1,10 @@
 """paged_prefill (extend): a ragged batch of new tokens attends to the cached prefix and causally to itself.
 
 New token i of sequence s sits at position ``seq_lens[s] - q_len[s] + i`` and attends to every KV
-position <= its own (its K/V are already in the pool): plain prefill, chunked prefill and prefix-cache
-hits alike. Triton: one program per (query tile, sequence, query head), the decode kernel's splits,
-online softmax and fold (tiles.py). CPU twin: every new token is one row of the compiled row kernel
-(cpu_attention.py), else the split design (one gather, one ``split_attention``).
+position <= its own (its K/V already in the pool): plain, chunked and prefix-hit prefill alike. Triton:
+one program per (query tile, sequence, query head) with the decode kernel's splits, online softmax and
+fold (tiles.py). CPU twin: each new token is a row of the compiled row kernel (cpu_attention.py), else
+of the split design (one gather, one ``split_attention``).
 
 NOTE: a prefill row equals the decode of its position (the same splits and arithmetic).
 """
@@ -40,10 +40,8 @@ def paged_prefill(
     backend: str | None = None,
 ) -> torch.Tensor:
     """Extend attention: q [T, Hq, D] (new tokens of all sequences, concatenated), caches [N, B, Hkv, D],
-    block_tables int32 [S, max_blocks], cu_q_lens int32 [S+1] (offsets into q), seq_lens int32 [S]
-    (total KV length incl. the new tokens, already stored). Returns [T, Hq, D] in q's dtype.
-    Each sequence needs ``q_len <= seq_len``.
-    """
+    block_tables int32 [S, max_blocks], cu_q_lens int32 [S+1] (offsets into q), seq_lens int32 [S] (total
+    KV length incl. the new, stored tokens; ``q_len <= seq_len``). Returns [T, Hq, D] in q's dtype."""
     op = "paged_prefill"
     _, _, hkv, d = check_cache(op, k_cache, v_cache)
     _t, _group = check_query(op, q, hkv, d)
@@ -66,11 +64,8 @@ def paged_prefill_torch(
     seq_lens: torch.Tensor,
     scale: float,
 ) -> torch.Tensor:
-    """Vectorized torch twin of :func:`paged_prefill` (no loop over sequences or tokens).
-
-    Sequences go in KV-length-sorted chunks (as in the decode twin) so that padding every
-    sequence of a chunk to its longest stays cheap; the loop runs once per chunk.
-    """
+    """Vectorized torch twin of :func:`paged_prefill`: one loop step per chunk of KV-length-sorted
+    sequences (as in the decode twin), so padding a chunk's sequences to its longest stays cheap."""
     t, hq, d = q.shape
     _, b, hkv, _ = k_cache.shape
     out = q.new_zeros(t, hq, d)

@@ -40,9 +40,8 @@ def length_chunks(
 ) -> tuple[torch.Tensor, list[int]]:
     """Sort sequences by length (longest first) and cut them into chunks of about CHUNK_BYTES.
 
-    Returns the order (a permutation of sequence indices, empty sequences dropped) and the chunk
-    sizes; similar lengths share a chunk, so padding to the chunk's longest sequence stays small.
-    """
+    Returns the order (a permutation of sequence indices, empty sequences dropped) and the chunk sizes;
+    similar lengths share a chunk, so padding to the chunk's longest stays small."""
     lens = lens.long().cpu()
     order = torch.argsort(lens, descending=True, stable=True)
     order = order[lens[order] > 0]

@@ -1,25 +1,19 @@
 """The CPU attention both torch twins run: one reduction order per query row, fixed by positions only.
 
-A query row at position ``p`` attends to keys ``0..p`` in splits of ``SPLIT_TOKENS`` positions
-(split ``j`` holds keys ``[j * S, (j + 1) * S)``), so a row's arithmetic is the same whether it is a
-decode row or a row of a prefill chunk, alone or beside any other rows:
+A row at position ``p`` attends to keys ``0..p`` in splits of ``S = SPLIT_TOKENS`` positions (split
+``j`` holds keys ``[j * S, (j + 1) * S)``), so its arithmetic is the same in a decode step or a prefill
+chunk, alone or beside any rows: (1) scores, one batched GEMM per (split, row group, kv head) with
+``N = S``, ``K = head_dim``, keys past ``p`` at ``-inf`` (a partial last split is padded, never
+shortened); (2) ``m`` = the row's exact max score, ``e = exp(s - m)``; (3) per split ``l_j = sum(e)``
+and ``acc_j = e @ V_j``; (4) splits summed by a pairwise tree over the split index, where trailing
+all-zero splits leave the others' grouping as it was (padding a row to more splits changes nothing);
+(5) ``out = acc / l + 0.0`` (a ``-0.0`` would depend on which zeros were added).
 
-1. scores: one batched GEMM per (split, row group, kv head) with ``N = S`` keys and ``K = head_dim``;
-   keys past the row's position are set to ``-inf`` (a partial last split is padded, never shortened,
-   so every GEMM has the same ``N`` and ``K``);
-2. ``m`` = max over all of the row's scores (exact, order-free), ``e = exp(s - m)``;
-3. per split: ``l_j = sum(e)`` over its ``S`` keys and ``acc_j = e @ V_j`` (a GEMM with ``K = S``);
-4. splits are summed by a pairwise tree over the split index ((0,1), (2,3), ... then pairs of pairs);
-   splits past the row's last are exact zeros, and a tree over trailing zeros groups the others the
-   same, so a batch that pads a row to more splits does not change it;
-5. ``out = acc / l``, plus ``0.0`` (``-0.0`` would otherwise depend on which zeros were added).
-
-NOTE: what this rests on (tests/kernels/test_batch_invariance.py checks it on the machine at hand):
-the CPU GEMM computes a row of a ``[M, K] @ [K, N]`` product with the same arithmetic for every
-allowed ``M`` (:func:`padded_rows`, measured at first use: other row counts take other kernels, hence
-the padding) and every position of the row in the batch, and torch's elementwise ``exp`` and last-dim
-``sum`` give a row the same bits whatever surrounds it. Everything is computed in float32 (a bf16/fp16
-pool is widened while gathered), so the compute dtype never changes the order either.
+NOTE: this rests on (tests/kernels/test_batch_invariance.py checks it on the machine at hand): the CPU
+GEMM gives a row of ``[M, K] @ [K, N]`` the same arithmetic for every allowed ``M`` (:func:`padded_rows`,
+measured at first use; other counts take other kernels, hence the padding) and every slot in the batch,
+and torch's ``exp`` and last-dim ``sum`` give a row the same bits whatever surrounds it. All in float32
+(a bf16/fp16 pool is widened while gathered), so the compute dtype never changes the order.
 """
 
 from __future__ import annotations
@@ -42,13 +36,12 @@ _REF_ROWS = 600
 @functools.cache
 def _allowed_rows(head_dim: int, threads: int) -> tuple[tuple[int, ...], bool]:
     """Row counts whose float32 ``bmm`` gives a row the bits a 600-row call gives it, for both of
-    split_attention's GEMMs (K = head_dim, N = split; K = split, N = head_dim), at any slot and batch
-    size; and whether counts past the largest probed one agree too.
+    split_attention's GEMMs (K = head_dim, N = split; K = split, N = head_dim), at any slot and batch size;
+    and whether counts past the largest probed one agree too.
 
-    NOTE: which counts share the big-M kernel's arithmetic is the BLAS library's choice (MKL on AVX2:
-    4, 8 and >= 12; 1-3 rows and, with one matrix in the batch, 5-7 and 9-11 take other kernels). It
-    is undocumented and differs by CPU, library build and thread count, so it is measured once per
-    process (milliseconds), not assumed."""
+    NOTE: which counts share the big-M kernel is the BLAS library's undocumented choice (MKL on AVX2: 4, 8
+    and >= 12; 1-3 rows and, one matrix in the batch, 5-7 and 9-11 take others), differing by CPU, build
+    and thread count: measured once per process (milliseconds), not assumed."""
     del threads  # part of the cache key: the kernels split their work by thread
     g = torch.Generator().manual_seed(0)
     ok = {m: True for m in _PROBE_ROWS}
@@ -93,10 +86,9 @@ def num_splits(max_len: int) -> int:
 def split_index(tables: torch.Tensor, block_size: int, num_kv_heads: int, splits: int) -> torch.Tensor:
     """Pool rows of every (split, sequence, kv head, key) for :func:`gather_split_kv`: int64 [J*n*Hkv*S].
 
-    Row ``r`` of a pool viewed as [N * B * Hkv, D] holds (block r // (B*Hkv), offset, head). Keys past
-    the table's width read the null block 0, keys past a sequence's length whatever its blocks hold:
-    finite values that the key mask removes.
-    """
+    Row ``r`` of a pool viewed as [N * B * Hkv, D] holds (block r // (B*Hkv), offset, head). Keys past the
+    table's width read the null block 0, keys past a sequence's length whatever its blocks hold: finite
+    values that the key mask removes."""
     n, width = tables.shape
     pos = torch.arange(splits * SPLIT_TOKENS, device=tables.device)
     col = pos // block_size
@@ -112,11 +104,8 @@ def split_index(tables: torch.Tensor, block_size: int, num_kv_heads: int, splits
 def gather_split_kv(
     cache: torch.Tensor, index: torch.Tensor, out: torch.Tensor | None = None
 ) -> torch.Tensor:
-    """Gather the rows of ``index`` (:func:`split_index`) in one copy: float32 [J*n*Hkv*S, D].
-
-    The (split, sequence, head)-major order is what lets one ``bmm`` batch span all three; a 16-bit
-    pool is widened to float32 here.
-    """
+    """Gather the rows of ``index`` (:func:`split_index`) in one copy: float32 [J*n*Hkv*S, D] (a 16-bit
+    pool widened). The (split, sequence, head)-major order lets one ``bmm`` batch span all three."""
     d = cache.shape[3]
     # NOTE: the daemon's pools are contiguous; a strided one (a view into something bigger) is copied.
     flat = cache.view(-1, d) if cache.is_contiguous() else cache.reshape(-1, d)
@@ -140,8 +129,7 @@ def split_attention(
     q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor, scale: float
 ) -> torch.Tensor:
     """Attention of float32 q [n, Hkv, M, D] (M from :func:`padded_rows`) over the gathered keys and values
-    (:func:`gather_split_kv`, [J*n*Hkv*S, D]); ``mask`` from :func:`key_mask`. -> float32 [n, Hkv, M, D].
-
+    (:func:`gather_split_kv`, [J*n*Hkv*S, D]) with :func:`key_mask`'s ``mask`` -> float32 [n, Hkv, M, D].
     Every row needs key 0 unmasked (a causal row always sees position 0).
     """
     n, hkv, m, d = q.shape
@@ -167,10 +155,8 @@ def split_attention(
 
 
 def _tree_sum(x: torch.Tensor) -> torch.Tensor:
-    """Sum over dim 0 by a pairwise tree on the index ((0,1), (2,3), ...; an odd last passes up).
-
-    A trailing zero term changes no group of the others, so padding rows to more splits is exact.
-    """
+    """Sum over dim 0 by a pairwise tree on the index ((0,1), (2,3), ...; an odd last passes up). A trailing
+    zero term changes no group of the others, so padding rows to more splits is exact."""
     while x.shape[0] > 1:
         j = x.shape[0]
         h = j // 2

@@ -1,13 +1,13 @@
 """The Triton attention kernels' shared arithmetic: one split's online softmax over KV tiles gathered
-through a block table (:func:`split_softmax`), and the fold of a split into a row's running result
-(:func:`fold_split`). The decode kernel (paged_decode.py) and the prefill kernel (paged_prefill.py)
-both call these, so a prefill row and the decode of its position run the same expressions.
+through a block table (:func:`split_softmax`) and the fold of a split into a row's running result
+(:func:`fold_split`). paged_decode.py and paged_prefill.py both call these, so a prefill row and the
+decode of its position run the same expressions.
 
 NOTE: the helpers are compiled-mode ``@triton.jit`` functions whatever ``TRITON_INTERPRET`` says at
 import; an interpreted launch swaps in interpreted twins (dispatch.py's ``LazyKernel``).
-NOTE: the fold: m_new = max(M, m_j); m_safe = m_new == -inf ? 0 : m_new; a = exp(M - m_safe);
-w_j = l_j * exp(m_j - m_safe); W = W * a + w_j; O = O * a + o_j * w_j; M = m_new. An empty split
-(m_j = -inf, l_j = 0, o_j = 0) leaves (M, W, O) bit for bit unchanged.
+NOTE: the fold: m_new = max(M, m_j); m_safe = m_new == -inf ? 0 : m_new; a = exp(M - m_safe); w_j =
+l_j * exp(m_j - m_safe); W = W * a + w_j; O = O * a + o_j * w_j; M = m_new. An empty split (m_j = -inf,
+l_j = 0, o_j = 0) leaves (M, W, O) bit for bit unchanged.
 """
 
 from __future__ import annotations

@@ -2,8 +2,7 @@
 
 Pure Python (stdlib, numpy); no torch, no grpc. Not thread-safe: the engine thread owns all of it.
 Everything public is re-exported here; radix/README.md lists the API, the modules and the engine's
-protocol for one request. ``radixd.radix.verify.check_consistency`` checks every invariant (O(n)).
-"""
+protocol for one request."""
 
 from radixd.radix.blockids import BlockIds
 from radixd.radix.errors import (

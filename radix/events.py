@@ -2,7 +2,6 @@
 
 Each change of content is reported at its node: ``stored`` (a new leaf) or ``removed`` (any reason),
 with the namespace, the token path to the node's end, and ``start``, where the node's own tokens begin.
-
 NOTE: the listener runs inside the tree's operation, on its thread: quick, and no calls back into it.
 """
 

@@ -18,7 +18,8 @@ class LruIndex:
     #  * _recent's keys ascend in insertion order, and every one is <= _newest;
     #  * _aside[t] is the node with tick t for every tick in _older, and _older holds exactly _aside's keys;
     #  * a node is in exactly one of _recent / _aside iff its in_lru is set.
-    # Nearly every add carries the newest tick, which the dict takes at O(1) (docs/bench-radix.md).
+    # Nearly every add carries the newest tick, which the dict takes at O(1)
+    # (docs/measurements/bench-radix.md).
 
     __slots__ = ("_aside", "_clock", "_newest", "_older", "_recent")
 

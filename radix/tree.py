@@ -21,7 +21,7 @@ from radixd.radix.store import NodeStore
 from radixd.radix.table import BlockTable
 
 RUN_EVICTION_BUDGET = 2
-"""Blocks :meth:`RadixTree.evict_for_run` may evict per block asked for (docs/bench-kernels.md)."""
+"""Blocks `evict_for_run` may evict per block asked for (docs/measurements/bench-kernels.md)."""
 
 __all__ = ["RadixTree"]
 

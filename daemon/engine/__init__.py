@@ -1,10 +1,9 @@
 """The engine: requests, continuous-batching scheduler over the radix cache, sessions, admin.
 
 Public API: `Engine` (`submit`, `abort`, `execute(command)`, `flush`), types.py, `EngineConfig`,
-`build_engine`. `submit` raises on stateless checks; later failures arrive as an "error" output.
-A turn advances its session only on "stop"/"length". `cached_tokens` never counts the last prompt
-token (always computed) nor the previous turn's last token (it has no KV).
-"""
+`build_engine`. `submit` raises on stateless checks; later failures arrive as an "error" output. A turn
+advances its session only on "stop"/"length". `cached_tokens` never counts the last prompt token
+(always computed) nor the previous turn's last token (it has no KV)."""
 
 from radixd.daemon.engine.config import EngineConfig
 from radixd.daemon.engine.types import (

@@ -2,8 +2,7 @@
 
 Each step every live beam reports its top-2k logprobs; the best k extensions survive (a beam chosen m
 times forks m ways). Scores only decrease, so the search stops once n finished hypotheses beat every
-live beam; the n best go out once, at the end.
-"""
+live beam; the n best go out once, at the end."""
 
 from __future__ import annotations
 

@@ -43,13 +43,11 @@ def add_kv_pool_flags(
 class EngineConfig:
     """Knobs of the scheduler and engine loop; these defaults are the daemon's.
 
-    max_num_seqs / max_num_batched_tokens: per-step sequence and token budgets.
-    schedule_policy: "fcfs" or "lpm" (longest cached prefix first). preemption_mode: "recompute" or
-        "swap" (to `num_host_blocks` host blocks; recompute when full).
-    max_preemptions: a sequence preempted this often is no longer a victim (no thrashing).
-    max_waiting: unfinished requests beyond this are refused (QueueFull). watchdog_s: report no progress.
-    stream_interval: tokens gathered per output after the first (always sent at once).
-    jump_forward: append grammar-forced tokens as one chunk. speculative_tokens: draft limit (0 = off).
+    max_num_seqs / max_num_batched_tokens: per-step budgets. schedule_policy: "fcfs" or "lpm" (longest
+    cached prefix first). preemption_mode: "recompute" or "swap" (to `num_host_blocks` host blocks;
+    recompute when full); after max_preemptions a sequence is no longer a victim. max_waiting: unfinished
+    requests beyond it are refused (QueueFull). watchdog_s: report no progress. stream_interval: tokens
+    per output after the first. jump_forward: grammar-forced tokens as one chunk. speculative_tokens: 0 = off.
     """
 
     max_num_seqs: int = 64

@@ -1,9 +1,8 @@
 """`EngineCore`: the engine's state and one step of work, driven by a single thread.
 
-Composed of components, each owning one concern and reached only through its public methods; every
-command goes through one table (dispatch.py). `step()`: plan, copy-on-write copies, forward, accept
-sampled tokens. `Engine` runs it on its own thread; tests and offline call `run_until_idle()`.
-"""
+Components each own one concern and are reached only through their public methods; every command goes
+through one table (dispatch.py). `step()`: plan, copy-on-write copies, forward, accept sampled tokens.
+`Engine` runs it on its own thread; tests and offline call `run_until_idle()`."""
 
 from __future__ import annotations
 

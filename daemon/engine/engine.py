@@ -2,8 +2,7 @@
 
 NOTE: the engine thread alone owns radix state and nothing takes locks: no other thread may touch
 `EngineCore` once `start()` ran. Work runs guarded (an error fails only what it touched); if the thread
-dies anyway, everything in flight fails and `on_fatal` tells the owner, which must stop serving.
-"""
+dies anyway, everything in flight fails and `on_fatal` tells the owner, which must stop serving."""
 
 from __future__ import annotations
 

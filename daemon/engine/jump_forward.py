@@ -1,9 +1,7 @@
 """Jump-forward: the tokens a grammar forces are appended at once (through `Outputs.accept`, token by
 token) and computed as one chunk. Not for requests with logprobs or beam search.
-
 NOTE: exact at temperature 0 (a one-token mask picks that token whatever the logits); a sampled row
-draws one uniform per forced token, so a seeded request's later draws match step-by-step decoding.
-"""
+draws one uniform per forced token, so a seeded request's later draws match step-by-step decoding."""
 
 from __future__ import annotations
 

@@ -1,10 +1,9 @@
 """KV bookkeeping for the scheduler: the only engine module that calls the radix pool, tree and tables.
 
-Match on admission, append slots (copy-on-write), insert computed tokens, release, evict under pressure;
-copies are queued for the runner once per step. An insert donates the table's references on blocks past
-the lease's (`cached`) to the tree. NOTE: a table holds no reference on its leased blocks: the lease
-alone keeps them alive, and the tree never evicts a leased node.
-"""
+Match on admission, append slots (copy-on-write), insert computed tokens, release, evict; copies are
+queued for the runner once per step. An insert donates the table's references on blocks past the
+lease's (`cached`) to the tree. NOTE: a table holds no reference on its leased blocks: the lease alone
+keeps them alive, and the tree never evicts a leased node."""
 
 from __future__ import annotations
 

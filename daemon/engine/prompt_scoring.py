@@ -2,8 +2,7 @@
 
 Scored once (the full prompt, session tokens included) by the prefilling sequence, sent on the first
 output. Cached tokens have no hidden states, so the request reads no more of the cache than it scored;
-a one-token chunk that scores runs as a chunk, not a decode row, so it projects logits.
-"""
+a one-token chunk that scores runs as a chunk, not a decode row, so it projects logits."""
 
 from __future__ import annotations
 

@@ -1,10 +1,9 @@
 """Requests and sequences on the engine thread, and their state machine.
 
 A request owns one sequence, or (n > 1, beams) a root that prefills all but the last prompt token and
-forks into copy-on-write children. States: WAITING -> RUNNING -> FINISHED; preemption sends RUNNING back
-to WAITING (recompute) or to SWAPPED. NOTE: `tokens[:num_computed]` have KV in `table`; tokens are only
-appended, never dropped (preemption drops only KV).
-"""
+forks into copy-on-write children. WAITING -> RUNNING -> FINISHED; preemption sends RUNNING back to
+WAITING (recompute) or to SWAPPED. NOTE: `tokens[:num_computed]` have KV in `table`; tokens are only
+appended, never dropped (preemption drops only KV)."""
 
 from __future__ import annotations
 

@@ -2,8 +2,7 @@
 
 A turn prompts with the session's tokens + its own; ending well advances the session and re-locks the
 new path. The lease lapses `ttl_s` after last use (the prefix stays cached, evictable). Forks get their
-own leases on the same path, so copy-on-write comes from the tree.
-"""
+own leases on the same path, so copy-on-write comes from the tree."""
 
 from __future__ import annotations
 

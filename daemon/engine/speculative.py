@@ -2,8 +2,7 @@
 
 A drafted decode becomes a chunk of its last token + k drafts; the matching prefix and the model's next
 pick are accepted through `Outputs.accept`. NOTE: exact for greedy rows, distribution-preserving for
-sampled ones; drafts live only within their step. Never drafted: seeds, penalties, beams, logprobs.
-"""
+sampled ones; drafts live only within their step. Never drafted: seeds, penalties, beams, logprobs."""
 
 from __future__ import annotations
 

@@ -1,9 +1,7 @@
 """The errors the engine raises or reports, in a package below the engine and the executor (whose step
-guard raises them too).
-
-Every error class carries a `code` naming the gRPC status class it maps to, so the server can translate
-without knowing each class ("invalid_argument", "not_found", "resource_exhausted", "failed_precondition",
-"unavailable", "deadline_exceeded", "internal").
+guard raises them too). Each class's `code` names the gRPC status class it maps to, so the server
+translates without knowing the classes ("invalid_argument", "not_found", "resource_exhausted",
+"failed_precondition", "unavailable", "deadline_exceeded", "internal").
 """
 
 from __future__ import annotations
@@ -18,10 +16,8 @@ class EngineError(Exception):
 
 
 class InvalidRequest(EngineError, radix_errors.InvalidRequest):
-    """The request itself is malformed (empty prompt, bad ids, bad sampling values, duplicate id).
-
-    A `radixd.radix.errors.InvalidRequest` too, so one `except` catches a malformed argument wherever
-    it was found."""
+    """The request itself is malformed (empty prompt, bad ids, bad sampling values, duplicate id); also a
+    `radixd.radix.errors.InvalidRequest`, so one `except` catches a malformed argument wherever found."""
 
     code = "invalid_argument"
 

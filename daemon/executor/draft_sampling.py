@@ -1,9 +1,7 @@
-"""Rejection sampling of a speculative draft for a sampled (temperature > 0) sequence.
-
-The draft is a point mass, so the standard rule reduces to: accept d with probability p(d), else draw
-from p without d and stop. Emitted tokens are distributed exactly as plain sampling's; uniforms come
-from the sequence's own generator (batch invariant).
-"""
+"""Rejection sampling of a speculative draft for a sampled (temperature > 0) sequence: the draft is a
+point mass, so accept d with probability p(d), else draw from p without d and stop. Emitted tokens are
+distributed exactly as plain sampling's; uniforms come from the sequence's own generator (batch
+invariant)."""
 
 from __future__ import annotations
 

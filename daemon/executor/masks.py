@@ -1,9 +1,8 @@
 """The step's token masks: filled on a mask thread while the forward pass runs, applied to constrained rows.
 
 NOTE: unconstrained rows are never read or written (they sample exactly as alone). The mask thread
-reads a matcher only between `start` and `apply`; the engine consumes tokens only after `apply`.
-A drafted row's matcher is walked over its draft (one mask per position) and rolled back.
-"""
+reads a matcher only between `start` and `apply`; the engine consumes tokens only after `apply`. A
+drafted row's matcher is walked over its draft (one mask per position) and rolled back."""
 
 from __future__ import annotations
 

@@ -1,9 +1,8 @@
 """The model runner: owns the paged KV pool, turns a scheduled step into batch tensors, runs the forward
-pass and samples.
-
-A step lays out prefill chunks (`StepSeq`s, `paged_prefill`) then one-token rows (`DecodeRows`,
-`paged_decode`); only sampling positions are projected to logits. NOTE: a step never mutates a
-`SamplingState`'s history: the engine appends accepted tokens before the next step.
+pass and samples. A step lays out prefill chunks (`StepSeq`s, `paged_prefill`) then one-token rows
+(`DecodeRows`, `paged_decode`); only sampling positions are projected to logits.
+NOTE: a step never mutates a `SamplingState`'s history: the engine appends accepted tokens before the
+next step.
 """
 
 from __future__ import annotations

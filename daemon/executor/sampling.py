@@ -1,9 +1,8 @@
 """Sampling parameters, per-request sampling state and the batched sampler.
 
-NOTE: batch invariance: rows use row-local operations only, and a sampled row draws exactly one
-uniform per step from its own CPU generator (inverse CDF), so a seeded request yields the same tokens
-alone or batched, on any device.
-"""
+NOTE: batch invariance: rows use row-local operations only, and a sampled row draws exactly one uniform
+per step from its own CPU generator (inverse CDF): a seeded request yields the same tokens alone or
+batched, on any device."""
 
 from __future__ import annotations
 
@@ -45,10 +44,9 @@ def _check_int(name: str, value: object, minimum: int) -> None:
 class SamplingParams:
     """How to pick tokens and when to stop (vLLM semantics). Invalid values raise ValueError.
 
-    temperature 0: greedy. top_k 0/-1, top_p 1.0, min_p 0.0, repetition_penalty 1.0: off.
-    logit_bias: sorted (id, bias in [-100, 100]) pairs, added before penalties. logprobs=n: the chosen
-    token's and the top n. prompt_logprobs=k: each prompt token's raw logprob and the top k.
-    """
+    temperature 0: greedy. top_k 0/-1, top_p 1.0, min_p 0.0, repetition_penalty 1.0: off. logit_bias:
+    sorted (id, bias in [-100, 100]) pairs, added before penalties. logprobs=n: the chosen token's and the
+    top n. prompt_logprobs=k: each prompt token's raw logprob and the top k."""
 
     max_tokens: int = 16
     min_tokens: int = 0

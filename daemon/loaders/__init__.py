@@ -1,9 +1,7 @@
 """Model loading: GGUF files and Hugging Face directories, with a conversion cache.
 
-loaded = load_model()                    # the embedded SmolLM2-135M-Instruct GGUF
-loaded = load_model("/models/x.gguf")    # any supported GGUF
-loaded = load_model("/models/llama-dir") # config.json + safetensors + tokenizer.json
-"""
+`load_model()` loads the embedded SmolLM2-135M-Instruct GGUF; `load_model(path)` any supported GGUF,
+or a directory with config.json, safetensors and tokenizer.json."""
 
 from __future__ import annotations
 

@@ -1,15 +1,12 @@
 """Row-invariant fp32 projections through the native library's `radixd_gemm` (kernels/f32_gemm.c).
 
 The float32 mode runs every projection and the lm_head here (`llama.make_linear`): torch's fp32 CPU
-kernels are not row-invariant the way radixd needs (docs/batch-invariance-cost.md). Weights that a
-GGUF stored in Q4_1 or Q8_0 blocks are kept as those blocks (recovered from the fp32 matrix at load
-and checked bit for bit) and expanded to fp32 right before the tiles read them, so a call returns
-bitwise the fp32 weights' result. The w4a8 mode multiplies the same blocks by 8-bit activations in
-integers (`int8_activations`; kernels/a8_gemm.c): not the fp32 product. Other weights run as fp32.
-
-NOTE: row-invariant by construction: each output sums its products in a fixed order whatever the row
-count, the row's position or the thread count. It still runs behind `RowInvariant`, whose probe
-checks that at load like every projection's.
+kernels are not row-invariant (docs/measurements/batch-invariance-cost.md). A GGUF's Q4_1 / Q8_0 weights
+stay those blocks (recovered from the fp32 matrix at load, checked bit for bit), expanded right before
+the tiles read them: bitwise the fp32 result. The w4a8 mode multiplies the same blocks by int8
+activations (`int8_activations`; kernels/a8_gemm.c): not the fp32 product. Other weights run as fp32.
+NOTE: each output sums in a fixed order whatever the row count, position or thread count (still probed
+by `RowInvariant` at load, as every projection is).
 """
 
 from __future__ import annotations
@@ -130,13 +127,10 @@ class F32Linear:
 
 
 class Widened16Linear:
-    """16-bit weights (`weight`, as given) computed by `F32Linear` over their exact fp32 values, the
-    result rounded to their dtype (bias added in fp32 first, as `F.linear` does).
-
-    For CPUs without native bf16 (AVX512-BF16 / AMX), where oneDNN's emulated 16-bit GEMM sums a row
-    in an order that depends on the call's row count and the bf16 rounding hides that from the probe
-    of `invariant.py`. It holds an fp32 copy of the weights beside them (on such CPUs the 16-bit
-    modes are never `auto`'s pick)."""
+    """16-bit weights computed by `F32Linear` over their exact fp32 values, rounded to their dtype (bias
+    added in fp32 first, as `F.linear` does), for CPUs without native bf16 (AVX512-BF16 / AMX): there
+    oneDNN's emulated 16-bit GEMM sums in an order that depends on the row count, which the bf16 rounding
+    hides from `invariant.py`'s probe. Holds an fp32 copy of the weights (such CPUs never pick 16-bit)."""
 
     def __init__(self, w_out_in: torch.Tensor, bias: torch.Tensor | None) -> None:
         self.weight = w_out_in

@@ -1,9 +1,7 @@
-"""4-bit weights in the GGUF Q4_1 layout (`w = q * d + m` per 32 inputs), run by torch's int4 CPU kernel.
-
-Quantizing Q4_1-sourced weights recovers the file's own codes. NOTE: every row count runs this one
-kernel (behind `invariant.py`'s plan), never a bf16 GEMM for prefill, so prefill and decode agree
-bitwise. The kernel takes `(q - 8) * scale + zero` with bf16 scales (its fast path).
-"""
+"""4-bit weights in the GGUF Q4_1 layout (`w = q * d + m` per 32 inputs), run by torch's int4 CPU kernel
+as `(q - 8) * scale + zero` with bf16 scales (its fast path); Q4_1-sourced weights keep the file's codes.
+NOTE: every row count runs this one kernel (behind `invariant.py`'s plan), never a bf16 GEMM for
+prefill, so prefill and decode agree bitwise."""
 
 from __future__ import annotations
 

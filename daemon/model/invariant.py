@@ -2,8 +2,7 @@
 
 GEMMs pick their reduction order from the shape, so a load-time probe finds each kernel's *floor* (from
 which all probed row counts agree bitwise); `RowPlan.run` pads smaller calls and splits larger ones.
-NOTE: plans hold per machine, build and thread count; `RowInvariant` re-probes when threads change.
-"""
+NOTE: plans hold per machine, build and thread count; `RowInvariant` re-probes when threads change."""
 
 from __future__ import annotations
 

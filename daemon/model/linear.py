@@ -1,10 +1,9 @@
 """The model's projections (`y = x W^T + b`) in the layout and kernel each precision runs fastest.
 
-fp32: `f32.py`'s compiled kernel, else oneDNN's packed inner product (`PackedLinear`), else `x @ W`
-over [in, out] (`InOutLinear`, faster for few rows). 16-bit: `F.linear` over [out, in]. int8: the bf16
-GEMM over dequantized per-32 groups. NOTE: every projection runs behind its load-time row-invariance
-plan (`invariant.py`), so a token computes bitwise the same in any batch and in a prefill chunk.
-"""
+fp32: `f32.py`'s compiled kernel, else oneDNN's packed inner product (`PackedLinear`), else `x @ W` over
+[in, out] (`InOutLinear`). 16-bit: `F.linear`. int8: the bf16 GEMM over dequantized per-32 groups.
+NOTE: every projection runs behind its load-time row-invariance plan (`invariant.py`), so a token
+computes bitwise the same in any batch and in a prefill chunk."""
 
 from __future__ import annotations
 

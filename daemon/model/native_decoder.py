@@ -1,14 +1,11 @@
 """A float32 or w4a8 step's layers in one native call (`radixd_decoder_forward`, kernels/cpu_decoder.c).
 
-Where every projection is an `F32Linear` and the attention is the compiled row kernel,
-`NativeDecoder` runs the whole step's layers and the final norm in C with the same projection and
-attention kernels, instead of ~120 small torch operations a layer.
-`RADIXD_CPU_DECODER` = `native` | `torch` | `auto` (default: native where it runs, else torch) chooses;
-`native` where it cannot run is an error, `torch` keeps the layer-by-layer path.
-
-NOTE: row-invariant (cpu_decoder.c): a token's hidden state is bitwise the same whatever else the step
-holds, so the batch-invariance contract holds on this path as on the torch one. Its numbers are close
-to the torch path's, not bitwise (RMSNorm's sum and SiLU's exp are computed in their own orders).
+Where every projection is an `F32Linear` and the attention is the compiled row kernel, `NativeDecoder`
+runs the step's layers and final norm in C with the same kernels (not ~120 torch ops a layer).
+`RADIXD_CPU_DECODER` = `native` | `torch` | `auto` (default: native where it runs; `native` where it
+cannot run is an error). NOTE: row-invariant (cpu_decoder.c): a token's hidden state is bitwise the same
+whatever else the step holds. Close to the torch path's numbers, not bitwise (RMSNorm's sum and SiLU's
+exp run in their own orders).
 """
 
 from __future__ import annotations

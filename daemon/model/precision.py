@@ -1,10 +1,9 @@
 """Execution precisions (`--dtype`): how weights are held and executed, and the activation/KV dtype.
 
-``float32`` (reference), ``bfloat16``, ``int8`` (bf16 over dequantized int8; memory, not time),
-``int4`` (GGUF Q4_1 codes, `int4.py`), ``w4a8`` (fp32 activations, GGUF blocks x 8-bit activations,
-f16 KV), ``auto`` (the fastest meeting the quality contract here). Every mode's projections are
-row-invariant. Default: `auto`, or $RADIXD_DTYPE.
-"""
+``float32`` (reference), ``bfloat16``, ``int8`` (bf16 over dequantized int8; memory, not time), ``int4``
+(GGUF Q4_1 codes, `int4.py`), ``w4a8`` (GGUF blocks x 8-bit activations, f16 KV), ``auto`` (the fastest
+meeting the quality contract here; the default, or $RADIXD_DTYPE). Every mode's projections are
+row-invariant."""
 
 from __future__ import annotations
 

@@ -1,9 +1,8 @@
 """int8 weights with a scale per 32 inputs (GGUF's Q8_0 layout), run by the compiled fp32 kernels.
 
-The lm_head of the `int4` and `int8` modes; a Q8_0 embedding's own codes are recovered exactly. Torch
-has no faster CPU kernel for this layout, hence `radixd_gemm`'s Q8_0 kind (through `f32.Gemm`).
-NOTE: row-invariant by construction (one summation order), still behind `RowInvariant`'s probe.
-"""
+The lm_head of the `int4` and `int8` modes (a Q8_0 embedding's own codes are recovered exactly), via
+`radixd_gemm`'s Q8_0 kind (`f32.Gemm`): torch has no faster CPU kernel for this layout.
+NOTE: row-invariant by construction (one summation order), still behind `RowInvariant`'s probe."""
 
 from __future__ import annotations
 

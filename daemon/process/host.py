@@ -1,9 +1,8 @@
 """The host process's resources: compute threads, the garbage collector, freed heap, huge pages.
 
-Threads default to min(torch's default, CPUs the process may use). The startup heap is frozen out of
-the cyclic GC (full collections would stall steps). `HeapReleaser` returns freed heap with `malloc_trim`
-only when idle. KV pools sit on 2 MiB pages where Linux lends them (scattered blocks miss the TLB).
-"""
+Threads default to min(torch's default, usable CPUs). The startup heap is frozen out of the cyclic GC
+(full collections would stall steps); `HeapReleaser` runs `malloc_trim` only when idle; KV pools sit on
+2 MiB pages where Linux lends them (scattered blocks miss the TLB)."""
 
 from __future__ import annotations
 

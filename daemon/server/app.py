@@ -1,9 +1,8 @@
 """Wire the daemon: engine, public and admin gRPC servers, health, reflection, metrics, SIGTERM drain.
 
-Drain (SIGTERM/SIGINT): health NOT_SERVING, new work UNAVAILABLE, streams get `--grace-period` to
-finish, the rest is cancelled (KV freed by the handlers' `finally`), exit 0. Engine death drains the
-same way and exits 1, so a supervisor restarts the daemon.
-"""
+Drain (SIGTERM/SIGINT): health NOT_SERVING, new work UNAVAILABLE, streams get `--grace-period`, the
+rest is cancelled (KV freed by the handlers' `finally`), exit 0. Engine death drains the same way and
+exits 1, so a supervisor restarts the daemon."""
 
 from __future__ import annotations
 

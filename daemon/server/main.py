@@ -2,9 +2,8 @@
 
     radixd serve --host 127.0.0.1 --port 50051 --admin-token "$TOKEN"
 
-The admin service (loopback, bearer token) and metrics default to free ports, so replicas on one host
-need only distinct `--port`s; the ready line, `server.serving` log and `--ready-file` say where they are.
-"""
+Admin (loopback, bearer token) and metrics default to free ports, so replicas on one host need only
+distinct `--port`s; the ready line, `server.serving` log and `--ready-file` say where they are."""
 
 from __future__ import annotations
 

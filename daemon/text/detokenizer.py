@@ -1,9 +1,7 @@
-"""Incremental detokenization that never emits half a UTF-8 character, in one of two ways.
-
-`ByteDetokenizer` (byte-level BPE): a table lookup and an incremental UTF-8 decode per token.
-`WindowDetokenizer` (any other): decodes a short window of recent tokens, holding back a trailing
-U+FFFD. Either way the concatenated deltas equal the full decode.
-"""
+"""Incremental detokenization that never emits half a UTF-8 character: `ByteDetokenizer` (byte-level
+BPE) looks up each token's bytes and decodes UTF-8 incrementally; `WindowDetokenizer` (any other)
+decodes a short window of recent tokens, holding back a trailing U+FFFD. Either way the concatenated
+deltas equal the full decode."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""The daemon's output handover (server/handover.py): outputs leave the engine thread in batches, at
+"""The daemon's output handover (server/common/handover.py): outputs leave the engine thread in batches, at
 the points the engine names (before each forward pass, before it waits, once it stops), in order."""
 
 from __future__ import annotations

@@ -6,7 +6,7 @@ longest text it tokenizes) and the cheapest requests it refuses (n = 2**31 - 1, 
 daemon killed for memory; a text beyond the character bound; a message beyond the gRPC size limit).
 The KV pool and the weights are allocated at start, so what a request may add is its own Python and
 activation memory: bounded by ACCEPTED_MB for the first group and REFUSED_MB for the second, read
-once the daemon has been idle long enough to hand freed heap back (`radixd.daemon.host`): without
+once the daemon has been idle long enough to hand freed heap back (`radixd.daemon.process.host`): without
 that, glibc's arenas keep a burst's high-water mark resident, which on one CI machine read 80 MB
 for the n = 64 request.
 """

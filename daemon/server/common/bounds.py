@@ -1,9 +1,8 @@
 """Bounds on every size-like and float field of the API, checked before anything is built from them.
 
-NOTE: each check is O(1) in its field's size, so huge requests are refused before any allocation;
-only a JSON schema (<= 64 KiB) is parsed once, for its nesting depth. The proto comments state the
-same bounds; `Limits` (state.py) holds the model-dependent ones.
-"""
+NOTE: each check is O(1) in its field's size, so huge requests are refused before any allocation; only
+a JSON schema (<= 64 KiB) is parsed, once, for its nesting depth. The proto comments state the same
+bounds; `Limits` (state.py) holds the model-dependent ones."""
 
 from __future__ import annotations
 

@@ -1,9 +1,7 @@
-"""`CacheFeed`: the daemon's one cache listener, installed in the engine only while someone subscribes.
-
-It posts each tree change from the engine thread to its sink on the loop (install replays the cache).
+"""`CacheFeed`: the daemon's one cache listener, installed in the engine only while someone subscribes;
+it posts each tree change from the engine thread to its sink on the loop (install replays the cache).
 NOTE: a command's future resolves after the listener posted its changes, so the sink sees exactly the
-changes between `attached` and `detached`; `detached` must make later subscribers resynchronize.
-"""
+changes between `attached` and `detached`; `detached` must make later subscribers resynchronize."""
 
 from __future__ import annotations
 

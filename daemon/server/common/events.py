@@ -1,9 +1,8 @@
 """The daemon's cache-event logs: the radix tree's changes, numbered for both cache-event streams.
 
-The tree's one listener (`CacheFeed`) posts every change, evictions included, to the loop; `CacheEvents`
-feeds each namespace's `NamespaceKvLog` (vLLM's `SubscribeKvEvents`) and, while it has readers, radixd's
-node log. NOTE: a log that stops recording leaves a gap in its numbers, so an older resume resyncs.
-"""
+`CacheFeed` posts every change, evictions included, to the loop; `CacheEvents` feeds each namespace's
+`NamespaceKvLog` (vLLM's `SubscribeKvEvents`) and, while it has readers, radixd's node log.
+NOTE: a log that stops recording leaves a gap in its numbers, so an older resume resyncs."""
 
 from __future__ import annotations
 

@@ -1,9 +1,8 @@
 """The radix tree's node events as the vLLM worker protocol's KV events (full blocks, per namespace).
 
 Block ids are a keyed BLAKE2b of (namespace, parent id, tokens): stable across replicas and restarts.
-NOTE: only full blocks counted from token 0 are published. A block is live while some tree node covers
-its end; it is announced when that count goes 0 -> 1 and removed when it returns to 0.
-"""
+NOTE: only full blocks counted from token 0 are published; a block is announced when the count of tree
+nodes covering its end goes 0 -> 1 and removed when it returns to 0."""
 
 from __future__ import annotations
 

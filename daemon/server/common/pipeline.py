@@ -1,9 +1,7 @@
 """One request's path through the server, whatever protocol it came by: id registry (for Abort),
 drain count, submit, request metrics and cleanup; protocols only map messages in and out.
-
 NOTE: whatever ends a stream early leaves `open_request` through `finally`, which aborts the unfinished
-request in the engine, so its KV is freed within one step.
-"""
+request in the engine, so its KV is freed within one step."""
 
 from __future__ import annotations
 
