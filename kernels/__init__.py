@@ -11,6 +11,8 @@ Public API (the model calls only these; each takes ``backend: str | None = None`
 - :func:`cpu_step_plan` - a whole step's rows (prefill tokens, then decode sequences) for the compiled
   CPU attention, checked once for every layer (the float32 native decoder's attention plan).
 
+- :func:`host_kernels` - whether a device's work runs the CPU-only pieces (the one switch between paths).
+
 Backend: ``backend`` argument, else env ``RADIXD_KERNEL_BACKEND``, else Triton for CUDA tensors,
 else Triton under ``TRITON_INTERPRET=1``, else the torch twin (the daemon's CPU path).
 Per-layer pool layout: ``k_cache``, ``v_cache`` each ``[num_blocks, block_size, num_kv_heads, head_dim]``.
@@ -19,7 +21,7 @@ Per-layer pool layout: ``k_cache``, ``v_cache`` each ``[num_blocks, block_size, 
 from radixd.kernels.copy_blocks import copy_blocks
 from radixd.kernels.cpu_attention import design as cpu_attention_design
 from radixd.kernels.cpu_attention import step_plan as cpu_step_plan
-from radixd.kernels.dispatch import ENV_BACKEND, resolve_backend
+from radixd.kernels.dispatch import ENV_BACKEND, host_kernels, resolve_backend
 from radixd.kernels.paged_decode import decode_step_plan, paged_decode
 from radixd.kernels.paged_prefill import paged_prefill
 from radixd.kernels.store_kv import store_kv
@@ -30,6 +32,7 @@ __all__ = [
     "cpu_attention_design",
     "cpu_step_plan",
     "decode_step_plan",
+    "host_kernels",
     "paged_decode",
     "paged_prefill",
     "resolve_backend",
