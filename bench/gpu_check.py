@@ -1,6 +1,7 @@
-"""GPU check for radixd.kernels: correctness sweep (fp16, bf16, a pool over 4 GiB) then a decode
-bandwidth sweep against a device-to-device copy and SDPA on a contiguous cache. Writes a markdown
-report to $OUT/gpu.md (or docs/gpu.md).
+"""GPU check for radixd: the engine serving end to end on the device (gpu_engine.py), the kernels'
+correctness sweep (fp16, bf16, a pool over 4 GiB), then a decode bandwidth sweep against a
+device-to-device copy and SDPA on a contiguous cache. Writes a markdown report to $OUT/gpu.md (or
+docs/gpu.md).
 
     bash bench/gpu_check.sh               # on a CUDA machine (H100/H200), < 8 minutes
     python bench/gpu_check.py --dry-run   # on CPU under TRITON_INTERPRET=1, tiny shapes (tests use it)
@@ -487,6 +488,28 @@ def tile_sweep(report: Report, dev: torch.device, dry: bool, deadline: float) ->
     report.flush()
 
 
+def engine(report: Report, dev: torch.device, dry: bool) -> None:
+    """gpu_engine.py's check; the daemon's own dependencies missing here skip it (reported)."""
+    sys.path.insert(0, str(Path(__file__).resolve().parent))  # its sibling, also when loaded by path
+    threads = torch.get_num_threads()
+    if dry:  # tiny shapes: a second thread's wake-ups cost more than its share (5x on a busy machine)
+        torch.set_num_threads(1)
+    try:
+        from gpu_engine import engine_check
+
+        engine_check(report.add, report.failures, dev, dry)
+    except ImportError as exc:
+        report.add("## Engine", "", f"Not run: {exc} (install the daemon's dependencies to run it).", "")
+    except Exception as exc:
+        traceback.print_exc()
+        report.add(f"Engine check raised {type(exc).__name__}: {exc}", "")
+        report.failures.append(f"engine: {exc}")
+    finally:
+        sys.path.remove(str(Path(__file__).resolve().parent))
+        torch.set_num_threads(threads)
+    report.flush()
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument(
@@ -494,6 +517,7 @@ def main(argv: list[str] | None = None) -> int:
     )
     ap.add_argument("--out", type=Path, default=None, help="report folder (default: $OUT, else docs/)")
     ap.add_argument("--budget-s", type=float, default=420.0, help="stop starting new benchmarks after this")
+    ap.add_argument("--skip-engine", action="store_true")
     ap.add_argument("--skip-bandwidth", action="store_true")
     ap.add_argument("--skip-correctness", action="store_true")
     ap.add_argument("--models", default="", help="comma-separated SHAPES names (default: all)")
@@ -541,6 +565,9 @@ def main(argv: list[str] | None = None) -> int:
         "",
     )
     report.flush()
+    if not args.skip_engine:
+        _progress("engine")
+        engine(report, dev, args.dry_run)
     torch.manual_seed(0)
     if not args.skip_correctness:
         _progress("correctness")
