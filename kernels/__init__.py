@@ -10,7 +10,6 @@ Public API (the model calls only these; each takes ``backend: str | None = None`
   builds the compiled kernel (cpu_attention.py).
 - :func:`cpu_step_plan` - a whole step's rows (prefill tokens, then decode sequences) for the compiled
   CPU attention, checked once for every layer (the float32 native decoder's attention plan).
-
 - :func:`host_kernels` - whether a device's work runs the CPU-only pieces (the one switch between paths).
 
 Backend: ``backend`` argument, else env ``RADIXD_KERNEL_BACKEND``, else Triton for CUDA tensors,

@@ -84,11 +84,11 @@ def host_kernels(device: torch.device | str) -> bool:
     """Whether work on ``device`` runs the CPU-only pieces: the native library (compiled GEMMs, the
     float32 decoder, the compiled CPU attention), its OpenMP threads and 2 MiB-page pools.
 
-    NOTE: the one decision between the two paths. True exactly for CPU tensors whose ops resolve to
-    the torch twins; CUDA, and the Triton kernels under the interpreter, take the path a GPU runs,
-    which touches none of those pieces (tests/daemon/engine/test_engine_triton.py)."""
+    NOTE: the one decision between the two paths. True for CPU tensors unless the Triton kernels run
+    there under the interpreter; CUDA, and that interpreter, take the path a GPU runs, which touches
+    none of those pieces (tests/daemon/engine/test_engine_triton.py)."""
     dev = torch.device(device)
-    return dev.type == "cpu" and _chosen(None, dev) == "torch"
+    return dev.type == "cpu" and not (interpreting() and _chosen(None, dev) == "triton")
 
 
 class LazyKernel:

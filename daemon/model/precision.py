@@ -70,7 +70,7 @@ def resolve_precision(name: str, device: str, on_int4_grid: Callable[[], bool] =
         if p.activations == "int8" and not f32_available():
             raise ValueError(f"dtype {name} needs an x86-64 CPU with AVX2, FMA and F16C and a C compiler")
         return p
-    if not host_kernels(device):  # a GPU, or its kernels under the interpreter (no bf16 there)
+    if not host_kernels(device):  # a GPU, or its kernels on the CPU's interpreter (float32: no bf16 there)
         bf16 = device.startswith("cuda") and torch.cuda.is_available() and torch.cuda.is_bf16_supported()
         return PRECISIONS["bfloat16" if bf16 else "float32"]
     # 4-bit layers run as w4a8 wherever its kernels build (faster than int4 even with native bf16).

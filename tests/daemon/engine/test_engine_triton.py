@@ -227,7 +227,11 @@ def test_host_kernels_is_the_one_switch(monkeypatch: pytest.MonkeyPatch) -> None
     assert not kernels.host_kernels("cuda")
     monkeypatch.setenv(kernels.ENV_BACKEND, "torch")
     assert not kernels.host_kernels("cuda:0")  # the torch twins on a GPU are still the GPU's path
+    monkeypatch.setenv(kernels.ENV_BACKEND, "triton")
+    assert kernels.host_kernels("cpu")  # no interpreter: the CPU path (whose kernels refuse "triton")
     monkeypatch.setenv("TRITON_INTERPRET", "1")
-    assert kernels.host_kernels("cpu")  # an explicit torch backend keeps the CPU path
-    monkeypatch.delenv(kernels.ENV_BACKEND)
     assert not kernels.host_kernels("cpu")
+    monkeypatch.delenv(kernels.ENV_BACKEND)
+    assert not kernels.host_kernels("cpu")  # the interpreter's default backend is Triton
+    monkeypatch.setenv(kernels.ENV_BACKEND, "torch")
+    assert kernels.host_kernels("cpu")  # an explicit torch backend keeps the CPU path
