@@ -33,7 +33,7 @@ from radixd.daemon.model.precision import PRECISIONS
 from radixd.daemon.structured.spec import Constraint
 from radixd.daemon.text.tokenizer import TextTokenizer
 
-pytestmark = pytest.mark.slow  # the interpreter: ~30-60 s here
+pytestmark = pytest.mark.slow  # the interpreter runs each kernel launch in Python
 
 REGEX = r"(yes|no)-[0-9]{2}\."
 PROMPTS = ("The lighthouse keeper", "Paris is the capital of", "one two three four five")
