@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import argparse
 import faulthandler
+import gc
 import math
 import os
 import platform
@@ -671,6 +672,9 @@ def engine(report: Report, dev: torch.device, dry: bool) -> None:
         report.failures.append(f"engine: {exc}")
     finally:
         torch.set_num_threads(threads)
+        if dev.type == "cuda":  # the engines' pools go before the bandwidth sweep's buffers come
+            gc.collect()
+            torch.cuda.empty_cache()
     report.flush()
 
 
