@@ -2,13 +2,16 @@
 tokenizer) served by `EngineCore` with the Triton kernels under the interpreter gives the greedy
 tokens of the CPU path on the same weights, through sessions, forks (CoW), preemption, speculation
 and constraints. While the Triton path runs, every CPU-only piece (the native library, 2 MiB-page
-pools) raises if touched: `kernels.host_kernels` keeps them off that path.
+pools) and every torch twin of a kernel raises if touched: `kernels.host_kernels` keeps them off that
+path, and each Triton kernel's launches are counted.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import re
+import sys
+from collections import Counter
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from typing import Any
@@ -38,6 +41,7 @@ pytestmark = pytest.mark.slow  # the interpreter runs each kernel launch in Pyth
 REGEX = r"(yes|no)-[0-9]{2}\."
 PROMPTS = ("The lighthouse keeper", "Paris is the capital of", "one two three four five")
 REPEATS = " ".join(["red green blue"] * 12)
+OPS = ("store_kv", "paged_prefill", "paged_decode", "copy_blocks")
 
 Scenario = Callable[[EngineCore, TextTokenizer], dict[str, Any]]
 
@@ -75,14 +79,22 @@ def _weights(cfg: ModelConfig, seed: int = 0) -> LlamaWeights:
     return LlamaWeights(embed=embed, layers=layers, norm=1 + r(h), lm_head=embed)
 
 
+def _counted(fn: Callable[..., Any], op: str, launches: Counter[str]) -> Callable[..., Any]:
+    def launch(*args: Any, **kwargs: Any) -> Any:
+        launches[op] += 1
+        return fn(*args, **kwargs)
+
+    return launch
+
+
 def _host_piece_touched(*_: object, **__: object) -> None:
     raise AssertionError("a CPU-only piece ran on the Triton path")
 
 
 @contextmanager
-def _path(triton: bool) -> Iterator[None]:
+def _path(triton: bool, launches: Counter[str]) -> Iterator[None]:
     """The CPU path (torch twins, native library), or the GPU's (Triton, interpreted) with the CPU-only
-    pieces booby-trapped."""
+    pieces and the torch twins booby-trapped and each op's Triton launches counted in `launches`."""
     with pytest.MonkeyPatch.context() as mp:
         mp.delenv(kernels.ENV_BACKEND, raising=False)
         mp.delenv("RADIXD_CPU_DECODER", raising=False)
@@ -94,6 +106,10 @@ def _path(triton: bool) -> Iterator[None]:
             mp.setattr("radixd.kernels.native.library", _host_piece_touched)
             mp.setattr("radixd.kernels.cpu_attention.library", _host_piece_touched)
             mp.setattr("radixd.daemon.executor.runner.zeros_on_huge_pages", _host_piece_touched)
+            for op in OPS:
+                module = sys.modules[f"radixd.kernels.{op}"]  # the package's attribute is the function
+                mp.setattr(module, f"{op}_torch", _host_piece_touched)
+                mp.setattr(module, f"{op}_triton", _counted(getattr(module, f"{op}_triton"), op, launches))
         assert kernels.host_kernels("cpu") is not triton
         yield
 
@@ -178,20 +194,25 @@ SCENARIOS: dict[str, tuple[Scenario, EngineConfig, int]] = {
 }
 
 
-def _serve(triton: bool, tok: TextTokenizer, cfg: ModelConfig) -> dict[str, dict[str, Any]]:
-    out: dict[str, dict[str, Any]] = {}
-    with _path(triton):
+Served = dict[str, dict[str, Any]]  # scenario -> what it returned, and its Triton "launches"
+
+
+def _serve(triton: bool, tok: TextTokenizer, cfg: ModelConfig) -> Served:
+    out: Served = {}
+    launches: Counter[str] = Counter()
+    with _path(triton, launches):
         model = LlamaModel(cfg, _weights(cfg), "cpu", PRECISIONS["float32"])
         loaded = LoadedModel(model, tok, cfg, "tiny")
         for name, (scenario, config, blocks) in SCENARIOS.items():
             core = build_core(loaded, config, num_blocks=blocks, device="cpu")
-            out[name] = scenario(core, tok)
+            launches.clear()
+            out[name] = scenario(core, tok) | {"launches": dict(launches)}
             assert_all_free(core)
     return out
 
 
 @pytest.fixture(scope="module")
-def served() -> dict[bool, dict[str, dict[str, Any]]]:
+def served() -> dict[bool, Served]:
     """Every scenario on the CPU path (False) and on the GPU's path under the interpreter (True)."""
     conv = convert(default_model_path())
     cfg = _tiny(conv.config)
@@ -200,20 +221,22 @@ def served() -> dict[bool, dict[str, dict[str, Any]]]:
 
 
 @pytest.mark.parametrize("name", list(SCENARIOS))
-def test_triton_path_serves_the_cpu_paths_tokens(
-    served: dict[bool, dict[str, dict[str, Any]]], name: str
-) -> None:
-    cpu, gpu = served[False][name], served[True][name]
+def test_triton_path_serves_the_cpu_paths_tokens(served: dict[bool, Served], name: str) -> None:
+    cpu, gpu = dict(served[False][name]), dict(served[True][name])
+    assert cpu.pop("launches") == {}
+    launches = gpu.pop("launches")
     assert gpu == cpu
-    tokens = gpu["tokens"]
-    assert tokens and all(tokens)
+    assert gpu["tokens"] and all(gpu["tokens"])
+    # The steps ran the Triton kernels (their torch twins raise on this path).
+    assert launches["store_kv"] > 0 and launches["paged_prefill"] > 0 and launches["paged_decode"] > 0
 
 
-def test_each_scenario_exercised_its_feature(served: dict[bool, dict[str, dict[str, Any]]]) -> None:
+def test_each_scenario_exercised_its_feature(served: dict[bool, Served]) -> None:
     gpu = served[True]
     assert gpu["session"]["cached"] > 0  # the second turn attended over the first's cached KV
     forks = gpu["forks"]["tokens"]
     assert len(forks) == 3 and forks[0] == forks[1] == forks[2]
+    assert gpu["forks"]["launches"].get("copy_blocks", 0) > 0  # the children's CoW copies
     assert gpu["preemption"]["preempted"] > 0
     spec = gpu["speculation"]
     assert spec["accepted"] > 0 and spec["tokens"][0] == spec["tokens"][1]
