@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
-# One command for a CUDA machine (H100/H200): kernel correctness sweep (fp16, bf16, a pool over
-# 4 GiB), then the decode bandwidth sweep; report in $OUT/gpu.md (or docs/gpu.md). < 8 minutes.
+# One command for a CUDA machine (H100/H200): the engine serving a random-weight model end to end,
+# the kernel correctness sweep (fp16, bf16, a pool over 4 GiB), then the decode bandwidth sweep;
+# report in $OUT/gpu.md (or docs/gpu.md). < 8 minutes (the script's watchdog and `timeout` below).
 # Uses the machine's python3 (its torch + triton); radixd is imported from this checkout.
 # Extra arguments go to bench/gpu_check.py (e.g. --dry-run on a CPU-only machine).
 set -euo pipefail

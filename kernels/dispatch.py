@@ -28,6 +28,7 @@ __all__ = [
     "ENV_BACKEND",
     "LazyKernel",
     "check_same_device",
+    "host_kernels",
     "interpreting",
     "resolve_backend",
     "tl",
@@ -51,12 +52,7 @@ def interpreting() -> bool:
 def resolve_backend(backend: str | None, device: torch.device) -> str:
     """Return "triton" or "torch" for an op whose tensors live on ``device``. Raises ValueError for an
     unknown name, and for "triton" on CPU tensors outside the interpreter (it cannot read host memory)."""
-    name = backend
-    if name is None:
-        env = os.environ.get(ENV_BACKEND, "").strip().lower()
-        name = env or None
-    if name is None:
-        name = "triton" if device.type == "cuda" or interpreting() else "torch"
+    name = _chosen(backend, device)
     if name not in BACKENDS:
         raise ValueError(
             f"unknown kernel backend {name!r}: use one of {BACKENDS} (argument or env {ENV_BACKEND})"
@@ -67,6 +63,25 @@ def resolve_backend(backend: str | None, device: torch.device) -> str:
             "kernels on CPU under the Triton interpreter, or use backend='torch'"
         )
     return name
+
+
+def _chosen(backend: str | None, device: torch.device) -> str:
+    """The rule of the module docstring, unchecked."""
+    if backend is not None:
+        return backend
+    name = os.environ.get(ENV_BACKEND, "").strip().lower()
+    return name or ("triton" if device.type == "cuda" or interpreting() else "torch")
+
+
+def host_kernels(device: torch.device | str) -> bool:
+    """Whether work on ``device`` runs the CPU-only pieces: the native library (compiled GEMMs, the
+    float32 decoder, the compiled CPU attention), its OpenMP threads and 2 MiB-page pools.
+
+    NOTE: the one decision between the two paths. True for CPU tensors unless the Triton kernels run
+    there under the interpreter; CUDA, and that interpreter, take the path a GPU runs, which touches
+    none of those pieces (tests/daemon/engine/test_engine_triton.py)."""
+    dev = torch.device(device)
+    return dev.type == "cpu" and not (interpreting() and _chosen(None, dev) == "triton")
 
 
 class LazyKernel:

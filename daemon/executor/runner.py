@@ -142,14 +142,14 @@ class ModelRunner:
         self.k_caches = [self._pool(shape) for _ in range(cfg.num_layers)]
         self.v_caches = [self._pool(shape) for _ in range(cfg.num_layers)]
         self.kv_bytes_per_block = kv_bytes_per_block(cfg, block_size, self.dtype)
-        if self.device.type == "cpu":
+        if kernels.host_kernels(self.device):
             # The compiled CPU attention builds (once per machine) now, not inside the first request.
             kernels.cpu_attention_design()
         self._step_masks: StepMasks | None = None  # built on the first step with a constrained row
 
     def _pool(self, shape: tuple[int, ...]) -> torch.Tensor:
-        """One layer's K or V pool, zeroed; on the CPU in 2 MiB pages where the OS lends them."""
-        if self.device.type == "cpu":
+        """One layer's K or V pool, zeroed; on the host path in 2 MiB pages where the OS lends them."""
+        if kernels.host_kernels(self.device):
             return zeros_on_huge_pages(shape, self.dtype)
         return torch.zeros(shape, dtype=self.dtype, device=self.device)
 

@@ -132,8 +132,9 @@ class _LayerOps:
 def make_linear(w: torch.Tensor, bias: torch.Tensor | None, prec: Precision, device: torch.device) -> Linear:
     """The projection of [out, in] matrix `w` (and `bias`) that `prec` runs, on `device`."""
     b = None if bias is None else bias.to(device=device, dtype=prec.dtype)
+    host = kernels.host_kernels(device)  # else the GPU's projections (torch matmuls), on any device
     # 16-bit GEMMs are emulated and not row-invariant on CPUs without native bf16 (`Widened16Linear`).
-    widen = device.type == "cpu" and not cpu_has_native_bf16() and f32_available()
+    widen = host and not cpu_has_native_bf16() and f32_available()
     dense16 = Widened16Linear if widen else OutInLinear
     if prec.weights == "int8":
         return Int8Linear(w.to(device), b, prec.dtype, dense16)
@@ -142,9 +143,9 @@ def make_linear(w: torch.Tensor, bias: torch.Tensor | None, prec: Precision, dev
     wc = w.to(device=device, dtype=prec.dtype).contiguous()
     if prec.dtype != torch.float32:
         return dense16(wc, b)
-    if device.type == "cpu" and f32_available():
+    if host and f32_available():
         return F32Linear(wc, b, int8_activations=prec.activations == "int8")
-    if device.type == "cpu" and torch._C._has_mkldnn:
+    if host and torch._C._has_mkldnn:
         return PackedLinear(wc, b)
     return InOutLinear(wc, b)
 
@@ -152,7 +153,8 @@ def make_linear(w: torch.Tensor, bias: torch.Tensor | None, prec: Precision, dev
 def make_lm_head(w: torch.Tensor, prec: Precision, device: torch.device) -> Linear:
     """The lm_head of [V, H] matrix `w` that `prec` runs, on `device`: quantized modes hold it as int8
     per 32 inputs (`q8.py`), never 4 bits (GGUFs keep the head at 8+ bits)."""
-    if prec.weights != "float" and device.type == "cpu" and w.shape[1] % GROUP == 0 and q8_available():
+    quantized = prec.weights != "float" and w.shape[1] % GROUP == 0
+    if quantized and kernels.host_kernels(device) and q8_available():
         return Q8Linear(w.to(device), None, prec.dtype)
     return make_linear(w, None, precision_of_dtype(prec.dtype) if prec.weights == "int4" else prec, device)
 
@@ -209,7 +211,8 @@ class LlamaModel:
         self._native = self._native_decoder()
 
     def _native_decoder(self) -> NativeDecoder | None:
-        """The float32 / w4a8 layers as one compiled call, where every projection is an `F32Linear`."""
+        """The float32 / w4a8 layers as one compiled call, where every projection is an `F32Linear`
+        (never off the host path: `make_linear` makes none there)."""
         layers = []
         for lw, m in zip(self.weights.layers, self._ops, strict=True):
             ops = (m.qkv, m.o_proj, m.gate_up, m.down)

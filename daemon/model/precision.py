@@ -16,6 +16,7 @@ from typing import Literal
 import torch
 
 from radixd.daemon.model.f32 import f32_available
+from radixd.kernels.dispatch import host_kernels
 from radixd.kernels.native import cpu_flags
 
 WeightFormat = Literal["float", "int8", "int4"]
@@ -63,13 +64,13 @@ def resolve_precision(name: str, device: str, on_int4_grid: Callable[[], bool] =
         if name not in PRECISIONS:
             raise ValueError(f"unknown dtype {name!r} (choose from {', '.join(DTYPE_CHOICES)})")
         p = PRECISIONS[name]
-        if (p.weights != "float" or p.activations != "float") and not device.startswith("cpu"):
+        if (p.weights != "float" or p.activations != "float") and not host_kernels(device):
             raise ValueError(f"dtype {name} runs on CPU only; use bfloat16 on GPUs")
         if p.activations == "int8" and not f32_available():
             raise ValueError(f"dtype {name} needs an x86-64 CPU with AVX2, FMA and F16C and a C compiler")
         return p
-    if device.startswith("cuda"):
-        bf16 = torch.cuda.is_available() and torch.cuda.is_bf16_supported()
+    if not host_kernels(device):  # a GPU, or its kernels on the CPU's interpreter (float32: no bf16 there)
+        bf16 = device.startswith("cuda") and torch.cuda.is_available() and torch.cuda.is_bf16_supported()
         return PRECISIONS["bfloat16" if bf16 else "float32"]
     # 4-bit layers run as w4a8 wherever its kernels build (faster than int4 even with native bf16).
     four_bit = on_int4_grid()

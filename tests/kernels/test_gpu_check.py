@@ -31,6 +31,12 @@ def test_gpu_check_dry_run_writes_a_passing_report(tmp_path: Path, monkeypatch: 
     text = (tmp_path / "gpu-dry-run.md").read_text()
     assert rc == 0, text
     assert "## Correctness" in text and "## Decode bandwidth" in text and "## Decode tile sweep" in text
+    # The engine served the tiny model on the Triton path: its fp32 tokens are the CPU path's.
+    assert (
+        "## Engine" in text
+        and "| float32 | cpu (triton) | 12/12 " in text
+        and "| float16 | cpu (triton) |" in text
+    )
     assert "FAIL" not in text and "raised" not in text
     # The kernels' tile config is restored after the sweep.
     from radixd.kernels.paged_decode import DECODE_CONFIG
@@ -47,13 +53,15 @@ def test_gpu_check_refuses_cpu_without_dry_run(monkeypatch: pytest.MonkeyPatch) 
 
 @pytest.mark.slow
 def test_gpu_check_reruns_a_part(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    """--skip-correctness and --models rerun only the named part (as after a hung run)."""
+    """--skip-engine, --skip-correctness and --models rerun only the named part (as after a hung run)."""
     monkeypatch.setenv("TRITON_INTERPRET", "1")
     monkeypatch.delenv("RADIXD_KERNEL_BACKEND", raising=False)
     module = _load(monkeypatch)
-    rc = module.main(["--dry-run", "--out", str(tmp_path), "--skip-correctness", "--models", "Llama-3-8B"])
+    rc = module.main(
+        ["--dry-run", "--out", str(tmp_path), "--skip-engine", "--skip-correctness", "--models", "Llama-3-8B"]
+    )
     text = (tmp_path / "gpu-dry-run.md").read_text()
     assert rc == 0, text
-    assert "## Correctness" not in text
+    assert "## Correctness" not in text and "## Engine" not in text
     assert "| Llama-3-8B |" in text and "| SmolLM2-135M |" not in text
-    assert "--skip-correctness --models Llama-3-8B" in text
+    assert "--skip-engine --skip-correctness --models Llama-3-8B" in text
