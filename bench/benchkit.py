@@ -19,9 +19,11 @@ import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
+
+K = TypeVar("K")
 
 # Where each daemon internal the benchmarks use lives. Imported on first use (`from benchkit import
 # EngineConfig` imports radixd.daemon.engine.config alone), so a benchmark pays only for what it
@@ -134,6 +136,20 @@ class Timed:
 
     def decode_s(self) -> float:
         return max(self.last.values()) - min(self.first.values())
+
+
+def engine_cores(
+    configs: Mapping[K, Any], dtype: str, threads: int, num_blocks: int
+) -> tuple[Any, dict[K, Any]]:
+    """The model (`load_model(dtype=...)`, torch on `threads` threads, warnings-only logs) and an
+    `EngineCore` over it per `EngineConfig` in `configs`, each with a pool of `num_blocks`."""
+    import torch
+
+    __getattr__("configure")("warning")  # not a log line a request
+    torch.set_num_threads(threads)
+    lm = __getattr__("load_model")(dtype=dtype)
+    build = __getattr__("build_core")
+    return lm, {key: build(lm, cfg, num_blocks=num_blocks) for key, cfg in configs.items()}
 
 
 def run_requests(core: Any, reqs: Sequence[Any]) -> Timed:

@@ -27,16 +27,7 @@ import time
 from dataclasses import dataclass
 from typing import Any
 
-import torch
-from benchkit import (
-    EngineConfig,
-    GenerateRequest,
-    SamplingParams,
-    build_core,
-    configure,
-    load_model,
-    run_requests,
-)
+from benchkit import EngineConfig, GenerateRequest, SamplingParams, engine_cores, run_requests
 from llama_server import LlamaServer, post, require_binary
 
 FILE = "\n".join(
@@ -144,11 +135,9 @@ def main() -> None:
         ap.error(f"--batches wants positive sizes, --traces a subset of {','.join(TRACES)}")
     if args.llama_server:
         require_binary(args.llama_server)
-    configure("warning")  # not a log line a request
-    torch.set_num_threads(args.threads)
-    lm = load_model(dtype=args.dtype)
     k_on = args.speculative_tokens
-    cores = {k: build_core(lm, EngineConfig(speculative_tokens=k), num_blocks=2048) for k in (0, k_on)}
+    configs = {k: EngineConfig(speculative_tokens=k) for k in (0, k_on)}
+    lm, cores = engine_cores(configs, args.dtype, args.threads, num_blocks=2048)
     tps: dict[str, list[float]] = collections.defaultdict(list)
     cost: dict[str, list[tuple[float, float]]] = collections.defaultdict(list)
     cases = [(trace, b) for trace in traces for b in batches]

@@ -25,17 +25,7 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-import torch
-from benchkit import (
-    Constraint,
-    EngineConfig,
-    GenerateRequest,
-    SamplingParams,
-    build_core,
-    configure,
-    load_model,
-    run_requests,
-)
+from benchkit import Constraint, EngineConfig, GenerateRequest, SamplingParams, engine_cores, run_requests
 from llama_server import LlamaServer, post, require_binary
 
 ORDER: dict[str, Any] = {
@@ -127,11 +117,9 @@ def main() -> None:
     args = ap.parse_args()
     if args.llama_server:
         require_binary(args.llama_server)
-    configure("warning")  # not a log line a request
-    torch.set_num_threads(args.threads)
-    lm = load_model(dtype=args.dtype)
+    configs = {jf: EngineConfig(jump_forward=jf) for jf in (True, False)}
+    lm, cores = engine_cores(configs, args.dtype, args.threads, num_blocks=2048)
     tok = lm.tokenizer
-    cores = {jf: build_core(lm, EngineConfig(jump_forward=jf), num_blocks=2048) for jf in (True, False)}
     llama = LlamaServer(args.llama_server, args.threads) if args.llama_server else None
     url = llama.ready() if llama is not None else ""
     out: Out = collections.defaultdict(list)
