@@ -86,6 +86,17 @@ def model_files(path: str | None = None) -> Any:
     return __getattr__("convert")(path or __getattr__("default_model_path")())
 
 
+def _end(proc: subprocess.Popen[bytes]) -> None:
+    """SIGTERM (both commands then stop what they started), SIGKILL after 60 s."""
+    if proc.poll() is None:
+        proc.terminate()
+        try:
+            proc.wait(60)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()
+
+
 def _launch(
     what: str, cmd: list[str], ready: Path, log: Path, timeout_s: float
 ) -> tuple[subprocess.Popen[bytes], Any]:
@@ -96,8 +107,7 @@ def _launch(
     deadline = time.monotonic() + timeout_s
     while not ready.exists():
         if proc.poll() is not None or time.monotonic() > deadline:
-            proc.kill()
-            proc.wait()
+            _end(proc)
             tail = log.read_text(errors="replace")[-2000:]
             raise SystemExit(f"{what} did not start ({' '.join(cmd)}):\n{tail}")
         time.sleep(0.1)
@@ -183,13 +193,7 @@ class Daemon:
 
     def stop(self) -> None:
         """End the daemon (SIGTERM, then SIGKILL after 60 s) and remove its files."""
-        if self.proc.poll() is None:
-            self.proc.terminate()
-            try:
-                self.proc.wait(60)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait()
+        _end(self.proc)
         self._dir.cleanup()
 
     def __enter__(self) -> Daemon:
@@ -227,15 +231,9 @@ class Cluster:
         return str(self.info["openai_base_url"])
 
     def stop(self) -> None:
-        """SIGINT (the command stops smg and the replicas), then SIGKILL to whatever is left of them
-        (they run in sessions of their own), and remove the files."""
-        if self.proc.poll() is None:
-            self.proc.send_signal(signal.SIGINT)
-            try:
-                self.proc.wait(90)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait()
+        """End the command (it stops smg and the replicas), SIGKILL whatever is left of them (they run
+        in sessions of their own), and remove the files."""
+        _end(self.proc)
         for pid in (self.info["gateway_pid"], *(r["pid"] for r in self.info["replicas"])):
             with contextlib.suppress(ProcessLookupError):
                 os.kill(pid, signal.SIGKILL)
