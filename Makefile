@@ -10,7 +10,8 @@ ADMIN_PORT   ?= 50052
 METRICS_PORT ?= 9464
 
 .PHONY: venv serve test lint typecheck unit proto bench bench-memory bench-radix bench-kernels bench-offline \
-        bench-workloads bench-sched bench-serve bench-serve-step bench-big-prompt bench-single-stream gpu-check clean
+        bench-workloads bench-sched bench-serve bench-serve-step bench-big-prompt bench-speculative \
+        bench-structured bench-cluster bench-single-stream gpu-check clean
 
 venv: $(STAMP)
 
@@ -43,7 +44,7 @@ proto: $(STAMP)
 # Benchmarks print their tables; docs/benchmarks.md says which file keeps each one and how it was run.
 # Each has a seconds-long smoke run in make test (tests/bench/test_smoke.py).
 bench: bench-memory bench-radix bench-kernels bench-offline bench-workloads bench-sched bench-serve \
-       bench-serve-step bench-big-prompt
+       bench-serve-step bench-big-prompt bench-speculative bench-structured bench-cluster
 
 bench-memory: $(STAMP)
 	$(PY) bench/fragmentation.py
@@ -80,6 +81,18 @@ bench-serve-step: $(STAMP)
 
 bench-big-prompt: $(STAMP)
 	$(PY) bench/big_prompt_latency.py --rounds 3 --seconds 15
+
+# LLAMA_SERVER=path/to/llama-server puts llama-server beside them at batch 1 (docs/measurements/bench-speculative.md,
+# docs/measurements/bench-structured.md).
+bench-speculative: $(STAMP)
+	$(PY) bench/speculative.py --rounds 3 --batches 1,8 --max-tokens 64 $(if $(LLAMA_SERVER),--llama-server $(LLAMA_SERVER))
+
+bench-structured: $(STAMP)
+	$(PY) bench/structured.py --rounds 3 --batch 32 $(if $(LLAMA_SERVER),--llama-server $(LLAMA_SERVER))
+
+# Starts radixd cluster (smg in front of 2 replicas) once per policy, then once with 1 replica.
+bench-cluster: $(STAMP)
+	$(PY) bench/cluster_bench.py --tenants 5 --conversations 1 --turns 5 --words 10 --num-blocks 64
 
 # Needs llama.cpp's server: make bench-single-stream LLAMA_SERVER=path/to/llama-server
 # (docs/measurements/bench-single-stream.md).

@@ -1,5 +1,6 @@
-"""What the benchmarks share: a `radixd serve` subprocess on free loopback ports, the model's tokenizer
-and config without building the model, and the daemon internals the benchmarks drive.
+"""What the benchmarks share: `radixd serve` and `radixd cluster` subprocesses on free loopback ports,
+an engine sink that times outputs, the model's tokenizer and config without building the model, and
+the daemon internals the benchmarks drive.
 
 The benchmarks import daemon internals from here only, so a module that moves inside the daemon is one
 edit in this file. Scripts run as `python bench/NAME.py`: Python puts bench/ first on the import path,
@@ -8,15 +9,21 @@ so `import benchkit` needs nothing else.
 
 from __future__ import annotations
 
+import contextlib
 import importlib
 import json
+import os
+import secrets
+import signal
 import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
+
+K = TypeVar("K")
 
 # Where each daemon internal the benchmarks use lives. Imported on first use (`from benchkit import
 # EngineConfig` imports radixd.daemon.engine.config alone), so a benchmark pays only for what it
@@ -57,6 +64,7 @@ _DAEMON: dict[str, str] = {
     "prompt_char_bound": "radixd.daemon.server.common.bounds",
     "OutputBridge": "radixd.daemon.server.common.bridge",
     "Limits": "radixd.daemon.server.common.state",
+    "Constraint": "radixd.daemon.structured.spec",
 }
 
 
@@ -78,6 +86,93 @@ def model_files(path: str | None = None) -> Any:
     return __getattr__("convert")(path or __getattr__("default_model_path")())
 
 
+def _end(proc: subprocess.Popen[bytes]) -> None:
+    """SIGTERM (both commands then stop what they started), SIGKILL after 60 s."""
+    if proc.poll() is None:
+        proc.terminate()
+        try:
+            proc.wait(60)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()
+
+
+def _launch(
+    what: str, cmd: list[str], ready: Path, log: Path, timeout_s: float
+) -> tuple[subprocess.Popen[bytes], Any]:
+    """Start `cmd` (output to `log`) and wait for it to write `ready` (atomically, once it serves);
+    -> the process and the ready file's JSON. Exits with the log's tail if it never gets there."""
+    with log.open("wb") as out:
+        proc = subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT)
+    deadline = time.monotonic() + timeout_s
+    while not ready.exists():
+        if proc.poll() is not None or time.monotonic() > deadline:
+            _end(proc)
+            tail = log.read_text(errors="replace")[-2000:]
+            raise SystemExit(f"{what} did not start ({' '.join(cmd)}):\n{tail}")
+        time.sleep(0.1)
+    return proc, json.loads(ready.read_text())
+
+
+class Timed:
+    """An engine sink that keeps each request's tokens, when its first and last outputs arrived, and
+    its TTFT as the engine measured it."""
+
+    def __init__(self) -> None:
+        self.tokens: dict[str, list[int]] = {}
+        self.first: dict[str, float] = {}
+        self.last: dict[str, float] = {}
+        self.ttft: dict[str, float] = {}
+        self.errors: list[str] = []
+
+    def __call__(self, out: Any) -> None:
+        now = time.perf_counter()
+        toks = self.tokens.setdefault(out.request_id, [])
+        if not toks and out.new_token_ids:
+            self.first[out.request_id] = now
+            if out.ttft_s is not None:
+                self.ttft[out.request_id] = out.ttft_s
+        toks.extend(out.new_token_ids)
+        self.last[out.request_id] = now
+        if out.finish_reason == "error":
+            self.errors.append(f"{out.request_id}: {out.error}")
+
+    def decode_tps(self) -> float:
+        """Tokens after each request's first, over the first first-token to the last output."""
+        return self.decode_tokens() / self.decode_s()
+
+    def decode_tokens(self) -> int:
+        return sum(len(t) - 1 for t in self.tokens.values())
+
+    def decode_s(self) -> float:
+        return max(self.last.values()) - min(self.first.values())
+
+
+def engine_cores(
+    configs: Mapping[K, Any], dtype: str, threads: int, num_blocks: int
+) -> tuple[Any, dict[K, Any]]:
+    """The model (`load_model(dtype=...)`, torch on `threads` threads, warnings-only logs) and an
+    `EngineCore` over it per `EngineConfig` in `configs`, each with a pool of `num_blocks`."""
+    import torch
+
+    __getattr__("configure")("warning")  # not a log line a request
+    torch.set_num_threads(threads)
+    lm = __getattr__("load_model")(dtype=dtype)
+    build = __getattr__("build_core")
+    return lm, {key: build(lm, cfg, num_blocks=num_blocks) for key, cfg in configs.items()}
+
+
+def run_requests(core: Any, reqs: Sequence[Any]) -> Timed:
+    """Add `reqs` (`GenerateRequest`s) to an `EngineCore` at once and run it until idle."""
+    sink = Timed()
+    for r in reqs:
+        core.requests.add(r, sink)
+    core.run_until_idle()
+    if sink.errors:
+        raise RuntimeError(sink.errors)
+    return sink
+
+
 class Daemon:
     """`radixd serve` as a subprocess on free loopback ports, `extra` flags appended; `address` is its
     gRPC address once it serves. Use as a context manager, or call `stop()`."""
@@ -89,29 +184,62 @@ class Daemon:
         cmd = [sys.executable, "-m", "radixd.daemon.cli", "serve", "--host", "127.0.0.1", "--port", "0"]
         cmd += ["--admin-port", "0", "--metrics-port", "0", "--log-level", "warning"]
         cmd += ["--ready-file", str(ready), *extra]
-        with self.log.open("wb") as log:
-            self.proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=log)
-        deadline = time.monotonic() + timeout_s
-        while not ready.exists():  # the daemon writes it atomically once it serves
-            if self.proc.poll() is not None or time.monotonic() > deadline:
-                tail = self.log.read_text(errors="replace")[-2000:]
-                self.stop()
-                raise SystemExit(f"radixd serve did not start ({' '.join(cmd)}):\n{tail}")
-            time.sleep(0.1)
-        self.address = f"127.0.0.1:{json.loads(ready.read_text())['port']}"
+        try:
+            self.proc, info = _launch("radixd serve", cmd, ready, self.log, timeout_s)
+        except SystemExit:
+            self._dir.cleanup()
+            raise
+        self.address = f"127.0.0.1:{info['port']}"
 
     def stop(self) -> None:
         """End the daemon (SIGTERM, then SIGKILL after 60 s) and remove its files."""
-        if self.proc.poll() is None:
-            self.proc.terminate()
-            try:
-                self.proc.wait(60)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait()
+        _end(self.proc)
         self._dir.cleanup()
 
     def __enter__(self) -> Daemon:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()
+
+
+class Cluster:
+    """`radixd cluster` (smg in front of `replicas` radixd serves, each given `serve` flags) on free
+    ports; `info` is its ready file (`openai_base_url`, `replicas` with each one's `address` and
+    `admin_address`), `admin_token` the replicas' admin token. A context manager, or call `stop()`."""
+
+    def __init__(
+        self, replicas: int, serve: Sequence[str] = (), policy: str = "cache_aware", timeout_s: float = 300.0
+    ) -> None:
+        self._dir = tempfile.TemporaryDirectory(prefix="radixd-bench-cluster-")
+        where = Path(self._dir.name)
+        self.admin_token = secrets.token_hex(16)
+        cmd = [sys.executable, "-m", "radixd.daemon.cli", "cluster", "--replicas", str(replicas)]
+        cmd += ["--port", "0", "--policy", policy, "--admin-token", self.admin_token]
+        cmd += ["--ready-file", str(where / "ready.json"), "--log-dir", str(where / "logs"), "--", *serve]
+        try:
+            self.proc, self.info = _launch(
+                "radixd cluster", cmd, where / "ready.json", where / "log", timeout_s
+            )
+        except SystemExit:
+            self._dir.cleanup()
+            raise
+
+    @property
+    def base(self) -> str:
+        """smg's OpenAI base URL (`http://HOST:PORT/v1`)."""
+        return str(self.info["openai_base_url"])
+
+    def stop(self) -> None:
+        """End the command (it stops smg and the replicas), SIGKILL whatever is left of them (they run
+        in sessions of their own), and remove the files."""
+        _end(self.proc)
+        for pid in (self.info["gateway_pid"], *(r["pid"] for r in self.info["replicas"])):
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGKILL)
+        self._dir.cleanup()
+
+    def __enter__(self) -> Cluster:
         return self
 
     def __exit__(self, *exc: object) -> None:

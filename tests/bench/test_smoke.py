@@ -43,6 +43,17 @@ MODEL_RUNS: dict[str, tuple[str, str]] = {
         "| batch 1 |",
     ),
     "workloads.py": ("--workloads n8 --gen 2 --scale 0.05 --num-blocks 256", "| n8 | off |"),
+    "speculative.py": (
+        "--rounds 1 --warmup 0 --batches 1 --traces chat --max-tokens 4 --threads 1",
+        "| radixd | chat | 1 |",
+    ),
+    "structured.py": ("--rounds 1 --batch 2 --max-tokens 8 --ttft-reps 1 --threads 1", "| radixd | 2 |"),
+    # its own `radixd cluster`s (one policy's, then one replica's for smg's overhead)
+    "cluster_bench.py": (
+        "--policies round_robin --tenants 1 --conversations 2 --turns 2 --words 2 --max-tokens 2 "
+        "--overhead-requests 2",
+        "| round_robin | 4 |",
+    ),
 }
 # against the module's daemon (--address is added)
 SERVED_RUNS: dict[str, tuple[str, str]] = {
