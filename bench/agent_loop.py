@@ -21,16 +21,13 @@ import argparse
 import importlib.util
 import json
 import os
-import signal
 import statistics
-import subprocess
-import sys
-import tempfile
 import time
 from pathlib import Path
 from types import ModuleType
 from typing import Any
 
+from benchkit import Cluster
 from llama_server import LlamaServer
 from openai import OpenAI
 
@@ -190,33 +187,6 @@ def agent_loop(peer: str, client: OpenAI, turns: int, max_tokens: int, run: int)
     return records
 
 
-class RadixdCluster:
-    """`radixd cluster --replicas 1` on a free port; `base` is its OpenAI base URL once ready."""
-
-    def __init__(self, tmp: Path, serve: list[str]) -> None:
-        ready = tmp / "ready.json"
-        cmd = [sys.executable, "-m", "radixd.daemon.cli", "cluster", "--replicas", "1", "--port", "0"]
-        cmd += ["--ready-file", str(ready), "--log-dir", str(tmp / "logs"), "--", *serve]
-        self.out = (tmp / "cluster.out").open("wb")
-        self.proc = subprocess.Popen(cmd, stdout=self.out, stderr=subprocess.STDOUT)
-        deadline = time.monotonic() + 600
-        while not ready.exists():
-            if self.proc.poll() is not None or time.monotonic() > deadline:
-                self.close()
-                raise RuntimeError(f"radixd cluster did not start; see {tmp / 'cluster.out'}")
-            time.sleep(0.5)
-        self.base = str(json.loads(ready.read_text())["openai_base_url"])
-
-    def close(self) -> None:
-        if self.proc.poll() is None:
-            self.proc.send_signal(signal.SIGINT)
-            try:
-                self.proc.wait(90)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-        self.out.close()
-
-
 def measure(peer: str, base: str, args: argparse.Namespace) -> list[list[dict[str, Any]]]:
     client = OpenAI(base_url=base, api_key="unused", max_retries=0, timeout=600)
     agent_loop(peer, client, 1, args.max_tokens, run=0)  # warm-up: compile, first allocations
@@ -258,12 +228,8 @@ def main() -> None:
     if args.smoke:
         args.turns, args.reps = 2, 1
     results: dict[str, list[list[dict[str, Any]]]] = {}
-    with tempfile.TemporaryDirectory() as tmp:
-        cluster = RadixdCluster(Path(tmp), ["--num-blocks", "512"])
-        try:
-            results["radixd"] = measure("radixd", cluster.base, args)
-        finally:
-            cluster.close()
+    with Cluster(replicas=1, serve=["--num-blocks", "512"]) as cluster:
+        results["radixd"] = measure("radixd", cluster.base, args)
     if args.llama_server:
         with LlamaServer(args.llama_server, args.threads, extra=["--jinja"]) as url:
             results["llama-server"] = measure("llama-server", url.removesuffix("/completion") + "/v1", args)

@@ -54,6 +54,8 @@ MODEL_RUNS: dict[str, tuple[str, str]] = {
         "--overhead-requests 2",
         "| round_robin | 4 |",
     ),
+    # its own `radixd cluster` (one replica), the tool loop through the official openai client
+    "agent_loop.py": ("--smoke --max-tokens 24", "| answer |"),
 }
 # against the module's daemon (--address is added)
 SERVED_RUNS: dict[str, tuple[str, str]] = {
