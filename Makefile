@@ -11,7 +11,7 @@ METRICS_PORT ?= 9464
 
 .PHONY: venv serve test lint typecheck unit proto bench bench-memory bench-radix bench-kernels bench-offline \
         bench-workloads bench-sched bench-serve bench-serve-step bench-big-prompt bench-speculative \
-        bench-structured bench-cluster bench-single-stream gpu-check clean
+        bench-structured bench-cluster bench-agent bench-single-stream gpu-check clean
 
 venv: $(STAMP)
 
@@ -44,7 +44,7 @@ proto: $(STAMP)
 # Benchmarks print their tables; docs/benchmarks.md says which file keeps each one and how it was run.
 # Each has a seconds-long smoke run in make test (tests/bench/test_smoke.py).
 bench: bench-memory bench-radix bench-kernels bench-offline bench-workloads bench-sched bench-serve \
-       bench-serve-step bench-big-prompt bench-speculative bench-structured bench-cluster
+       bench-serve-step bench-big-prompt bench-speculative bench-structured bench-cluster bench-agent
 
 bench-memory: $(STAMP)
 	$(PY) bench/fragmentation.py
@@ -93,6 +93,10 @@ bench-structured: $(STAMP)
 # Starts radixd cluster (smg in front of 2 replicas) once per policy, then once with 1 replica.
 bench-cluster: $(STAMP)
 	$(PY) bench/cluster_bench.py --tenants 5 --conversations 1 --turns 5 --words 10 --num-blocks 64
+
+# An agent's tool loop through smg; LLAMA_SERVER=path/to/llama-server adds it beside (docs/agent-tools.md).
+bench-agent: $(STAMP)
+	$(PY) bench/agent_loop.py --reps 2 $(if $(LLAMA_SERVER),--llama-server $(LLAMA_SERVER))
 
 # Needs llama.cpp's server: make bench-single-stream LLAMA_SERVER=path/to/llama-server
 # (docs/measurements/bench-single-stream.md).
