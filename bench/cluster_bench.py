@@ -91,7 +91,7 @@ def run_policy(args: argparse.Namespace, policy: str) -> dict[str, Any]:
         for i in range(n)
     ]
     records: list[dict[str, Any]] = []
-    with Cluster(2, args.serve, policy=policy) as cluster:
+    with Cluster(args.replicas, args.serve, policy=policy) as cluster:
         model = model_id(cluster.base)
 
         def turn_of(conv: int, turn: int) -> dict[str, Any]:
@@ -164,12 +164,13 @@ def main() -> None:
     p.add_argument("--max-tokens", type=int, default=12)
     p.add_argument("--clients", type=int, default=2, help="requests in flight")
     p.add_argument("--num-blocks", type=int, default=64, help="KV blocks per replica")
-    p.add_argument("--overhead-requests", type=int, default=24)
+    p.add_argument("--overhead-requests", type=int, default=24, help="0: no smg overhead pass")
     p.add_argument("--policies", default="cache_aware,round_robin")
+    p.add_argument("--replicas", type=int, default=2, help="behind smg in the policy runs")
     args = p.parse_args()
     args.serve = ["--num-blocks", str(args.num_blocks), "--max-num-seqs", "8"]
     results = [run_policy(args, policy) for policy in args.policies.split(",")]
-    over = overhead(args)
+    over = overhead(args) if args.overhead_requests > 0 else None
     print("| policy | requests | hit rate | throughput (tok/s) | TTFT p50 (ms) | TTFT p90 (ms) |")
     print("| --- | --- | --- | --- | --- | --- |")
     for r in results:
@@ -183,6 +184,8 @@ def main() -> None:
             f"\n{a['policy']} / {b['policy']}: hit rate {a['hit_rate'] / max(b['hit_rate'], 1e-9):.2f}x, "
             f"TTFT p50 {a['ttft_p50'] / b['ttft_p50']:.2f}x"
         )
+    if over is None:
+        return
     direct = (over["direct gRPC"] + over["direct gRPC again"]) / 2
     print("\n| smg overhead, one replica | direct gRPC | through smg | direct gRPC again | smg / direct |")
     print("| --- | --- | --- | --- | --- |")

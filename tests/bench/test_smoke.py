@@ -48,10 +48,10 @@ MODEL_RUNS: dict[str, tuple[str, str]] = {
         "| radixd | chat | 1 |",
     ),
     "structured.py": ("--rounds 1 --batch 2 --max-tokens 8 --ttft-reps 1 --threads 1", "| radixd | 2 |"),
-    # its own `radixd cluster`s (one policy's, then one replica's for smg's overhead)
+    # its own `radixd cluster` (one policy's; the smg overhead pass is the same launcher and client)
     "cluster_bench.py": (
         "--policies round_robin --tenants 1 --conversations 2 --turns 2 --words 2 --max-tokens 2 "
-        "--overhead-requests 2",
+        "--overhead-requests 0 --replicas 1",
         "| round_robin | 4 |",
     ),
     # its own `radixd cluster` (one replica), the tool loop through the official openai client
@@ -155,6 +155,8 @@ def test_benchmark_says_what_is_missing(script: str, tmp_path: Path) -> None:
 
 def test_gpu_check_dry_run(tmp_path: Path) -> None:
     """`make gpu-check`'s script, its CPU dry run at one small shape (on a CUDA machine too)."""
-    args = f"--dry-run --skip-correctness --models SmolLM2-135M --batches 1 --ctxs 1024 --out {tmp_path}"
+    # the engine and correctness parts run in tests/kernels/test_gpu_check.py
+    args = "--dry-run --skip-engine --skip-correctness --models SmolLM2-135M --batches 1 --ctxs 1024"
+    args += f" --out {tmp_path}"
     proc = run("gpu_check.sh", *args.split(), env={"PYTHON": sys.executable})
     check(proc, "| SmolLM2-135M |")

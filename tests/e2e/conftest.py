@@ -1,10 +1,12 @@
-"""Fixtures: the real model (once per session) and one daemon per test module (see e2e_kit)."""
+"""Fixtures: the real model (once per session), one daemon per test module (see e2e_kit), and one
+`radixd cluster` of one replica that the OpenAI-API modules share (cluster_kit)."""
 
 from __future__ import annotations
 
 from collections.abc import Iterator
 
 import pytest
+from cluster_kit import Cluster, start_cluster
 from e2e_kit import RunningDaemon, serve_args, start_daemon, stop_daemon
 
 from radixd.daemon.loaders import LoadedModel
@@ -24,3 +26,19 @@ def daemon(loaded_model: LoadedModel, tmp_path_factory: pytest.TempPathFactory) 
         yield d
     finally:
         stop_daemon(d)
+
+
+# Enough blocks for an agent's growing history to stay cached; requests name their max_tokens or get 16.
+ONE_REPLICA = ("--num-blocks", "256", "--default-max-tokens", "16", "--max-num-seqs", "8")
+
+
+@pytest.fixture(scope="session")
+def one_replica_cluster(
+    loaded_model: LoadedModel, tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[Cluster]:
+    """smg in front of one replica, shared by the modules that drive the OpenAI API (a start is ~10 s)."""
+    c = start_cluster(tmp_path_factory.mktemp("one-replica"), 1, *ONE_REPLICA)
+    try:
+        yield c
+    finally:
+        c.ensure_stopped()

@@ -11,19 +11,15 @@ same loop streamed. json_object and a schema without `additionalProperties` clos
 from __future__ import annotations
 
 import json
-from collections.abc import Iterator
 from typing import Any
 
 import jsonschema
 import pytest
-from cluster_kit import MODEL, Cluster, start_cluster
+from cluster_kit import MODEL, Cluster
 from openai import OpenAI
 from test_agent_tools_example import load_example
 
-from radixd.daemon.loaders import LoadedModel
-
 pytestmark = pytest.mark.slow
-SERVE = ("--num-blocks", "256", "--max-num-seqs", "4")
 TURNS = 5
 # The toy tools and their results are the gRPC example's (clients/examples/agent_tools.py).
 EXAMPLE = load_example()
@@ -33,12 +29,8 @@ TASK = EXAMPLE.TASK
 
 
 @pytest.fixture(scope="module")
-def client(loaded_model: LoadedModel, tmp_path_factory: pytest.TempPathFactory) -> Iterator[OpenAI]:
-    c: Cluster = start_cluster(tmp_path_factory.mktemp("agent"), 1, *SERVE)
-    try:
-        yield OpenAI(base_url=c.base, api_key="unused", max_retries=0, timeout=120)
-    finally:
-        c.ensure_stopped()
+def client(one_replica_cluster: Cluster) -> OpenAI:
+    return OpenAI(base_url=one_replica_cluster.base, api_key="unused", max_retries=0, timeout=120)
 
 
 def _call(client: OpenAI, messages: list[dict[str, Any]]) -> tuple[list[dict[str, Any]], int]:

@@ -12,18 +12,15 @@ from __future__ import annotations
 
 import json
 import urllib.error
-from collections.abc import Iterator
 from typing import Any
 
 import jsonschema
 import pytest
-from cluster_kit import MODEL, Cluster, post, start_cluster, stream_chat
+from cluster_kit import MODEL, Cluster, post, stream_chat
 
-from radixd.daemon.loaders import LoadedModel
 from radixd.daemon.server.common import bounds
 
 pytestmark = pytest.mark.slow
-SERVE = ("--num-blocks", "192", "--default-max-tokens", "16", "--max-num-seqs", "8")
 PERSON = {
     "type": "object",
     "properties": {
@@ -70,12 +67,8 @@ ASK_PERSON = [{"role": "user", "content": "Invent a person and describe them as 
 
 
 @pytest.fixture(scope="module")
-def cluster(loaded_model: LoadedModel, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Cluster]:
-    c = start_cluster(tmp_path_factory.mktemp("cluster"), 1, *SERVE)
-    try:
-        yield c
-    finally:
-        c.ensure_stopped()
+def cluster(one_replica_cluster: Cluster) -> Cluster:
+    return one_replica_cluster
 
 
 def _chat(cluster: Cluster, messages: list[dict[str, str]], **extra: Any) -> dict[str, Any]:

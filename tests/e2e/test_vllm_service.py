@@ -23,6 +23,7 @@ from tokenizers import Tokenizer
 
 from radixd.daemon.loaders import LoadedModel
 from radixd.daemon.server.common.kv_events import chain
+from radixd.daemon.server.vllm.tool_template import with_tool_rendering
 
 pytestmark = pytest.mark.slow
 PROMPT = "The capital of France is Paris. The capital of Germany is Berlin. The capital of Italy is Rome. The"
@@ -190,8 +191,11 @@ def test_vllm_get_loads_and_tokenizer_bundle(
     text = "Hello, world! Ünïcödé and code: def f(x): return x**2"
     assert tok.encode(text, add_special_tokens=False).ids == loaded_model.tokenizer.encode(text)
     config = json.loads(files.read("tokenizer_config.json"))
-    assert config["chat_template"] == loaded_model.tokenizer.chat_template
-    assert files.read("chat_template.jinja").decode() == loaded_model.tokenizer.chat_template
+    # the model's template, with the tool-call rendering it lacks put before it
+    template = with_tool_rendering(loaded_model.tokenizer.chat_template)
+    assert template.endswith(loaded_model.tokenizer.chat_template)
+    assert config["chat_template"] == template
+    assert files.read("chat_template.jinja").decode() == template
     assert json.loads(files.read("config.json"))["vocab_size"] == loaded_model.config.vocab_size
 
 

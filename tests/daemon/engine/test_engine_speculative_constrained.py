@@ -24,8 +24,9 @@ pytestmark = pytest.mark.slow
 
 DOC = {"name": "Ann", "age": 30, "city": "Paris"}
 # Repetitive: the answer the schema wants is quoted in the prompt, so the model copies it (drafts from
-# the sequence's own tokens), and a second ask drafts the first answer from the tree.
-COPY_JSON = f"Repeat this JSON object exactly, nothing else: {json.dumps(DOC)}"
+# the sequence's own tokens; quoted compact, as the schema reading emits it), and a second ask drafts the
+# first answer from the tree.
+COPY_JSON = f"Repeat this JSON object exactly, nothing else: {json.dumps(DOC, separators=(',', ':'))}"
 COPY_LOG = "Repeat this log line exactly: ERR-404: page not found here. Again: ERR-404: page not"
 
 
