@@ -4,6 +4,7 @@ transformers' own GGUF reader, and its greedy outputs. The radixd model itself i
 from __future__ import annotations
 
 import os
+from collections.abc import Iterator
 from typing import Any
 
 import pytest
@@ -11,6 +12,15 @@ import torch
 from daemon_testkit import PROMPTS
 
 from radixd.daemon.loaders import LoadedModel, default_model_path
+
+
+@pytest.fixture(scope="module")
+def one_torch_thread() -> Iterator[None]:
+    """Torch on one thread for a module of many tiny ops, where a second thread only adds overhead."""
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(before)
 
 
 @pytest.fixture(scope="session")

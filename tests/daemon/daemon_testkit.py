@@ -141,3 +141,12 @@ def tiny_model(
     embed = r(vocab, 64)
     weights = LlamaWeights(embed=embed, layers=lw, norm=1 + r(64), lm_head=embed)
     return LlamaModel(cfg, weights, precision=precision)
+
+
+SAMPLING_VOCAB = 50  # the sampling tests' vocabulary
+
+
+def random_logits(seed: int = 0, rows: int = 1) -> torch.Tensor:
+    """Seeded logits [rows, SAMPLING_VOCAB], spread enough that top-k / top-p cut something."""
+    g = torch.Generator().manual_seed(seed)
+    return torch.randn(rows, SAMPLING_VOCAB, generator=g) * 3

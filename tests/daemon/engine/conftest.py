@@ -10,7 +10,6 @@ from __future__ import annotations
 from collections.abc import Iterator
 
 import pytest
-import torch
 from invariance_kit import MODES, Rig, make_rig
 
 from radixd.daemon.engine.core import EngineCore
@@ -19,11 +18,8 @@ from radixd.daemon.loaders import LoadedModel
 
 
 @pytest.fixture(autouse=True, scope="module")
-def _one_torch_thread() -> Iterator[None]:
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
+def _engine_tests_on_one_thread(one_torch_thread: None) -> None:
+    """Every engine test module runs torch on one thread (tests/daemon/conftest.py)."""
 
 
 @pytest.fixture

@@ -4,8 +4,6 @@ vocabulary; `sampling.distribution` is what `sample` draws from."""
 
 from __future__ import annotations
 
-from collections.abc import Iterator
-
 import pytest
 import torch
 
@@ -18,13 +16,8 @@ TRIALS = 1500
 CHI2_5_999 = 20.52
 
 
-@pytest.fixture(autouse=True, scope="module")
-def _one_torch_thread() -> Iterator[None]:
-    """Thousands of tiny draws: a second thread only adds OpenMP overhead."""
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
+# Thousands of tiny draws: a second thread only adds OpenMP overhead.
+pytestmark = pytest.mark.usefixtures("one_torch_thread")
 
 
 def _chi2(counts: torch.Tensor, p: torch.Tensor) -> float:

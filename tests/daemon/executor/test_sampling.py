@@ -6,15 +6,11 @@ import math
 
 import pytest
 import torch
+from daemon_testkit import SAMPLING_VOCAB, random_logits
 
 from radixd.daemon.executor.sampling import SamplingParams, SamplingState, greedy_argmax, sample
 
-V = 50
-
-
-def _logits(seed: int = 0, rows: int = 1) -> torch.Tensor:
-    g = torch.Generator().manual_seed(seed)
-    return torch.randn(rows, V, generator=g) * 3
+V = SAMPLING_VOCAB
 
 
 @pytest.mark.parametrize(
@@ -50,14 +46,14 @@ def test_invalid_params_raise(kwargs: dict[str, object], message: str) -> None:
 
 
 def test_greedy_is_argmax_and_ignores_seed() -> None:
-    logits = _logits(1, rows=4)
+    logits = random_logits(1, rows=4)
     states = [SamplingState(SamplingParams(temperature=0.0, seed=i)) for i in range(4)]
     got = [r.token_id for r in sample(logits, states)]
     assert got == logits.argmax(dim=1).tolist()
 
 
 def test_top_k_never_leaves_top_k() -> None:
-    logits = _logits(2)
+    logits = random_logits(2)
     allowed = set(torch.topk(logits[0], 5).indices.tolist())
     seen = set()
     for seed in range(300):
@@ -88,7 +84,7 @@ def test_min_p_filters_unlikely_tokens() -> None:
 def _draw(states: list[SamplingState], steps: int, logit_seed: int) -> list[list[int]]:
     out: list[list[int]] = [[] for _ in states]
     for step in range(steps):
-        logits = _logits(logit_seed + step, rows=len(states))
+        logits = random_logits(logit_seed + step, rows=len(states))
         for i, r in enumerate(sample(logits, states)):
             states[i].append(r.token_id)
             out[i].append(r.token_id)
@@ -102,7 +98,7 @@ def test_same_seed_same_tokens_alone_and_batched() -> None:
     alone_state = SamplingState(params)
     alone = []
     for step in range(steps):
-        logits = _logits(100 + step, rows=5)[:1]
+        logits = random_logits(100 + step, rows=5)[:1]
         tok = sample(logits, [alone_state])[0].token_id
         alone_state.append(tok)
         alone.append(tok)
@@ -179,7 +175,7 @@ def test_finish_reasons() -> None:
 
 
 def test_logprobs_of_chosen_and_top_n() -> None:
-    logits = _logits(3)
+    logits = random_logits(3)
     st = SamplingState(SamplingParams(temperature=0.0, logprobs=3))
     (res,) = sample(logits, [st])
     lp = torch.log_softmax(logits[0], dim=0)

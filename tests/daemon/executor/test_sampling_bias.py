@@ -6,15 +6,11 @@ import math
 
 import pytest
 import torch
+from daemon_testkit import SAMPLING_VOCAB, random_logits
 
 from radixd.daemon.executor.sampling import SampleResult, SamplingParams, SamplingState, sample
 
-V = 50
-
-
-def _logits(seed: int = 0, rows: int = 1) -> torch.Tensor:
-    g = torch.Generator().manual_seed(seed)
-    return torch.randn(rows, V, generator=g) * 3
+V = SAMPLING_VOCAB
 
 
 @pytest.mark.parametrize(
@@ -53,7 +49,7 @@ def test_a_biased_greedy_request_leaves_the_fast_path() -> None:
 
 @pytest.mark.parametrize("temperature", [0.0, 1.0])
 def test_bias_forces_a_token(temperature: float) -> None:
-    logits = _logits(1)
+    logits = random_logits(1)
     weakest = int(torch.argmin(logits[0]))
     st = SamplingState(SamplingParams(temperature=temperature, seed=5, logit_bias=((weakest, 100.0),)))
     for _ in range(20):
@@ -62,7 +58,7 @@ def test_bias_forces_a_token(temperature: float) -> None:
 
 @pytest.mark.parametrize("temperature", [0.0, 1.0])
 def test_bias_forbids_tokens(temperature: float) -> None:
-    logits = _logits(2)
+    logits = random_logits(2)
     top = torch.topk(logits[0], 5).indices.tolist()
     st = SamplingState(
         SamplingParams(temperature=temperature, seed=6, logit_bias=tuple((t, -100.0) for t in top))
@@ -72,7 +68,7 @@ def test_bias_forbids_tokens(temperature: float) -> None:
 
 
 def test_logprobs_describe_the_biased_distribution() -> None:
-    logits = _logits(3)
+    logits = random_logits(3)
     bias = ((4, 3.0), (9, -2.5))
     st = SamplingState(SamplingParams(temperature=0.0, logprobs=2, logit_bias=bias))
     (res,) = sample(logits, [st])
@@ -89,7 +85,7 @@ def _results(params: list[SamplingParams], steps: int) -> list[list[SampleResult
     states = [SamplingState(p) for p in params]
     out: list[list[SampleResult]] = [[] for _ in params]
     for step in range(steps):
-        logits = _logits(200 + step, rows=len(params))
+        logits = random_logits(200 + step, rows=len(params))
         before = logits.clone()
         for row, res in enumerate(sample(logits, states)):
             states[row].append(res.token_id)
