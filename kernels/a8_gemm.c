@@ -93,7 +93,7 @@ static int avx512_vnni(void) {
  * 4 (each unpacked weight group serves 4 rows), the rest one at a time. Returns 0, or -1 where the
  * activations' buffer could not be allocated (y is then unset). */
 int radixd_a8_gemm(int kind, const float *x, int64_t m, int64_t k, const void *codes, const half *d,
-                    const half *mn, int64_t n, float *y, int threads) {
+                    const half *mn, int64_t n, float *y, int64_t ldy, int threads) {
     const int64_t groups = k / 32;
     const int q4 = kind == RADIXD_W_Q4_1_A8;
     /* NOTE: the path depends on the build and on k only, so a row's result never depends on its call. */
@@ -122,13 +122,13 @@ int radixd_a8_gemm(int kind, const float *x, int64_t m, int64_t k, const void *c
             const int mt = r + 4 <= m ? 4 : 1;
             const int nt = mt == 4 ? wide_nt : 4;
             const a8_rows at = {rows.q + r * k, rows.e + r * per_row, rows.es + r * groups, rows.c + r * per_row};
-            float *yr = y + r * n;
+            float *yr = y + r * ldy;
             for (int64_t j = j0; j < j1;) {
                 if (j + nt <= j1) {
-                    fns[mt == 4][1](&at, k, codes, d, mins, j, yr + j, n);
+                    fns[mt == 4][1](&at, k, codes, d, mins, j, yr + j, ldy);
                     j += nt;
                 } else {
-                    fns[mt == 4][0](&at, k, codes, d, mins, j, yr + j, n);
+                    fns[mt == 4][0](&at, k, codes, d, mins, j, yr + j, ldy);
                     j += 1;
                 }
             }

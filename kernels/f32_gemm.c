@@ -155,14 +155,14 @@ static const fused_fn FUSED_TILES[2][4][4] = {
  * the 16 registers. */
 static const int FUSED_OUTPUTS[4] = {4, 4, 3, 2};
 
-/* y [m, n] = x [m, k] . W [n, k]^T, all contiguous; W from `kind` (see above): fp32 rows `w`, or the
+/* y [m, n] (row stride ldy) = x [m, k] . W [n, k]^T; W from `kind` (see above): fp32 rows `w`, or the
  * codes `w` with per-group scales `d` (and minimums `mn` for Q4_1). Threads split the outputs into
  * blocks whose weights fit in a core's L2 (reused by every row tile of the call); within a block,
  * tiles of up to 4 rows run across it, their x rows staying in L1. A call of at most 4 rows over
  * coded weights runs the fused tiles instead, which never write the expanded weights out. Returns 0, or -1 where a buffer
  * could not be allocated (y is then incomplete). */
 static int gemm(int kind, const float *x, int64_t m, int64_t k, const void *w, const float *d,
-                const float *mn, int64_t n, float *y, int threads) {
+                const float *mn, int64_t n, float *y, int64_t ldy, int threads) {
     int64_t block = (128 * 1024 / 4) / (k > 0 ? k : 1);
     block = block < 24 ? 24 : block - block % 24; /* a multiple of every tile width */
     int64_t blocks = (n + block - 1) / block;
@@ -175,7 +175,7 @@ static int gemm(int kind, const float *x, int64_t m, int64_t k, const void *w, c
             int nt = FUSED_OUTPUTS[m - 1];
             for (int64_t j0 = n0; j0 < n1; j0 += nt) {
                 int ntt = (int)(n1 - j0 < nt ? n1 - j0 : nt);
-                FUSED_TILES[kind - 1][m - 1][ntt - 1](x, k, w, d, mn, j0, y + j0, n);
+                FUSED_TILES[kind - 1][m - 1][ntt - 1](x, k, w, d, mn, j0, y + j0, ldy);
             }
             continue;
         }
@@ -193,7 +193,7 @@ static int gemm(int kind, const float *x, int64_t m, int64_t k, const void *w, c
             int nt = TILE_OUTPUTS[mt - 1];
             for (int64_t j0 = n0; j0 < n1; j0 += nt) {
                 int ntt = (int)(n1 - j0 < nt ? n1 - j0 : nt);
-                TILES[mt - 1][ntt - 1](x + m0 * k, k, wb + (j0 - n0) * k, k, y + m0 * n + j0, n);
+                TILES[mt - 1][ntt - 1](x + m0 * k, k, wb + (j0 - n0) * k, k, y + m0 * ldy + j0, ldy);
             }
         }
     }
@@ -211,15 +211,77 @@ float *radixd_scratch(int64_t n) {
     return buf;
 }
 
-int radixd_gemm(const radixd_proj *p, const float *x, int64_t m, float *y, int threads) {
+/* One part of a projection into y's columns from 0 (row stride ldy); -1: no memory, -2: a kind this
+ * build does not run. */
+static int gemm_part(const radixd_proj *p, const float *x, int64_t m, float *y, int64_t ldy, int threads) {
     const int kind = (int)p->kind;
-    if (kind == RADIXD_W_Q4_1_A8 || kind == RADIXD_W_Q8_0_A8
-            ? radixd_a8_gemm(kind, x, m, p->k, p->w, p->d, p->mn, p->n, y, threads)
-            : gemm(kind, x, m, p->k, p->w, p->d, p->mn, p->n, y, threads))
-        return -1;
+    int rc;
+    switch (kind) {
+    case RADIXD_W_F32:
+    case RADIXD_W_Q4_1:
+    case RADIXD_W_Q8_0:
+        rc = gemm(kind, x, m, p->k, p->w, p->d, p->mn, p->n, y, ldy, threads);
+        break;
+    case RADIXD_W_Q4_1_A8:
+    case RADIXD_W_Q8_0_A8:
+        rc = radixd_a8_gemm(kind, x, m, p->k, p->w, p->d, p->mn, p->n, y, ldy, threads);
+        break;
+    default:
+        return -2;
+    }
+    if (rc) return rc;
     if (p->bias != NULL)
         for (int64_t r = 0; r < m; r++)
-            for (int64_t j = 0; j < p->n; j++) y[r * p->n + j] = y[r * p->n + j] + p->bias[j];
+            for (int64_t j = 0; j < p->n; j++) y[r * ldy + j] = y[r * ldy + j] + p->bias[j];
+    return 0;
+}
+
+int radixd_gemm(const radixd_proj *p, const float *x, int64_t m, float *y, int threads) {
+    int64_t width = 0;
+    for (const radixd_proj *q = p; q != NULL; q = q->next) width += q->n;
+    int64_t col = 0;
+    for (const radixd_proj *q = p; q != NULL; q = q->next) {
+        const int rc = gemm_part(q, x, m, y + col, width, threads);
+        if (rc) return rc;
+        col += q->n;
+    }
+    return 0;
+}
+
+int radixd_dequantize_rows(const radixd_proj *p, const int64_t *rows, int64_t count, float *out) {
+    const int64_t k = p->k;
+    for (int64_t i = 0; i < count; i++) {
+        const int64_t r = rows[i];
+        float *o = out + i * k;
+        switch ((int)p->kind) {
+        case RADIXD_W_F32:
+            for (int64_t c = 0; c < k; c++) o[c] = ((const float *)p->w)[r * k + c];
+            break;
+        case RADIXD_W_Q4_1:
+        case RADIXD_W_Q8_0:
+            expand((int)p->kind, p->w, p->d, p->mn, k, r, r + 1, o);
+            break;
+        case RADIXD_W_Q4_1_A8:
+        case RADIXD_W_Q8_0_A8:
+            for (int64_t g = 0; g < k / 32; g++) {
+                const int64_t at = r * (k / 32) + g;
+                const float d = _cvtsh_ss(((const half *)p->d)[at]);
+                for (int c = 0; c < 32; c++) {
+                    const int64_t e = r * k + g * 32 + c;
+                    if (p->kind == RADIXD_W_Q8_0_A8) {
+                        o[g * 32 + c] = d * (float)((const int8_t *)p->w)[e];
+                    } else {
+                        const uint8_t b = ((const uint8_t *)p->w)[at * 16 + (c & 15)];
+                        const int q = c < 16 ? b & 0x0F : b >> 4;
+                        o[g * 32 + c] = d * (float)q + _cvtsh_ss(((const half *)p->mn)[at]);
+                    }
+                }
+            }
+            break;
+        default:
+            return -2;
+        }
+    }
     return 0;
 }
 

@@ -100,7 +100,7 @@ typedef void (*a8_tile_fn)(const a8_rows *, int64_t, const void *, const half *,
 
 /* a8_gemm.c: y = x W^T over the a8 kinds' blocks (fp16 scales), x quantized here. */
 INTERNAL int radixd_a8_gemm(int kind, const float *x, int64_t m, int64_t k, const void *codes, const half *d,
-                            const half *mn, int64_t n, float *y, int threads);
+                            const half *mn, int64_t n, float *y, int64_t ldy, int threads);
 
 /* a8_avx512.c (AVX512-VNNI): x as pairs of groups, and the tiles that read them, [kind][rows 1 or 4]
  * [outputs 1 or 4]. Called only where the CPU has AVX512-VNNI, BW and VL. */

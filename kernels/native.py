@@ -180,6 +180,14 @@ class Weights(enum.IntEnum):
     Q8_0 = 2
     Q4_1_A8 = 3
     Q8_0_A8 = 4
+    Q4_0_A8 = 5
+    Q5_0_A8 = 6
+    Q5_1_A8 = 7
+    Q4_K_A8 = 8
+    Q5_K_A8 = 9
+    Q6_K_A8 = 10
+    F16 = 11
+    BF16 = 12
 
 
 class Attn(ctypes.Structure):
@@ -201,9 +209,19 @@ class Attn(ctypes.Structure):
 
 
 class Proj(ctypes.Structure):
-    """radixd_proj: one projection's weights."""
+    """radixd_proj: one projection's weights, or one part of them (`next`: the next part or None)."""
 
-    _fields_ = [("kind", _i64), ("w", _p), ("d", _p), ("mn", _p), ("bias", _p), ("n", _i64), ("k", _i64)]
+
+Proj._fields_ = [
+    ("kind", _i64),
+    ("w", _p),
+    ("d", _p),
+    ("mn", _p),
+    ("bias", _p),
+    ("n", _i64),
+    ("k", _i64),
+    ("next", ctypes.POINTER(Proj)),
+]
 
 
 class Layer(ctypes.Structure):
@@ -240,6 +258,7 @@ _c_int = ctypes.c_int
 SIGNATURES: dict[str, tuple[Any, list[Any]]] = {
     "radixd_attend_rows": (_c_int, [ctypes.POINTER(Attn), _c_int]),
     "radixd_gemm": (_c_int, [ctypes.POINTER(Proj), _p, _i64, _p, _c_int]),
+    "radixd_dequantize_rows": (_c_int, [ctypes.POINTER(Proj), _p, _i64, _p]),
     "radixd_q4_1_encode": (_c_int, [_p, _i64, _i64, _p, _p, _p]),
     "radixd_q8_0_encode": (_c_int, [_p, _i64, _i64, _p, _p]),
     "radixd_decoder_workspace": (_i64, [_i64] * 6),

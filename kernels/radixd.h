@@ -21,6 +21,16 @@ typedef enum {
     RADIXD_W_Q8_0 = 2,    /* GGUF Q8_0: int8 codes [n, k], fp32 scales d [n, k / 32] */
     RADIXD_W_Q4_1_A8 = 3, /* Q4_1 times 8-bit activations: d and mn fp16 */
     RADIXD_W_Q8_0_A8 = 4, /* Q8_0 times 8-bit activations: d fp16 */
+    /* GGUF blocks as the file stores them (row r's blocks at w + r * the row's bytes; d, mn NULL),
+     * times 8-bit activations: a scale per 32 inputs for the legacy formats, per 256 for K-quants. */
+    RADIXD_W_Q4_0_A8 = 5,
+    RADIXD_W_Q5_0_A8 = 6,
+    RADIXD_W_Q5_1_A8 = 7,
+    RADIXD_W_Q4_K_A8 = 8,
+    RADIXD_W_Q5_K_A8 = 9,
+    RADIXD_W_Q6_K_A8 = 10,
+    RADIXD_W_F16 = 11,  /* fp16 rows w [n, k], fp32 arithmetic */
+    RADIXD_W_BF16 = 12, /* bf16 rows w [n, k], fp32 arithmetic */
 } radixd_weights;
 
 /* One attention call: rows of queries, each attending to keys 0..row_pos through its table. */
@@ -36,13 +46,15 @@ typedef struct {
     int32_t dtype;    /* the pools' radixd_dtype */
 } radixd_attn;
 
-/* One projection y = x W^T (+ bias). */
-typedef struct {
+/* One projection y = x W^T (+ bias), or one part of it: a fused projection whose parts are stored in
+ * different kinds (a GGUF's q, k and v, say) chains them, each part's outputs after the previous'. */
+typedef struct radixd_proj {
     int64_t kind; /* radixd_weights */
     const void *w;
     const void *d, *mn; /* block scales and minimums (NULL where the kind has none) */
     const float *bias;  /* [n] or NULL */
-    int64_t n, k;
+    int64_t n, k;       /* this part's outputs and inputs */
+    const struct radixd_proj *next; /* the next part, or NULL */
 } radixd_proj;
 
 /* One decoder layer. */
@@ -69,9 +81,14 @@ typedef struct {
  * (d % 8 == 0, d <= 256) and every index. Returns 0, or -1 when memory is missing. */
 int radixd_attend_rows(const radixd_attn *a, int threads);
 
-/* f32_gemm.c: y [m, n] = x [m, k] W^T (+ bias), every kind of radixd_weights (k % 32 == 0 for the
- * block kinds; the a8 kinds need AVX2 only, AVX512-VNNI where the CPU has it). 0, or -1 (no memory). */
+/* f32_gemm.c: y [m, n] = x [m, k] W^T (+ bias), n the outputs of every part of the chain, every kind
+ * of radixd_weights (k a whole number of the kind's blocks; the a8 kinds need AVX2 only, AVX512-VNNI
+ * where the CPU has it). 0, -1 (no memory) or -2 (a kind this build does not run). */
 int radixd_gemm(const radixd_proj *p, const float *x, int64_t m, float *y, int threads);
+
+/* f32_gemm.c: rows `rows` [count] of one part's W as fp32 out [count, k], exactly the weights its
+ * kernels multiply by (an embedding lookup, a reference). 0, or -2 (a kind this build does not run). */
+int radixd_dequantize_rows(const radixd_proj *p, const int64_t *rows, int64_t count, float *out);
 
 /* f32_gemm.c: the GGUF blocks the fp32 matrix w [n, k] was expanded from; 1 where every weight is
  * recovered bit for bit (the outputs hold them), else 0. */

@@ -80,7 +80,10 @@ class Gemm:
         xf = x.to(torch.float32).contiguous()
         y = torch.empty(xf.shape[0], out_f, dtype=torch.float32)
         rows, threads = xf.shape[0], torch.get_num_threads()
-        if rows and self._fn(ctypes.byref(self.proj), xf.data_ptr(), rows, y.data_ptr(), threads):
+        rc = self._fn(ctypes.byref(self.proj), xf.data_ptr(), rows, y.data_ptr(), threads) if rows else 0
+        if rc == -2:
+            raise RuntimeError(f"the native library does not run {Weights(self.proj.kind).name} weights")
+        if rc:
             raise MemoryError("the projection kernel could not allocate its buffer")
         return y
 

@@ -39,7 +39,7 @@ def _ctype(base: str, pointer: bool) -> Any:
 
 def _declarators(decl: str) -> list[tuple[str, Any]]:
     """`const void *k, *v` -> [("k", c_void_p), ("v", c_void_p)]."""
-    m = re.fullmatch(r"(?:const\s+)?(\w+)\s*(.*)", decl.strip(), flags=re.DOTALL)
+    m = re.fullmatch(r"(?:const\s+)?(?:struct\s+)?(\w+)\s*(.*)", decl.strip(), flags=re.DOTALL)
     assert m is not None, decl
     base, rest = m.groups()
     out = []
@@ -51,7 +51,8 @@ def _declarators(decl: str) -> list[tuple[str, Any]]:
 
 def _typedefs(text: str, kind: str) -> dict[str, str]:
     """name -> body of every `typedef enum {...} name;` (kind "enum") or struct."""
-    return {name: body for body, name in re.findall(rf"typedef {kind} \{{(.*?)\}}\s*(\w+);", text, re.DOTALL)}
+    found = re.findall(rf"typedef {kind}(?:\s+\w+)?\s*\{{(.*?)\}}\s*(\w+);", text, re.DOTALL)
+    return {name: body for body, name in found}
 
 
 def mismatches(text: str) -> list[str]:
