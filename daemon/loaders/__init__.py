@@ -1,4 +1,4 @@
-"""Model loading: GGUF files and Hugging Face directories, with a conversion cache.
+"""Model loading: GGUF files (matrices as stored, memory-mapped) and Hugging Face directories.
 
 `load_model()` loads the embedded SmolLM2-135M-Instruct GGUF; `load_model(path)` any supported GGUF,
 or a directory with config.json, safetensors and tokenizer.json."""
@@ -12,7 +12,6 @@ from pathlib import Path
 
 import torch
 
-from radixd.daemon.loaders import cache
 from radixd.daemon.loaders.common import (
     ConvertedModel,
     LoadedModel,
@@ -49,28 +48,18 @@ def default_model_path() -> str:
     )
 
 
-def convert(path: str, use_cache: bool = True) -> ConvertedModel:
-    """Converted weights + tokenizer for `path` (GGUF file or HF directory); GGUF goes through the cache."""
+def convert(path: str) -> ConvertedModel:
+    """Weights in our layout + config + tokenizer for `path` (GGUF file or HF directory)."""
     if not os.path.exists(path):
         raise ModelLoadError(f"model file not found: {path}")
     if os.path.isdir(path):
         return convert_hf_dir(path)
-    if use_cache:
-        hit = cache.load_cached(path)
-        if hit is not None:
-            return hit
-    conv = convert_gguf(path)
-    if use_cache:
-        cache.store(path, conv)
-    return conv
+    return convert_gguf(path)
 
 
 def load_model(
-    path: str | None = None,
-    device: str = "cpu",
-    dtype: torch.dtype | str | None = None,
-    use_cache: bool = True,
+    path: str | None = None, device: str = "cpu", dtype: torch.dtype | str | None = None
 ) -> LoadedModel:
     """Load a model onto `device`; `dtype`: a torch dtype or a `--dtype` name (model/precision.py)."""
     p = path or default_model_path()
-    return build_model(convert(p, use_cache), p, device, dtype)
+    return build_model(convert(p), p, device, dtype)

@@ -9,6 +9,8 @@ import torch
 from radixd.daemon.model import LlamaModel, LlamaWeights, ModelConfig
 from radixd.daemon.model.int4 import on_int4_grid
 from radixd.daemon.model.precision import Precision, precision_of_dtype, resolve_precision
+from radixd.daemon.model.quant import is_quantized
+from radixd.daemon.model.stored import Weight
 from radixd.daemon.text.tokenizer import TextTokenizer
 
 
@@ -18,10 +20,11 @@ class ModelLoadError(Exception):
 
 @dataclass
 class ConvertedModel:
-    """Weights in our fused fp32 layout (`LlamaWeights.tensors()` names) plus config and tokenizer."""
+    """Weights in our fused layout (`LlamaWeights.tensors()` names; matrices as float rows or as the
+    file stores them) plus config and tokenizer."""
 
     config: ModelConfig
-    tensors: dict[str, torch.Tensor]
+    tensors: dict[str, Weight]
     tokenizer: TextTokenizer
 
 
@@ -48,16 +51,18 @@ def model_precision(
     """What `dtype` asks for on `device`: a `--dtype` name, a torch dtype, or None (the default)."""
     if isinstance(dtype, str):
 
-        def layers_on_int4_grid() -> bool:
+        def quantized_layers() -> bool:
             mats = (
                 [m for lw in weights.layers for m in (lw.qkv, lw.o_proj, lw.gate_up, lw.down)]
                 if weights
                 else []
             )
-            return bool(mats) and all(on_int4_grid(m) for m in mats)
+            if mats and all(isinstance(m, tuple) for m in mats):  # a GGUF's matrices as stored
+                return any(is_quantized(m) for m in mats if isinstance(m, tuple))
+            return bool(mats) and all(isinstance(m, torch.Tensor) and on_int4_grid(m) for m in mats)
 
         try:
-            return resolve_precision(dtype, device, layers_on_int4_grid)
+            return resolve_precision(dtype, device, quantized_layers)
         except ValueError as e:
             raise ModelLoadError(str(e)) from e
     return precision_of_dtype(dtype or default_dtype(device))
@@ -67,10 +72,10 @@ def build_model(conv: ConvertedModel, path: str, device: str, dtype: torch.dtype
     """Build the model on `device` in the precision `dtype` names (see `model_precision`)."""
     weights = LlamaWeights.from_tensors(conv.tensors, conv.config.num_layers)
     prec = model_precision(device, dtype, weights)
-    if weights.embed.shape != (conv.config.vocab_size, conv.config.hidden_size):
+    embed = weights.embed[0].shape if isinstance(weights.embed, tuple) else tuple(weights.embed.shape)
+    if embed != (conv.config.vocab_size, conv.config.hidden_size):
         raise ModelLoadError(
-            f"{path}: embedding is {tuple(weights.embed.shape)}, config says "
-            f"({conv.config.vocab_size}, {conv.config.hidden_size})"
+            f"{path}: embedding is {embed}, config says ({conv.config.vocab_size}, {conv.config.hidden_size})"
         )
     model = LlamaModel(conv.config, weights, device, prec)
     return LoadedModel(model, conv.tokenizer, conv.config, path)

@@ -1,4 +1,4 @@
-"""GGUF files: metadata -> ModelConfig, dequantized tensors -> our fused layout, vocabulary -> tokenizer.
+"""GGUF files: metadata -> ModelConfig, tensors as stored -> our fused layout, vocabulary -> tokenizer.
 
 NOTE: llama.cpp permutes Q and K rows for `llama` (interleaved RoPE); undone here for HF's rotate-half.
 """
@@ -7,38 +7,43 @@ from __future__ import annotations
 
 from typing import Any
 
-import numpy as np
 import torch
-from tqdm import tqdm
 
 from radixd.daemon.loaders.common import ConvertedModel, ModelLoadError
+from radixd.daemon.loaders.gguf_header import GGUFFormatError, GGUFHeader
 from radixd.daemon.loaders.tensor_names import MODEL_TENSORS, layer_tensors
 from radixd.daemon.model import ModelConfig
+from radixd.daemon.model.stored import BLOCKS, FileMap, Stored, Weight, stored_from_file
 from radixd.daemon.text.tokenizer import TextTokenizer, build_bpe_tokenizer, end_of_turn_ids
 
 SUPPORTED_ARCHS = ("llama", "mistral", "qwen2")
 _PERMUTED_ARCHS = ("llama", "mistral")
 
 
-def _open(path: str) -> Any:
+def _open(path: str) -> GGUFHeader:
+    try:
+        return GGUFHeader(path)
+    except FileNotFoundError as e:
+        raise ModelLoadError(f"model file not found: {path}") from e
+    except (GGUFFormatError, OSError) as e:
+        raise ModelLoadError(f"{path} is not a valid GGUF file: {e}") from e
+
+
+def _field(reader: GGUFHeader, key: str, default: Any = None) -> Any:
+    return reader.get(key, default)
+
+
+def _type_name(type_id: int) -> str:
+    """The GGUF type's name (Q4_K, F16, ...), or "type N" for one gguf-py does not know."""
     import gguf
 
     try:
-        return gguf.GGUFReader(path, "r")
-    except FileNotFoundError as e:
-        raise ModelLoadError(f"model file not found: {path}") from e
-    except Exception as e:  # the reader raises ValueError, struct/numpy errors on damaged files
-        raise ModelLoadError(f"{path} is not a valid GGUF file ({type(e).__name__}: {e})") from e
+        return gguf.GGMLQuantizationType(type_id).name
+    except ValueError:
+        return f"type {type_id}"
 
 
-def _field(reader: Any, key: str, default: Any = None) -> Any:
-    f = reader.fields.get(key)
-    if f is None:
-        return default
-    return f.contents()
-
-
-def _config(reader: Any, path: str, vocab: int) -> ModelConfig:
+def _config(reader: GGUFHeader, path: str, vocab: int) -> ModelConfig:
     arch = _field(reader, "general.architecture")
     if arch not in SUPPORTED_ARCHS:
         raise ModelLoadError(f"{path}: architecture {arch!r} is not supported (supported: {SUPPORTED_ARCHS})")
@@ -86,7 +91,7 @@ def _unpermute(w: torch.Tensor, n_head: int) -> torch.Tensor:
     return w.reshape(n_head, out // n_head // 2, 2, *rest).transpose(1, 2).reshape(out, *rest)
 
 
-def _tokenizer(reader: Any, path: str) -> TextTokenizer:
+def _tokenizer(reader: GGUFHeader, path: str) -> TextTokenizer:
     model = _field(reader, "tokenizer.ggml.model")
     if model != "gpt2":
         raise ModelLoadError(
@@ -110,47 +115,80 @@ def _tokenizer(reader: Any, path: str) -> TextTokenizer:
     )
 
 
-def convert_gguf(path: str) -> ConvertedModel:
-    """Read, dequantize (with a progress bar) and re-layout a GGUF file."""
-    import gguf.quants
+def _read_tensors(reader: GGUFHeader, path: str) -> dict[str, Weight]:
+    """Every tensor of the file: matrices as stored (mapped, not read), vectors as fp32."""
+    fm = FileMap(path)
+    raw: dict[str, Weight] = {}
+    for t in reader.tensors:
+        kind = _type_name(t.type_id)
+        dims = list(t.dims)  # ggml order: the row length first
+        if len(dims) == 1:
+            vec = stored_from_file(fm, kind, (1, dims[0]), t.offset) if kind in BLOCKS else None
+            if vec is None:
+                raise ModelLoadError(f"{path}: tensor {t.name} is stored as {kind}; radixd does not read it")
+            raw[t.name] = vec.dequantize()[0].clone()
+            continue
+        if len(dims) != 2:
+            raise ModelLoadError(f"{path}: tensor {t.name} has {len(dims)} dimensions; radixd reads 1 or 2")
+        if kind not in BLOCKS:
+            raise ModelLoadError(
+                f"{path}: tensor {t.name} is stored as {kind}, which radixd does not run "
+                f"(supported: {', '.join(BLOCKS)}); requantize the file, e.g. to Q4_K_M"
+            )
+        raw[t.name] = (stored_from_file(fm, kind, (dims[1], dims[0]), t.offset),)
+    return raw
 
+
+def _unpermute_parts(parts: tuple[Stored, ...], n_head: int) -> tuple[Stored, ...]:
+    """`_unpermute` on stored rows: the rows copied in HF's order, the mapped pages released."""
+    out = []
+    for p in parts:
+        q = p.take_rows(_unpermute(torch.arange(p.rows), n_head))
+        p.release()
+        out.append(q)
+    return tuple(out)
+
+
+def convert_gguf(path: str) -> ConvertedModel:
+    """Read a GGUF file: its config, tokenizer, and tensors in our fused layout, matrices as stored."""
     reader = _open(path)
     try:
+        raw = _read_tensors(reader, path)
         tok = _tokenizer(reader, path)
         by_name = {t.name: t for t in reader.tensors}
         embed = MODEL_TENSORS["embed"]["gguf"]
         if embed not in by_name:
             raise ModelLoadError(f"{path}: GGUF has no {embed} tensor")
-        vocab = int(by_name[embed].shape[-1])
+        vocab = int(by_name[embed].dims[-1])
         cfg = _config(reader, path, vocab)
         arch = _field(reader, "general.architecture")
-        raw: dict[str, torch.Tensor] = {}
-        for t in tqdm(reader.tensors, desc=f"converting {path.rsplit('/', 1)[-1]}", unit="tensor"):
-            arr = gguf.quants.dequantize(t.data, t.tensor_type)
-            raw[t.name] = torch.from_numpy(np.array(arr, dtype=np.float32))
     except ModelLoadError:
         raise
     except Exception as e:
-        raise ModelLoadError(f"{path}: cannot convert GGUF tensors ({type(e).__name__}: {e})") from e
+        raise ModelLoadError(f"{path}: cannot read GGUF tensors ({type(e).__name__}: {e})") from e
     top = {ours: names["gguf"] for ours, names in MODEL_TENSORS.items()}
-    out: dict[str, torch.Tensor] = {"embed": raw[top["embed"]], "norm": raw[top["norm"]]}
+    out: dict[str, Weight] = {"embed": raw[top["embed"]], "norm": raw[top["norm"]]}
     tied = top["lm_head"] not in raw
     if not tied:
         out["lm_head"] = raw[top["lm_head"]]
     extra: dict[str, object] = {"tie_word_embeddings": tied}
-    if "rope_freqs.weight" in raw:
+    freqs = raw.get("rope_freqs.weight")
+    if freqs is not None:
         if cfg.rope_scaling is not None:
             raise ModelLoadError(
                 f"{path}: both rope scaling metadata and a rope_freqs tensor; cannot combine"
             )
-        extra["rope_scaling"] = {"rope_type": "freq_factors", "factors": raw["rope_freqs.weight"].tolist()}
+        assert isinstance(freqs, torch.Tensor)
+        extra["rope_scaling"] = {"rope_type": "freq_factors", "factors": freqs.tolist()}
     cfg = ModelConfig.from_dict({**cfg.to_dict(), **extra})
     heads = (cfg.num_heads, cfg.num_kv_heads)
 
-    def unpermute_qk(ours: str, index: int, part: torch.Tensor) -> torch.Tensor:
-        if ours in ("qkv", "qkv_bias") and index < 2:
+    def unpermute_qk(ours: str, index: int, part: Weight) -> Weight:
+        if ours not in ("qkv", "qkv_bias") or index >= 2:
+            return part
+        if isinstance(part, torch.Tensor):
             return _unpermute(part, heads[index])
-        return part
+        return _unpermute_parts(part, heads[index])
 
     fix = unpermute_qk if arch in _PERMUTED_ARCHS else None
     for i in range(cfg.num_layers):

@@ -13,6 +13,7 @@ from tokenizers import Tokenizer
 from radixd.daemon.loaders.common import ConvertedModel, ModelLoadError
 from radixd.daemon.loaders.tensor_names import MODEL_TENSORS, layer_tensors
 from radixd.daemon.model import ModelConfig
+from radixd.daemon.model.stored import Weight
 from radixd.daemon.text.tokenizer import TextTokenizer, end_of_turn_ids
 
 SUPPORTED_TYPES = ("llama", "mistral", "qwen2")
@@ -103,7 +104,7 @@ def convert_hf_dir(path: str) -> ConvertedModel:
     raw = _tensors(d)
     tok = _tokenizer(d, cfg)
     top = {ours: names["hf"] for ours, names in MODEL_TENSORS.items()}
-    out: dict[str, torch.Tensor] = {}
+    out: dict[str, Weight] = {}
     try:
         out["embed"] = raw[top["embed"]]
         out["norm"] = raw[top["norm"]]

@@ -11,6 +11,8 @@ from typing import Literal
 
 import torch
 
+from radixd.daemon.model.stored import Stored, Weight
+
 Format = Literal["gguf", "hf"]
 
 MODEL_TENSORS: dict[str, dict[Format, str]] = {
@@ -47,15 +49,27 @@ LAYER_TENSORS: dict[str, dict[Format, tuple[str, ...]]] = {
 OPTIONAL = frozenset({"qkv_bias", "o_bias"})
 
 # (our tensor, index of the part, the part) -> the part as our layout wants it
-PartFix = Callable[[str, int, torch.Tensor], torch.Tensor]
+PartFix = Callable[[str, int, Weight], Weight]
+
+
+def _joined(parts: list[Weight]) -> Weight:
+    """Float parts concatenated along dim 0; stored matrices stay parts (each in its own format)."""
+    if all(isinstance(p, torch.Tensor) for p in parts):
+        return parts[0] if len(parts) == 1 else torch.cat(parts, dim=0)  # type: ignore[arg-type]
+    stored: list[Stored] = []
+    for p in parts:
+        if isinstance(p, torch.Tensor):
+            raise ValueError("a fused tensor mixes stored and float parts")
+        stored.extend(p)
+    return tuple(stored)
 
 
 def layer_tensors(
-    raw: Mapping[str, torch.Tensor], fmt: Format, i: int, fix: PartFix | None = None
-) -> dict[str, torch.Tensor]:
+    raw: Mapping[str, Weight], fmt: Format, i: int, fix: PartFix | None = None
+) -> dict[str, Weight]:
     """Layer `i`'s tensors under our names (`layers.{i}.qkv`, ...) from `raw` in format `fmt`, each part
     passed through `fix` when given; raises KeyError naming the first required tensor `raw` lacks."""
-    out: dict[str, torch.Tensor] = {}
+    out: dict[str, Weight] = {}
     for ours, by_format in LAYER_TENSORS.items():
         names = [n.format(i=i) for n in by_format.get(fmt, ())]
         if not names or (ours in OPTIONAL and names[0] not in raw):
@@ -63,5 +77,5 @@ def layer_tensors(
         parts = [raw[n] for n in names]
         if fix is not None:
             parts = [fix(ours, k, t) for k, t in enumerate(parts)]
-        out[f"layers.{i}.{ours}"] = parts[0] if len(parts) == 1 else torch.cat(parts, dim=0)
+        out[f"layers.{i}.{ours}"] = _joined(parts)
     return out

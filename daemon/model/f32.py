@@ -5,8 +5,8 @@ kernels are not row-invariant (docs/measurements/batch-invariance-cost.md). A GG
 stay those blocks (recovered from the fp32 matrix at load, checked bit for bit), expanded right before
 the tiles read them: bitwise the fp32 result. The w4a8 mode multiplies the same blocks by int8
 activations (`int8_activations`; kernels/a8_gemm.c): not the fp32 product. Other weights run as fp32.
-NOTE: each output sums in a fixed order whatever the row count, position or thread count (still probed
-by `RowInvariant` at load, as every projection is).
+NOTE: each output sums in a fixed order whatever the row count, position or thread count: row-invariant
+by construction (tests/daemon/test_f32.py, tests/kernels), so unlike torch's kernels not probed at load.
 """
 
 from __future__ import annotations
@@ -17,7 +17,6 @@ from collections.abc import Sequence
 
 import torch
 
-from radixd.daemon.model.invariant import RowInvariant
 from radixd.daemon.model.linear import GROUP
 from radixd.kernels import native
 from radixd.kernels.native import Proj, Weights, cpu_flags
@@ -58,23 +57,36 @@ class Gemm:
     `radixd_weights` lists them; `shape`: W's (out, in). It keeps every tensor it points to."""
 
     def __init__(
-        self, coding: str, operands: Sequence[torch.Tensor], bias: torch.Tensor | None, shape: Sequence[int]
+        self,
+        coding: str,
+        operands: Sequence[torch.Tensor],
+        bias: torch.Tensor | None,
+        shape: Sequence[int],
+        then: Gemm | None = None,
     ) -> None:
+        """`then`: the next part of a chained projection (its outputs follow these; same inputs)."""
         lib = library()
         if lib is None:
             raise RuntimeError(
                 "the projection kernels need an x86-64 CPU with AVX2, FMA and F16C, and a compiler"
             )
         self._fn = lib.radixd_gemm
+        self._rows_fn = lib.radixd_dequantize_rows
         self.operands = list(operands)
         self._bias = None if bias is None else bias.to(torch.float32).contiguous()
         w, d, mn = [t.data_ptr() for t in operands] + [0] * (3 - len(operands))
         bias_ptr = 0 if self._bias is None else self._bias.data_ptr()
         self.proj = Proj(Weights[coding.upper()], w, d, mn, bias_ptr, *shape)
+        self.then = then
+        self.width: int = int(shape[0]) + (then.width if then is not None else 0)
+        if then is not None:
+            if then.proj.k != self.proj.k:
+                raise ValueError(f"chained parts take {self.proj.k} and {then.proj.k} inputs")
+            self.proj.next = ctypes.pointer(then.proj)
 
     def __call__(self, x: torch.Tensor) -> torch.Tensor:
         """x: [N, in] of any float dtype (bf16 converts exactly) -> [N, out] fp32."""
-        out_f, in_f = self.proj.n, self.proj.k
+        out_f, in_f = self.width, self.proj.k
         if x.dim() != 2 or x.shape[1] != in_f:
             raise ValueError(f"expected [N, {in_f}] inputs, got {list(x.shape)}")
         xf = x.to(torch.float32).contiguous()
@@ -86,6 +98,18 @@ class Gemm:
         if rc:
             raise MemoryError("the projection kernel could not allocate its buffer")
         return y
+
+    def rows(self, ids: torch.Tensor) -> torch.Tensor:
+        """Rows `ids` (int [T]) of this part's W as fp32 [T, in]: the weights its kernels multiply by."""
+        idx = ids.to(torch.int64).contiguous()
+        n = int(self.proj.n)
+        if idx.numel() and (int(idx.min()) < 0 or int(idx.max()) >= n):
+            raise IndexError(f"row ids must lie in [0, {n})")
+        out = torch.empty(idx.numel(), int(self.proj.k))
+        rc = self._rows_fn(ctypes.byref(self.proj), idx.data_ptr(), idx.numel(), out.data_ptr())
+        if rc:
+            raise RuntimeError(f"the native library does not dequantize {Weights(self.proj.kind).name} rows")
+        return out
 
 
 class F32Linear:
@@ -118,15 +142,10 @@ class F32Linear:
             assert all(torch.equal(h.float(), t) for h, t in zip(halves, scales, strict=True))
             operands = [codes, *halves]
         self.gemm = Gemm(self.coding, operands, bias, self.weight.shape)
-        out_f, in_f = self.weight.shape
-        kind = self.coding if bias is None else f"{self.coding}+bias"
-        self._rows = RowInvariant(kind, self._kernel, in_f, out_f, torch.float32, self.weight.device)
-
-    def _kernel(self, x: torch.Tensor) -> torch.Tensor:
-        return self.gemm(x)
 
     def __call__(self, x: torch.Tensor) -> torch.Tensor:
-        return self._rows(x)
+        # NOTE: row-invariant by construction (radixd.h; tests/daemon/test_f32.py), so not probed.
+        return self.gemm(x)
 
 
 class Widened16Linear:

@@ -14,6 +14,7 @@ import torch
 import torch.nn.functional as F
 
 from radixd.daemon.model.invariant import RowInvariant
+from radixd.daemon.model.stored import Weight
 
 # The batch size oneDNN packs the fp32 weights for: with 2 (not 1) every row count runs one kernel.
 PACK_BATCH_HINT = 2
@@ -23,8 +24,12 @@ class Linear(Protocol):
     """A projection: [N, in] -> [N, out]. `weight`: the float matrix [out, in] it computes with
     (possibly a view); `bias`: [out] or None."""
 
-    weight: torch.Tensor
     bias: torch.Tensor | None
+
+    @property
+    def weight(self) -> Weight:
+        """The matrix it computes with: float rows, or a file's stored parts."""
+        ...
 
     def __call__(self, x: torch.Tensor) -> torch.Tensor: ...
 

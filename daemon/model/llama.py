@@ -19,33 +19,36 @@ from radixd.daemon.model.linear import GROUP, InOutLinear, Int8Linear, Linear, O
 from radixd.daemon.model.native_decoder import DecoderLayer, NativeDecoder, native_decoder
 from radixd.daemon.model.precision import Precision, cpu_has_native_bf16, precision_of_dtype
 from radixd.daemon.model.q8 import Q8Linear, q8_available
+from radixd.daemon.model.quant import RUNNABLE, QuantLinear, StoredEmbedding
 from radixd.daemon.model.rope import Rotary, apply_rotary
+from radixd.daemon.model.stored import Weight
 
 
 @dataclass
 class LayerWeights:
-    """One decoder layer. qkv: [(Hq + 2 Hkv) * D, H]; gate_up: [2 I, H] (gate rows first)."""
+    """One decoder layer. qkv: [(Hq + 2 Hkv) * D, H]; gate_up: [2 I, H] (gate rows first); matrices
+    as float rows or as a file's stored parts (`stored.Weight`)."""
 
     attn_norm: torch.Tensor
-    qkv: torch.Tensor
+    qkv: Weight
     qkv_bias: torch.Tensor | None
-    o_proj: torch.Tensor
+    o_proj: Weight
     o_bias: torch.Tensor | None
     mlp_norm: torch.Tensor
-    gate_up: torch.Tensor
-    down: torch.Tensor
+    gate_up: Weight
+    down: Weight
 
 
 @dataclass
 class LlamaWeights:
-    embed: torch.Tensor  # [V, H]
+    embed: Weight  # [V, H]
     layers: list[LayerWeights]
     norm: torch.Tensor  # [H]
-    lm_head: torch.Tensor  # [V, H]; the same tensor as embed when tied
+    lm_head: Weight  # [V, H]; the same object as embed when tied
 
-    def tensors(self) -> dict[str, torch.Tensor]:
+    def tensors(self) -> dict[str, Weight]:
         """Flat name -> tensor map (the cache format); lm_head is omitted when tied."""
-        out = {"embed": self.embed, "norm": self.norm}
+        out: dict[str, Weight] = {"embed": self.embed, "norm": self.norm}
         if self.lm_head is not self.embed:
             out["lm_head"] = self.lm_head
         for i, lw in enumerate(self.layers):
@@ -58,45 +61,30 @@ class LlamaWeights:
         return out
 
     @classmethod
-    def from_tensors(cls, t: dict[str, torch.Tensor], num_layers: int) -> LlamaWeights:
+    def from_tensors(cls, t: dict[str, Weight], num_layers: int) -> LlamaWeights:
+        def vec(name: str) -> torch.Tensor:
+            v = t[name]
+            assert isinstance(v, torch.Tensor), name
+            return v
+
+        def opt(name: str) -> torch.Tensor | None:
+            return vec(name) if name in t else None
+
         layers = [
             LayerWeights(
-                attn_norm=t[f"layers.{i}.attn_norm"],
+                attn_norm=vec(f"layers.{i}.attn_norm"),
                 qkv=t[f"layers.{i}.qkv"],
-                qkv_bias=t.get(f"layers.{i}.qkv_bias"),
+                qkv_bias=opt(f"layers.{i}.qkv_bias"),
                 o_proj=t[f"layers.{i}.o_proj"],
-                o_bias=t.get(f"layers.{i}.o_bias"),
-                mlp_norm=t[f"layers.{i}.mlp_norm"],
+                o_bias=opt(f"layers.{i}.o_bias"),
+                mlp_norm=vec(f"layers.{i}.mlp_norm"),
                 gate_up=t[f"layers.{i}.gate_up"],
                 down=t[f"layers.{i}.down"],
             )
             for i in range(num_layers)
         ]
         embed = t["embed"]
-        return cls(embed=embed, layers=layers, norm=t["norm"], lm_head=t.get("lm_head", embed))
-
-    def to(self, device: torch.device | str, dtype: torch.dtype) -> LlamaWeights:
-        def cv(x: torch.Tensor) -> torch.Tensor:
-            return x.to(device=device, dtype=dtype).contiguous()
-
-        embed = cv(self.embed)
-        tied = self.lm_head is self.embed
-        layers = [
-            LayerWeights(
-                attn_norm=cv(lw.attn_norm),
-                qkv=cv(lw.qkv),
-                qkv_bias=None if lw.qkv_bias is None else cv(lw.qkv_bias),
-                o_proj=cv(lw.o_proj),
-                o_bias=None if lw.o_bias is None else cv(lw.o_bias),
-                mlp_norm=cv(lw.mlp_norm),
-                gate_up=cv(lw.gate_up),
-                down=cv(lw.down),
-            )
-            for lw in self.layers
-        ]
-        return LlamaWeights(
-            embed=embed, layers=layers, norm=cv(self.norm), lm_head=embed if tied else cv(self.lm_head)
-        )
+        return cls(embed=embed, layers=layers, norm=vec("norm"), lm_head=t.get("lm_head", embed))
 
 
 @dataclass
@@ -129,8 +117,24 @@ class _LayerOps:
     down: Linear
 
 
-def make_linear(w: torch.Tensor, bias: torch.Tensor | None, prec: Precision, device: torch.device) -> Linear:
+def runs_stored(prec: Precision, device: torch.device) -> bool:
+    """Whether `prec` runs a file's stored matrices as they are (w4a8 on the host's native kernels)."""
+    return prec.activations == "int8" and kernels.host_kernels(device) and f32_available()
+
+
+def as_float(w: Weight) -> torch.Tensor:
+    """`w` as fp32 (or its float dtype) rows: stored parts dequantized and joined."""
+    if isinstance(w, torch.Tensor):
+        return w
+    return torch.cat([p.dequantize() for p in w]) if len(w) > 1 else w[0].dequantize()
+
+
+def make_linear(w: Weight, bias: torch.Tensor | None, prec: Precision, device: torch.device) -> Linear:
     """The projection of [out, in] matrix `w` (and `bias`) that `prec` runs, on `device`."""
+    if isinstance(w, tuple):
+        if runs_stored(prec, device) and all(p.kind in RUNNABLE for p in w):
+            return QuantLinear(w, None if bias is None else bias.float())
+        w = as_float(w)
     b = None if bias is None else bias.to(device=device, dtype=prec.dtype)
     host = kernels.host_kernels(device)  # else the GPU's projections (torch matmuls), on any device
     # 16-bit GEMMs are emulated and not row-invariant on CPUs without native bf16 (`Widened16Linear`).
@@ -150,9 +154,12 @@ def make_linear(w: torch.Tensor, bias: torch.Tensor | None, prec: Precision, dev
     return InOutLinear(wc, b)
 
 
-def make_lm_head(w: torch.Tensor, prec: Precision, device: torch.device) -> Linear:
+def make_lm_head(w: Weight, prec: Precision, device: torch.device) -> Linear:
     """The lm_head of [V, H] matrix `w` that `prec` runs, on `device`: quantized modes hold it as int8
-    per 32 inputs (`q8.py`), never 4 bits (GGUFs keep the head at 8+ bits)."""
+    per 32 inputs (`q8.py`), never 4 bits (GGUFs keep the head at 8+ bits); w4a8 as the file stores it."""
+    if isinstance(w, tuple) and runs_stored(prec, device):
+        return make_linear(w, None, prec, device)
+    w = as_float(w)
     quantized = prec.weights != "float" and w.shape[1] % GROUP == 0
     if quantized and kernels.host_kernels(device) and q8_available():
         return Q8Linear(w.to(device), None, prec.dtype)
@@ -172,7 +179,8 @@ class LlamaModel:
     ) -> None:
         self.config = config
         self.device = torch.device(device)
-        prec = precision or precision_of_dtype(weights.embed.dtype)
+        embed_dtype = weights.embed.dtype if isinstance(weights.embed, torch.Tensor) else torch.float32
+        prec = precision or precision_of_dtype(embed_dtype)
         self.precision = prec
         self.dtype = prec.dtype
         self.kv_dtype = prec.kv_dtype
@@ -198,13 +206,21 @@ class LlamaModel:
             lw.attn_norm, lw.mlp_norm = cv(lw.attn_norm), cv(lw.mlp_norm)
             self._ops.append(ops)
         tied = weights.lm_head is weights.embed
-        if prec.weights == "float":
-            weights.embed = cv(weights.embed)
+        self._stored_embed: StoredEmbedding | None = None
+        if isinstance(weights.embed, tuple) and runs_stored(prec, self.device):
+            self._lm_head = make_lm_head(weights.lm_head, prec, self.device)
+            head = self._lm_head
+            table = head if tied and isinstance(head, QuantLinear) else QuantLinear(weights.embed, None)
+            self._stored_embed = StoredEmbedding(table.gemm)
+            weights.lm_head = head.weight
+            weights.embed = head.weight if tied else weights.embed
+        elif prec.weights == "float":
+            weights.embed = cv(as_float(weights.embed))
             self._lm_head = make_lm_head(weights.embed if tied else weights.lm_head, prec, self.device)
             weights.lm_head = weights.embed if tied else self._lm_head.weight
         else:
             self._lm_head = make_lm_head(weights.lm_head, prec, self.device)
-            weights.embed = self._lm_head.weight if tied else cv(weights.embed)
+            weights.embed = self._lm_head.weight if tied else cv(as_float(weights.embed))
             weights.lm_head = self._lm_head.weight
         weights.norm = cv(weights.norm)
         self.weights = weights
@@ -216,7 +232,7 @@ class LlamaModel:
         layers = []
         for lw, m in zip(self.weights.layers, self._ops, strict=True):
             ops = (m.qkv, m.o_proj, m.gate_up, m.down)
-            if not all(isinstance(o, F32Linear) for o in ops):
+            if not all(isinstance(o, (F32Linear, QuantLinear)) for o in ops):
                 return None
             layers.append(DecoderLayer(lw.attn_norm, lw.mlp_norm, *ops))  # type: ignore[arg-type]
         cfg = self.config
@@ -244,7 +260,7 @@ class LlamaModel:
         hq, hkv, d = cfg.num_heads, cfg.num_kv_heads, cfg.head_dim
         np_ = meta.num_prefill_tokens
         cos, sin = self.rotary.cos_sin(positions, self.dtype, meta.max_position)
-        h = F.embedding(input_ids, w.embed)
+        h = self.embed(input_ids)
         if self._native is not None and self._native.takes(k_caches[0]):
             kc = k_caches[0]
             rows = kernels.cpu_step_plan(
@@ -301,6 +317,14 @@ class LlamaModel:
             gate = F.silu(gu[:, :inter], inplace=True)
             h += m.down(gate.mul_(gu[:, inter:]))
         return rms_norm(h, w.norm, cfg.rms_norm_eps)
+
+    def embed(self, input_ids: torch.Tensor) -> torch.Tensor:
+        """int64 ids [T] -> their embeddings [T, H] in the activation dtype."""
+        if self._stored_embed is not None:
+            return self._stored_embed(input_ids)
+        table = self.weights.embed
+        assert isinstance(table, torch.Tensor)
+        return F.embedding(input_ids, table)
 
     def logits(self, hidden: torch.Tensor) -> torch.Tensor:
         """[N, H] -> fp32 logits [N, V]."""

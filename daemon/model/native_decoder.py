@@ -18,6 +18,7 @@ from dataclasses import dataclass
 import torch
 
 from radixd.daemon.model.f32 import F32Linear, library
+from radixd.daemon.model.quant import QuantLinear
 from radixd.kernels import cpu_attention
 from radixd.kernels.native import DType, Layer, Step
 
@@ -41,10 +42,10 @@ class DecoderLayer:
 
     attn_norm: torch.Tensor
     mlp_norm: torch.Tensor
-    qkv: F32Linear
-    o_proj: F32Linear
-    gate_up: F32Linear
-    down: F32Linear
+    qkv: F32Linear | QuantLinear
+    o_proj: F32Linear | QuantLinear
+    gate_up: F32Linear | QuantLinear
+    down: F32Linear | QuantLinear
 
 
 class NativeDecoder:

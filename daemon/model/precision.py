@@ -58,8 +58,9 @@ def cpu_has_native_bf16() -> bool:
     return bool(cpu_flags() & {"avx512_bf16", "amx_bf16"})
 
 
-def resolve_precision(name: str, device: str, on_int4_grid: Callable[[], bool] = lambda: False) -> Precision:
-    """The `Precision` for a `--dtype` value on `device` (`on_int4_grid` asked only for `auto`)."""
+def resolve_precision(name: str, device: str, quantized: Callable[[], bool] = lambda: False) -> Precision:
+    """The `Precision` for a `--dtype` value on `device`; `quantized` (asked only for `auto`): whether
+    the layers' weights are quantized already (a GGUF's blocks, or floats on the 4-bit grid)."""
     if name != "auto":
         if name not in PRECISIONS:
             raise ValueError(f"unknown dtype {name!r} (choose from {', '.join(DTYPE_CHOICES)})")
@@ -72,8 +73,8 @@ def resolve_precision(name: str, device: str, on_int4_grid: Callable[[], bool] =
     if not host_kernels(device):  # a GPU, or its kernels on the CPU's interpreter (float32: no bf16 there)
         bf16 = device.startswith("cuda") and torch.cuda.is_available() and torch.cuda.is_bf16_supported()
         return PRECISIONS["bfloat16" if bf16 else "float32"]
-    # 4-bit layers run as w4a8 wherever its kernels build (faster than int4 even with native bf16).
-    four_bit = on_int4_grid()
+    # Quantized layers run as w4a8 wherever its kernels build (faster than int4 even with native bf16).
+    four_bit = quantized()
     if four_bit and f32_available():
         return PRECISIONS["w4a8"]
     # Without native bf16, oneDNN emulates it and fp32 activations are the faster ones.

@@ -29,26 +29,23 @@ def linear(out_f: int, in_f: int, seed: int, bias: bool = False) -> F32Linear:
 
 
 class RowKernel(Protocol):
-    """A projection behind a row plan: its compiled kernel, and the planned call."""
-
-    def _kernel(self, x: torch.Tensor) -> torch.Tensor: ...
+    """A projection over the native kernels (row-invariant by construction: no row plan)."""
 
     def __call__(self, x: torch.Tensor) -> torch.Tensor: ...
 
 
 def assert_rows_as_alone(lin: RowKernel, x: torch.Tensor) -> torch.Tensor:
     """Each row of `x` (70 rows) comes out of `lin` bitwise as it does alone on one thread, in calls of
-    every remainder of the 4-row tiles, first or last among others, and through the row plan;
-    -> the rows alone."""
+    every remainder of the 4-row tiles, first or last among others; -> the rows alone."""
     threads = torch.get_num_threads()
     try:
         torch.set_num_threads(1)
-        alone = torch.cat([lin._kernel(x[i : i + 1]) for i in range(70)])
+        alone = torch.cat([lin(x[i : i + 1]) for i in range(70)])
     finally:
         torch.set_num_threads(threads)
     for m in (2, 3, 4, 5, 6, 7, 8, 13, 64, 65, 70):
-        assert torch.equal(lin._kernel(x[:m]), alone[:m]), m
-        assert torch.equal(lin._kernel(x[70 - m :]), alone[70 - m :]), m
+        assert torch.equal(lin(x[:m]), alone[:m]), m
+        assert torch.equal(lin(x[70 - m :]), alone[70 - m :]), m
     assert torch.equal(lin(x), alone)
     return alone
 
@@ -88,7 +85,7 @@ def test_a_row_is_bitwise_the_same_at_any_row_count_position_and_thread_count(ou
 def test_bad_input_is_refused() -> None:
     lin = linear(16, 24, seed=5)
     with pytest.raises(ValueError, match=r"\[N, 24\]"):
-        lin._kernel(torch.zeros(2, 8))
+        lin(torch.zeros(2, 8))
     with pytest.raises(ValueError, match="fp32 weights"):
         F32Linear(torch.zeros(4, 4, dtype=torch.bfloat16), None)
 
