@@ -1,9 +1,9 @@
 """Execution precisions (`--dtype`): how weights are held and executed, and the activation/KV dtype.
 
 ``float32`` (reference), ``bfloat16``, ``int8`` (bf16 over dequantized int8; memory, not time), ``int4``
-(GGUF Q4_1 codes, `int4.py`), ``w4a8`` (GGUF blocks x 8-bit activations, f16 KV), ``auto`` (the fastest
-meeting the quality contract here; the default, or $RADIXD_DTYPE). Every mode's projections are
-row-invariant."""
+(GGUF Q4_1 codes, `int4.py`), ``w4a8`` (a GGUF's blocks as stored x 8-bit activations, f16 KV),
+``auto`` (the fastest meeting the quality contract here; the default, or $RADIXD_DTYPE). Every mode's
+projections are row-invariant."""
 
 from __future__ import annotations
 
@@ -93,6 +93,7 @@ DTYPE_HELP = (
     "weights' execution mode, which also sets the KV cache dtype: float32 (reference; fp32 KV), "
     "bfloat16 (bf16 weights, activations and KV), int8 (int8 weights, bf16 activations and KV; CPU), "
     "int4 (GGUF Q4_1-style 4-bit weights, bf16 activations and KV; CPU), "
-    "w4a8 (a GGUF's Q4_1 / Q8_0 blocks times 8-bit activations, fp32 elsewhere, f16 KV; CPU), "
+    "w4a8 (a GGUF's quantized blocks as the file stores them times 8-bit activations, fp32 elsewhere, "
+    "f16 KV; CPU), "
     "auto (the fastest that meets the quality contract here); default: $RADIXD_DTYPE or auto"
 )

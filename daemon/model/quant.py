@@ -11,6 +11,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
+import numpy as np
 import torch
 
 from radixd.daemon.model.f32 import Gemm
@@ -38,14 +39,19 @@ def is_quantized(parts: Sequence[Stored]) -> bool:
     return any(p.kind not in FLOATS for p in parts)
 
 
+# The GGUF block structs of the formats held split.
+_BLOCK_DTYPES = {
+    "Q8_0": np.dtype([("d", "<f2"), ("qs", "i1", (32,))]),
+    "Q4_1": np.dtype([("d", "<f2"), ("m", "<f2"), ("qs", "u1", (16,))]),
+}
+
+
 def _split(p: Stored) -> list[torch.Tensor]:
     """Q4_1 / Q8_0 blocks -> [codes, d (fp16)] (+ [minimums (fp16)] for Q4_1), rows kept."""
-    blocks = p.data.view(p.rows, p.cols // 32, -1)
-    d = blocks[:, :, 0:2].contiguous().view(torch.float16).view(p.rows, -1)
-    if p.kind == "Q8_0":
-        return [blocks[:, :, 2:].contiguous().view(torch.int8).view(p.rows, p.cols), d]
-    mn = blocks[:, :, 2:4].contiguous().view(torch.float16).view(p.rows, -1)
-    return [blocks[:, :, 4:].contiguous().view(p.rows, p.cols // 2), d, mn]
+    blocks = p.data.numpy().view(_BLOCK_DTYPES[p.kind]).reshape(p.rows, p.cols // 32)
+    fields = ["qs", "d"] + (["m"] if p.kind == "Q4_1" else [])
+    parts = [torch.from_numpy(np.ascontiguousarray(blocks[f])) for f in fields]
+    return [parts[0].view(p.rows, -1), *parts[1:]]
 
 
 def _part(p: Stored, float_activations: bool) -> tuple[str, list[torch.Tensor]]:

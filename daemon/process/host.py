@@ -6,11 +6,13 @@ Threads default to min(torch's default, usable CPUs). The startup heap is frozen
 
 from __future__ import annotations
 
+import contextlib
 import ctypes
 import ctypes.util
 import functools
 import gc
 import math
+import mmap
 import os
 import sys
 from collections.abc import Callable, Iterator, Sequence
@@ -22,7 +24,7 @@ import torch
 
 ENV_THREADS = "RADIXD_NUM_THREADS"
 HUGE_PAGE = 2 << 20  # a transparent huge page on x86-64 and on arm64 with 4 KiB base pages
-MADV_HUGEPAGE = 14  # Linux's madvise advice
+MADV_HUGEPAGE = getattr(mmap, "MADV_HUGEPAGE", 14)  # Linux's madvise advice
 # Idle time after which freed heap is released: longer than the gap between two steps or two
 # back-to-back requests of one client, short enough that an idle daemon's RSS reflects live memory.
 IDLE_RELEASE_S = 0.2
@@ -108,19 +110,18 @@ def _libc_call(name: str, argtypes: list[type], restype: type) -> Callable[..., 
 
 
 def zeros_on_huge_pages(shape: Sequence[int], dtype: torch.dtype) -> torch.Tensor:
-    """A zeroed contiguous CPU tensor, 2 MiB-aligned and advised as huge pages before first touch
-    (elsewhere, or under 2 MiB: `torch.zeros`). A view into a slightly longer, never-touched buffer."""
+    """A zeroed contiguous CPU tensor, 2 MiB-aligned and advised as huge pages (elsewhere, or under
+    2 MiB: `torch.zeros`). A view into a slightly longer anonymous mapping, which the kernel zeroes
+    page by page on first touch: a pool costs neither start-up time nor memory until it is used."""
     nbytes = math.prod(shape) * dtype.itemsize
-    advise = None
-    if sys.platform == "linux" and nbytes >= HUGE_PAGE:
-        advise = _libc_call("madvise", [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int], ctypes.c_int)
-    if advise is None:
+    if sys.platform != "linux" or nbytes < HUGE_PAGE:
         return torch.zeros(tuple(shape), dtype=dtype)
-    buf = torch.empty(nbytes + HUGE_PAGE, dtype=torch.uint8)
-    start = -buf.data_ptr() % HUGE_PAGE
-    region = buf[start : start + nbytes]
-    advise(region.data_ptr(), nbytes, MADV_HUGEPAGE)  # advice only: a refusal leaves 4 KiB pages
-    return region.zero_().view(dtype).view(tuple(shape))
+    buf = mmap.mmap(-1, nbytes + HUGE_PAGE, flags=mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS)
+    whole = torch.frombuffer(buf, dtype=torch.uint8)
+    start = -whole.data_ptr() % HUGE_PAGE
+    with contextlib.suppress(OSError):  # advice only: a refusal leaves 4 KiB pages
+        buf.madvise(MADV_HUGEPAGE, start, nbytes - nbytes % mmap.PAGESIZE)
+    return whole[start : start + nbytes].view(dtype).view(tuple(shape))
 
 
 class HeapReleaser:
