@@ -104,11 +104,12 @@ def main() -> None:
             ours = tok.encode(text, add_special_tokens=False)
             theirs = post(base + "/tokenize", {"content": text, "add_special": False})["tokens"]
             same += ours == theirs
-            same_bos += (
-                tok.encode(text) == post(base + "/tokenize", {"content": text, "add_special": True})["tokens"]
-            )
-            detok = post(base + "/detokenize", {"tokens": theirs})["content"]
-            same_text += tok.decode(theirs) == detok
+            with_bos = post(base + "/tokenize", {"content": text, "add_special": True})["tokens"]
+            same_bos += tok.encode(text) == with_bos
+            # Decoded from BOS on: llama-server's /detokenize keeps the space-prefix "▁" of the first
+            # piece, where radixd (as transformers) drops it from the start of a decoded text.
+            detok = post(base + "/detokenize", {"tokens": with_bos})["content"]
+            same_text += tok.decode(with_bos) == detok
             if ours != theirs and len(shown) < args.show:
                 at = next((i for i, (a, b) in enumerate(zip(ours, theirs, strict=False)) if a != b), 0)
                 pieces = [[tok.id_to_token(i) for i in ids[at : at + 6]] for ids in (ours, theirs)]
@@ -122,7 +123,7 @@ def main() -> None:
     print("|---|---:|---:|")
     print(f"| token ids | {n} | {same} ({100 * same / n:.1f} %) |")
     print(f"| token ids with BOS (add_special) | {n} | {same_bos} ({100 * same_bos / n:.1f} %) |")
-    print(f"| decode of llama.cpp's ids | {n} | {same_text} ({100 * same_text / n:.1f} %) |")
+    print(f"| decode of llama.cpp's ids (from BOS) | {n} | {same_text} ({100 * same_text / n:.1f} %) |")
     for line in shown:
         print(line)
 
