@@ -13,6 +13,7 @@ from typing import Any
 import gguf
 import numpy as np
 import pytest
+from tokenizers import AddedToken
 
 from radixd.daemon.loaders import ModelLoadError
 from radixd.daemon.loaders.gguf_file import _open, _tokenizer
@@ -220,3 +221,33 @@ def test_unknown_tokenizer_model_names_the_supported_ones(tmp_path: Path) -> Non
     w.close()
     with pytest.raises(ModelLoadError, match=r"'rwkv' is not supported.*'gpt2'.*'llama'"):
         _tokenizer(_open(str(tmp_path / "u.gguf")), str(tmp_path / "u.gguf"))
+
+
+@pytest.mark.parametrize(
+    ("specials", "plain", "eos", "want"),
+    [
+        (["<|begin_of_text|>", "<|end_of_text|>", "<|eot_id|>", "<|eom_id|>"], [], 1, [1, 2, 3]),  # Llama 3
+        (["<|endoftext|>", "<|im_start|>", "<|im_end|>"], [], 0, [0, 2]),  # Qwen2.5 / Qwen3
+        (["<unk>", "<s>", "</s>", "[INST]", "[/INST]", "[TOOL_CALLS]"], [], 2, [2]),  # Mistral
+        (
+            ["<pad>", "<eos>", "<bos>", "<start_of_turn>", "<end_of_turn>"],
+            ["<s>", "</s>"],
+            1,
+            [1, 4],
+        ),  # Gemma
+    ],
+)
+def test_end_of_turn_ids_per_family(specials: list[str], plain: list[str], eos: int, want: list[int]) -> None:
+    from tokenizers import Tokenizer, models
+
+    from radixd.daemon.text.tokenizer import end_of_turn_ids
+
+    vocab = {t: i for i, t in enumerate([*specials, *plain, "a"])}
+    tok = Tokenizer(models.BPE(vocab=vocab, merges=[]))
+    tok.add_special_tokens([AddedToken(t, special=True) for t in specials])
+    tok.add_tokens([AddedToken(t, special=False) for t in plain])
+    assert list(end_of_turn_ids(tok, eos)) == want
+    # the file's own end-of-turn / end-of-message ids come right after eos, without repeats
+    last = want[-1]
+    first = [eos] if last == eos else [eos, last]
+    assert list(end_of_turn_ids(tok, eos, [last, None])) == first + [w for w in want if w not in first]
