@@ -1,8 +1,9 @@
 """Chat templates for files that carry none, by architecture (a GGUF's `general.architecture`).
 
 Gemma's GGUFs often ship without `tokenizer.chat_template`; its turn format is fixed: `<start_of_turn>`
-ROLE, newline, text, `<end_of_turn>`, newline, with roles `user` and `model` and no system role (a system
-message leads the next user turn). Tool results come back as user turns. The template writes BOS itself.
+ROLE, newline, the text trimmed, `<end_of_turn>`, newline, with roles `user` and `model` and no system
+role (a system message leads the next user turn). Tool results come back as user turns. The template
+writes BOS itself.
 """
 
 from __future__ import annotations
@@ -10,8 +11,9 @@ from __future__ import annotations
 _GEMMA_TURNS = (
     "{{ bos_token }}{% set ns = namespace(lead='') %}"
     "{% for m in messages %}"
-    "{% set text = m['content'] if m['content'] is string else"
-    " (m['content'] or []) | selectattr('type', 'equalto', 'text') | map(attribute='text') | join('') %}"
+    "{% set text = (m['content'] if m['content'] is string else"
+    " (m['content'] or []) | selectattr('type', 'equalto', 'text') | map(attribute='text') | join(''))"
+    " | trim %}"
     "{% if m['role'] == 'system' %}{% set ns.lead = ns.lead + text + '\n\n' %}"
     "{% elif m['role'] in ('user', 'tool') %}"
     "<start_of_turn>user\n{{ ns.lead }}{{ text }}<end_of_turn>\n{% set ns.lead = '' %}"

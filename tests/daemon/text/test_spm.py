@@ -196,7 +196,7 @@ def test_gemma_file_without_a_template_chats_in_gemma_turns(tmp_path: Path) -> N
     tok = _tokenizer(_open(str(tmp_path / "g.gguf")), str(tmp_path / "g.gguf"))
     messages = [
         {"role": "system", "content": "Be brief."},
-        {"role": "user", "content": "Weather?"},
+        {"role": "user", "content": " Weather? \n"},  # trimmed, as Gemma's own template does
         {"role": "assistant", "content": "Calling."},
         {"role": "tool", "content": [{"type": "text", "text": "sunny"}]},
     ]
