@@ -220,6 +220,7 @@ def run(args: argparse.Namespace) -> int:
             replicas.append(
                 Child(f"replica {i}", _spawn(cmd, logs / f"replica-{i}.log"), {"ready": str(ready)})
             )
+        family = _model_family(serve_args)  # while the replicas load
         for i, child in enumerate(replicas):
             child.info = _wait_ready_file(
                 child.proc, logs / f"replica-{i}.json", logs / f"replica-{i}.log", deadline
@@ -230,7 +231,7 @@ def run(args: argparse.Namespace) -> int:
         cmd += ["--worker-urls", *(f"grpc://{c.info['address']}" for c in replicas)]
         cmd += ["--block-size", str(args.block_size), "--prometheus-host", args.host]
         cmd += ["--prometheus-port", str(metrics_port), *args.gateway_arg]
-        cmd += parser_args(_model_family(serve_args), args.gateway_arg)
+        cmd += parser_args(family, args.gateway_arg)
         url = f"http://{args.host}:{port}"
         gateway = Child("smg", _spawn(cmd, logs / "smg.log"), {"url": url})
         _wait_gateway(gateway.proc, url, args.replicas, logs / "smg.log", deadline)
