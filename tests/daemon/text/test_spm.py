@@ -163,6 +163,18 @@ def test_encodes_as_transformers(pair: tuple[TextTokenizer, Any]) -> None:
     assert {"<0xF0>", "<end_of_turn>", "<tool>"} <= {ours.id_to_token(i) for i in seen}
 
 
+def test_survives_the_conversion_cache(pair: tuple[TextTokenizer, Any]) -> None:
+    """The cache stores tokenizer.json and reads it back: the same ids and text."""
+    from tokenizers import Tokenizer
+
+    ours, _ = pair
+    again = Tokenizer.from_str(ours.tokenizer.to_str())
+    for text in TEXTS:
+        ids = ours.encode(text, add_special_tokens=False)
+        assert again.encode(text, add_special_tokens=False).ids == ids
+        assert again.decode(ids, skip_special_tokens=False) == ours.decode(ids)
+
+
 def test_decodes_as_transformers_and_round_trips(pair: tuple[TextTokenizer, Any]) -> None:
     ours, hf = pair
     rng = random.Random(5)
