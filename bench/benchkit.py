@@ -44,6 +44,7 @@ _DAEMON: dict[str, str] = {
     "LoadedModel": "radixd.daemon.loaders",
     "convert": "radixd.daemon.loaders",
     "default_model_path": "radixd.daemon.loaders",
+    "gguf_file_module": "radixd.daemon.loaders.gguf_file",
     "load_model": "radixd.daemon.loaders",
     "configure": "radixd.daemon.process.log",
     "AttentionMetadata": "radixd.daemon.model",

@@ -31,6 +31,18 @@ from radixd.daemon.engine.config import DEFAULT_BLOCK_SIZE
 STARTUP_TIMEOUT_S = 300.0
 STOP_TIMEOUT_S = 60.0
 
+# smg 1.13's (tool-call, reasoning) parsers per model family (radixd.daemon.loaders.family), so that
+# tool_choice "auto" yields tool_calls where the family has a tool format; families not named: none.
+SMG_PARSERS: dict[str, tuple[str | None, str | None]] = {
+    "llama3": ("llama", None),
+    "mistral": ("mistral", None),
+    "qwen2": ("qwen", None),
+    "qwen3": ("qwen", "qwen3"),
+    "qwen3-instruct": ("qwen", None),
+    "qwen3-thinking": ("qwen", "qwen3_thinking"),
+    "functiongemma": ("function_gemma", None),
+}
+
 
 @dataclass
 class Child:
@@ -75,6 +87,38 @@ def _smg_binary(explicit: str | None) -> str:
         "radixd cluster: the smg gateway binary was not found; install it with"
         " `pip install 'radixd[gateway]'` (smg==1.13.0) or pass --smg PATH"
     )
+
+
+def _flag_value(args: Sequence[str], flag: str) -> str | None:
+    """The last value given to `flag` (as `FLAG V` or `FLAG=V`) in `args`, else None."""
+    found = None
+    for i, a in enumerate(args):
+        if a == flag and i + 1 < len(args):
+            found = args[i + 1]
+        elif a.startswith(flag + "="):
+            found = a.split("=", 1)[1]
+    return found
+
+
+def parser_args(family: str, gateway_args: Sequence[str]) -> list[str]:
+    """smg's parser flags for `family`, less any the user passed with --gateway-arg (theirs win)."""
+    tool, reasoning = SMG_PARSERS.get(family, (None, None))
+    out: list[str] = []
+    for flag, name in (("--tool-call-parser", tool), ("--reasoning-parser", reasoning)):
+        if name and _flag_value(gateway_args, flag) is None:
+            out += [flag, name]
+    return out
+
+
+def _model_family(serve_args: Sequence[str]) -> str:
+    """The family of the model the replicas will serve (metadata only; no weights are loaded)."""
+    from radixd.daemon.loaders import ModelLoadError, default_model_path
+    from radixd.daemon.loaders.family import model_family
+
+    try:
+        return model_family(_flag_value(serve_args, "--model") or default_model_path())
+    except ModelLoadError:
+        return ""  # the replicas report the problem themselves
 
 
 def free_port(host: str = "127.0.0.1") -> int:
@@ -176,6 +220,7 @@ def run(args: argparse.Namespace) -> int:
             replicas.append(
                 Child(f"replica {i}", _spawn(cmd, logs / f"replica-{i}.log"), {"ready": str(ready)})
             )
+        family = _model_family(serve_args)  # while the replicas load
         for i, child in enumerate(replicas):
             child.info = _wait_ready_file(
                 child.proc, logs / f"replica-{i}.json", logs / f"replica-{i}.log", deadline
@@ -186,6 +231,7 @@ def run(args: argparse.Namespace) -> int:
         cmd += ["--worker-urls", *(f"grpc://{c.info['address']}" for c in replicas)]
         cmd += ["--block-size", str(args.block_size), "--prometheus-host", args.host]
         cmd += ["--prometheus-port", str(metrics_port), *args.gateway_arg]
+        cmd += parser_args(family, args.gateway_arg)
         url = f"http://{args.host}:{port}"
         gateway = Child("smg", _spawn(cmd, logs / "smg.log"), {"url": url})
         _wait_gateway(gateway.proc, url, args.replicas, logs / "smg.log", deadline)

@@ -14,6 +14,8 @@ from radixd.daemon.loaders.gguf_header import GGUFFormatError, GGUFHeader
 from radixd.daemon.loaders.tensor_names import MODEL_TENSORS, layer_tensors
 from radixd.daemon.model import ModelConfig
 from radixd.daemon.model.stored import BLOCKS, FileMap, Stored, Weight, stored_from_file
+from radixd.daemon.text.chat_formats import fallback_chat_template
+from radixd.daemon.text.spm import build_spm_tokenizer
 from radixd.daemon.text.tokenizer import TextTokenizer, build_bpe_tokenizer, end_of_turn_ids
 
 SUPPORTED_ARCHS = ("llama", "mistral", "qwen2")
@@ -93,25 +95,36 @@ def _unpermute(w: torch.Tensor, n_head: int) -> torch.Tensor:
 
 def _tokenizer(reader: GGUFHeader, path: str) -> TextTokenizer:
     model = _field(reader, "tokenizer.ggml.model")
-    if model != "gpt2":
-        raise ModelLoadError(
-            f"{path}: tokenizer type {model!r} is not supported (supported: 'gpt2' byte-level BPE)"
-        )
     tokens = list(_field(reader, "tokenizer.ggml.tokens") or [])
-    merges = list(_field(reader, "tokenizer.ggml.merges") or [])
     types = list(_field(reader, "tokenizer.ggml.token_type") or [])
-    if not tokens or not merges:
-        raise ModelLoadError(f"{path}: GGUF has no tokenizer vocabulary or merges")
-    bpe = build_bpe_tokenizer(tokens, merges, types, _field(reader, "tokenizer.ggml.pre"))
+    if model == "gpt2":
+        merges = list(_field(reader, "tokenizer.ggml.merges") or [])
+        if not tokens or not merges:
+            raise ModelLoadError(f"{path}: GGUF has no tokenizer vocabulary or merges")
+        tok = build_bpe_tokenizer(tokens, merges, types, _field(reader, "tokenizer.ggml.pre"))
+        add_bos = False  # as transformers does for byte-level GGUF vocabularies
+    elif model == "llama":
+        scores = list(_field(reader, "tokenizer.ggml.scores") or [])
+        if not tokens or len(scores) != len(tokens):
+            raise ModelLoadError(f"{path}: GGUF has no SentencePiece vocabulary with a score per token")
+        prefix = bool(_field(reader, "tokenizer.ggml.add_space_prefix", True))
+        tok = build_spm_tokenizer(tokens, scores, types, prefix)
+        add_bos = bool(_field(reader, "tokenizer.ggml.add_bos_token", True))  # llama.cpp's default
+    else:
+        raise ModelLoadError(
+            f"{path}: tokenizer type {model!r} is not supported"
+            " (supported: 'gpt2' byte-level BPE, 'llama' SentencePiece)"
+        )
     eos = _field(reader, "tokenizer.ggml.eos_token_id")
     bos = _field(reader, "tokenizer.ggml.bos_token_id")
-    # As transformers does for byte-level GGUF vocabularies, encode() adds no BOS.
+    turn_ends = [_field(reader, f"tokenizer.ggml.{k}_token_id") for k in ("eot", "eom")]
     return TextTokenizer(
-        bpe,
-        chat_template=_field(reader, "tokenizer.chat_template"),
+        tok,
+        chat_template=_field(reader, "tokenizer.chat_template")
+        or fallback_chat_template(_field(reader, "general.architecture")),
         bos_token_id=None if bos is None else int(bos),
-        eos_token_ids=end_of_turn_ids(bpe, None if eos is None else int(eos)),
-        add_bos=False,
+        eos_token_ids=end_of_turn_ids(tok, None if eos is None else int(eos), turn_ends),
+        add_bos=add_bos and bos is not None,
     )
 
 

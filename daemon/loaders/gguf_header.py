@@ -48,8 +48,8 @@ class TensorInfo:
 
 
 class _Cursor:
-    def __init__(self, buf: mmap.mmap) -> None:
-        self.buf, self.at = buf, 0
+    def __init__(self, buf: mmap.mmap, arrays: bool) -> None:
+        self.buf, self.at, self.arrays = buf, 0, arrays
 
     def take(self, fmt: str) -> Any:
         try:
@@ -75,6 +75,8 @@ class _Cursor:
             return self.string()
         if vtype == _ARRAY:
             etype, count = self.take("<I"), self.take("<Q")
+            if not self.arrays:
+                return self._skip_array(etype, count)
             if etype in _SCALARS:
                 dtype = np.dtype(_SCALARS[etype][1])
                 end = self.at + count * dtype.itemsize
@@ -86,11 +88,23 @@ class _Cursor:
             return [self.value(etype) for _ in range(count)]
         raise GGUFFormatError(f"unknown GGUF value type {vtype} at byte {self.at}")
 
+    def _skip_array(self, etype: int, count: int) -> None:
+        if etype in _SCALARS:
+            self.at += count * struct.calcsize(_SCALARS[etype][0])
+        elif etype == _STRING:
+            for _ in range(count):
+                self.at += 8 + self.take("<Q")
+        else:
+            for _ in range(count):
+                self.value(etype)
+
 
 class GGUFHeader:
-    """`fields`: metadata key -> value (arrays as lists); `tensors`: in file order."""
+    """`fields`: metadata key -> value (arrays as lists, or None with `arrays=False`, which skips their
+    contents: the cheap read of a file's scalars); `tensors`: in file order."""
 
-    def __init__(self, path: str) -> None:
+    def __init__(self, path: str, arrays: bool = True) -> None:
+        self._arrays = arrays
         with open(path, "rb") as f:
             try:
                 buf = mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ)
@@ -104,7 +118,7 @@ class GGUFHeader:
     def _read(self, buf: mmap.mmap) -> None:
         if bytes(buf[:4]) != MAGIC:
             raise GGUFFormatError("it does not start with the GGUF magic bytes")
-        c = _Cursor(buf)
+        c = _Cursor(buf, self._arrays)
         c.at = 4
         version = c.take("<I")
         if version not in (2, 3):

@@ -36,7 +36,15 @@ _PRE_SPLITS = {
 }
 
 # Names that end a turn in common chat formats; they count as end-of-sequence alongside the file's eos.
-END_OF_TURN_NAMES = ("<|im_end|>", "<|endoftext|>", "<|eot_id|>", "<|end_of_text|>", "</s>", "<end_of_turn>")
+END_OF_TURN_NAMES = (
+    "<|im_end|>",  # Qwen, SmolLM (ChatML)
+    "<|endoftext|>",
+    "<|eot_id|>",  # Llama 3: end of turn
+    "<|eom_id|>",  # Llama 3.1+: end of a message that called a tool
+    "<|end_of_text|>",
+    "</s>",  # Llama 2, Mistral
+    "<end_of_turn>",  # Gemma
+)
 
 
 @lru_cache(maxsize=1)
@@ -208,11 +216,14 @@ class TextTokenizer:
         return self.encode(text, add_special_tokens=False)
 
 
-def end_of_turn_ids(tok: Tokenizer, eos: int | None) -> tuple[int, ...]:
-    """The file's eos id plus the ids of known end-of-turn tokens present in the vocabulary."""
+def end_of_turn_ids(tok: Tokenizer, eos: int | None, turn_ends: Sequence[int | None] = ()) -> tuple[int, ...]:
+    """The file's eos id, its end-of-turn / end-of-message ids, then the known end-of-turn names that are
+    special tokens of this vocabulary (Gemma's "</s>" is a plain HTML tag there, not an end)."""
     ids: list[int] = [] if eos is None else [eos]
+    ids += [int(t) for t in turn_ends if t is not None and int(t) not in ids]
+    special = {t.content: i for i, t in tok.get_added_tokens_decoder().items() if t.special}
     for name in END_OF_TURN_NAMES:
-        tid = tok.token_to_id(name)
+        tid = special.get(name)
         if tid is not None and tid not in ids:
             ids.append(tid)
     return tuple(ids)

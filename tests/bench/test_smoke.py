@@ -70,6 +70,7 @@ SERVED_RUNS: dict[str, tuple[str, str]] = {
 MISSING_RUNS: dict[str, tuple[str, str]] = {
     "single_stream.py": ("--llama-server MISSING", "no llama-server binary at"),
     "radix_adapter.py": ("--peer-bench MISSING", "needs the peer bench radix_peer_bench.py"),
+    "tokenizer_parity.py": ("--llama-server MISSING", "no llama-server binary at"),
 }
 
 
