@@ -1,0 +1,271 @@
+/* Projections over GGUF K-quant blocks (Q4_K, Q5_K, Q6_K) as the file stores them, times 8-bit
+ * activations: radixd_gemm's kinds RADIXD_W_Q4_K_A8, Q5_K_A8 and Q6_K_A8.
+ *
+ * A super-block holds 256 weights, w = d * sc_i * u - dmin * mn_i with unsigned codes u, integer
+ * scales sc_i and minimums mn_i per 32 (Q4_K, Q5_K: 6 bits each) or per 16 (Q6_K: int8 scales,
+ * u - 32 signed, so mn_i = 32 * sc_i and dmin = d). A call quantizes each row of x per 256 inputs
+ * (codes a = round-to-even(x * 127 / amax), scale e = amax / 127, and the codes' sums per 16). Then
+ * for one output and one super-block, exactly in integers:
+ *     S1 = sum_i sc_i * sum(u * a over span i)   (maddubs, madd by the scales, int32 adds)
+ *     S2 = sum_i mn_i * sum(a over span i)       (one madd on the sums per 16)
+ * and in fp32, each operation rounded as written, the super-block's term
+ *     Q4_K, Q5_K: (d * e) * S1 - (dmin * e) * S2        Q6_K: (d * e) * (S1 - S2)
+ * added to the output's sum in increasing super-block order from 0.
+ * NOTE: row-invariant by construction: a row is quantized on its own, S1 and S2 are exact integers
+ * (however the lanes split them), and each output adds its terms in one order whatever the tile,
+ * the row count, the row's position or the thread count. The integer sums do not depend on the
+ * vector width, so any ISA computing the same S1 and S2 gives the same bits.
+ */
+#include <string.h>
+
+#include "gemm.h"
+
+#define QK 256
+/* Bytes of one super-block, as GGUF stores it. */
+#define BYTES_q4_k 144
+#define BYTES_q5_k 176
+#define BYTES_q6_k 210
+
+/* A super-block's header: per-16 integer scales and minimums (int16 lanes 0..15 in input order) and
+ * the fp32 multipliers of S1 and S2. */
+typedef struct {
+    __m256i sc, mn;
+    float d, dmin;
+} kq_head;
+
+/* A call's activations: codes q [m, k], scales e [m, k / 256], sums per 16 s [m, k / 16]. */
+typedef struct {
+    const int8_t *q;
+    const float *e;
+    const int16_t *s;
+} kq_rows;
+
+static inline float f16(const uint8_t *p) {
+    uint16_t h;
+    memcpy(&h, p, 2);
+    return _cvtsh_ss(h);
+}
+
+/* Q4_K / Q5_K's 12 bytes of 6-bit scales and minimums: bytes 0-3 hold scales 0-3 (low 6 bits) and
+ * the top 2 bits of scales 4-7, bytes 4-7 likewise for the minimums, bytes 8-11 the low 4 bits of
+ * scales 4-7 (low nibble) and of minimums 4-7 (high nibble). Out: 8 scales, then 8 minimums. */
+static inline void scales_k4(const uint8_t *p, uint8_t out[16]) {
+    uint32_t w[3], o[4];
+    memcpy(w, p, 12);
+    o[0] = w[0] & 0x3f3f3f3f;
+    o[1] = (w[2] & 0x0f0f0f0f) | ((w[0] >> 2) & 0x30303030);
+    o[2] = w[1] & 0x3f3f3f3f;
+    o[3] = ((w[2] >> 4) & 0x0f0f0f0f) | ((w[1] >> 2) & 0x30303030);
+    memcpy(out, o, 16);
+}
+
+static inline __attribute__((always_inline)) void head_k4(const uint8_t *b, kq_head *h) {
+    uint8_t sm[16];
+    scales_k4(b + 4, sm);
+    const __m128i v = _mm_loadu_si128((const __m128i *)sm);
+    /* each per-32 value twice: the per-16 lanes */
+    const __m128i twice = _mm_setr_epi8(0, 0, 1, 1, 2, 2, 3, 3, 4, 4, 5, 5, 6, 6, 7, 7);
+    h->sc = _mm256_cvtepu8_epi16(_mm_shuffle_epi8(v, twice));
+    h->mn = _mm256_cvtepu8_epi16(_mm_shuffle_epi8(v, _mm_add_epi8(twice, _mm_set1_epi8(8))));
+    h->d = f16(b);
+    h->dmin = f16(b + 2);
+}
+
+static inline __attribute__((always_inline)) void head_q4_k(const uint8_t *b, kq_head *h) { head_k4(b, h); }
+static inline __attribute__((always_inline)) void head_q5_k(const uint8_t *b, kq_head *h) { head_k4(b, h); }
+
+static inline __attribute__((always_inline)) void head_q6_k(const uint8_t *b, kq_head *h) {
+    h->sc = _mm256_cvtepi8_epi16(_mm_loadu_si128((const __m128i *)(b + 192)));
+    h->mn = _mm256_slli_epi16(h->sc, 5);
+    h->d = h->dmin = f16(b + 208);
+}
+
+/* Codes u of inputs 32c .. 32c + 31 of a super-block, in input order. Q4_K: byte l of the 32 at
+ * 16 + 32 (c / 2) holds input l of span c in its low nibble (c even) or high nibble (c odd). */
+static inline __attribute__((always_inline)) __m256i nibbles(const uint8_t *p, int c) {
+    const __m256i v = _mm256_loadu_si256((const __m256i *)(p + 32 * (c / 2)));
+    const __m256i lo = _mm256_set1_epi8(0x0F);
+    return c & 1 ? _mm256_and_si256(_mm256_srli_epi16(v, 4), lo) : _mm256_and_si256(v, lo);
+}
+
+static inline __attribute__((always_inline)) __m256i codes_q4_k(const uint8_t *b, int c) {
+    return nibbles(b + 16, c);
+}
+
+/* Q5_K: the Q4_K nibbles at 48, and bit c of byte l of the 32 at 16 as the fifth bit. */
+static inline __attribute__((always_inline)) __m256i codes_q5_k(const uint8_t *b, int c) {
+    const __m256i qh = _mm256_loadu_si256((const __m256i *)(b + 16));
+    const __m256i hi = _mm256_and_si256(_mm256_srli_epi16(qh, c), _mm256_set1_epi8(1));
+    return _mm256_or_si256(nibbles(b + 48, c), _mm256_slli_epi16(hi, 4));
+}
+
+/* Q6_K: half h = c / 4 of the super-block, quarter s = c % 4: low 4 bits from byte l of ql (at 64h,
+ * + 32 for odd s; high nibble for s >= 2), top 2 bits from bits 2s of byte l of qh (at 128 + 32h). */
+static inline __attribute__((always_inline)) __m256i codes_q6_k(const uint8_t *b, int c) {
+    const int h = c / 4, s = c % 4;
+    const __m256i ql = _mm256_loadu_si256((const __m256i *)(b + 64 * h + 32 * (s & 1)));
+    const __m256i qh = _mm256_loadu_si256((const __m256i *)(b + 128 + 32 * h));
+    const __m256i lo = s >= 2 ? _mm256_srli_epi16(ql, 4) : ql;
+    const __m256i top = _mm256_and_si256(_mm256_srli_epi16(qh, 2 * s), _mm256_set1_epi8(3));
+    return _mm256_or_si256(_mm256_and_si256(lo, _mm256_set1_epi8(0x0F)), _mm256_slli_epi16(top, 4));
+}
+
+/* The int16 multipliers of span c's 16 maddubs pairs: lanes 0-7 (inputs 0-15) scale 2c, lanes 8-15
+ * scale 2c + 1. */
+static inline __attribute__((always_inline)) __m256i span_scales(__m256i sc, int c) {
+    const __m256i pair = _mm256_permutevar8x32_epi32(sc, _mm256_set1_epi32(c));
+    const __m256i split = _mm256_setr_epi8(0, 1, 0, 1, 0, 1, 0, 1, 0, 1, 0, 1, 0, 1, 0, 1, 2, 3, 2, 3, 2, 3, 2, 3, 2,
+                                           3, 2, 3, 2, 3, 2, 3);
+    return _mm256_shuffle_epi8(pair, split);
+}
+
+/* Sum of 8 int32 lanes, exactly. */
+static inline int32_t hsum_i32(__m256i v) {
+    __m128i a = _mm_add_epi32(_mm256_castsi256_si128(v), _mm256_extracti128_si256(v, 1));
+    a = _mm_add_epi32(a, _mm_shuffle_epi32(a, 0x4E));
+    a = _mm_add_epi32(a, _mm_shuffle_epi32(a, 0xB1));
+    return _mm_cvtsi128_si32(a);
+}
+
+/* The super-block's term of one output for one row (see the top): S1 from the int32 lanes s1, S2
+ * from the minimums and the row's sums per 16. */
+static inline __attribute__((always_inline)) float term(int q6, const kq_head *h, __m256i s1, const int16_t *sums,
+                                                        float e) {
+    const __m256i s2 = _mm256_madd_epi16(h->mn, _mm256_loadu_si256((const __m256i *)sums));
+    if (q6) return (h->d * e) * (float)hsum_i32(_mm256_sub_epi32(s1, s2));
+    return (h->d * e) * (float)hsum_i32(s1) - (h->dmin * e) * (float)hsum_i32(s2);
+}
+
+/* MT rows of x (kq_rows from the tile's first row, k inputs) times one output row of KIND blocks at
+ * `w` -> y[i * ldy]. Each span's codes are unpacked once for the MT rows. */
+#define KQTILE(KIND, Q6, MT)                                                                           \
+    static void kq_##KIND##_##MT(const kq_rows *x, int64_t k, const uint8_t *w, int64_t row_bytes,   \
+                                 float *y, int64_t ldy) {                                            \
+        const int64_t nsb = k / QK;                                                                  \
+        float acc[MT];                                                                               \
+        for (int i = 0; i < MT; i++) acc[i] = 0.0f;                                                  \
+        for (int64_t sb = 0; sb < nsb; sb++) {                                                       \
+            const uint8_t *b = w + sb * BYTES_##KIND;                                                \
+            const char *ahead = (const char *)b + PREFETCH_OUTPUTS * row_bytes;                      \
+            _mm_prefetch(ahead, _MM_HINT_T0);                                                        \
+            _mm_prefetch(ahead + 64, _MM_HINT_T0);                                                   \
+            _mm_prefetch(ahead + 128, _MM_HINT_T0);                                                  \
+            kq_head h;                                                                               \
+            head_##KIND(b, &h);                                                                      \
+            __m256i s1[MT];                                                                          \
+            for (int i = 0; i < MT; i++) s1[i] = _mm256_setzero_si256();                             \
+            _Pragma("GCC unroll 8") for (int c = 0; c < 8; c++) {                                    \
+                const __m256i u = codes_##KIND(b, c), sv = span_scales(h.sc, c);                     \
+                for (int i = 0; i < MT; i++) {                                                       \
+                    const __m256i a = _mm256_loadu_si256((const __m256i *)(x->q + i * k + sb * QK + 32 * c)); \
+                    s1[i] = _mm256_add_epi32(s1[i], _mm256_madd_epi16(_mm256_maddubs_epi16(u, a), sv)); \
+                }                                                                                    \
+            }                                                                                        \
+            for (int i = 0; i < MT; i++)                                                             \
+                acc[i] = acc[i] + term(Q6, &h, s1[i], x->s + (i * nsb + sb) * 16, x->e[i * nsb + sb]); \
+        }                                                                                            \
+        for (int i = 0; i < MT; i++) y[i * ldy] = acc[i];                                            \
+    }
+
+KQTILE(q4_k, 0, 1)
+KQTILE(q4_k, 0, 4)
+KQTILE(q5_k, 0, 1)
+KQTILE(q5_k, 0, 4)
+KQTILE(q6_k, 1, 1)
+KQTILE(q6_k, 1, 4)
+
+typedef void (*kq_tile_fn)(const kq_rows *, int64_t, const uint8_t *, int64_t, float *, int64_t);
+/* [kind - RADIXD_W_Q4_K_A8][rows 1 or 4] */
+static const kq_tile_fn KQ_TILES[3][2] = {{kq_q4_k_1, kq_q4_k_4}, {kq_q5_k_1, kq_q5_k_4}, {kq_q6_k_1, kq_q6_k_4}};
+static const int64_t KQ_BYTES[3] = {BYTES_q4_k, BYTES_q5_k, BYTES_q6_k};
+
+/* Row r of x [m, k] per 256 inputs: codes q, scale e = amax / 127 (codes x * 127 / amax rounded to
+ * nearest even, 0 where amax is 0) and the codes' sums per 16. */
+static void quantize_rows(const float *x, int64_t m, int64_t k, int8_t *q, float *e, int16_t *s) {
+    const __m256 sign = _mm256_set1_ps(-0.0f);
+    const __m256i order = _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7);
+    for (int64_t at = 0; at < m * (k / QK); at++) {
+        const float *p = x + at * QK;
+        __m256 amax = _mm256_setzero_ps();
+        for (int i = 0; i < QK; i += 8) amax = _mm256_max_ps(amax, _mm256_andnot_ps(sign, _mm256_loadu_ps(p + i)));
+        const float a = hmax(amax);
+        const __m256 inv = _mm256_set1_ps(a > 0 ? 127.0f / a : 0.0f);
+        e[at] = a / 127.0f;
+        for (int g = 0; g < QK / 32; g++) {
+            __m256i c[4];
+            for (int i = 0; i < 4; i++)
+                c[i] = _mm256_cvtps_epi32(_mm256_round_ps(_mm256_mul_ps(_mm256_loadu_ps(p + 32 * g + 8 * i), inv), NEAREST));
+            /* packs interleave the 128-bit lanes; the permute puts inputs back in order */
+            __m256i b = _mm256_packs_epi16(_mm256_packs_epi32(c[0], c[1]), _mm256_packs_epi32(c[2], c[3]));
+            b = _mm256_permutevar8x32_epi32(b, order);
+            _mm256_storeu_si256((__m256i *)(q + at * QK + 32 * g), b);
+            /* pairs' sums, then the 8 pairs of each 16 */
+            const __m256i s16 = _mm256_maddubs_epi16(_mm256_set1_epi8(1), b);
+            const __m256i s32 = _mm256_madd_epi16(s16, _mm256_set1_epi16(1));
+            int32_t part[8];
+            _mm256_storeu_si256((__m256i *)part, s32);
+            s[at * 16 + 2 * g] = (int16_t)(part[0] + part[1] + part[2] + part[3]);
+            s[at * 16 + 2 * g + 1] = (int16_t)(part[4] + part[5] + part[6] + part[7]);
+        }
+    }
+}
+
+/* y [m, n] (row stride ldy) = x [m, k] . W^T over one part of a K-quant kind, x quantized here.
+ * Threads split the outputs into blocks of 4; rows run in tiles of 4 sharing each unpacked span,
+ * the rest one at a time. Returns 0, -1 (no memory for the activations) or -2 (not a K-quant kind). */
+int radixd_kquant_gemm(const radixd_proj *p, const float *x, int64_t m, float *y, int64_t ldy, int threads) {
+    const int kind = (int)p->kind - RADIXD_W_Q4_K_A8;
+    if (kind < 0 || kind > 2) return -2;
+    const int64_t k = p->k, n = p->n, nsb = k / QK, row_bytes = nsb * KQ_BYTES[kind];
+    /* NOTE: the calling thread's scratch, as a8_gemm.c: codes, then scales, then the sums per 16. */
+    float *buf = radixd_scratch((m * k + 3) / 4 + m * nsb + (m * nsb * 16 * 2 + 3) / 4);
+    if (!buf) return -1;
+    int8_t *q = (int8_t *)buf;
+    float *e = buf + (m * k + 3) / 4;
+    int16_t *s = (int16_t *)(e + m * nsb);
+    quantize_rows(x, m, k, q, e, s);
+    const kq_tile_fn *fns = KQ_TILES[kind];
+    const uint8_t *w = (const uint8_t *)p->w;
+    const int64_t blocks = (n + 3) / 4;
+#pragma omp parallel for num_threads(threads) schedule(static) if (blocks * m * k >= 65536)
+    for (int64_t bl = 0; bl < blocks; bl++) {
+        const int64_t j1 = 4 * bl + 4 < n ? 4 * bl + 4 : n;
+        for (int64_t j = 4 * bl; j < j1; j++)
+            for (int64_t r = 0; r < m;) {
+                const int four = r + 4 <= m;
+                const kq_rows at = {q + r * k, e + r * nsb, s + r * nsb * 16};
+                fns[four](&at, k, w + j * row_bytes, row_bytes, y + r * ldy + j, ldy);
+                r += four ? 4 : 1;
+            }
+    }
+    return 0;
+}
+
+/* Row `row` of one part's W as fp32, each weight as gguf-py's dequantize rounds it:
+ * Q4_K / Q5_K (d * sc) * u - (dmin * mn), Q6_K (d * sc) * (u - 32). */
+void radixd_kquant_dequantize_row(const radixd_proj *p, int64_t row, float *out) {
+    const int kind = (int)p->kind - RADIXD_W_Q4_K_A8;
+    const int64_t nsb = p->k / QK;
+    const uint8_t *w = (const uint8_t *)p->w + row * nsb * KQ_BYTES[kind];
+    for (int64_t sb = 0; sb < nsb; sb++) {
+        const uint8_t *b = w + sb * KQ_BYTES[kind];
+        kq_head h;
+        int16_t sc[16], mn[16];
+        uint8_t u[QK];
+        for (int c = 0; c < 8; c++) {
+            __m256i v = kind == 0 ? codes_q4_k(b, c) : kind == 1 ? codes_q5_k(b, c) : codes_q6_k(b, c);
+            _mm256_storeu_si256((__m256i *)(u + 32 * c), v);
+        }
+        if (kind == 2)
+            head_q6_k(b, &h);
+        else
+            head_k4(b, &h);
+        _mm256_storeu_si256((__m256i *)sc, h.sc);
+        _mm256_storeu_si256((__m256i *)mn, h.mn);
+        float *o = out + sb * QK;
+        for (int i = 0; i < QK; i++) {
+            const float ds = h.d * (float)sc[i / 16];
+            o[i] = kind == 2 ? ds * (float)((int)u[i] - 32) : ds * (float)u[i] - h.dmin * (float)mn[i / 16];
+        }
+    }
+}
