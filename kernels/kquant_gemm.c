@@ -26,8 +26,9 @@
 #define BYTES_q5_k 176
 #define BYTES_q6_k 210
 
-/* A super-block's header: per-16 integer scales and minimums (int16 lanes 0..15 in input order) and
- * the fp32 multipliers of S1 and S2. */
+/* A super-block's header: its integer scales per 16 inputs, in span order (int16 lane c: scale 2c,
+ * lane 8 + c: scale 2c + 1, so that span c's multipliers are one in-lane shuffle), its minimums per
+ * 16 in input order, and the fp32 multipliers of S1 and S2. */
 typedef struct {
     __m256i sc, mn;
     float d, dmin;
@@ -48,25 +49,16 @@ static inline float f16(const uint8_t *p) {
 
 /* Q4_K / Q5_K's 12 bytes of 6-bit scales and minimums: bytes 0-3 hold scales 0-3 (low 6 bits) and
  * the top 2 bits of scales 4-7, bytes 4-7 likewise for the minimums, bytes 8-11 the low 4 bits of
- * scales 4-7 (low nibble) and of minimums 4-7 (high nibble). Out: 8 scales, then 8 minimums. */
-static inline void scales_k4(const uint8_t *p, uint8_t out[16]) {
-    uint32_t w[3], o[4];
-    memcpy(w, p, 12);
-    o[0] = w[0] & 0x3f3f3f3f;
-    o[1] = (w[2] & 0x0f0f0f0f) | ((w[0] >> 2) & 0x30303030);
-    o[2] = w[1] & 0x3f3f3f3f;
-    o[3] = ((w[2] >> 4) & 0x0f0f0f0f) | ((w[1] >> 2) & 0x30303030);
-    memcpy(out, o, 16);
-}
-
+ * scales 4-7 (low nibble) and of minimums 4-7 (high nibble). The 8 scales and 8 minimums per 32
+ * each serve two spans of 16. */
 static inline __attribute__((always_inline)) void head_k4(const uint8_t *b, kq_head *h) {
-    uint8_t sm[16];
-    scales_k4(b + 4, sm);
-    const __m128i v = _mm_loadu_si128((const __m128i *)sm);
-    /* each per-32 value twice: the per-16 lanes */
-    const __m128i twice = _mm_setr_epi8(0, 0, 1, 1, 2, 2, 3, 3, 4, 4, 5, 5, 6, 6, 7, 7);
-    h->sc = _mm256_cvtepu8_epi16(_mm_shuffle_epi8(v, twice));
-    h->mn = _mm256_cvtepu8_epi16(_mm_shuffle_epi8(v, _mm_add_epi8(twice, _mm_set1_epi8(8))));
+    uint32_t w[3];
+    memcpy(w, b + 4, 12);
+    const __m128i v = _mm_setr_epi32((int)(w[0] & 0x3f3f3f3f), (int)((w[2] & 0x0f0f0f0f) | ((w[0] >> 2) & 0x30303030)),
+                                     (int)(w[1] & 0x3f3f3f3f),
+                                     (int)(((w[2] >> 4) & 0x0f0f0f0f) | ((w[1] >> 2) & 0x30303030)));
+    h->sc = _mm256_cvtepu8_epi16(_mm_unpacklo_epi64(v, v));
+    h->mn = _mm256_cvtepu8_epi16(_mm_shuffle_epi8(v, _mm_setr_epi8(8, 8, 9, 9, 10, 10, 11, 11, 12, 12, 13, 13, 14, 14, 15, 15)));
     h->d = f16(b);
     h->dmin = f16(b + 2);
 }
@@ -74,9 +66,12 @@ static inline __attribute__((always_inline)) void head_k4(const uint8_t *b, kq_h
 static inline __attribute__((always_inline)) void head_q4_k(const uint8_t *b, kq_head *h) { head_k4(b, h); }
 static inline __attribute__((always_inline)) void head_q5_k(const uint8_t *b, kq_head *h) { head_k4(b, h); }
 
+/* Q6_K: 16 int8 scales at 192, fp16 d at 208; w = d * sc * (u - 32), so mn = 32 * sc and dmin = d. */
 static inline __attribute__((always_inline)) void head_q6_k(const uint8_t *b, kq_head *h) {
-    h->sc = _mm256_cvtepi8_epi16(_mm_loadu_si128((const __m128i *)(b + 192)));
-    h->mn = _mm256_slli_epi16(h->sc, 5);
+    const __m128i v = _mm_loadu_si128((const __m128i *)(b + 192));
+    const __m128i span_order = _mm_setr_epi8(0, 2, 4, 6, 8, 10, 12, 14, 1, 3, 5, 7, 9, 11, 13, 15);
+    h->sc = _mm256_cvtepi8_epi16(_mm_shuffle_epi8(v, span_order));
+    h->mn = _mm256_slli_epi16(_mm256_cvtepi8_epi16(v), 5);
     h->d = h->dmin = f16(b + 208);
 }
 
@@ -111,39 +106,45 @@ static inline __attribute__((always_inline)) __m256i codes_q6_k(const uint8_t *b
 }
 
 /* The int16 multipliers of span c's 16 maddubs pairs: lanes 0-7 (inputs 0-15) scale 2c, lanes 8-15
- * scale 2c + 1. */
+ * scale 2c + 1 (kq_head's order). */
 static inline __attribute__((always_inline)) __m256i span_scales(__m256i sc, int c) {
-    const __m256i pair = _mm256_permutevar8x32_epi32(sc, _mm256_set1_epi32(c));
-    const __m256i split = _mm256_setr_epi8(0, 1, 0, 1, 0, 1, 0, 1, 0, 1, 0, 1, 0, 1, 0, 1, 2, 3, 2, 3, 2, 3, 2, 3, 2,
-                                           3, 2, 3, 2, 3, 2, 3);
-    return _mm256_shuffle_epi8(pair, split);
+    const __m256i at = _mm256_set1_epi16((short)(0x0100 * (2 * c + 1) + 2 * c));
+    return _mm256_shuffle_epi8(sc, at);
 }
 
-/* Sum of 8 int32 lanes, exactly. */
-static inline int32_t hsum_i32(__m256i v) {
+/* The sum of v's 8 int32 lanes; lanes 0 and 1: the sums of a's and of b's (exact). */
+static inline __attribute__((always_inline)) int32_t hsum_i32(__m256i v) {
     __m128i a = _mm_add_epi32(_mm256_castsi256_si128(v), _mm256_extracti128_si256(v, 1));
     a = _mm_add_epi32(a, _mm_shuffle_epi32(a, 0x4E));
-    a = _mm_add_epi32(a, _mm_shuffle_epi32(a, 0xB1));
-    return _mm_cvtsi128_si32(a);
+    return _mm_cvtsi128_si32(_mm_add_epi32(a, _mm_shuffle_epi32(a, 0xB1)));
 }
 
-/* The super-block's term of one output for one row (see the top): S1 from the int32 lanes s1, S2
- * from the minimums and the row's sums per 16. */
-static inline __attribute__((always_inline)) float term(int q6, const kq_head *h, __m256i s1, const int16_t *sums,
-                                                        float e) {
-    const __m256i s2 = _mm256_madd_epi16(h->mn, _mm256_loadu_si256((const __m256i *)sums));
-    if (q6) return (h->d * e) * (float)hsum_i32(_mm256_sub_epi32(s1, s2));
-    return (h->d * e) * (float)hsum_i32(s1) - (h->dmin * e) * (float)hsum_i32(s2);
+static inline __attribute__((always_inline)) __m128i sum_pair(__m256i a, __m256i b) {
+    const __m256i h = _mm256_hadd_epi32(a, b);
+    const __m128i q = _mm_add_epi32(_mm256_castsi256_si128(h), _mm256_extracti128_si256(h, 1));
+    return _mm_hadd_epi32(q, q);
 }
 
-/* MT rows of x (kq_rows from the tile's first row, k inputs) times one output row of KIND blocks at
- * `w` -> y[i * ldy]. Each span's codes are unpacked once for the MT rows. */
-#define KQTILE(KIND, Q6, MT)                                                                           \
-    static void kq_##KIND##_##MT(const kq_rows *x, int64_t k, const uint8_t *w, int64_t row_bytes,   \
-                                 float *y, int64_t ldy) {                                            \
+/* Lane l = the sum of v[l]'s 8 int32 lanes, exactly (l < 4, and l < 8). */
+static inline __attribute__((always_inline)) __m128i sums4(const __m256i v[4]) {
+    const __m256i g = _mm256_hadd_epi32(_mm256_hadd_epi32(v[0], v[1]), _mm256_hadd_epi32(v[2], v[3]));
+    return _mm_add_epi32(_mm256_castsi256_si128(g), _mm256_extracti128_si256(g, 1));
+}
+
+static inline __attribute__((always_inline)) __m256i sums8(const __m256i v[8]) {
+    const __m256i g0 = _mm256_hadd_epi32(_mm256_hadd_epi32(v[0], v[1]), _mm256_hadd_epi32(v[2], v[3]));
+    const __m256i g1 = _mm256_hadd_epi32(_mm256_hadd_epi32(v[4], v[5]), _mm256_hadd_epi32(v[6], v[7]));
+    return _mm256_add_epi32(_mm256_permute2x128_si256(g0, g1, 0x20), _mm256_permute2x128_si256(g0, g1, 0x31));
+}
+
+/* One row times one output (a decode step's tile): the same integers as the wide tiles, S1 and S2
+ * summed by one shared reduction, and the same fp32 operations in a scalar. */
+#define KQONE(KIND, Q6)                                                                                \
+    static void kq_##KIND##_1_1(const kq_rows *x, int64_t k, const uint8_t *w, int64_t row_bytes,     \
+                                float *y, int64_t ldy) {                                              \
+        (void)ldy;                                                                                   \
         const int64_t nsb = k / QK;                                                                  \
-        float acc[MT];                                                                               \
-        for (int i = 0; i < MT; i++) acc[i] = 0.0f;                                                  \
+        float acc = 0.0f;                                                                            \
         for (int64_t sb = 0; sb < nsb; sb++) {                                                       \
             const uint8_t *b = w + sb * BYTES_##KIND;                                                \
             const char *ahead = (const char *)b + PREFETCH_OUTPUTS * row_bytes;                      \
@@ -152,31 +153,81 @@ static inline __attribute__((always_inline)) float term(int q6, const kq_head *h
             _mm_prefetch(ahead + 128, _MM_HINT_T0);                                                  \
             kq_head h;                                                                               \
             head_##KIND(b, &h);                                                                      \
-            __m256i s1[MT];                                                                          \
-            for (int i = 0; i < MT; i++) s1[i] = _mm256_setzero_si256();                             \
+            __m256i s1 = _mm256_setzero_si256();                                                     \
             _Pragma("GCC unroll 8") for (int c = 0; c < 8; c++) {                                    \
-                const __m256i u = codes_##KIND(b, c), sv = span_scales(h.sc, c);                     \
-                for (int i = 0; i < MT; i++) {                                                       \
-                    const __m256i a = _mm256_loadu_si256((const __m256i *)(x->q + i * k + sb * QK + 32 * c)); \
-                    s1[i] = _mm256_add_epi32(s1[i], _mm256_madd_epi16(_mm256_maddubs_epi16(u, a), sv)); \
-                }                                                                                    \
+                const __m256i a = _mm256_loadu_si256((const __m256i *)(x->q + sb * QK + 32 * c));    \
+                const __m256i p = _mm256_maddubs_epi16(codes_##KIND(b, c), a);                       \
+                s1 = _mm256_add_epi32(s1, _mm256_madd_epi16(p, span_scales(h.sc, c)));               \
             }                                                                                        \
-            for (int i = 0; i < MT; i++)                                                             \
-                acc[i] = acc[i] + term(Q6, &h, s1[i], x->s + (i * nsb + sb) * 16, x->e[i * nsb + sb]); \
+            const __m256i s2 = _mm256_madd_epi16(h.mn, _mm256_loadu_si256((const __m256i *)(x->s + sb * 16))); \
+            const float e = x->e[sb];                                                                \
+            if (Q6) {                                                                                \
+                acc = acc + (h.d * e) * (float)hsum_i32(_mm256_sub_epi32(s1, s2));                   \
+            } else {                                                                                 \
+                const __m128i both = sum_pair(s1, s2);                                               \
+                acc = acc + ((h.d * e) * (float)_mm_cvtsi128_si32(both) -                            \
+                             (h.dmin * e) * (float)_mm_extract_epi32(both, 1));                      \
+            }                                                                                        \
         }                                                                                            \
-        for (int i = 0; i < MT; i++) y[i * ldy] = acc[i];                                            \
+        *y = acc;                                                                                    \
     }
 
-KQTILE(q4_k, 0, 1)
-KQTILE(q4_k, 0, 4)
-KQTILE(q5_k, 0, 1)
-KQTILE(q5_k, 0, 4)
-KQTILE(q6_k, 1, 1)
-KQTILE(q6_k, 1, 4)
+/* Four rows times one output (batches and prefills): each span's codes and multipliers unpacked once
+ * for the four rows, and the four rows' S1 and S2 summed together, their fp32 terms as four lanes
+ * (lane i: row i), each lane computing what the one-row tile computes in its scalar. */
+#define KQFOUR(KIND, Q6)                                                                               \
+    static void kq_##KIND##_4_1(const kq_rows *x, int64_t k, const uint8_t *w, int64_t row_bytes,     \
+                                float *y, int64_t ldy) {                                              \
+        const int64_t nsb = k / QK;                                                                  \
+        __m128 acc = _mm_setzero_ps();                                                               \
+        for (int64_t sb = 0; sb < nsb; sb++) {                                                       \
+            const uint8_t *b = w + sb * BYTES_##KIND;                                                \
+            const char *ahead = (const char *)b + PREFETCH_OUTPUTS * row_bytes;                      \
+            _mm_prefetch(ahead, _MM_HINT_T0);                                                        \
+            _mm_prefetch(ahead + 64, _MM_HINT_T0);                                                   \
+            _mm_prefetch(ahead + 128, _MM_HINT_T0);                                                  \
+            kq_head h;                                                                               \
+            head_##KIND(b, &h);                                                                      \
+            __m256i s[8];                                                                            \
+            for (int i = 0; i < 4; i++) s[i] = _mm256_setzero_si256();                               \
+            _Pragma("GCC unroll 8") for (int c = 0; c < 8; c++) {                                    \
+                const __m256i u = codes_##KIND(b, c), sv = span_scales(h.sc, c);                     \
+                for (int i = 0; i < 4; i++) {                                                        \
+                    const __m256i a = _mm256_loadu_si256((const __m256i *)(x->q + i * k + sb * QK + 32 * c)); \
+                    s[i] = _mm256_add_epi32(s[i], _mm256_madd_epi16(_mm256_maddubs_epi16(u, a), sv)); \
+                }                                                                                    \
+            }                                                                                        \
+            for (int i = 0; i < 4; i++) {                                                            \
+                const __m256i s2 = _mm256_madd_epi16(h.mn, _mm256_loadu_si256((const __m256i *)(x->s + (i * nsb + sb) * 16))); \
+                if (Q6)                                                                              \
+                    s[i] = _mm256_sub_epi32(s[i], s2);                                               \
+                else                                                                                 \
+                    s[4 + i] = s2;                                                                   \
+            }                                                                                        \
+            const __m128 e = _mm_setr_ps(x->e[sb], x->e[nsb + sb], x->e[2 * nsb + sb], x->e[3 * nsb + sb]); \
+            if (Q6) {                                                                                \
+                const __m128i t = sums4(s);                                                          \
+                acc = _mm_add_ps(acc, _mm_mul_ps(_mm_mul_ps(_mm_set1_ps(h.d), e), _mm_cvtepi32_ps(t))); \
+            } else {                                                                                 \
+                const __m256 f = _mm256_cvtepi32_ps(sums8(s));                                       \
+                const __m128 t1 = _mm_mul_ps(_mm_mul_ps(_mm_set1_ps(h.d), e), _mm256_castps256_ps128(f)); \
+                const __m128 t2 = _mm_mul_ps(_mm_mul_ps(_mm_set1_ps(h.dmin), e), _mm256_extractf128_ps(f, 1)); \
+                acc = _mm_add_ps(acc, _mm_sub_ps(t1, t2));                                           \
+            }                                                                                        \
+        }                                                                                            \
+        float out[4];                                                                                \
+        _mm_storeu_ps(out, acc);                                                                     \
+        for (int i = 0; i < 4; i++) y[i * ldy] = out[i];                                             \
+    }
+
+#define KQTILES(KIND, Q6) KQONE(KIND, Q6) KQFOUR(KIND, Q6)
+KQTILES(q4_k, 0)
+KQTILES(q5_k, 0)
+KQTILES(q6_k, 1)
 
 typedef void (*kq_tile_fn)(const kq_rows *, int64_t, const uint8_t *, int64_t, float *, int64_t);
 /* [kind - RADIXD_W_Q4_K_A8][rows 1 or 4] */
-static const kq_tile_fn KQ_TILES[3][2] = {{kq_q4_k_1, kq_q4_k_4}, {kq_q5_k_1, kq_q5_k_4}, {kq_q6_k_1, kq_q6_k_4}};
+static const kq_tile_fn KQ_TILES[3][2] = {{kq_q4_k_1_1, kq_q4_k_4_1}, {kq_q5_k_1_1, kq_q5_k_4_1}, {kq_q6_k_1_1, kq_q6_k_4_1}};
 static const int64_t KQ_BYTES[3] = {BYTES_q4_k, BYTES_q5_k, BYTES_q6_k};
 
 /* Row r of x [m, k] per 256 inputs: codes q, scale e = amax / 127 (codes x * 127 / amax rounded to
@@ -227,16 +278,17 @@ int radixd_kquant_gemm(const radixd_proj *p, const float *x, int64_t m, float *y
     const kq_tile_fn *fns = KQ_TILES[kind];
     const uint8_t *w = (const uint8_t *)p->w;
     const int64_t blocks = (n + 3) / 4;
+    /* Within a block, row tiles outside and outputs inside: a tile's activations stay in L1 while
+     * the block's 4 weight rows serve them. */
 #pragma omp parallel for num_threads(threads) schedule(static) if (blocks * m * k >= 65536)
     for (int64_t bl = 0; bl < blocks; bl++) {
         const int64_t j1 = 4 * bl + 4 < n ? 4 * bl + 4 : n;
-        for (int64_t j = 4 * bl; j < j1; j++)
-            for (int64_t r = 0; r < m;) {
-                const int four = r + 4 <= m;
-                const kq_rows at = {q + r * k, e + r * nsb, s + r * nsb * 16};
-                fns[four](&at, k, w + j * row_bytes, row_bytes, y + r * ldy + j, ldy);
-                r += four ? 4 : 1;
-            }
+        for (int64_t r = 0; r < m;) {
+            const int four = r + 4 <= m;
+            const kq_rows at = {q + r * k, e + r * nsb, s + r * nsb * 16};
+            for (int64_t j = 4 * bl; j < j1; j++) fns[four](&at, k, w + j * row_bytes, row_bytes, y + r * ldy + j, ldy);
+            r += four ? 4 : 1;
+        }
     }
     return 0;
 }
@@ -264,7 +316,7 @@ void radixd_kquant_dequantize_row(const radixd_proj *p, int64_t row, float *out)
         _mm256_storeu_si256((__m256i *)mn, h.mn);
         float *o = out + sb * QK;
         for (int i = 0; i < QK; i++) {
-            const float ds = h.d * (float)sc[i / 16];
+            const float ds = h.d * (float)sc[(i / 16) % 2 * 8 + i / 32]; /* kq_head's order */
             o[i] = kind == 2 ? ds * (float)((int)u[i] - 32) : ds * (float)u[i] - h.dmin * (float)mn[i / 16];
         }
     }
