@@ -112,7 +112,8 @@ static inline __attribute__((always_inline)) __m256i span_scales(__m256i sc, int
     return _mm256_shuffle_epi8(sc, at);
 }
 
-/* The sum of v's 8 int32 lanes; lanes 0 and 1: the sums of a's and of b's (exact). */
+/* Exact int32 reductions: the sum of v's 8 lanes; [sum of a, sum of b, ...]; lane l = the sum of
+ * v[l]'s 8 lanes (4 or 8 vectors). */
 static inline __attribute__((always_inline)) int32_t hsum_i32(__m256i v) {
     __m128i a = _mm_add_epi32(_mm256_castsi256_si128(v), _mm256_extracti128_si256(v, 1));
     a = _mm_add_epi32(a, _mm_shuffle_epi32(a, 0x4E));
@@ -125,20 +126,18 @@ static inline __attribute__((always_inline)) __m128i sum_pair(__m256i a, __m256i
     return _mm_hadd_epi32(q, q);
 }
 
-/* Lane l = the sum of v[l]'s 8 int32 lanes, exactly (l < 4, and l < 8). */
 static inline __attribute__((always_inline)) __m128i sums4(const __m256i v[4]) {
     const __m256i g = _mm256_hadd_epi32(_mm256_hadd_epi32(v[0], v[1]), _mm256_hadd_epi32(v[2], v[3]));
     return _mm_add_epi32(_mm256_castsi256_si128(g), _mm256_extracti128_si256(g, 1));
 }
 
 static inline __attribute__((always_inline)) __m256i sums8(const __m256i v[8]) {
-    const __m256i g0 = _mm256_hadd_epi32(_mm256_hadd_epi32(v[0], v[1]), _mm256_hadd_epi32(v[2], v[3]));
-    const __m256i g1 = _mm256_hadd_epi32(_mm256_hadd_epi32(v[4], v[5]), _mm256_hadd_epi32(v[6], v[7]));
-    return _mm256_add_epi32(_mm256_permute2x128_si256(g0, g1, 0x20), _mm256_permute2x128_si256(g0, g1, 0x31));
+    return _mm256_set_m128i(sums4(v + 4), sums4(v));
 }
 
-/* One row times one output (a decode step's tile): the same integers as the wide tiles, S1 and S2
- * summed by one shared reduction, and the same fp32 operations in a scalar. */
+/* One row times one output (a decode step's tile; tiles of several outputs measured slower here: the
+ * step is bound by its instructions, not its loads). Prefetches the same super-block
+ * PREFETCH_OUTPUTS rows ahead, as a8_gemm.c. */
 #define KQONE(KIND, Q6)                                                                                \
     static void kq_##KIND##_1_1(const kq_rows *x, int64_t k, const uint8_t *w, int64_t row_bytes,     \
                                 float *y, int64_t ldy) {                                              \
@@ -227,7 +226,8 @@ KQTILES(q6_k, 1)
 
 typedef void (*kq_tile_fn)(const kq_rows *, int64_t, const uint8_t *, int64_t, float *, int64_t);
 /* [kind - RADIXD_W_Q4_K_A8][rows 1 or 4] */
-static const kq_tile_fn KQ_TILES[3][2] = {{kq_q4_k_1_1, kq_q4_k_4_1}, {kq_q5_k_1_1, kq_q5_k_4_1}, {kq_q6_k_1_1, kq_q6_k_4_1}};
+static const kq_tile_fn KQ_TILES[3][2] = {
+    {kq_q4_k_1_1, kq_q4_k_4_1}, {kq_q5_k_1_1, kq_q5_k_4_1}, {kq_q6_k_1_1, kq_q6_k_4_1}};
 static const int64_t KQ_BYTES[3] = {BYTES_q4_k, BYTES_q5_k, BYTES_q6_k};
 
 /* Row r of x [m, k] per 256 inputs: codes q, scale e = amax / 127 (codes x * 127 / amax rounded to
@@ -286,7 +286,8 @@ int radixd_kquant_gemm(const radixd_proj *p, const float *x, int64_t m, float *y
         for (int64_t r = 0; r < m;) {
             const int four = r + 4 <= m;
             const kq_rows at = {q + r * k, e + r * nsb, s + r * nsb * 16};
-            for (int64_t j = 4 * bl; j < j1; j++) fns[four](&at, k, w + j * row_bytes, row_bytes, y + r * ldy + j, ldy);
+            for (int64_t j = 4 * bl; j < j1; j++)
+                fns[four](&at, k, w + j * row_bytes, row_bytes, y + r * ldy + j, ldy);
             r += four ? 4 : 1;
         }
     }
