@@ -23,7 +23,8 @@ With ``--gemm`` it times the projections over GGUF blocks times 8-bit activation
 kinds (Q4_K, Q6_K as the file stores them) against Q4_1 at each ``--shapes`` (outputs x inputs) and
 ``--rows``, one call of each kind per round, random blocks. A call of one row streams its weights
 from memory (it cycles over copies of them, ``--stream-mib`` in all); the table gives the weights'
-bytes per second and the int8 multiply-adds per second.
+bytes per second and the int8 multiply-adds per second. On one thread a call is timed by the calling
+thread's CPU time (what other processes on a shared machine take is not counted), else by the clock.
 
     .venv/bin/python bench/kernels_cpu.py --gemm --threads 2 --rows 1,8,64
 """
@@ -233,12 +234,13 @@ def gemm_table(shapes: list[tuple[int, int]], rows: list[int], rounds: int, stre
                 fns[kind] = [gemm_of(kind, n, k, g) for _ in range(copies)]
             x = torch.randn(m, k, generator=g)
             times: dict[str, list[float]] = {kind: [] for kind in fns}
+            clock = time.thread_time if torch.get_num_threads() == 1 else time.perf_counter
             for r in range(rounds + 1):
                 for kind, gemms in fns.items():
-                    t0 = time.perf_counter()
+                    t0 = clock()
                     gemms[r % len(gemms)](x)
                     if r:
-                        times[kind].append(time.perf_counter() - t0)
+                        times[kind].append(clock() - t0)
             base = statistics.median(times["q4_1_a8"])
             for kind, per_weight in GEMM_KINDS.items():
                 t = statistics.median(times[kind])
