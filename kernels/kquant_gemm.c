@@ -51,18 +51,23 @@ static inline float f16(const uint8_t *p) {
     return _cvtsh_ss(h);
 }
 
-/* Q4_K / Q5_K's 12 bytes of 6-bit scales and minimums: bytes 0-3 hold scales 0-3 (low 6 bits) and
- * the top 2 bits of scales 4-7, bytes 4-7 likewise for the minimums, bytes 8-11 the low 4 bits of
- * scales 4-7 (low nibble) and of minimums 4-7 (high nibble). The 8 scales and 8 minimums per 32
- * each serve two spans of 16. */
+/* Q4_K / Q5_K's 12 bytes of 6-bit scales and minimums (from byte 4): bytes 0-3 hold scales 0-3 (low
+ * 6 bits) and the top 2 bits of scales 4-7, bytes 4-7 likewise for the minimums, bytes 8-11 the low
+ * 4 bits of scales 4-7 (low nibble) and of minimums 4-7 (high nibble). Unpacked in one vector (a
+ * scalar unpacking was a quarter of a one-row tile's instructions): bytes [scales 0-7, minimums
+ * 0-7], each serving two spans of 16. */
 static inline __attribute__((always_inline)) void head_k4(const uint8_t *b, kq_head *h) {
-    uint32_t w[3];
-    memcpy(w, b + 4, 12);
-    const __m128i v = _mm_setr_epi32((int)(w[0] & 0x3f3f3f3f), (int)((w[2] & 0x0f0f0f0f) | ((w[0] >> 2) & 0x30303030)),
-                                     (int)(w[1] & 0x3f3f3f3f),
-                                     (int)(((w[2] >> 4) & 0x0f0f0f0f) | ((w[1] >> 2) & 0x30303030)));
-    h->sc = _mm256_cvtepu8_epi16(_mm_unpacklo_epi64(v, v));
-    h->mn = _mm256_cvtepu8_epi16(_mm_shuffle_epi8(v, _mm_setr_epi8(8, 8, 9, 9, 10, 10, 11, 11, 12, 12, 13, 13, 14, 14, 15, 15)));
+    const __m128i v = _mm_loadu_si128((const __m128i *)(b + 4)); /* 4 bytes past them: codes */
+    /* [q0-3, q8-11, q4-7, q8-11]: the low bits' bytes in the output's order */
+    const __m128i low = _mm_shuffle_epi8(v, _mm_setr_epi8(0, 1, 2, 3, 8, 9, 10, 11, 4, 5, 6, 7, 8, 9, 10, 11));
+    /* q0-3 under scales 4-7, q4-7 under minimums 4-7: their top 2 bits */
+    const __m128i top = _mm_shuffle_epi8(v, _mm_setr_epi8(-1, -1, -1, -1, 0, 1, 2, 3, -1, -1, -1, -1, 4, 5, 6, 7));
+    const __m128i keep = _mm_setr_epi8(63, 63, 63, 63, 15, 15, 15, 15, 63, 63, 63, 63, 0, 0, 0, 0);
+    const __m128i high_nibble = _mm_setr_epi8(0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 15, 15, 15, 15);
+    __m128i sm = _mm_or_si128(_mm_and_si128(low, keep), _mm_and_si128(_mm_srli_epi16(low, 4), high_nibble));
+    sm = _mm_or_si128(sm, _mm_and_si128(_mm_srli_epi16(top, 2), _mm_set1_epi8(0x30)));
+    h->sc = _mm256_cvtepu8_epi16(_mm_unpacklo_epi64(sm, sm));
+    h->mn = _mm256_cvtepu8_epi16(_mm_shuffle_epi8(sm, _mm_setr_epi8(8, 8, 9, 9, 10, 10, 11, 11, 12, 12, 13, 13, 14, 14, 15, 15)));
     h->d = f16(b);
     h->dmin = f16(b + 2);
 }
@@ -166,12 +171,14 @@ static inline __attribute__((always_inline)) __m256i sums8(const __m256i v[8]) {
             _mm_prefetch(ahead + 128, _MM_HINT_T0);                                                  \
             kq_head h;                                                                               \
             head_##KIND(b, &h);                                                                      \
-            __m256i s1 = _mm256_setzero_si256();                                                     \
-            _Pragma("GCC unroll 8") for (int c = 0; c < 8; c++) {                                    \
-                const __m256i a = _mm256_loadu_si256((const __m256i *)(x->q + sb * QK + 32 * c));    \
-                const __m256i p = _mm256_maddubs_epi16(codes_##KIND(b, c), a);                       \
-                s1 = madd_add(s1, p, span_scales(h.sc, c));                                          \
+            __m256i s1 = _mm256_setzero_si256(), s1b = _mm256_setzero_si256(); /* two chains */     \
+            _Pragma("GCC unroll 8") for (int c = 0; c < 8; c += 2) {                                 \
+                const __m256i a0 = _mm256_loadu_si256((const __m256i *)(x->q + sb * QK + 32 * c));   \
+                const __m256i a1 = _mm256_loadu_si256((const __m256i *)(x->q + sb * QK + 32 * c + 32)); \
+                s1 = madd_add(s1, _mm256_maddubs_epi16(codes_##KIND(b, c), a0), span_scales(h.sc, c)); \
+                s1b = madd_add(s1b, _mm256_maddubs_epi16(codes_##KIND(b, c + 1), a1), span_scales(h.sc, c + 1)); \
             }                                                                                        \
+            s1 = _mm256_add_epi32(s1, s1b);                                                          \
             const __m256i s2 = _mm256_madd_epi16(h.mn, _mm256_loadu_si256((const __m256i *)(x->s + sb * 16))); \
             const float e = x->e[sb];                                                                \
             if (Q6) {                                                                                \
