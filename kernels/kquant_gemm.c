@@ -114,6 +114,14 @@ static inline __attribute__((always_inline)) __m256i codes_q6_k(const uint8_t *b
     return _mm256_or_si256(_mm256_and_si256(lo, _mm256_set1_epi8(0x0F)), _mm256_slli_epi16(top, 4));
 }
 
+/* Asks for the 3 lines KQ_AHEAD bytes past a super-block (a prefetch never faults); returns b. */
+static inline __attribute__((always_inline)) const uint8_t *ask_ahead(const uint8_t *b) {
+    _mm_prefetch((const char *)b + KQ_AHEAD, _MM_HINT_T0);
+    _mm_prefetch((const char *)b + KQ_AHEAD + 64, _MM_HINT_T0);
+    _mm_prefetch((const char *)b + KQ_AHEAD + 128, _MM_HINT_T0);
+    return b;
+}
+
 /* acc + madd(p, sv): one instruction where the build's CPU has AVX512-VNNI (-march=native), the
  * same exact int32 sums either way. */
 static inline __attribute__((always_inline)) __m256i madd_add(__m256i acc, __m256i p, __m256i sv) {
@@ -154,23 +162,17 @@ static inline __attribute__((always_inline)) __m256i sums8(const __m256i v[8]) {
     return _mm256_set_m128i(sums4(v + 4), sums4(v));
 }
 
-/* One row times one output (a decode step's tile; tiles of several outputs measured slower here: the
- * step is bound by its instructions, not its loads). Prefetches the same super-block
- * PREFETCH_OUTPUTS rows ahead, as a8_gemm.c. */
+/* One row times one output (a decode step's tile; a tile of four outputs measured slower here: the
+ * step is bound by its instructions, not its loads), its spans in two chains of int32 adds. */
 #define KQONE(KIND, Q6)                                                                                \
-    static void kq_##KIND##_1_1(const kq_rows *x, int64_t k, const uint8_t *w, int64_t row_bytes,     \
-                                float *y, int64_t ldy) {                                              \
+    static void kq_##KIND##_1_1(const kq_rows *x, int64_t k, const uint8_t *w, float *y, int64_t ldy) { \
         (void)ldy;                                                                                   \
         const int64_t nsb = k / QK;                                                                  \
         float acc = 0.0f;                                                                            \
         for (int64_t sb = 0; sb < nsb; sb++) {                                                       \
             const uint8_t *b = w + sb * BYTES_##KIND;                                                \
-            const char *ahead = (const char *)b + KQ_AHEAD;                      \
-            _mm_prefetch(ahead, _MM_HINT_T0);                                                        \
-            _mm_prefetch(ahead + 64, _MM_HINT_T0);                                                   \
-            _mm_prefetch(ahead + 128, _MM_HINT_T0);                                                  \
             kq_head h;                                                                               \
-            head_##KIND(b, &h);                                                                      \
+            head_##KIND(ask_ahead(b), &h);                                                           \
             __m256i s1 = _mm256_setzero_si256(), s1b = _mm256_setzero_si256(); /* two chains */     \
             _Pragma("GCC unroll 8") for (int c = 0; c < 8; c += 2) {                                 \
                 const __m256i a0 = _mm256_loadu_si256((const __m256i *)(x->q + sb * QK + 32 * c));   \
@@ -196,18 +198,13 @@ static inline __attribute__((always_inline)) __m256i sums8(const __m256i v[8]) {
  * for the four rows, and the four rows' S1 and S2 summed together, their fp32 terms as four lanes
  * (lane i: row i), each lane computing what the one-row tile computes in its scalar. */
 #define KQFOUR(KIND, Q6)                                                                               \
-    static void kq_##KIND##_4_1(const kq_rows *x, int64_t k, const uint8_t *w, int64_t row_bytes,     \
-                                float *y, int64_t ldy) {                                              \
+    static void kq_##KIND##_4_1(const kq_rows *x, int64_t k, const uint8_t *w, float *y, int64_t ldy) { \
         const int64_t nsb = k / QK;                                                                  \
         __m128 acc = _mm_setzero_ps();                                                               \
         for (int64_t sb = 0; sb < nsb; sb++) {                                                       \
             const uint8_t *b = w + sb * BYTES_##KIND;                                                \
-            const char *ahead = (const char *)b + KQ_AHEAD;                      \
-            _mm_prefetch(ahead, _MM_HINT_T0);                                                        \
-            _mm_prefetch(ahead + 64, _MM_HINT_T0);                                                   \
-            _mm_prefetch(ahead + 128, _MM_HINT_T0);                                                  \
             kq_head h;                                                                               \
-            head_##KIND(b, &h);                                                                      \
+            head_##KIND(ask_ahead(b), &h);                                                           \
             __m256i s[8];                                                                            \
             for (int i = 0; i < 4; i++) s[i] = _mm256_setzero_si256();                               \
             _Pragma("GCC unroll 8") for (int c = 0; c < 8; c++) {                                    \
@@ -245,7 +242,7 @@ KQTILES(q4_k, 0)
 KQTILES(q5_k, 0)
 KQTILES(q6_k, 1)
 
-typedef void (*kq_tile_fn)(const kq_rows *, int64_t, const uint8_t *, int64_t, float *, int64_t);
+typedef void (*kq_tile_fn)(const kq_rows *, int64_t, const uint8_t *, float *, int64_t);
 /* [kind - RADIXD_W_Q4_K_A8][rows 1 or 4] */
 static const kq_tile_fn KQ_TILES[3][2] = {
     {kq_q4_k_1_1, kq_q4_k_4_1}, {kq_q5_k_1_1, kq_q5_k_4_1}, {kq_q6_k_1_1, kq_q6_k_4_1}};
@@ -308,7 +305,7 @@ int radixd_kquant_gemm(const radixd_proj *p, const float *x, int64_t m, float *y
             const int four = r + 4 <= m;
             const kq_rows at = {q + r * k, e + r * nsb, s + r * nsb * 16};
             for (int64_t j = 4 * bl; j < j1; j++)
-                fns[four](&at, k, w + j * row_bytes, row_bytes, y + r * ldy + j, ldy);
+                fns[four](&at, k, w + j * row_bytes, y + r * ldy + j, ldy);
             r += four ? 4 : 1;
         }
     }
