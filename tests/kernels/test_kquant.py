@@ -42,14 +42,14 @@ def integer_parts(coding: str, b: np.ndarray) -> tuple[np.ndarray, ...]:
     qtype, size = KINDS[coding]
     n = b.shape[0]
     sb = b.reshape(n, -1, size).astype(np.int64)
-    f16 = b.reshape(n, -1, size)
+    raw = b.reshape(n, -1, size)
     if qtype == QT.Q6_K:
         ql, qh = sb[..., :128].reshape(n, -1, 2, 64), sb[..., 128:192].reshape(n, -1, 2, 32)
         lo = np.stack([ql[..., :32] & 15, ql[..., 32:] & 15, ql[..., :32] >> 4, ql[..., 32:] >> 4], axis=3)
         hi = np.stack([(qh >> s) & 3 for s in (0, 2, 4, 6)], axis=3)
         u = (lo | hi << 4).reshape(n, -1, QK)
-        sc = f16[..., 192:208].view(np.int8).astype(np.int64)
-        d = f16[..., 208:210].copy().view(np.float16)[..., 0].astype(np.float32)
+        sc = raw[..., 192:208].view(np.int8).astype(np.int64)
+        d = raw[..., 208:210].copy().view(np.float16)[..., 0].astype(np.float32)
         return u, sc, 32 * sc, d, d
     s = sb[..., 4:16]
     sc8 = np.concatenate([s[..., 0:4] & 63, (s[..., 8:12] & 15) | (s[..., 0:4] >> 6) << 4], axis=2)
@@ -59,7 +59,7 @@ def integer_parts(coding: str, b: np.ndarray) -> tuple[np.ndarray, ...]:
     if qtype == QT.Q5_K:
         qh = sb[..., 16:48].reshape(n, -1, 1, 32) >> np.arange(8).reshape(8, 1)
         u = u | ((qh & 1) << 4).reshape(n, -1, QK)
-    dd = f16[..., 0:4].copy().view(np.float16).astype(np.float32)
+    dd = raw[..., 0:4].copy().view(np.float16).astype(np.float32)
     return u, np.repeat(sc8, 2, axis=2), np.repeat(mn8, 2, axis=2), dd[..., 0], dd[..., 1]
 
 
