@@ -186,9 +186,10 @@ static inline __attribute__((always_inline)) __m256i sums8(const __m256i v[8]) {
             if (Q6) {                                                                                \
                 acc = acc + (h.d * e) * (float)hsum_i32(_mm256_sub_epi32(s1, s2));                   \
             } else {                                                                                 \
-                const __m128i both = sum_pair(s1, s2);                                               \
-                acc = acc + ((h.d * e) * (float)_mm_cvtsi128_si32(both) -                            \
-                             (h.dmin * e) * (float)_mm_extract_epi32(both, 1));                      \
+                /* [d * e, dmin * e] times [S1, S2] in two lanes, then one minus the other */        \
+                const __m128 de = _mm_mul_ps(_mm_setr_ps(h.d, h.dmin, 0.0f, 0.0f), _mm_set1_ps(e));   \
+                const __m128 t = _mm_mul_ps(de, _mm_cvtepi32_ps(sum_pair(s1, s2)));                  \
+                acc = acc + (_mm_cvtss_f32(t) - _mm_cvtss_f32(_mm_movehdup_ps(t)));                  \
             }                                                                                        \
         }                                                                                            \
         *y = acc;                                                                                    \
