@@ -14,7 +14,9 @@
  * NOTE: row-invariant by construction: a row is quantized on its own, S1 and S2 are exact integers
  * (however the lanes split them), and each output adds its terms in one order whatever the tile,
  * the row count, the row's position or the thread count. The integer sums do not depend on the
- * vector width, so any ISA computing the same S1 and S2 gives the same bits.
+ * vector width or the instructions, so a build with AVX512-VNNI (vpdpwssd) and one without give the
+ * same bits. Threads split the outputs; a tile is one output times one row (a decode step) or four
+ * rows sharing each unpacked super-block (batches, prefills).
  */
 #include <string.h>
 
