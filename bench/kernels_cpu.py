@@ -18,6 +18,15 @@ is the K/V bytes the step reads / that bandwidth; ``x floor`` is the median over
 time / floor of the same round).
 
     .venv/bin/python bench/kernels_cpu.py --ctx 128,1000,4000,16000 --layers 30 --threads 1
+
+With ``--gemm`` it times the projections over GGUF blocks times 8-bit activations instead: the K-quant
+kinds (Q4_K, Q6_K as the file stores them) against Q4_1 at each ``--shapes`` (outputs x inputs) and
+``--rows``, one call of each kind per round, random blocks. A call of one row streams its weights
+from memory (it cycles over copies of them, ``--stream-mib`` in all); the table gives the weights'
+bytes per second and the int8 multiply-adds per second. On one thread a call is timed by the calling
+thread's CPU time (what other processes on a shared machine take is not counted), else by the clock.
+
+    .venv/bin/python bench/kernels_cpu.py --gemm --threads 2 --rows 1,8,64
 """
 
 from __future__ import annotations
@@ -33,6 +42,7 @@ import torch
 import torch.nn.functional as F
 from benchkit import DEFAULT_KV_CACHE_GB, zeros_on_huge_pages
 
+from radixd.daemon.model.f32 import Gemm
 from radixd.kernels import cpu_attention
 from radixd.kernels.paged_decode import paged_decode_torch, plan_for, rows_plan_for
 from radixd.kernels.paged_prefill import paged_prefill_torch
@@ -189,6 +199,59 @@ def measure(fns: dict[str, Callable[[], object]], rounds: int, read_mib: int) ->
     return times
 
 
+# GGUF block bytes per weight of the projections' kinds
+GEMM_KINDS = {"q4_1_a8": 20 / 32, "q4_k_a8": 144 / 256, "q6_k_a8": 210 / 256}
+
+
+def gemm_of(kind: str, n: int, k: int, g: torch.Generator) -> Gemm:
+    """A projection of `kind` over random blocks: random codes, fp16 scales of a model's size."""
+    if kind == "q4_1_a8":
+        codes = torch.randint(0, 256, (n, k // 2), dtype=torch.uint8, generator=g)
+        d = (torch.rand(n, k // 32, generator=g) * 0.01).half()
+        return Gemm(kind, [codes, d, -d], None, (n, k))
+    size = round(GEMM_KINDS[kind] * 256)
+    blocks = torch.randint(0, 256, (n, k // 256, size), dtype=torch.uint8, generator=g)
+    d = (torch.rand(n, k // 256, 2, generator=g) * 0.01).half().view(torch.uint8)
+    if kind == "q6_k_a8":
+        blocks[..., 208:210] = d[..., :2]
+    else:
+        blocks[..., 0:4] = d
+    return Gemm(kind, [blocks.view(n, -1)], None, (n, k))
+
+
+def gemm_table(shapes: list[tuple[int, int]], rows: list[int], rounds: int, stream_mib: int) -> list[str]:
+    """Median seconds per call of each kind at each shape and row count, interleaved by round."""
+    lines = [
+        "| outputs x inputs | rows | kind | median ms | weights GB/s | GMAC/s | vs q4_1_a8 |",
+        "| --- | ---: | --- | ---: | ---: | ---: | ---: |",
+    ]
+    g = torch.Generator().manual_seed(0)
+    for n, k in shapes:
+        for m in rows:
+            fns: dict[str, list[Gemm]] = {}
+            for kind, per_weight in GEMM_KINDS.items():
+                copies = max(1, math.ceil((stream_mib << 20) / (n * k * per_weight))) if m == 1 else 1
+                fns[kind] = [gemm_of(kind, n, k, g) for _ in range(copies)]
+            x = torch.randn(m, k, generator=g)
+            times: dict[str, list[float]] = {kind: [] for kind in fns}
+            clock = time.thread_time if torch.get_num_threads() == 1 else time.perf_counter
+            for r in range(rounds + 1):
+                for kind, gemms in fns.items():
+                    t0 = clock()
+                    gemms[r % len(gemms)](x)
+                    if r:
+                        times[kind].append(clock() - t0)
+            base = statistics.median(times["q4_1_a8"])
+            for kind, per_weight in GEMM_KINDS.items():
+                t = statistics.median(times[kind])
+                lines.append(
+                    f"| {n} x {k} | {m} | {kind} | {t * 1e3:.3f} | {n * k * per_weight / t / 1e9:.1f} | "
+                    f"{m * n * k / t / 1e9:.1f} | {base / t:.2f}x |"
+                )
+            print("\n".join(lines[-len(GEMM_KINDS) :]), flush=True)
+    return lines
+
+
 def main(argv: list[str] | None = None) -> str:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--batch", type=int, default=1)
@@ -211,9 +274,29 @@ def main(argv: list[str] | None = None) -> str:
     ap.add_argument(
         "--prefill", action="store_true", help="time the prefill twins instead: each context as one chunk"
     )
+    ap.add_argument("--gemm", action="store_true", help="time the projections' kinds instead (see above)")
+    ap.add_argument(
+        "--shapes", default="3072x2048,16384x2048,2048x8192", help="--gemm: outputs x inputs, comma-separated"
+    )
+    ap.add_argument("--rows", default="1,8,64", help="--gemm: rows a call, comma-separated")
+    ap.add_argument("--stream-mib", type=int, default=256, help="--gemm: one-row calls' weights in all")
     args = ap.parse_args(argv)
     if args.threads:
         torch.set_num_threads(args.threads)
+    if args.gemm:
+        shapes = [(int(a), int(b)) for a, b in (s.split("x") for s in args.shapes.split(","))]
+        head = f"projections over GGUF blocks, 8-bit activations, {torch.get_num_threads()} threads, "
+        head += f"{args.rounds} interleaved rounds"
+        report = "\n".join(
+            [
+                head,
+                "",
+                *gemm_table(shapes, [int(r) for r in args.rows.split(",")], args.rounds, args.stream_mib),
+            ]
+        )
+        print()
+        print(report)
+        return report
     dtype = DTYPES[args.dtype]
     bw_bytes = args.read_mib << 20
     lines = [

@@ -226,6 +226,11 @@ static int gemm_part(const radixd_proj *p, const float *x, int64_t m, float *y, 
     case RADIXD_W_Q8_0_A8:
         rc = radixd_a8_gemm(kind, x, m, p->k, p->w, p->d, p->mn, p->n, y, ldy, threads);
         break;
+    case RADIXD_W_Q4_K_A8:
+    case RADIXD_W_Q5_K_A8:
+    case RADIXD_W_Q6_K_A8:
+        rc = radixd_kquant_gemm(p, x, m, y, ldy, threads);
+        break;
     default:
         return -2;
     }
@@ -277,6 +282,11 @@ int radixd_dequantize_rows(const radixd_proj *p, const int64_t *rows, int64_t co
                     }
                 }
             }
+            break;
+        case RADIXD_W_Q4_K_A8:
+        case RADIXD_W_Q5_K_A8:
+        case RADIXD_W_Q6_K_A8:
+            radixd_kquant_dequantize_row(p, r, o);
             break;
         default:
             return -2;

@@ -107,4 +107,10 @@ INTERNAL int radixd_a8_gemm(int kind, const float *x, int64_t m, int64_t k, cons
 INTERNAL void radixd_quantize_pairs(const float *x, int64_t m, int64_t k, int q4, const a8_rows *out);
 INTERNAL extern const a8_tile_fn radixd_a8w_tiles[2][2][2];
 
+/* kquant_gemm.c: one part of the K-quant kinds (Q4_K, Q5_K, Q6_K blocks as the GGUF stores them) times
+ * 8-bit activations into y's columns from 0 (row stride ldy): 0, -1 (no memory) or -2; and one row of
+ * its W as fp32, as gguf-py's dequantize computes it. */
+INTERNAL int radixd_kquant_gemm(const radixd_proj *p, const float *x, int64_t m, float *y, int64_t ldy, int threads);
+INTERNAL void radixd_kquant_dequantize_row(const radixd_proj *p, int64_t row, float *out);
+
 #endif

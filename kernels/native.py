@@ -100,6 +100,7 @@ UNIT_FLAGS: dict[str, tuple[str, ...]] = {
     "f32_gemm.c": _AVX2,
     "a8_gemm.c": _AVX2,
     "a8_avx512.c": (*_AVX2, "-mavx512f", "-mavx512bw", "-mavx512vl", "-mavx512vnni"),
+    "kquant_gemm.c": _AVX2,
     "cpu_decoder.c": _AVX2,
 }
 # What runs instead where the library cannot be built.

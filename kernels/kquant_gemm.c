@@ -1,0 +1,345 @@
+/* Projections over GGUF K-quant blocks (Q4_K, Q5_K, Q6_K) as the file stores them, times 8-bit
+ * activations: radixd_gemm's kinds RADIXD_W_Q4_K_A8, Q5_K_A8 and Q6_K_A8.
+ *
+ * A super-block holds 256 weights, w = d * sc_i * u - dmin * mn_i with unsigned codes u, integer
+ * scales sc_i and minimums mn_i per 32 (Q4_K, Q5_K: 6 bits each) or per 16 (Q6_K: int8 scales,
+ * u - 32 signed, so mn_i = 32 * sc_i and dmin = d). A call quantizes each row of x per 256 inputs
+ * (codes a = round-to-even(x * 127 / amax), scale e = amax / 127, and the codes' sums per 16). Then
+ * for one output and one super-block, exactly in integers:
+ *     S1 = sum_i sc_i * sum(u * a over span i)   (maddubs, madd by the scales, int32 adds)
+ *     S2 = sum_i mn_i * sum(a over span i)       (one madd on the sums per 16)
+ * and in fp32, each operation rounded as written, the super-block's term
+ *     Q4_K, Q5_K: (d * e) * S1 - (dmin * e) * S2        Q6_K: (d * e) * (S1 - S2)
+ * added to the output's sum in increasing super-block order from 0.
+ * NOTE: row-invariant by construction: a row is quantized on its own, S1 and S2 are exact integers
+ * (however the lanes split them), and each output adds its terms in one order whatever the tile,
+ * the row count, the row's position or the thread count. The integer sums do not depend on the
+ * vector width or the instructions, so a build with AVX512-VNNI (vpdpwssd) and one without give the
+ * same bits. Threads split the outputs; a tile is one output times one row (a decode step) or four
+ * rows sharing each unpacked super-block (batches, prefills).
+ */
+#include <string.h>
+
+#include "gemm.h"
+
+#define QK 256
+/* Bytes ahead of the super-block a tile reads that it asks for: a thread's outputs are consecutive
+ * rows, so its weights are one stream; a fixed distance (not PREFETCH_OUTPUTS rows, 37 KiB at
+ * k = 8192) keeps the lines asked for in L1 until they are read. */
+#define KQ_AHEAD 2048
+/* Bytes of one super-block, as GGUF stores it. */
+#define BYTES_q4_k 144
+#define BYTES_q5_k 176
+#define BYTES_q6_k 210
+
+/* A super-block's header: its integer scales per 16 inputs, in span order (int16 lane c: scale 2c,
+ * lane 8 + c: scale 2c + 1, so that span c's multipliers are one in-lane shuffle), its minimums per
+ * 16 in input order, and the fp32 multipliers of S1 and S2. */
+typedef struct {
+    __m256i sc, mn;
+    float d, dmin;
+} kq_head;
+
+/* A call's activations: codes q [m, k], scales e [m, k / 256], sums per 16 s [m, k / 16]. */
+typedef struct {
+    const int8_t *q;
+    const float *e;
+    const int16_t *s;
+} kq_rows;
+
+static inline float f16(const uint8_t *p) {
+    uint16_t h;
+    memcpy(&h, p, 2);
+    return _cvtsh_ss(h);
+}
+
+/* Q4_K / Q5_K's 12 bytes of 6-bit scales and minimums (from byte 4): bytes 0-3 hold scales 0-3 (low
+ * 6 bits) and the top 2 bits of scales 4-7, bytes 4-7 likewise for the minimums, bytes 8-11 the low
+ * 4 bits of scales 4-7 (low nibble) and of minimums 4-7 (high nibble). Unpacked in one vector (a
+ * scalar unpacking was a quarter of a one-row tile's instructions): bytes [scales 0-7, minimums
+ * 0-7], each serving two spans of 16. */
+static inline __attribute__((always_inline)) void head_k4(const uint8_t *b, kq_head *h) {
+    const __m128i v = _mm_loadu_si128((const __m128i *)(b + 4)); /* 4 bytes past them: codes */
+    /* [q0-3, q8-11, q4-7, q8-11]: the low bits' bytes in the output's order */
+    const __m128i low = _mm_shuffle_epi8(v, _mm_setr_epi8(0, 1, 2, 3, 8, 9, 10, 11, 4, 5, 6, 7, 8, 9, 10, 11));
+    /* q0-3 under scales 4-7, q4-7 under minimums 4-7: their top 2 bits */
+    const __m128i top = _mm_shuffle_epi8(v, _mm_setr_epi8(-1, -1, -1, -1, 0, 1, 2, 3, -1, -1, -1, -1, 4, 5, 6, 7));
+    const __m128i keep = _mm_setr_epi8(63, 63, 63, 63, 15, 15, 15, 15, 63, 63, 63, 63, 0, 0, 0, 0);
+    const __m128i high_nibble = _mm_setr_epi8(0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 15, 15, 15, 15);
+    __m128i sm = _mm_or_si128(_mm_and_si128(low, keep), _mm_and_si128(_mm_srli_epi16(low, 4), high_nibble));
+    sm = _mm_or_si128(sm, _mm_and_si128(_mm_srli_epi16(top, 2), _mm_set1_epi8(0x30)));
+    h->sc = _mm256_cvtepu8_epi16(_mm_unpacklo_epi64(sm, sm));
+    h->mn = _mm256_cvtepu8_epi16(_mm_shuffle_epi8(sm, _mm_setr_epi8(8, 8, 9, 9, 10, 10, 11, 11, 12, 12, 13, 13, 14, 14, 15, 15)));
+    h->d = f16(b);
+    h->dmin = f16(b + 2);
+}
+
+static inline __attribute__((always_inline)) void head_q4_k(const uint8_t *b, kq_head *h) { head_k4(b, h); }
+static inline __attribute__((always_inline)) void head_q5_k(const uint8_t *b, kq_head *h) { head_k4(b, h); }
+
+/* Q6_K: 16 int8 scales at 192, fp16 d at 208; w = d * sc * (u - 32), so mn = 32 * sc and dmin = d. */
+static inline __attribute__((always_inline)) void head_q6_k(const uint8_t *b, kq_head *h) {
+    const __m128i v = _mm_loadu_si128((const __m128i *)(b + 192));
+    const __m128i span_order = _mm_setr_epi8(0, 2, 4, 6, 8, 10, 12, 14, 1, 3, 5, 7, 9, 11, 13, 15);
+    h->sc = _mm256_cvtepi8_epi16(_mm_shuffle_epi8(v, span_order));
+    h->mn = _mm256_slli_epi16(_mm256_cvtepi8_epi16(v), 5);
+    h->d = h->dmin = f16(b + 208);
+}
+
+/* Codes u of inputs 32c .. 32c + 31 of a super-block, in input order. Q4_K: byte l of the 32 at
+ * 16 + 32 (c / 2) holds input l of span c in its low nibble (c even) or high nibble (c odd). */
+static inline __attribute__((always_inline)) __m256i nibbles(const uint8_t *p, int c) {
+    const __m256i v = _mm256_loadu_si256((const __m256i *)(p + 32 * (c / 2)));
+    const __m256i lo = _mm256_set1_epi8(0x0F);
+    return c & 1 ? _mm256_and_si256(_mm256_srli_epi16(v, 4), lo) : _mm256_and_si256(v, lo);
+}
+
+static inline __attribute__((always_inline)) __m256i codes_q4_k(const uint8_t *b, int c) {
+    return nibbles(b + 16, c);
+}
+
+/* Q5_K: the Q4_K nibbles at 48, and bit c of byte l of the 32 at 16 as the fifth bit. */
+static inline __attribute__((always_inline)) __m256i codes_q5_k(const uint8_t *b, int c) {
+    const __m256i qh = _mm256_loadu_si256((const __m256i *)(b + 16));
+    const __m256i hi = _mm256_and_si256(_mm256_srli_epi16(qh, c), _mm256_set1_epi8(1));
+    return _mm256_or_si256(nibbles(b + 48, c), _mm256_slli_epi16(hi, 4));
+}
+
+/* Q6_K: half h = c / 4 of the super-block, quarter s = c % 4: low 4 bits from byte l of ql (at 64h,
+ * + 32 for odd s; high nibble for s >= 2), top 2 bits from bits 2s of byte l of qh (at 128 + 32h). */
+static inline __attribute__((always_inline)) __m256i codes_q6_k(const uint8_t *b, int c) {
+    const int h = c / 4, s = c % 4;
+    const __m256i ql = _mm256_loadu_si256((const __m256i *)(b + 64 * h + 32 * (s & 1)));
+    const __m256i qh = _mm256_loadu_si256((const __m256i *)(b + 128 + 32 * h));
+    const __m256i lo = s >= 2 ? _mm256_srli_epi16(ql, 4) : ql;
+    const __m256i top = _mm256_and_si256(_mm256_srli_epi16(qh, 2 * s), _mm256_set1_epi8(3));
+    return _mm256_or_si256(_mm256_and_si256(lo, _mm256_set1_epi8(0x0F)), _mm256_slli_epi16(top, 4));
+}
+
+/* Asks for the 3 lines KQ_AHEAD bytes past a super-block (a prefetch never faults); returns b. */
+static inline __attribute__((always_inline)) const uint8_t *ask_ahead(const uint8_t *b) {
+    _mm_prefetch((const char *)b + KQ_AHEAD, _MM_HINT_T0);
+    _mm_prefetch((const char *)b + KQ_AHEAD + 64, _MM_HINT_T0);
+    _mm_prefetch((const char *)b + KQ_AHEAD + 128, _MM_HINT_T0);
+    return b;
+}
+
+/* acc + madd(p, sv): one instruction where the build's CPU has AVX512-VNNI (-march=native), the
+ * same exact int32 sums either way. */
+static inline __attribute__((always_inline)) __m256i madd_add(__m256i acc, __m256i p, __m256i sv) {
+#if defined(__AVX512VNNI__) && defined(__AVX512VL__)
+    return _mm256_dpwssd_epi32(acc, p, sv);
+#else
+    return _mm256_add_epi32(acc, _mm256_madd_epi16(p, sv));
+#endif
+}
+
+/* The int16 multipliers of span c's 16 maddubs pairs: lanes 0-7 (inputs 0-15) scale 2c, lanes 8-15
+ * scale 2c + 1 (kq_head's order). */
+static inline __attribute__((always_inline)) __m256i span_scales(__m256i sc, int c) {
+    const __m256i at = _mm256_set1_epi16((short)(0x0100 * (2 * c + 1) + 2 * c));
+    return _mm256_shuffle_epi8(sc, at);
+}
+
+/* Exact int32 reductions: the sum of v's 8 lanes; [sum of a, sum of b, ...]; lane l = the sum of
+ * v[l]'s 8 lanes (4 or 8 vectors). */
+static inline __attribute__((always_inline)) int32_t hsum_i32(__m256i v) {
+    __m128i a = _mm_add_epi32(_mm256_castsi256_si128(v), _mm256_extracti128_si256(v, 1));
+    a = _mm_add_epi32(a, _mm_shuffle_epi32(a, 0x4E));
+    return _mm_cvtsi128_si32(_mm_add_epi32(a, _mm_shuffle_epi32(a, 0xB1)));
+}
+
+static inline __attribute__((always_inline)) __m128i sum_pair(__m256i a, __m256i b) {
+    const __m256i h = _mm256_hadd_epi32(a, b);
+    const __m128i q = _mm_add_epi32(_mm256_castsi256_si128(h), _mm256_extracti128_si256(h, 1));
+    return _mm_hadd_epi32(q, q);
+}
+
+static inline __attribute__((always_inline)) __m128i sums4(const __m256i v[4]) {
+    const __m256i g = _mm256_hadd_epi32(_mm256_hadd_epi32(v[0], v[1]), _mm256_hadd_epi32(v[2], v[3]));
+    return _mm_add_epi32(_mm256_castsi256_si128(g), _mm256_extracti128_si256(g, 1));
+}
+
+static inline __attribute__((always_inline)) __m256i sums8(const __m256i v[8]) {
+    return _mm256_set_m128i(sums4(v + 4), sums4(v));
+}
+
+/* One row times one output (a decode step's tile; a tile of four outputs measured slower here: the
+ * step is bound by its instructions, not its loads), its spans in two chains of int32 adds. */
+#define KQONE(KIND, Q6)                                                                                \
+    static void kq_##KIND##_1_1(const kq_rows *x, int64_t k, const uint8_t *w, float *y, int64_t ldy) { \
+        (void)ldy;                                                                                   \
+        const int64_t nsb = k / QK;                                                                  \
+        float acc = 0.0f;                                                                            \
+        for (int64_t sb = 0; sb < nsb; sb++) {                                                       \
+            const uint8_t *b = w + sb * BYTES_##KIND;                                                \
+            kq_head h;                                                                               \
+            head_##KIND(ask_ahead(b), &h);                                                           \
+            __m256i s1 = _mm256_setzero_si256(), s1b = _mm256_setzero_si256(); /* two chains */     \
+            _Pragma("GCC unroll 8") for (int c = 0; c < 8; c += 2) {                                 \
+                const __m256i a0 = _mm256_loadu_si256((const __m256i *)(x->q + sb * QK + 32 * c));   \
+                const __m256i a1 = _mm256_loadu_si256((const __m256i *)(x->q + sb * QK + 32 * c + 32)); \
+                s1 = madd_add(s1, _mm256_maddubs_epi16(codes_##KIND(b, c), a0), span_scales(h.sc, c)); \
+                s1b = madd_add(s1b, _mm256_maddubs_epi16(codes_##KIND(b, c + 1), a1), span_scales(h.sc, c + 1)); \
+            }                                                                                        \
+            s1 = _mm256_add_epi32(s1, s1b);                                                          \
+            const __m256i s2 = _mm256_madd_epi16(h.mn, _mm256_loadu_si256((const __m256i *)(x->s + sb * 16))); \
+            const float e = x->e[sb];                                                                \
+            if (Q6) {                                                                                \
+                acc = acc + (h.d * e) * (float)hsum_i32(_mm256_sub_epi32(s1, s2));                   \
+            } else {                                                                                 \
+                /* [d * e, dmin * e] times [S1, S2] in two lanes, then one minus the other */        \
+                const __m128 de = _mm_mul_ps(_mm_setr_ps(h.d, h.dmin, 0.0f, 0.0f), _mm_set1_ps(e));   \
+                const __m128 t = _mm_mul_ps(de, _mm_cvtepi32_ps(sum_pair(s1, s2)));                  \
+                acc = acc + (_mm_cvtss_f32(t) - _mm_cvtss_f32(_mm_movehdup_ps(t)));                  \
+            }                                                                                        \
+        }                                                                                            \
+        *y = acc;                                                                                    \
+    }
+
+/* Four rows times one output (batches and prefills): each span's codes and multipliers unpacked once
+ * for the four rows, and the four rows' S1 and S2 summed together, their fp32 terms as four lanes
+ * (lane i: row i), each lane computing what the one-row tile computes in its scalar. */
+#define KQFOUR(KIND, Q6)                                                                               \
+    static void kq_##KIND##_4_1(const kq_rows *x, int64_t k, const uint8_t *w, float *y, int64_t ldy) { \
+        const int64_t nsb = k / QK;                                                                  \
+        __m128 acc = _mm_setzero_ps();                                                               \
+        for (int64_t sb = 0; sb < nsb; sb++) {                                                       \
+            const uint8_t *b = w + sb * BYTES_##KIND;                                                \
+            kq_head h;                                                                               \
+            head_##KIND(ask_ahead(b), &h);                                                           \
+            __m256i s[8];                                                                            \
+            for (int i = 0; i < 4; i++) s[i] = _mm256_setzero_si256();                               \
+            _Pragma("GCC unroll 8") for (int c = 0; c < 8; c++) {                                    \
+                const __m256i u = codes_##KIND(b, c), sv = span_scales(h.sc, c);                     \
+                for (int i = 0; i < 4; i++) {                                                        \
+                    const __m256i a = _mm256_loadu_si256((const __m256i *)(x->q + i * k + sb * QK + 32 * c)); \
+                    s[i] = madd_add(s[i], _mm256_maddubs_epi16(u, a), sv);                           \
+                }                                                                                    \
+            }                                                                                        \
+            for (int i = 0; i < 4; i++) {                                                            \
+                const __m256i s2 = _mm256_madd_epi16(h.mn, _mm256_loadu_si256((const __m256i *)(x->s + (i * nsb + sb) * 16))); \
+                if (Q6)                                                                              \
+                    s[i] = _mm256_sub_epi32(s[i], s2);                                               \
+                else                                                                                 \
+                    s[4 + i] = s2;                                                                   \
+            }                                                                                        \
+            const __m128 e = _mm_setr_ps(x->e[sb], x->e[nsb + sb], x->e[2 * nsb + sb], x->e[3 * nsb + sb]); \
+            if (Q6) {                                                                                \
+                const __m128i t = sums4(s);                                                          \
+                acc = _mm_add_ps(acc, _mm_mul_ps(_mm_mul_ps(_mm_set1_ps(h.d), e), _mm_cvtepi32_ps(t))); \
+            } else {                                                                                 \
+                const __m256 f = _mm256_cvtepi32_ps(sums8(s));                                       \
+                const __m128 t1 = _mm_mul_ps(_mm_mul_ps(_mm_set1_ps(h.d), e), _mm256_castps256_ps128(f)); \
+                const __m128 t2 = _mm_mul_ps(_mm_mul_ps(_mm_set1_ps(h.dmin), e), _mm256_extractf128_ps(f, 1)); \
+                acc = _mm_add_ps(acc, _mm_sub_ps(t1, t2));                                           \
+            }                                                                                        \
+        }                                                                                            \
+        float out[4];                                                                                \
+        _mm_storeu_ps(out, acc);                                                                     \
+        for (int i = 0; i < 4; i++) y[i * ldy] = out[i];                                             \
+    }
+
+#define KQTILES(KIND, Q6) KQONE(KIND, Q6) KQFOUR(KIND, Q6)
+KQTILES(q4_k, 0)
+KQTILES(q5_k, 0)
+KQTILES(q6_k, 1)
+
+typedef void (*kq_tile_fn)(const kq_rows *, int64_t, const uint8_t *, float *, int64_t);
+/* [kind - RADIXD_W_Q4_K_A8][rows 1 or 4] */
+static const kq_tile_fn KQ_TILES[3][2] = {
+    {kq_q4_k_1_1, kq_q4_k_4_1}, {kq_q5_k_1_1, kq_q5_k_4_1}, {kq_q6_k_1_1, kq_q6_k_4_1}};
+static const int64_t KQ_BYTES[3] = {BYTES_q4_k, BYTES_q5_k, BYTES_q6_k};
+
+/* Row r of x [m, k] per 256 inputs: codes q, scale e = amax / 127 (codes x * 127 / amax rounded to
+ * nearest even, 0 where amax is 0) and the codes' sums per 16. */
+static void quantize_rows(const float *x, int64_t m, int64_t k, int8_t *q, float *e, int16_t *s) {
+    const __m256 sign = _mm256_set1_ps(-0.0f);
+    const __m256i order = _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7);
+    for (int64_t at = 0; at < m * (k / QK); at++) {
+        const float *p = x + at * QK;
+        __m256 amax = _mm256_setzero_ps();
+        for (int i = 0; i < QK; i += 8) amax = _mm256_max_ps(amax, _mm256_andnot_ps(sign, _mm256_loadu_ps(p + i)));
+        const float a = hmax(amax);
+        const __m256 inv = _mm256_set1_ps(a > 0 ? 127.0f / a : 0.0f);
+        e[at] = a / 127.0f;
+        for (int g = 0; g < QK / 32; g++) {
+            __m256i c[4];
+            for (int i = 0; i < 4; i++)
+                c[i] = _mm256_cvtps_epi32(_mm256_round_ps(_mm256_mul_ps(_mm256_loadu_ps(p + 32 * g + 8 * i), inv), NEAREST));
+            /* packs interleave the 128-bit lanes; the permute puts inputs back in order */
+            __m256i b = _mm256_packs_epi16(_mm256_packs_epi32(c[0], c[1]), _mm256_packs_epi32(c[2], c[3]));
+            b = _mm256_permutevar8x32_epi32(b, order);
+            _mm256_storeu_si256((__m256i *)(q + at * QK + 32 * g), b);
+            /* pairs' sums, then the 8 pairs of each 16 */
+            const __m256i s16 = _mm256_maddubs_epi16(_mm256_set1_epi8(1), b);
+            const __m256i s32 = _mm256_madd_epi16(s16, _mm256_set1_epi16(1));
+            int32_t part[8];
+            _mm256_storeu_si256((__m256i *)part, s32);
+            s[at * 16 + 2 * g] = (int16_t)(part[0] + part[1] + part[2] + part[3]);
+            s[at * 16 + 2 * g + 1] = (int16_t)(part[4] + part[5] + part[6] + part[7]);
+        }
+    }
+}
+
+/* y [m, n] (row stride ldy) = x [m, k] . W^T over one part of a K-quant kind, x quantized here.
+ * Threads split the outputs into blocks of 4; rows run in tiles of 4 sharing each unpacked span,
+ * the rest one at a time. Returns 0, -1 (no memory for the activations) or -2 (not a K-quant kind). */
+int radixd_kquant_gemm(const radixd_proj *p, const float *x, int64_t m, float *y, int64_t ldy, int threads) {
+    const int kind = (int)p->kind - RADIXD_W_Q4_K_A8;
+    if (kind < 0 || kind > 2) return -2;
+    const int64_t k = p->k, n = p->n, nsb = k / QK, row_bytes = nsb * KQ_BYTES[kind];
+    /* NOTE: the calling thread's scratch, as a8_gemm.c: codes, then scales, then the sums per 16. */
+    float *buf = radixd_scratch((m * k + 3) / 4 + m * nsb + (m * nsb * 16 * 2 + 3) / 4);
+    if (!buf) return -1;
+    int8_t *q = (int8_t *)buf;
+    float *e = buf + (m * k + 3) / 4;
+    int16_t *s = (int16_t *)(e + m * nsb);
+    quantize_rows(x, m, k, q, e, s);
+    const kq_tile_fn *fns = KQ_TILES[kind];
+    const uint8_t *w = (const uint8_t *)p->w;
+    const int64_t blocks = (n + 3) / 4;
+    /* Within a block, row tiles outside and outputs inside: a tile's activations stay in L1 while
+     * the block's 4 weight rows serve them. */
+#pragma omp parallel for num_threads(threads) schedule(static) if (blocks * m * k >= 65536)
+    for (int64_t bl = 0; bl < blocks; bl++) {
+        const int64_t j1 = 4 * bl + 4 < n ? 4 * bl + 4 : n;
+        for (int64_t r = 0; r < m;) {
+            const int four = r + 4 <= m;
+            const kq_rows at = {q + r * k, e + r * nsb, s + r * nsb * 16};
+            for (int64_t j = 4 * bl; j < j1; j++)
+                fns[four](&at, k, w + j * row_bytes, y + r * ldy + j, ldy);
+            r += four ? 4 : 1;
+        }
+    }
+    return 0;
+}
+
+/* Row `row` of one part's W as fp32, each weight as gguf-py's dequantize rounds it:
+ * Q4_K / Q5_K (d * sc) * u - (dmin * mn), Q6_K (d * sc) * (u - 32). */
+void radixd_kquant_dequantize_row(const radixd_proj *p, int64_t row, float *out) {
+    const int kind = (int)p->kind - RADIXD_W_Q4_K_A8;
+    const int64_t nsb = p->k / QK;
+    const uint8_t *w = (const uint8_t *)p->w + row * nsb * KQ_BYTES[kind];
+    for (int64_t sb = 0; sb < nsb; sb++) {
+        const uint8_t *b = w + sb * KQ_BYTES[kind];
+        kq_head h;
+        int16_t sc[16], mn[16];
+        uint8_t u[QK];
+        for (int c = 0; c < 8; c++) {
+            __m256i v = kind == 0 ? codes_q4_k(b, c) : kind == 1 ? codes_q5_k(b, c) : codes_q6_k(b, c);
+            _mm256_storeu_si256((__m256i *)(u + 32 * c), v);
+        }
+        if (kind == 2)
+            head_q6_k(b, &h);
+        else
+            head_k4(b, &h);
+        _mm256_storeu_si256((__m256i *)sc, h.sc);
+        _mm256_storeu_si256((__m256i *)mn, h.mn);
+        float *o = out + sb * QK;
+        for (int i = 0; i < QK; i++) {
+            const float ds = h.d * (float)sc[(i / 16) % 2 * 8 + i / 32]; /* kq_head's order */
+            o[i] = kind == 2 ? ds * (float)((int)u[i] - 32) : ds * (float)u[i] - h.dmin * (float)mn[i / 16];
+        }
+    }
+}
