@@ -233,12 +233,16 @@ def test_keys_left_of_the_window_are_not_read(name: str, monkeypatch: pytest.Mon
     tile holding it (block_n keys) in decode, or holding its query tile's first row's first key in
     prefill: those positions hold NaN, which any read would spread into the answer."""
     backend = _use(name, monkeypatch)
+    block_n = DECODE_CONFIG["block_n"]
+    # Splits of several key tiles, so that the tiles skipped inside a split are seen (stage 2 of the
+    # decode skips whole splits anyway).
+    monkeypatch.setattr(paged_decode_mod, "SPLIT_TOKENS", 4 * block_n)
+    monkeypatch.setattr(paged_prefill_mod, "SPLIT_TOKENS", 4 * block_n)
     lens, window = [700, 20], 40
     pool = make_pool(lens, 8, HKV, D, seed=11)
     g = torch.Generator().manual_seed(12)
     qd = torch.randn(2, HQ, D, generator=g)
     first = lens[0] - window  # decode row's first key
-    block_n = DECODE_CONFIG["block_n"]
     below = first if name == "compiled" else first // block_n * block_n
     got = _decode(backend, qd, _poisoned(pool, 0, below), [0, 1], lens, window)
     want = dense_ref(qd, pool, [0, 1], [n - 1 for n in lens], window)
