@@ -16,7 +16,7 @@ from typing import Any
 
 import pytest
 import torch
-from kernels_ref import Pool, make_pool, tol
+from kernels_ref import Pool, make_pool, prefill_in_chunks, tol
 
 from radixd.kernels import cpu_attention, paged_decode, paged_prefill
 from radixd.kernels.paged_decode import DECODE_CONFIG, decode_step_plan
@@ -163,19 +163,11 @@ def test_prefill_rows_equal_decode_rows(impl: str, window: int) -> None:
     pool = make_pool(lens, 8, HKV, D, seed=3)
     g = torch.Generator().manual_seed(4)
     qs = [torch.randn(n, HQ, D, generator=g) for n in lens]
-    chunks = [[70, 1, 130, 99], [3, 87]]
-    outs = [torch.empty(n, HQ, D) for n in lens]
-    done = [0, 0]
-    for step in range(4):
-        members = [i for i in range(2) if step < len(chunks[i])]
-        q_lens = [chunks[i][step] for i in members]
-        ends = [done[i] + n for i, n in zip(members, q_lens, strict=True)]
-        q = torch.cat([qs[i][done[i] : e] for i, e in zip(members, ends, strict=True)])
-        out = _prefill(impl, q, pool, members, q_lens, ends, window)
-        a = 0
-        for i, n, e in zip(members, q_lens, ends, strict=True):
-            outs[i][done[i] : e] = out[a : a + n]
-            done[i], a = e, a + n
+    outs = prefill_in_chunks(
+        lambda q, members, q_lens, ends: _prefill(impl, q, pool, members, q_lens, ends, window),
+        qs,
+        [[70, 1, 130, 99], [3, 87]],
+    )
     for i, n in enumerate(lens):
         edges = {0, window - 1, window, 64, 71, C_SPLIT - 1, C_SPLIT + 1, n - 1, *rng.sample(range(n), 2)}
         for p in sorted(edges & set(range(n))):
