@@ -5,8 +5,9 @@ Triton: split-K flash decoding, splits fixed by position (split ``j`` holds keys
 head, split) over the GQA group in one ``ROW_TILE``-row tile, stage 2 folds the splits in order with
 tiles.py's fold, the prefill kernel's arithmetic. CPU twin: the compiled row kernel (cpu_attention.py),
 else the split design (decode_plan.py), planned once per step for every layer (:func:`decode_step_plan`).
-A sliding window (``window`` = W > 0: the row at ``p`` sees keys ``p - W + 1..p``) is the call's: both
-kernels skip the key tiles wholly left of it, and the splits with them.
+A sliding window (``window`` = W > 0: the row at ``p`` sees keys ``p - W + 1..p``) is the call's: the
+Triton and the compiled kernel skip the keys left of it (Triton: the key tiles wholly left of it, and
+the splits with them); the split design masks them.
 
 NOTE: a decode row equals the prefill row of its position wherever ``tl.dot`` gives a row the same bits
 in both tiles (it does under TRITON_INTERPRET=1: tests/kernels/test_batch_invariance_triton.py).
@@ -180,8 +181,9 @@ def _decode_stage1(
     if WINDOWED:
         # The row's first key; the walk starts at its tile (tiles.py masks the keys before it), so a
         # split wholly left of the window walks nothing.
-        first = first + tl.maximum(seq_len - window, 0)
-        lo = tl.maximum(lo, (tl.maximum(seq_len - window, 0) // BLOCK_N) * BLOCK_N)
+        first_key = tl.maximum(seq_len - window, 0)
+        first = first + first_key
+        lo = tl.maximum(lo, (first_key // BLOCK_N) * BLOCK_N)
 
     g = tl.arange(0, GROUP_TILE)
     dd = tl.arange(0, D_TILE)
