@@ -6,6 +6,7 @@ explicit softmax in float64: nothing is shared with the code under test.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import torch
@@ -68,6 +69,30 @@ def ref_prefill(
     if not rows:
         return torch.zeros(0, q.shape[1], q.shape[2], dtype=torch.float64)
     return torch.stack(rows)
+
+
+def prefill_in_chunks(
+    prefill: Callable[[torch.Tensor, list[int], list[int], list[int]], torch.Tensor],
+    qs: list[torch.Tensor],
+    chunks: list[list[int]],
+) -> list[torch.Tensor]:
+    """Prefill prompts (prompt i's query rows ``qs[i]``) in steps: step s prefills chunk ``chunks[i][s]``
+    of every prompt that has one, all in one ``prefill(q, members, q_lens, ends)`` call (``ends``: each
+    member's KV length after the step). Returns each prompt's output rows."""
+    outs = [torch.empty_like(q) for q in qs]
+    done = [0] * len(qs)
+    for step in range(max(len(c) for c in chunks)):
+        members = [i for i, c in enumerate(chunks) if step < len(c)]
+        q_lens = [chunks[i][step] for i in members]
+        ends = [done[i] + n for i, n in zip(members, q_lens, strict=True)]
+        out = prefill(
+            torch.cat([qs[i][done[i] : e] for i, e in zip(members, ends, strict=True)]), members, q_lens, ends
+        )
+        a = 0
+        for i, n, e in zip(members, q_lens, ends, strict=True):
+            outs[i][done[i] : e] = out[a : a + n]
+            done[i], a = e, a + n
+    return outs
 
 
 @dataclass
