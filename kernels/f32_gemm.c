@@ -226,6 +226,13 @@ static int gemm_part(const radixd_proj *p, const float *x, int64_t m, float *y, 
     case RADIXD_W_Q8_0_A8:
         rc = radixd_a8_gemm(kind, x, m, p->k, p->w, p->d, p->mn, p->n, y, ldy, threads);
         break;
+    case RADIXD_W_Q4_0_A8:
+    case RADIXD_W_Q5_0_A8:
+    case RADIXD_W_Q5_1_A8:
+    case RADIXD_W_F16:
+    case RADIXD_W_BF16:
+        rc = radixd_legacy_gemm(p, x, m, y, ldy, threads);
+        break;
     default:
         return -2;
     }
@@ -277,6 +284,13 @@ int radixd_dequantize_rows(const radixd_proj *p, const int64_t *rows, int64_t co
                     }
                 }
             }
+            break;
+        case RADIXD_W_Q4_0_A8:
+        case RADIXD_W_Q5_0_A8:
+        case RADIXD_W_Q5_1_A8:
+        case RADIXD_W_F16:
+        case RADIXD_W_BF16:
+            radixd_legacy_dequantize_row(p, r, o);
             break;
         default:
             return -2;
