@@ -1,4 +1,5 @@
-"""CPU benchmark of the paged decode attention: both designs, SDPA, and the memory floor.
+"""CPU benchmark of the paged decode attention: both designs, SDPA, and the memory floor; with
+``--gemm``, of the 8-bit-activation projection kinds instead.
 
 Decode batch of ``--batch`` sequences at SmolLM2-135M's attention shape (9 query heads, 3 kv heads,
 head_dim 64), 16-token blocks scattered over the pool, for each context of ``--ctx`` (a comma list).
@@ -18,6 +19,14 @@ is the K/V bytes the step reads / that bandwidth; ``x floor`` is the median over
 time / floor of the same round).
 
     .venv/bin/python bench/kernels_cpu.py --ctx 128,1000,4000,16000 --layers 30 --threads 1
+
+``--gemm 2048x2048,8192x2048`` (n x k, outputs x inputs) times ``radixd_gemm`` over the GGUF blocks of
+each kind of :data:`GEMM_KINDS` (random codes, fp16 scales) for ``--gemm-rows`` rows, the kinds
+interleaved, each call on a copy of the weights after the previous call's (copies enough for 64 MiB:
+the weights come from memory, as in a decode step); median ms per call, GB/s of weights at one row,
+and each kind's speed against Q4_1_A8's (median of per-round ratios):
+
+    .venv/bin/python bench/kernels_cpu.py --gemm 2048x2048,8192x2048,2048x640 --threads 2
 """
 
 from __future__ import annotations
@@ -33,6 +42,7 @@ import torch
 import torch.nn.functional as F
 from benchkit import DEFAULT_KV_CACHE_GB, zeros_on_huge_pages
 
+from radixd.daemon.model.f32 import Gemm
 from radixd.kernels import cpu_attention
 from radixd.kernels.paged_decode import paged_decode_torch, plan_for, rows_plan_for
 from radixd.kernels.paged_prefill import paged_prefill_torch
@@ -189,6 +199,62 @@ def measure(fns: dict[str, Callable[[], object]], rounds: int, read_mib: int) ->
     return times
 
 
+# The kinds --gemm times (Q4_1_A8, the reference, first) and the bytes of a block of 32 weights of those
+# stored as the file stores them (Q4_1_A8's codes, scales and minimums are separate arrays).
+GEMM_KINDS = ("q4_1_a8", "q4_0_a8", "q5_0_a8", "q5_1_a8")
+BLOCK_BYTES = {"q4_0_a8": 18, "q5_0_a8": 22, "q5_1_a8": 24}
+
+
+def gemm_operands(coding: str, n: int, k: int, g: torch.Generator) -> list[torch.Tensor]:
+    """Random codes with small fp16 scales (and negative minimums) in the kind's layout."""
+
+    def halves() -> torch.Tensor:
+        return (torch.rand(n, k // 32, generator=g) * 1e-2 + 1e-4).half()
+
+    if coding == "q4_1_a8":
+        return [torch.randint(0, 256, (n, k // 2), dtype=torch.uint8, generator=g), halves(), -halves()]
+    raw = torch.randint(0, 256, (n, k // 32, BLOCK_BYTES[coding]), dtype=torch.uint8, generator=g)
+    raw[..., :2] = halves().view(torch.uint8).view(n, k // 32, 2)
+    if coding == "q5_1_a8":
+        raw[..., 2:4] = (-halves()).view(torch.uint8).view(n, k // 32, 2)
+    return [raw.view(n, -1)]
+
+
+def gemm_report(shapes: str, rows: str, rounds: int) -> str:
+    """The --gemm table (see the module's docstring)."""
+    lines = [
+        f"radixd_gemm, {torch.get_num_threads()} threads, {rounds} interleaved rounds; weights from memory",
+        "",
+        "| n x k | rows | kind | MiB | median ms | GB/s | vs q4_1_a8 |",
+        "| --- | ---: | --- | ---: | ---: | ---: | ---: |",
+    ]
+    g = torch.Generator().manual_seed(0)
+    for shape in shapes.split(","):
+        n, k = (int(v) for v in shape.split("x"))
+        copies: dict[str, list[Gemm]] = {}
+        for c in GEMM_KINDS:
+            one = sum(t.numel() * t.element_size() for t in gemm_operands(c, n, k, g))
+            copies[c] = [Gemm(c, gemm_operands(c, n, k, g), None, (n, k)) for _ in range(-(-(64 << 20) // one))]
+        for m in (int(v) for v in rows.split(",")):
+            x = torch.randn(m, k, generator=g)
+            times: dict[str, list[float]] = {c: [] for c in GEMM_KINDS}
+            for r in range(rounds + 1):
+                for c, gemms in copies.items():
+                    t0 = time.perf_counter()
+                    for gm in gemms:
+                        gm(x)
+                    if r:
+                        times[c].append((time.perf_counter() - t0) / len(gemms))
+            for c, ts in times.items():
+                mib = sum(t.numel() * t.element_size() for t in copies[c][0].operands) / 2**20
+                med = statistics.median(ts)
+                gbs = f"{mib * 2**20 / med / 1e9:.1f}" if m == 1 else ""
+                vs = statistics.median(a / b for a, b in zip(times["q4_1_a8"], ts, strict=True))
+                lines.append(f"| {n}x{k} | {m} | {c} | {mib:.2f} | {med * 1e3:.3f} | {gbs} | {vs:.2f}x |")
+            print("\n".join(lines[-len(times) :]), flush=True)
+    return "\n".join(lines)
+
+
 def main(argv: list[str] | None = None) -> str:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--batch", type=int, default=1)
@@ -211,9 +277,16 @@ def main(argv: list[str] | None = None) -> str:
     ap.add_argument(
         "--prefill", action="store_true", help="time the prefill twins instead: each context as one chunk"
     )
+    ap.add_argument("--gemm", default="", help="time the projection kinds instead, at these n x k shapes")
+    ap.add_argument("--gemm-rows", default="1,8,64", help="--gemm's row counts, comma-separated")
     args = ap.parse_args(argv)
     if args.threads:
         torch.set_num_threads(args.threads)
+    if args.gemm:
+        report = gemm_report(args.gemm, args.gemm_rows, args.rounds)
+        print()
+        print(report)
+        return report
     dtype = DTYPES[args.dtype]
     bw_bytes = args.read_mib << 20
     lines = [

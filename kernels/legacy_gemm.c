@@ -129,14 +129,16 @@ static int legacy_a8(const radixd_proj *p, const float *x, int64_t m, float *y, 
     const int f = (int)p->kind - RADIXD_W_Q4_0_A8;
     /* NOTE: the path depends on the build and on k only, so a row's result never depends on its call. */
     const int wide = groups % 2 == 0 && avx512_vnni();
-    const int64_t per_row = wide ? groups * 8 : groups; /* entries of e a row */
-    float *buf = radixd_scratch(m * (per_row + groups) + (m * k + 3) / 4);
+    const int64_t per_row = wide ? groups * 8 : groups; /* entries of e and c a row */
+    float *buf = radixd_scratch(m * (2 * per_row + groups) + (m * k + 3) / 4);
     if (!buf) return -1;
-    a8_rows rows = {(int8_t *)(buf + m * (per_row + groups)), buf, buf + m * per_row, 0};
+    a8_rows rows = {(int8_t *)(buf + m * (2 * per_row + groups)), buf, buf + m * 2 * per_row,
+                    (int32_t *)(buf + m * per_row)};
     const a8_tile_fn(*fns)[2] = LEGACY_TILES[f];
     int nt1 = 4, nt4 = 2;
     if (wide) {
         radixd_quantize_pairs(x, m, k, 1, &rows); /* the nibbles' order, as Q4_1's */
+        if (p->kind != RADIXD_W_Q5_1_A8) radixd_legacy_starts(p->kind == RADIXD_W_Q4_0_A8 ? 8 : 16, m, k, &rows);
         fns = radixd_legacy_wide_tiles[f];
         nt1 = radixd_legacy_wide_nt[f][0];
         nt4 = radixd_legacy_wide_nt[f][1];
@@ -154,7 +156,7 @@ static int legacy_a8(const radixd_proj *p, const float *x, int64_t m, float *y, 
         for (int64_t r = 0; r < m;) {
             const int mt = r + 4 <= m ? 4 : 1;
             const int nt = mt == 4 ? nt4 : nt1;
-            const a8_rows at = {rows.q + r * k, rows.e + r * per_row, rows.es + r * groups, 0};
+            const a8_rows at = {rows.q + r * k, rows.e + r * per_row, rows.es + r * groups, rows.c + r * per_row};
             for (int64_t j = j0; j < j1;) {
                 const int wide_tile = j + nt <= j1;
                 fns[mt == 4][wide_tile](&at, k, p->w, 0, 0, j, y + r * ldy + j, ldy);
