@@ -133,11 +133,9 @@ INTERNAL int radixd_legacy_gemm(const radixd_proj *p, const float *x, int64_t m,
 INTERNAL void radixd_legacy_dequantize_row(const radixd_proj *p, int64_t row, float *out);
 
 /* legacy_avx512.c (AVX512-VNNI): the legacy kinds' tiles over radixd_quantize_pairs' activations (the
- * nibbles' order, and radixd_legacy_starts'), [Q4_0, Q5_0, Q5_1][rows 1 or 4][outputs 1 or
- * radixd_legacy_wide_nt's]. */
+ * input order, lanes starting from -offset * sum(a)), [Q4_0, Q5_0, Q5_1][rows 1 or 4][outputs 1
+ * or radixd_legacy_wide_nt's]. */
 INTERNAL extern const a8_tile_fn radixd_legacy_wide_tiles[3][2][2];
 INTERNAL extern const int radixd_legacy_wide_nt[3][2];
-/* legacy_avx512.c: x->c, the lanes' starts of the signed formats (offset 8: Q4_0, 16: Q5_0). */
-INTERNAL void radixd_legacy_starts(int offset, int64_t m, int64_t k, const a8_rows *x);
 
 #endif

@@ -137,8 +137,10 @@ static int legacy_a8(const radixd_proj *p, const float *x, int64_t m, float *y, 
     const a8_tile_fn(*fns)[2] = LEGACY_TILES[f];
     int nt1 = 4, nt4 = 2;
     if (wide) {
-        radixd_quantize_pairs(x, m, k, 1, &rows); /* the nibbles' order, as Q4_1's */
-        if (p->kind != RADIXD_W_Q5_1_A8) radixd_legacy_starts(p->kind == RADIXD_W_Q4_0_A8 ? 8 : 16, m, k, &rows);
+        /* input order, as Q8_0's; its lane starts -128 * sum(a) become -offset * sum(a) (exactly) */
+        radixd_quantize_pairs(x, m, k, 0, &rows);
+        const int32_t div = p->kind == RADIXD_W_Q4_0_A8 ? 128 / 8 : 128 / 16;
+        for (int64_t i = 0; i < m * per_row; i++) rows.c[i] = p->kind == RADIXD_W_Q5_1_A8 ? 0 : rows.c[i] / div;
         fns = radixd_legacy_wide_tiles[f];
         nt1 = radixd_legacy_wide_nt[f][0];
         nt4 = radixd_legacy_wide_nt[f][1];
