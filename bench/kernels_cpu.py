@@ -23,8 +23,9 @@ time / floor of the same round).
 ``--gemm 2048x2048,8192x2048`` (n x k, outputs x inputs) times ``radixd_gemm`` over the GGUF blocks of
 each kind of :data:`GEMM_KINDS` (random codes, fp16 scales) for ``--gemm-rows`` rows, the kinds
 interleaved, each call on a copy of the weights after the previous call's (copies enough for 64 MiB:
-the weights come from memory, as in a decode step); median ms per call, GB/s of weights at one row,
-and each kind's speed against Q4_1_A8's (median of per-round ratios):
+the weights come from memory, as in a decode step); median ms per call (wall, and the calling thread's
+CPU time: on a shared machine the wall time also counts the time the kernel waited for a core), GB/s
+of weights at one row (wall), and each kind's speed against Q4_1_A8's (median of per-round ratios):
 
     .venv/bin/python bench/kernels_cpu.py --gemm 2048x2048,8192x2048,2048x640 --threads 2
 """
@@ -225,8 +226,8 @@ def gemm_report(shapes: str, rows: str, rounds: int) -> str:
     lines = [
         f"radixd_gemm, {torch.get_num_threads()} threads, {rounds} interleaved rounds; weights from memory",
         "",
-        "| n x k | rows | kind | MiB | median ms | GB/s | vs q4_1_a8 |",
-        "| --- | ---: | --- | ---: | ---: | ---: | ---: |",
+        "| n x k | rows | kind | MiB | median ms | CPU ms | GB/s | vs q4_1_a8 |",
+        "| --- | ---: | --- | ---: | ---: | ---: | ---: | ---: |",
     ]
     g = torch.Generator().manual_seed(0)
     for shape in shapes.split(","):
@@ -234,23 +235,27 @@ def gemm_report(shapes: str, rows: str, rounds: int) -> str:
         copies: dict[str, list[Gemm]] = {}
         for c in GEMM_KINDS:
             one = sum(t.numel() * t.element_size() for t in gemm_operands(c, n, k, g))
-            copies[c] = [Gemm(c, gemm_operands(c, n, k, g), None, (n, k)) for _ in range(-(-(64 << 20) // one))]
+            count = -(-(64 << 20) // one)
+            copies[c] = [Gemm(c, gemm_operands(c, n, k, g), None, (n, k)) for _ in range(count)]
         for m in (int(v) for v in rows.split(",")):
             x = torch.randn(m, k, generator=g)
             times: dict[str, list[float]] = {c: [] for c in GEMM_KINDS}
+            cpu: dict[str, list[float]] = {c: [] for c in GEMM_KINDS}
             for r in range(rounds + 1):
                 for c, gemms in copies.items():
-                    t0 = time.perf_counter()
+                    t0, c0 = time.perf_counter(), time.thread_time()
                     for gm in gemms:
                         gm(x)
                     if r:
                         times[c].append((time.perf_counter() - t0) / len(gemms))
+                        cpu[c].append((time.thread_time() - c0) / len(gemms))
             for c, ts in times.items():
                 mib = sum(t.numel() * t.element_size() for t in copies[c][0].operands) / 2**20
-                med = statistics.median(ts)
+                med, med_cpu = statistics.median(ts), statistics.median(cpu[c])
                 gbs = f"{mib * 2**20 / med / 1e9:.1f}" if m == 1 else ""
                 vs = statistics.median(a / b for a, b in zip(times["q4_1_a8"], ts, strict=True))
-                lines.append(f"| {n}x{k} | {m} | {c} | {mib:.2f} | {med * 1e3:.3f} | {gbs} | {vs:.2f}x |")
+                ms = f"{med * 1e3:.3f} | {med_cpu * 1e3:.3f}"
+                lines.append(f"| {n}x{k} | {m} | {c} | {mib:.2f} | {ms} | {gbs} | {vs:.2f}x |")
             print("\n".join(lines[-len(times) :]), flush=True)
     return "\n".join(lines)
 

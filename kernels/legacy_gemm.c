@@ -257,8 +257,9 @@ int radixd_legacy_gemm(const radixd_proj *p, const float *x, int64_t m, float *y
     return legacy_a8(p, x, m, y, ldy, threads);
 }
 
-/* As gguf-py's dequantize computes them: Q4_0 d * (q - 8), Q5_0 d * (q - 16) (exact products), Q5_1
- * (d * q) + m (the sum rounded once), fp16 and bf16 widened exactly. */
+/* As gguf-py's dequantize computes them, bit for bit: Q4_0 d * (q - 8), Q5_0 d * (q - 16) (exact
+ * products), Q5_1 (d * q) + m (the sum rounded once), fp16 and bf16 widened exactly; save an fp16
+ * signalling NaN, which F16C (the tiles' widening too) returns quiet and numpy keeps signalling. */
 void radixd_legacy_dequantize_row(const radixd_proj *p, int64_t row, float *out) {
     const int64_t k = p->k;
     const int kind = (int)p->kind;
