@@ -132,10 +132,8 @@ INTERNAL extern const a8_tile_fn radixd_a8w_tiles[2][2][2];
 INTERNAL int radixd_legacy_gemm(const radixd_proj *p, const float *x, int64_t m, float *y, int64_t ldy, int threads);
 INTERNAL void radixd_legacy_dequantize_row(const radixd_proj *p, int64_t row, float *out);
 
-/* legacy_avx512.c (AVX512-VNNI): the legacy kinds' tiles over radixd_quantize_pairs' activations (the
- * input order, lanes starting from -offset * sum(a)), [Q4_0, Q5_0, Q5_1][rows 1 or 4][outputs 1
- * or radixd_legacy_wide_nt's]. */
+/* legacy_avx512.c (AVX512-VNNI): the legacy kinds' tiles over radixd_quantize_pairs' activations (in
+ * input order, lanes starting from -offset * sum(a)), [Q4_0, Q5_0, Q5_1][rows 1 or 4][outputs 1 or 4]. */
 INTERNAL extern const a8_tile_fn radixd_legacy_wide_tiles[3][2][2];
-INTERNAL extern const int radixd_legacy_wide_nt[3][2];
 
 #endif

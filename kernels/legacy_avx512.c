@@ -119,12 +119,11 @@ static inline float mins_dot(const float *mn, const float *es, int64_t groups) {
             }                                                                                          \
     }
 
-#define LWTILES(KIND, NT4) LWTILE(KIND, 1, 1) LWTILE(KIND, 1, 4) LWTILE(KIND, 4, 1) LWTILE(KIND, 4, NT4)
-LWTILES(q4_0, 4)
-LWTILES(q5_0, 4)
-LWTILES(q5_1, 4)
+#define LWTILES(KIND) LWTILE(KIND, 1, 1) LWTILE(KIND, 1, 4) LWTILE(KIND, 4, 1) LWTILE(KIND, 4, 4)
+LWTILES(q4_0)
+LWTILES(q5_0)
+LWTILES(q5_1)
 
 const a8_tile_fn radixd_legacy_wide_tiles[3][2][2] = {{{lw_q4_0_1_1, lw_q4_0_1_4}, {lw_q4_0_4_1, lw_q4_0_4_4}},
                                                       {{lw_q5_0_1_1, lw_q5_0_1_4}, {lw_q5_0_4_1, lw_q5_0_4_4}},
                                                       {{lw_q5_1_1_1, lw_q5_1_1_4}, {lw_q5_1_4_1, lw_q5_1_4_4}}};
-const int radixd_legacy_wide_nt[3][2] = {{4, 4}, {4, 4}, {4, 4}};

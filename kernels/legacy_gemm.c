@@ -135,15 +135,14 @@ static int legacy_a8(const radixd_proj *p, const float *x, int64_t m, float *y, 
     a8_rows rows = {(int8_t *)(buf + m * (2 * per_row + groups)), buf, buf + m * 2 * per_row,
                     (int32_t *)(buf + m * per_row)};
     const a8_tile_fn(*fns)[2] = LEGACY_TILES[f];
-    int nt1 = 4, nt4 = 2;
+    int nt4 = 2; /* outputs a tile of 4 rows takes (one row: 4) */
     if (wide) {
         /* input order, as Q8_0's; its lane starts -128 * sum(a) become -offset * sum(a) (exactly) */
         radixd_quantize_pairs(x, m, k, 0, &rows);
         const int32_t div = p->kind == RADIXD_W_Q4_0_A8 ? 128 / 8 : 128 / 16;
         for (int64_t i = 0; i < m * per_row; i++) rows.c[i] = p->kind == RADIXD_W_Q5_1_A8 ? 0 : rows.c[i] / div;
         fns = radixd_legacy_wide_tiles[f];
-        nt1 = radixd_legacy_wide_nt[f][0];
-        nt4 = radixd_legacy_wide_nt[f][1];
+        nt4 = 4;
     } else
         for (int64_t r = 0; r < m; r++)
             for (int64_t g = 0; g < groups; g++) {
@@ -157,7 +156,7 @@ static int legacy_a8(const radixd_proj *p, const float *x, int64_t m, float *y, 
         const int64_t j0 = 4 * b, j1 = j0 + 4 < n ? j0 + 4 : n;
         for (int64_t r = 0; r < m;) {
             const int mt = r + 4 <= m ? 4 : 1;
-            const int nt = mt == 4 ? nt4 : nt1;
+            const int nt = mt == 4 ? nt4 : 4;
             const a8_rows at = {rows.q + r * k, rows.e + r * per_row, rows.es + r * groups, rows.c + r * per_row};
             for (int64_t j = j0; j < j1;) {
                 const int wide_tile = j + nt <= j1;
