@@ -1,5 +1,6 @@
-/* What the projection units (f32_gemm.c, a8_gemm.c, a8_avx512.c) share: horizontal sums, the
- * prefetch of coded weights, the per-thread buffer, the 8-bit activations. Private to the library.
+/* What the projection units (f32_gemm.c, a8_gemm.c, a8_avx512.c, legacy_gemm.c, legacy_avx512.c)
+ * share: horizontal sums, the prefetch of coded weights, the per-thread buffer, the 8-bit activations,
+ * the legacy GGUF blocks' layout. Private to the library.
  *
  * NOTE: every unit including this is built with -ffp-contract=off and without -ffast-math: an
  * expression rounds as written, and a multiply-add fuses only where an intrinsic says so.
