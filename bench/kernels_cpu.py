@@ -1,4 +1,5 @@
-"""CPU benchmark of the paged decode attention: both designs, SDPA, and the memory floor.
+"""CPU benchmark of the paged decode attention: both designs, SDPA, and the memory floor; with
+``--gemm``, of the 8-bit-activation projection kinds instead.
 
 Decode batch of ``--batch`` sequences at SmolLM2-135M's attention shape (9 query heads, 3 kv heads,
 head_dim 64), 16-token blocks scattered over the pool, for each context of ``--ctx`` (a comma list).
@@ -19,14 +20,14 @@ time / floor of the same round).
 
     .venv/bin/python bench/kernels_cpu.py --ctx 128,1000,4000,16000 --layers 30 --threads 1
 
-With ``--gemm`` it times the projections over GGUF blocks times 8-bit activations instead: the K-quant
-kinds (Q4_K, Q6_K as the file stores them) against Q4_1 at each ``--shapes`` (outputs x inputs) and
-``--rows``, one call of each kind per round, random blocks. A call of one row streams its weights
-from memory (it cycles over copies of them, ``--stream-mib`` in all); the table gives the weights'
-bytes per second and the int8 multiply-adds per second. On one thread a call is timed by the calling
-thread's CPU time (what other processes on a shared machine take is not counted), else by the clock.
+``--gemm 2048x2048,8192x2048`` (n x k, outputs x inputs) times ``radixd_gemm`` over the GGUF blocks of
+each kind of :data:`GEMM_KINDS` (random codes, fp16 scales) for ``--gemm-rows`` rows, the kinds
+interleaved, each call on a copy of the weights after the previous call's (copies enough for 64 MiB:
+the weights come from memory, as in a decode step); median ms per call (wall, and the calling thread's
+CPU time: on a shared machine the wall time also counts the time the kernel waited for a core), GB/s
+of weights at one row (wall), and each kind's speed against Q4_1_A8's (median of per-round ratios):
 
-    .venv/bin/python bench/kernels_cpu.py --gemm --threads 2 --rows 1,8,64
+    .venv/bin/python bench/kernels_cpu.py --gemm 2048x2048,8192x2048,2048x640 --threads 2
 """
 
 from __future__ import annotations
@@ -199,57 +200,74 @@ def measure(fns: dict[str, Callable[[], object]], rounds: int, read_mib: int) ->
     return times
 
 
-# GGUF block bytes per weight of the projections' kinds
-GEMM_KINDS = {"q4_1_a8": 20 / 32, "q4_k_a8": 144 / 256, "q6_k_a8": 210 / 256}
+# The kinds --gemm times (Q4_1_A8, the reference, first) and (weights, bytes) of a block of those
+# stored as the file stores them (Q4_1_A8's codes, scales and minimums are separate arrays).
+GEMM_KINDS = ("q4_1_a8", "q4_0_a8", "q5_0_a8", "q5_1_a8", "q4_k_a8", "q5_k_a8", "q6_k_a8")
+BLOCK_BYTES = {
+    "q4_0_a8": (32, 18),
+    "q5_0_a8": (32, 22),
+    "q5_1_a8": (32, 24),
+    "q4_k_a8": (256, 144),
+    "q5_k_a8": (256, 176),
+    "q6_k_a8": (256, 210),
+}
+# Where a block's fp16 scales lie (scale, then the minimums' scale where it has one).
+SCALES_AT = {"q5_1_a8": (0, 4), "q4_k_a8": (0, 4), "q5_k_a8": (0, 4), "q6_k_a8": (208, 210)}
 
 
-def gemm_of(kind: str, n: int, k: int, g: torch.Generator) -> Gemm:
-    """A projection of `kind` over random blocks: random codes, fp16 scales of a model's size."""
-    if kind == "q4_1_a8":
-        codes = torch.randint(0, 256, (n, k // 2), dtype=torch.uint8, generator=g)
-        d = (torch.rand(n, k // 32, generator=g) * 0.01).half()
-        return Gemm(kind, [codes, d, -d], None, (n, k))
-    size = round(GEMM_KINDS[kind] * 256)
-    blocks = torch.randint(0, 256, (n, k // 256, size), dtype=torch.uint8, generator=g)
-    d = (torch.rand(n, k // 256, 2, generator=g) * 0.01).half().view(torch.uint8)
-    if kind == "q6_k_a8":
-        blocks[..., 208:210] = d[..., :2]
-    else:
-        blocks[..., 0:4] = d
-    return Gemm(kind, [blocks.view(n, -1)], None, (n, k))
+def gemm_operands(coding: str, n: int, k: int, g: torch.Generator) -> list[torch.Tensor]:
+    """Random codes with small fp16 scales (and negative minimums) in the kind's layout."""
+
+    def halves(per: int = 32) -> torch.Tensor:
+        return (torch.rand(n, k // per, generator=g) * 1e-2 + 1e-4).half()
+
+    if coding == "q4_1_a8":
+        return [torch.randint(0, 256, (n, k // 2), dtype=torch.uint8, generator=g), halves(), -halves()]
+    per, size = BLOCK_BYTES[coding]
+    raw = torch.randint(0, 256, (n, k // per, size), dtype=torch.uint8, generator=g)
+    start, end = SCALES_AT.get(coding, (0, 2))
+    for at in range(start, end, 2):
+        raw[..., at : at + 2] = halves(per).view(torch.uint8).view(n, k // per, 2)
+    return [raw.view(n, -1)]
 
 
-def gemm_table(shapes: list[tuple[int, int]], rows: list[int], rounds: int, stream_mib: int) -> list[str]:
-    """Median seconds per call of each kind at each shape and row count, interleaved by round."""
+def gemm_report(shapes: str, rows: str, rounds: int) -> str:
+    """The --gemm table (see the module's docstring)."""
     lines = [
-        "| outputs x inputs | rows | kind | median ms | weights GB/s | GMAC/s | vs q4_1_a8 |",
-        "| --- | ---: | --- | ---: | ---: | ---: | ---: |",
+        f"radixd_gemm, {torch.get_num_threads()} threads, {rounds} interleaved rounds; weights from memory",
+        "",
+        "| n x k | rows | kind | MiB | median ms | CPU ms | GB/s | vs q4_1_a8 |",
+        "| --- | ---: | --- | ---: | ---: | ---: | ---: | ---: |",
     ]
     g = torch.Generator().manual_seed(0)
-    for n, k in shapes:
-        for m in rows:
-            fns: dict[str, list[Gemm]] = {}
-            for kind, per_weight in GEMM_KINDS.items():
-                copies = max(1, math.ceil((stream_mib << 20) / (n * k * per_weight))) if m == 1 else 1
-                fns[kind] = [gemm_of(kind, n, k, g) for _ in range(copies)]
+    for shape in shapes.split(","):
+        n, k = (int(v) for v in shape.split("x"))
+        copies: dict[str, list[Gemm]] = {}
+        for c in GEMM_KINDS:
+            one = sum(t.numel() * t.element_size() for t in gemm_operands(c, n, k, g))
+            count = -(-(64 << 20) // one)
+            copies[c] = [Gemm(c, gemm_operands(c, n, k, g), None, (n, k)) for _ in range(count)]
+        for m in (int(v) for v in rows.split(",")):
             x = torch.randn(m, k, generator=g)
-            times: dict[str, list[float]] = {kind: [] for kind in fns}
-            clock = time.thread_time if torch.get_num_threads() == 1 else time.perf_counter
+            times: dict[str, list[float]] = {c: [] for c in GEMM_KINDS}
+            cpu: dict[str, list[float]] = {c: [] for c in GEMM_KINDS}
             for r in range(rounds + 1):
-                for kind, gemms in fns.items():
-                    t0 = clock()
-                    gemms[r % len(gemms)](x)
+                for c, gemms in copies.items():
+                    t0, c0 = time.perf_counter(), time.thread_time()
+                    for gm in gemms:
+                        gm(x)
                     if r:
-                        times[kind].append(clock() - t0)
-            base = statistics.median(times["q4_1_a8"])
-            for kind, per_weight in GEMM_KINDS.items():
-                t = statistics.median(times[kind])
-                lines.append(
-                    f"| {n} x {k} | {m} | {kind} | {t * 1e3:.3f} | {n * k * per_weight / t / 1e9:.1f} | "
-                    f"{m * n * k / t / 1e9:.1f} | {base / t:.2f}x |"
-                )
-            print("\n".join(lines[-len(GEMM_KINDS) :]), flush=True)
-    return lines
+                        times[c].append((time.perf_counter() - t0) / len(gemms))
+                        cpu[c].append((time.thread_time() - c0) / len(gemms))
+            for c, ts in times.items():
+                mib = sum(t.numel() * t.element_size() for t in copies[c][0].operands) / 2**20
+                med, med_cpu = statistics.median(ts), statistics.median(cpu[c])
+                gbs = f"{mib * 2**20 / med / 1e9:.1f}" if m == 1 else ""
+                vs = statistics.median(a / b for a, b in zip(times["q4_1_a8"], ts, strict=True))
+                ms = f"{med * 1e3:.3f} | {med_cpu * 1e3:.3f}"
+                lines.append(f"| {n}x{k} | {m} | {c} | {mib:.2f} | {ms} | {gbs} | {vs:.2f}x |")
+            print("\n".join(lines[-len(times) :]), flush=True)
+    return "\n".join(lines)
 
 
 def main(argv: list[str] | None = None) -> str:
@@ -274,26 +292,13 @@ def main(argv: list[str] | None = None) -> str:
     ap.add_argument(
         "--prefill", action="store_true", help="time the prefill twins instead: each context as one chunk"
     )
-    ap.add_argument("--gemm", action="store_true", help="time the projections' kinds instead (see above)")
-    ap.add_argument(
-        "--shapes", default="3072x2048,16384x2048,2048x8192", help="--gemm: outputs x inputs, comma-separated"
-    )
-    ap.add_argument("--rows", default="1,8,64", help="--gemm: rows a call, comma-separated")
-    ap.add_argument("--stream-mib", type=int, default=256, help="--gemm: one-row calls' weights in all")
+    ap.add_argument("--gemm", default="", help="time the projection kinds instead, at these n x k shapes")
+    ap.add_argument("--gemm-rows", default="1,8,64", help="--gemm's row counts, comma-separated")
     args = ap.parse_args(argv)
     if args.threads:
         torch.set_num_threads(args.threads)
     if args.gemm:
-        shapes = [(int(a), int(b)) for a, b in (s.split("x") for s in args.shapes.split(","))]
-        head = f"projections over GGUF blocks, 8-bit activations, {torch.get_num_threads()} threads, "
-        head += f"{args.rounds} interleaved rounds"
-        report = "\n".join(
-            [
-                head,
-                "",
-                *gemm_table(shapes, [int(r) for r in args.rows.split(",")], args.rounds, args.stream_mib),
-            ]
-        )
+        report = gemm_report(args.gemm, args.gemm_rows, args.rounds)
         print()
         print(report)
         return report

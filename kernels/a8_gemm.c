@@ -82,12 +82,6 @@ static const a8_tile_fn A8_TILES[2][2][2] = {
     {{a8_q4_1_1_1, a8_q4_1_1_4}, {a8_q4_1_4_1, a8_q4_1_4_2}},
     {{a8_q8_0_1_1, a8_q8_0_1_4}, {a8_q8_0_4_1, a8_q8_0_4_2}}};
 
-/* Whether this CPU runs a8_avx512.c's tiles: its features only, the same answer for every call. */
-static int avx512_vnni(void) {
-    return __builtin_cpu_supports("avx512vnni") && __builtin_cpu_supports("avx512bw") &&
-           __builtin_cpu_supports("avx512vl");
-}
-
 /* y [m, n] = x [m, k] . W [n, k]^T over Q4_1 (kind RADIXD_W_Q4_1_A8: codes, d, mn) or Q8_0 (RADIXD_W_Q8_0_A8:
  * codes, d) blocks, x quantized here. Threads split the outputs into blocks of 4; rows run in tiles of
  * 4 (each unpacked weight group serves 4 rows), the rest one at a time. Returns 0, or -1 where the

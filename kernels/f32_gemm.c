@@ -231,6 +231,13 @@ static int gemm_part(const radixd_proj *p, const float *x, int64_t m, float *y, 
     case RADIXD_W_Q6_K_A8:
         rc = radixd_kquant_gemm(p, x, m, y, ldy, threads);
         break;
+    case RADIXD_W_Q4_0_A8:
+    case RADIXD_W_Q5_0_A8:
+    case RADIXD_W_Q5_1_A8:
+    case RADIXD_W_F16:
+    case RADIXD_W_BF16:
+        rc = radixd_legacy_gemm(p, x, m, y, ldy, threads);
+        break;
     default:
         return -2;
     }
@@ -287,6 +294,13 @@ int radixd_dequantize_rows(const radixd_proj *p, const int64_t *rows, int64_t co
         case RADIXD_W_Q5_K_A8:
         case RADIXD_W_Q6_K_A8:
             radixd_kquant_dequantize_row(p, r, o);
+            break;
+        case RADIXD_W_Q4_0_A8:
+        case RADIXD_W_Q5_0_A8:
+        case RADIXD_W_Q5_1_A8:
+        case RADIXD_W_F16:
+        case RADIXD_W_BF16:
+            radixd_legacy_dequantize_row(p, r, o);
             break;
         default:
             return -2;

@@ -1,5 +1,6 @@
-/* What the projection units (f32_gemm.c, a8_gemm.c, a8_avx512.c) share: horizontal sums, the
- * prefetch of coded weights, the per-thread buffer, the 8-bit activations. Private to the library.
+/* What the projection units (f32_gemm.c, a8_gemm.c, a8_avx512.c, legacy_gemm.c, legacy_avx512.c)
+ * share: horizontal sums, the prefetch of coded weights, the per-thread buffer, the 8-bit activations,
+ * the legacy GGUF blocks' layout. Private to the library.
  *
  * NOTE: every unit including this is built with -ffp-contract=off and without -ffast-math: an
  * expression rounds as written, and a multiply-add fuses only where an intrinsic says so.
@@ -102,10 +103,39 @@ typedef void (*a8_tile_fn)(const a8_rows *, int64_t, const void *, const half *,
 INTERNAL int radixd_a8_gemm(int kind, const float *x, int64_t m, int64_t k, const void *codes, const half *d,
                             const half *mn, int64_t n, float *y, int64_t ldy, int threads);
 
+/* Whether this CPU runs the AVX512-VNNI tiles (a8_avx512.c, legacy_avx512.c): its features only, the
+ * same answer for every call, so that a CPU runs one path for a given k. */
+static inline int avx512_vnni(void) {
+    return __builtin_cpu_supports("avx512vnni") && __builtin_cpu_supports("avx512bw") &&
+           __builtin_cpu_supports("avx512vl");
+}
+
 /* a8_avx512.c (AVX512-VNNI): x as pairs of groups, and the tiles that read them, [kind][rows 1 or 4]
  * [outputs 1 or 4]. Called only where the CPU has AVX512-VNNI, BW and VL. */
 INTERNAL void radixd_quantize_pairs(const float *x, int64_t m, int64_t k, int q4, const a8_rows *out);
 INTERNAL extern const a8_tile_fn radixd_a8w_tiles[2][2][2];
+
+/* GGUF's legacy blocks of 32 weights as the file stores them: a block's bytes, and where its 5th bits
+ * (qh, 4 bytes: bit j for input j) and its 16 bytes of nibbles (byte j: input j low, j + 16 high)
+ * start; every block starts with its fp16 scale d (Q5_1: then its fp16 minimum). */
+#define BLOCK_BYTES_q4_0 18
+#define BLOCK_BYTES_q5_0 22
+#define BLOCK_BYTES_q5_1 24
+#define QH_AT_q5_0 2
+#define QH_AT_q5_1 4
+#define QS_AT_q4_0 2
+#define QS_AT_q5_0 6
+#define QS_AT_q5_1 8
+
+/* legacy_gemm.c: radixd_gemm's parts of kinds Q4_0_A8, Q5_0_A8, Q5_1_A8 (x quantized as the a8 kinds
+ * do), F16 and BF16 (fp32 arithmetic in the fp32 kind's order), into y's columns (row stride ldy);
+ * 0 or -1 (no memory). And row `row` of such a part's W as fp32, the values the GGUF reader gives. */
+INTERNAL int radixd_legacy_gemm(const radixd_proj *p, const float *x, int64_t m, float *y, int64_t ldy, int threads);
+INTERNAL void radixd_legacy_dequantize_row(const radixd_proj *p, int64_t row, float *out);
+
+/* legacy_avx512.c (AVX512-VNNI): the legacy kinds' tiles over radixd_quantize_pairs' activations (in
+ * input order, lanes starting from -offset * sum(a)), [Q4_0, Q5_0, Q5_1][rows 1 or 4][outputs 1 or 4]. */
+INTERNAL extern const a8_tile_fn radixd_legacy_wide_tiles[3][2][2];
 
 /* kquant_gemm.c: one part of the K-quant kinds (Q4_K, Q5_K, Q6_K blocks as the GGUF stores them) times
  * 8-bit activations into y's columns from 0 (row stride ldy): 0, -1 (no memory) or -2; and one row of

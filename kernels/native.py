@@ -92,14 +92,18 @@ def _compiler() -> str | None:
 CFLAGS = ("-O3", "-march=native", "-ffp-contract=off", "-fno-fast-math", "-fopenmp", "-std=c11")
 _X86 = platform.machine() in ("x86_64", "AMD64")
 _AVX2 = ("-mavx2", "-mfma", "-mf16c")
+_AVX512_VNNI = (*_AVX2, "-mavx512f", "-mavx512bw", "-mavx512vl", "-mavx512vnni")
 # Per-file ISA flags, x86-64 only (elsewhere those units stay out and their callers fall back). They
 # let a unit's intrinsics compile on any x86-64 CPU; its callers run it only where the CPU has the
-# ISA (f32.py checks AVX2, FMA and F16C; a8_gemm.c checks AVX512-VNNI before calling a8_avx512.c),
-# and there -march=native already enables the same features, so the code is the same.
+# ISA (f32.py checks AVX2, FMA and F16C; a8_gemm.c and legacy_gemm.c check AVX512-VNNI before calling
+# a8_avx512.c and legacy_avx512.c), and there -march=native already enables the same features, so the
+# code is the same.
 UNIT_FLAGS: dict[str, tuple[str, ...]] = {
     "f32_gemm.c": _AVX2,
     "a8_gemm.c": _AVX2,
-    "a8_avx512.c": (*_AVX2, "-mavx512f", "-mavx512bw", "-mavx512vl", "-mavx512vnni"),
+    "a8_avx512.c": _AVX512_VNNI,
+    "legacy_gemm.c": _AVX2,
+    "legacy_avx512.c": _AVX512_VNNI,
     "kquant_gemm.c": _AVX2,
     "cpu_decoder.c": _AVX2,
 }
