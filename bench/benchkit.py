@@ -45,6 +45,8 @@ _DAEMON: dict[str, str] = {
     "convert": "radixd.daemon.loaders",
     "default_model_path": "radixd.daemon.loaders",
     "gguf_file_module": "radixd.daemon.loaders.gguf_file",
+    "GGUFHeader": "radixd.daemon.loaders.gguf_header",
+    "cpu_flags": "radixd.kernels.native",
     "load_model": "radixd.daemon.loaders",
     "configure": "radixd.daemon.process.log",
     "AttentionMetadata": "radixd.daemon.model",
