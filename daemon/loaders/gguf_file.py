@@ -46,7 +46,9 @@ def _field(reader: Any, key: str, default: Any = None) -> Any:
 def _config(reader: Any, path: str, vocab: int) -> ModelConfig:
     arch = _field(reader, "general.architecture")
     if arch not in SUPPORTED_ARCHS:
-        raise ModelLoadError(f"{path}: architecture {arch!r} is not supported (supported: {SUPPORTED_ARCHS})")
+        raise ModelLoadError(
+            f"{path}: architecture {arch!r} is not supported (supported: {', '.join(SUPPORTED_ARCHS)})"
+        )
 
     def need(key: str) -> Any:
         v = _field(reader, f"{arch}.{key}")

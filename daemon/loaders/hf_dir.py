@@ -79,7 +79,9 @@ def _config(d: Path, cj: dict[str, Any]) -> ModelConfig:
     where = d / "config.json"
     mtype = cj.get("model_type", "llama")
     if mtype not in SUPPORTED_TYPES:
-        raise ModelLoadError(f"{where}: model_type {mtype!r} is not supported (supported: {SUPPORTED_TYPES})")
+        raise ModelLoadError(
+            f"{where}: model_type {mtype!r} is not supported (supported: {', '.join(SUPPORTED_TYPES)})"
+        )
     if mtype == "gemma3":  # the multimodal wrapper: its text model's config, ids from either
         cj = {k: v for k, v in cj.items() if k != "text_config"} | dict(cj.get("text_config") or {})
     theta, scaling = _rope(dict(cj.get("rope_parameters") or cj.get("rope_scaling") or {}), 0.0)
