@@ -5,6 +5,7 @@ transformers' greedy tokens and logits within 1e-4, from either, alone and in ch
 
 from __future__ import annotations
 
+import json
 import math
 import re
 from pathlib import Path
@@ -290,3 +291,25 @@ def test_gemma3_softcapping_is_refused(tmp_path: Path) -> None:
     _save_hf(hf, tmp_path)
     with pytest.raises(ModelLoadError, match="final_logit_softcapping"):
         load_model(str(tmp_path))
+
+
+def test_gemma3_wrapper_directory_loads_its_text_model(tmp_path: Path) -> None:
+    """A `gemma3` (multimodal) directory: config.json nests `text_config`, tensors sit under
+    `model.language_model.`; radixd loads the text model from it, as from `gemma3_text`."""
+    import safetensors.torch
+
+    hf = _hf_model("gemma3")
+    _save_hf(hf, tmp_path / "text")
+    _save_hf(hf, tmp_path / "wrapped")
+    cj = json.loads((tmp_path / "text" / "config.json").read_text())
+    (tmp_path / "wrapped" / "config.json").write_text(
+        json.dumps({"model_type": "gemma3", "eos_token_id": [2, 5], "text_config": cj})
+    )
+    for f in (tmp_path / "wrapped").glob("*.safetensors"):
+        t = safetensors.torch.load_file(str(f))
+        renamed = {k.replace("model.", "model.language_model.", 1): v for k, v in t.items()}
+        safetensors.torch.save_file(renamed, str(f))
+    text, wrapped = load_model(str(tmp_path / "text")), load_model(str(tmp_path / "wrapped"))
+    assert wrapped.config == text.config
+    a, b = text.model.weights.tensors(), wrapped.model.weights.tensors()
+    assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
