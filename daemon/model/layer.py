@@ -25,6 +25,8 @@ from radixd.kernels.decode_plan import DecodePlan
 if TYPE_CHECKING:
     from radixd.daemon.model.llama import LayerWeights
 
+# The norms only some families' layers have (`LayerWeights`' optional tensors besides biases).
+EXTRA_NORMS = ("q_norm", "k_norm", "post_attn_norm", "post_mlp_norm")
 # (q [T, Hq, D], k pool, v pool, window) -> attention output [T, Hq, D]
 Attend = Callable[[torch.Tensor, torch.Tensor, torch.Tensor, int], torch.Tensor]
 
@@ -136,12 +138,11 @@ class LayerOps:
 def plain_llama(cfg: ModelConfig, layers: list[LayerWeights]) -> bool:
     """Whether every layer is a plain Llama one (SwiGLU, no QK-norm, no post norms, no window, one
     rope): the only layers the compiled decoder (native_decoder.py) runs."""
-    extra = ("q_norm", "k_norm", "post_attn_norm", "post_mlp_norm")
     return (
         cfg.activation == "silu"
         and not cfg.fp32_norms
         and not any(cfg.layer_windows)
-        and all(getattr(lw, n) is None for lw in layers for n in extra)
+        and all(getattr(lw, n) is None for lw in layers for n in EXTRA_NORMS)
     )
 
 

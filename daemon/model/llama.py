@@ -17,6 +17,7 @@ from radixd.daemon.model.config import ModelConfig
 from radixd.daemon.model.f32 import F32Linear, Widened16Linear, f32_available
 from radixd.daemon.model.int4 import Int4Linear
 from radixd.daemon.model.layer import (
+    EXTRA_NORMS,
     AttentionMetadata,
     LayerOps,
     Norm,
@@ -55,7 +56,7 @@ class LayerWeights:
 
 
 # The layer tensors a checkpoint may lack (None in `LayerWeights`).
-OPTIONAL_TENSORS = ("qkv_bias", "o_bias", "q_norm", "k_norm", "post_attn_norm", "post_mlp_norm")
+OPTIONAL_TENSORS = ("qkv_bias", "o_bias", *EXTRA_NORMS)
 
 
 @dataclass
@@ -90,7 +91,7 @@ class LlamaWeights:
                 mlp_norm=t[f"layers.{i}.mlp_norm"],
                 gate_up=t[f"layers.{i}.gate_up"],
                 down=t[f"layers.{i}.down"],
-                **{n: t[f"layers.{i}.{n}"] for n in OPTIONAL_TENSORS[2:] if f"layers.{i}.{n}" in t},
+                **{n: t[f"layers.{i}.{n}"] for n in EXTRA_NORMS if f"layers.{i}.{n}" in t},
             )
             for i in range(num_layers)
         ]
@@ -116,7 +117,7 @@ class LlamaWeights:
                 mlp_norm=cv(lw.mlp_norm),
                 gate_up=cv(lw.gate_up),
                 down=cv(lw.down),
-                **{n: opt(getattr(lw, n)) for n in OPTIONAL_TENSORS[2:]},
+                **{n: opt(getattr(lw, n)) for n in EXTRA_NORMS},
             )
             for lw in self.layers
         ]
@@ -203,7 +204,7 @@ class LlamaModel:
             lw.gate_up, lw.down = ops.gate_up.weight, ops.down.weight
             lw.qkv_bias, lw.o_bias = ops.qkv.bias, ops.o_proj.bias
             lw.attn_norm, lw.mlp_norm = cn(lw.attn_norm), cn(lw.mlp_norm)
-            for name in ("q_norm", "k_norm", "post_attn_norm", "post_mlp_norm"):
+            for name in EXTRA_NORMS:
                 if getattr(lw, name) is not None:
                     setattr(lw, name, cn(getattr(lw, name)))
             self._ops.append(ops)
