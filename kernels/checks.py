@@ -71,3 +71,9 @@ def check_block_tables(op: str, block_tables: torch.Tensor, num_seqs: int) -> in
     if block_tables.shape[0] != num_seqs:
         raise ValueError(f"{op}: block_tables has {block_tables.shape[0]} rows for {num_seqs} sequences")
     return int(block_tables.shape[1])
+
+
+def check_window(op: str, window: int) -> None:
+    """Raise unless ``window`` is a sliding window's key count (> 0) or 0 (full causal attention)."""
+    if isinstance(window, bool) or not isinstance(window, int) or window < 0:
+        raise ValueError(f"{op}: window must be an int >= 0 (0: full causal attention), got {window!r}")

@@ -1,9 +1,10 @@
 /* Paged attention of independent query rows on the CPU: the daemon's prefill and decode attention.
  *
  * A row is one token of one sequence: its query heads attend to the keys at positions 0..pos of the
- * sequence, read through the sequence's block table. The keys are cut into splits of SPLIT positions
- * (split j holds [j * SPLIT, (j + 1) * SPLIT), the last one partial); a (row, split) pair is one unit
- * of work, computed by one thread with one code path:
+ * sequence, read through the sequence's block table, or under a sliding window (`window` > 0) to
+ * pos - window + 1..pos only. The keys are cut into splits of SPLIT positions (split j holds
+ * [j * SPLIT, (j + 1) * SPLIT), the first and last ones partial); a (row, split) pair is one unit of
+ * work, computed by one thread with one code path (splits wholly left of a window are no units):
  *   pass 1: s[t] = dot(q * scale, k[t]) for every head of the row and every key t of the split (one
  *           dot: 8 lanes over the head dim, lane i takes the elements i, i+8, ... by fused
  *           multiply-adds; the lanes folded by a fixed tree, 8 keys' dots at once); m_j = max s;
@@ -153,7 +154,15 @@ static inline int row_alone(const radixd_attn *a, int64_t row) {
            (row == a->rows - 1 || a->row_table[row + 1] != a->row_table[row]);
 }
 
-/* Split j of a row: keys [j * SPLIT, min((j + 1) * SPLIT, pos + 1)), every query head of the row.
+/* A row's first key: pos - window + 1 under a sliding window, else 0 (a function of pos and the
+ * window only, like everything else about a row). */
+static inline int64_t first_key(const radixd_attn *a, int64_t pos) {
+    const int64_t lo = pos - a->window + 1;
+    return a->window > 0 && lo > 0 ? lo : 0;
+}
+
+/* Split j of a row: keys [max(j * SPLIT, first key), min((j + 1) * SPLIT, pos + 1)), every query
+ * head of the row.
  * Writes part = [hq][d + 2]: acc (d), m, l. Scratch: scores [hq][SPLIT], qs [hq][d].
  * Inlined with constant shapes and dtype where the caller specializes them: the same operations in
  * the same order, with the loops over the head dim unrolled and their accumulators in registers. */
@@ -162,7 +171,8 @@ static inline __attribute__((always_inline)) void attend_split(const radixd_attn
                                                                const int64_t d, const int64_t hkv,
                                                                const int64_t g_n, const int dtype) {
     const int64_t b = a->block_size, hq = hkv * g_n, stride_tok = hkv * d, elem = dtype == RADIXD_F32 ? 4 : 2;
-    const int64_t pos = a->row_pos[row], t_lo = j * SPLIT, t_hi = pos + 1 < t_lo + SPLIT ? pos + 1 : t_lo + SPLIT;
+    const int64_t pos = a->row_pos[row], j_lo = j * SPLIT, k0 = first_key(a, pos);
+    const int64_t t_lo = k0 > j_lo ? k0 : j_lo, t_hi = pos + 1 < j_lo + SPLIT ? pos + 1 : j_lo + SPLIT;
     const int64_t n = t_hi - t_lo, n8 = (n + LANES - 1) / LANES * LANES;
     const int32_t *table = a->tables + a->row_table[row] * a->width;
     /* rows[t - t_lo]: the pool row (in elements) of key t, for this split's keys and, for a row
@@ -170,7 +180,7 @@ static inline __attribute__((always_inline)) void attend_split(const radixd_attn
      * a time, so that no loop over keys divides by the block size */
     const int alone = row_alone(a, row);
     int64_t rows[2 * SPLIT];
-    const int64_t t_end = !alone ? t_hi : pos + 1 < t_lo + 2 * SPLIT ? pos + 1 : t_lo + 2 * SPLIT;
+    const int64_t t_end = !alone ? t_hi : pos + 1 < j_lo + 2 * SPLIT ? pos + 1 : j_lo + 2 * SPLIT;
     for (int64_t t = t_lo, blk = t_lo / b, off = t_lo % b; t < t_end; blk++, off = 0) {
         const int64_t base = (int64_t)table[blk] * b;
         for (; off < b && t < t_end; off++, t++) rows[t - t_lo] = (base + off) * stride_tok;
@@ -370,12 +380,13 @@ static int thread_count(void) { return 1; }
  * The caller checks shapes: d % LANES == 0, d <= MAX_D, tables and block ids cover every position read. */
 int radixd_attend_rows(const radixd_attn *a, int threads) {
     const int64_t rows = a->rows, *row_pos = a->row_pos, d = a->d, hq = a->hkv * a->group, part_n = hq * (d + 2);
-    /* units: (row, split) pairs, row-major; first[r] = the first unit of row r */
+    /* units: (row, split) pairs, row-major, from the split of a row's first key to that of its last;
+     * first[r] = the first unit of row r */
     int64_t *first = malloc((size_t)(rows + 1) * sizeof(int64_t));
     if (first == NULL) return -1;
     first[0] = 0;
     for (int64_t r = 0; r < rows; r++)
-        first[r + 1] = first[r] + (row_pos[r] < 0 ? 0 : row_pos[r] / SPLIT + 1);
+        first[r + 1] = first[r] + (row_pos[r] < 0 ? 0 : row_pos[r] / SPLIT - first_key(a, row_pos[r]) / SPLIT + 1);
     const int64_t units = first[rows];
     int64_t *unit_row = malloc((size_t)(units > 0 ? units : 1) * sizeof(int64_t));
     int64_t *cost = malloc((size_t)(units + 1) * sizeof(int64_t));
@@ -389,12 +400,14 @@ int radixd_attend_rows(const radixd_attn *a, int threads) {
     }
     /* cost[u]: the keys of the units before u, plus a unit's fixed work (its softmax, its fold) */
     cost[0] = 0;
-    for (int64_t r = 0; r < rows; r++)
+    for (int64_t r = 0; r < rows; r++) {
+        const int64_t k0 = first_key(a, row_pos[r]), j0 = k0 / SPLIT;
         for (int64_t u = first[r]; u < first[r + 1]; u++) {
-            const int64_t keys = row_pos[r] + 1 - (u - first[r]) * SPLIT;
+            const int64_t lo = (j0 + u - first[r]) * SPLIT, hi = row_pos[r] + 1 < lo + SPLIT ? row_pos[r] + 1 : lo + SPLIT;
             unit_row[u] = r;
-            cost[u + 1] = cost[u] + (keys < SPLIT ? keys : SPLIT) + UNIT_COST;
+            cost[u + 1] = cost[u] + hi - (k0 > lo ? k0 : lo) + UNIT_COST;
         }
+    }
     int failed = 0;
 #pragma omp parallel num_threads(threads) if (threads > 1)
     {
@@ -407,8 +420,8 @@ int radixd_attend_rows(const radixd_attn *a, int threads) {
         const int64_t hi = unit_near(cost, units, cost[units] * (thread_num() + 1) / thread_count());
         for (int64_t u = lo; u < hi; u++) {
             if (scratch != NULL) {
-                const int64_t r = unit_row[u];
-                attend_split_any(a, r, u - first[r], parts + u * part_n, scratch, scratch + hq * SPLIT);
+                const int64_t r = unit_row[u], j = first_key(a, row_pos[r]) / SPLIT + u - first[r];
+                attend_split_any(a, r, j, parts + u * part_n, scratch, scratch + hq * SPLIT);
             } else {
 #pragma omp atomic write
                 failed = 1;

@@ -1,9 +1,11 @@
 """The compiled CPU attention (``radixd_attend_rows``, cpu_attention.c): prefill and decode rows alike.
 
-Each query row (a token: its block table and position) attends to keys ``0..pos`` in splits fixed by
-position; ``RowsPlan`` checks every index the C code follows. :func:`design` picks the design:
-``RADIXD_CPU_ATTENTION`` = ``compiled`` | ``split`` | ``auto`` (default: compiled where the library
-builds, else split_attention.py's); prefill and decode ask it alike, so a process never mixes the two.
+Each query row (a token: its block table and position) attends to keys ``0..pos`` (under a sliding
+window ``W``: ``pos - W + 1..pos``, the splits wholly left of it skipped) in splits fixed by position;
+``RowsPlan`` checks every index the C code follows (a plan serves every window: the window is the
+call's). :func:`design` picks the design: ``RADIXD_CPU_ATTENTION`` = ``compiled`` | ``split`` |
+``auto`` (default: compiled where the library builds, else split_attention.py's); prefill and decode
+ask it alike, so a process never mixes the two.
 
 NOTE: a row's arithmetic depends only on its query, its keys and its position: not on the other rows
 of the call, the batch size, the thread count, or whether it is a prefill or a decode row.
@@ -160,17 +162,27 @@ def step_plan(
     return plan_rows(tables, row_table, torch.cat((pre_pos, dec_pos)), block_size, num_blocks)
 
 
-def threads_for(plan: RowsPlan, hkv: int) -> int:
-    """Threads a call over ``plan`` takes: torch's count, or one where the work is too small to split."""
-    return torch.get_num_threads() if plan.work * hkv >= _PARALLEL_MIN_WORK else 1
+def threads_for(plan: RowsPlan, hkv: int, window: int = 0) -> int:
+    """Threads a call over ``plan`` takes: torch's count, or one where the work is too small to split
+    (under a sliding ``window`` a row visits at most ``window`` keys)."""
+    work = plan.work
+    if window > 0 and plan.row_pos.numel():
+        work = int(plan.row_pos.clamp(max=window - 1).sum()) + plan.row_pos.shape[0]
+    return torch.get_num_threads() if work * hkv >= _PARALLEL_MIN_WORK else 1
 
 
 def attend_rows(
-    q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, plan: RowsPlan, scale: float
+    q: torch.Tensor,
+    k_cache: torch.Tensor,
+    v_cache: torch.Tensor,
+    plan: RowsPlan,
+    scale: float,
+    window: int = 0,
 ) -> torch.Tensor:
     """Attention of the query rows q [R, Hq, D] along ``plan`` (:func:`plan_rows`) over pools
-    [N, B, Hkv, D] that :func:`supports`. -> [R, Hq, D] in q's dtype (float32 and bfloat16 queries go
-    in and come out as they are: no conversion beside a layer's call)."""
+    [N, B, Hkv, D] that :func:`supports`; ``window`` > 0: a row at ``pos`` sees keys ``pos - window +
+    1..pos`` only. -> [R, Hq, D] in q's dtype (float32 and bfloat16 queries go in and come out as they
+    are: no conversion beside a layer's call)."""
     lib = library()
     if lib is None:
         raise RuntimeError("the compiled CPU attention is not available")
@@ -202,11 +214,12 @@ def attend_rows(
         group=hq // hkv,
         d=d,
         width=plan.tables.shape[1],
+        window=window,
         scale=scale,
         io_dtype=_IO_DTYPES[qx.dtype],
         dtype=_DTYPES[k_cache.dtype],
     )
-    rc = lib.radixd_attend_rows(ctypes.byref(call), threads_for(plan, hkv))
+    rc = lib.radixd_attend_rows(ctypes.byref(call), threads_for(plan, hkv, window))
     if rc != 0:
         raise MemoryError("attention: the CPU kernel could not allocate its buffers")
     return out if io is not None else out.to(q.dtype)

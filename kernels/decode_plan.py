@@ -38,6 +38,7 @@ class DecodeChunk:
     splits: int
     index: torch.Tensor  # int64 [splits * n * Hkv * S] pool row of each gathered key (split_index)
     mask: torch.Tensor  # additive [splits, n, 1, 1, S]: -inf on keys past each row's position
+    last: torch.Tensor  # int64 [n, 1] each row's position (a sliding window's mask is made from it)
 
 
 @dataclass(frozen=True)
@@ -98,8 +99,8 @@ def plan_decode(
             )
         index = split_index(tables[a : a + n], block_size, num_kv_heads, j)
         # A decode row sits at position len - 1 and sees every key of its sequence.
-        mask = key_mask((sorted_lens[a : a + n] - 1)[:, None].to(block_tables.device), j)
-        chunks.append(DecodeChunk(a, a + n, j, index, mask))
+        last = (sorted_lens[a : a + n] - 1)[:, None].to(block_tables.device)
+        chunks.append(DecodeChunk(a, a + n, j, index, key_mask(last, j), last))
         a += n
     biggest = max((c.index.numel() for c in chunks), default=0)
     return DecodePlan(s, block_size, order, tuple(chunks), biggest)
@@ -115,11 +116,17 @@ def check_plan(plan: DecodePlan, num_seqs: int, block_size: int) -> None:
 
 
 def decode_with_plan(
-    q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, plan: DecodePlan, scale: float
+    q: torch.Tensor,
+    k_cache: torch.Tensor,
+    v_cache: torch.Tensor,
+    plan: DecodePlan,
+    scale: float,
+    window: int = 0,
 ) -> torch.Tensor:
     """Run the torch twin of ``paged_decode`` for one layer along ``plan``: q [S, Hq, D] -> [S, Hq, D].
     Per chunk: one gather per pool into a reused float32 buffer, then :func:`split_attention`, where a
-    kv head's G query heads act as G query rows (padded, :func:`padded_rows`)."""
+    kv head's G query heads act as G query rows (padded, :func:`padded_rows`). ``window`` > 0: each row
+    sees its last ``window`` keys (the plan serves every window; the layer's mask is made here)."""
     s, hq, d = q.shape
     _, b, hkv, _ = k_cache.shape
     group = hq // hkv
@@ -138,7 +145,8 @@ def decode_with_plan(
     for c in plan.chunks:
         kg = gather_split_kv(k_cache, c.index, k_buf)
         vg = gather_split_kv(v_cache, c.index, v_buf)
-        outs.append(split_attention(qg[c.start : c.end], kg, vg, c.mask, scale))
+        mask = c.mask if window <= 0 else key_mask(c.last, c.splits, window)
+        outs.append(split_attention(qg[c.start : c.end], kg, vg, mask, scale))
     got = outs[0] if len(outs) == 1 else torch.cat(outs) if outs else qg[:0].float()
     got = got[:, :, :group]
     if plan.order is None:

@@ -201,7 +201,7 @@ class Attn(ctypes.Structure):
         ("tables", _p),
         ("row_table", _p),
         ("row_pos", _p),
-        *((name, _i64) for name in ("rows", "block_size", "hkv", "group", "d", "width")),
+        *((name, _i64) for name in ("rows", "block_size", "hkv", "group", "d", "width", "window")),
         ("scale", _f32),
         ("io_dtype", _i32),
         ("dtype", _i32),

@@ -5,6 +5,8 @@ Triton: split-K flash decoding, splits fixed by position (split ``j`` holds keys
 head, split) over the GQA group in one ``ROW_TILE``-row tile, stage 2 folds the splits in order with
 tiles.py's fold, the prefill kernel's arithmetic. CPU twin: the compiled row kernel (cpu_attention.py),
 else the split design (decode_plan.py), planned once per step for every layer (:func:`decode_step_plan`).
+A sliding window (``window`` = W > 0: the row at ``p`` sees keys ``p - W + 1..p``) is the call's: both
+kernels skip the key tiles wholly left of it, and the splits with them.
 
 NOTE: a decode row equals the prefill row of its position wherever ``tl.dot`` gives a row the same bits
 in both tiles (it does under TRITON_INTERPRET=1: tests/kernels/test_batch_invariance_triton.py).
@@ -15,7 +17,7 @@ from __future__ import annotations
 import torch
 
 from radixd.kernels import cpu_attention
-from radixd.kernels.checks import check_block_tables, check_cache, check_int_vector, check_query
+from radixd.kernels.checks import check_block_tables, check_cache, check_int_vector, check_query, check_window
 from radixd.kernels.decode_plan import DecodePlan, check_plan, decode_with_plan, plan_decode
 from radixd.kernels.dispatch import LazyKernel, check_same_device, resolve_backend, tl, triton
 from radixd.kernels.tiles import fold_split, scale_and_strides, split_softmax, tile_constants
@@ -31,6 +33,7 @@ def paged_decode(
     split_tokens: int | None = None,
     backend: str | None = None,
     plan: DecodePlan | cpu_attention.RowsPlan | None = None,
+    window: int = 0,
 ) -> torch.Tensor:
     """Decode attention over a paged KV pool: q [S, Hq, D] (a token per sequence) -> [S, Hq, D], q's dtype.
 
@@ -38,9 +41,11 @@ def paged_decode(
     [S], KV length incl. the current (stored) token; a length of 0 yields a zero row. ``split_tokens``: the
     Triton kernel's keys per split (a multiple of its ``block_n``; None = ``SPLIT_TOKENS``; the torch twin
     keeps its own); neither derives a split from the batch. ``plan``: the torch twin's work split
-    (:func:`plan_for`), made once per step for every layer, else planned per call.
+    (:func:`plan_for`), made once per step for every layer, else planned per call (a plan serves every
+    window). ``window``: 0 = every key; W > 0 = the last W keys (HF's ``sliding_window``).
     """
     op = "paged_decode"
+    check_window(op, window)
     _, _, hkv, d = check_cache(op, k_cache, v_cache)
     s, _group = check_query(op, q, hkv, d)
     check_int_vector(op, "seq_lens", seq_lens, s)
@@ -52,9 +57,9 @@ def paged_decode(
             f"{op}: split_tokens must be a positive multiple of {block_n} or None, got {split_tokens}"
         )
     if resolve_backend(backend, dev) == "torch":
-        return paged_decode_torch(q, k_cache, v_cache, block_tables, seq_lens, scale, plan)
+        return paged_decode_torch(q, k_cache, v_cache, block_tables, seq_lens, scale, plan, window)
     split = SPLIT_TOKENS if split_tokens is None else split_tokens
-    return paged_decode_triton(q, k_cache, v_cache, block_tables, seq_lens, scale, split, max_blocks)
+    return paged_decode_triton(q, k_cache, v_cache, block_tables, seq_lens, scale, split, max_blocks, window)
 
 
 # ----------------------------------------------------------------------------------------------
@@ -99,6 +104,7 @@ def paged_decode_torch(
     seq_lens: torch.Tensor,
     scale: float,
     plan: DecodePlan | cpu_attention.RowsPlan | None = None,
+    window: int = 0,
 ) -> torch.Tensor:
     """CPU twin of :func:`paged_decode`: the compiled row kernel (cpu_attention.py) where it runs, each
     sequence one row at position ``seq_len - 1``; else the split design along ``plan`` (made here when
@@ -109,10 +115,10 @@ def paged_decode_torch(
             check_plan(plan, s, k_cache.shape[1])
         if not isinstance(plan, cpu_attention.RowsPlan):
             plan = rows_plan_for(block_tables, seq_lens, k_cache)
-        return cpu_attention.attend_rows(q, k_cache, v_cache, plan, scale)
+        return cpu_attention.attend_rows(q, k_cache, v_cache, plan, scale, window)
     if not isinstance(plan, DecodePlan):
         plan = plan_for(block_tables, seq_lens, k_cache)
-    return decode_with_plan(q, k_cache, v_cache, plan, scale)
+    return decode_with_plan(q, k_cache, v_cache, plan, scale, window)
 
 
 # ----------------------------------------------------------------------------------------------
@@ -150,6 +156,7 @@ def _decode_stage1(
     stride_bts: tl.tensor,
     max_blocks: tl.tensor,
     num_splits: tl.tensor,
+    window: tl.tensor,
     GROUP: tl.constexpr,
     GROUP_TILE: tl.constexpr,
     HEAD_DIM: tl.constexpr,
@@ -158,6 +165,7 @@ def _decode_stage1(
     BLOCK_SIZE: tl.constexpr,
     BLOCK_N: tl.constexpr,
     SPLIT: tl.constexpr,
+    WINDOWED: tl.constexpr,
     FP32_DOT: tl.constexpr,
     ROWWISE_DOT: tl.constexpr,
 ) -> None:
@@ -168,6 +176,12 @@ def _decode_stage1(
     # Split `split` holds keys [split * SPLIT, (split + 1) * SPLIT): fixed by position, not by the batch.
     lo = split * SPLIT
     hi = tl.minimum(lo + SPLIT, seq_len)
+    first = tl.zeros([GROUP_TILE], tl.int32)
+    if WINDOWED:
+        # The row's first key; the walk starts at its tile (tiles.py masks the keys before it), so a
+        # split wholly left of the window walks nothing.
+        first = first + tl.maximum(seq_len - window, 0)
+        lo = tl.maximum(lo, (tl.maximum(seq_len - window, 0) // BLOCK_N) * BLOCK_N)
 
     g = tl.arange(0, GROUP_TILE)
     dd = tl.arange(0, D_TILE)
@@ -182,8 +196,9 @@ def _decode_stage1(
     q = (q.to(tl.float32) * scale).to(k_ptr.dtype.element_ty)
 
     m_i, l_i, o = split_softmax(
-        q, g, k_ptr, v_ptr, bt_ptr + seq * stride_bts, lo, hi, max_blocks, kvh, stride_kn, stride_vn,
-        GROUP_TILE, HEAD_DIM, D_TILE, NUM_KV_HEADS, BLOCK_SIZE, BLOCK_N, False, FP32_DOT, ROWWISE_DOT,
+        q, g, first, k_ptr, v_ptr, bt_ptr + seq * stride_bts, lo, hi, max_blocks, kvh, stride_kn, stride_vn,
+        GROUP_TILE, HEAD_DIM, D_TILE, NUM_KV_HEADS, BLOCK_SIZE, BLOCK_N, False, WINDOWED, FP32_DOT,
+        ROWWISE_DOT,
     )  # fmt: skip
     gd_mask = g_mask[:, None] & d_mask[None, :]
     # partial buffers: o [S, Hq, num_splits, D_TILE], ml [S, Hq, num_splits, 2] (fp32, contiguous)
@@ -201,10 +216,12 @@ def _decode_stage2(
     stride_os: tl.tensor,
     stride_oh: tl.tensor,
     num_splits: tl.tensor,
+    window: tl.tensor,
     NUM_Q_HEADS: tl.constexpr,
     HEAD_DIM: tl.constexpr,
     D_TILE: tl.constexpr,
     SPLIT: tl.constexpr,
+    WINDOWED: tl.constexpr,
 ) -> None:
     seq = tl.program_id(0).to(tl.int64)
     head = tl.program_id(1).to(tl.int64)
@@ -216,8 +233,12 @@ def _decode_stage2(
     big_m = tl.full([1], float("-inf"), tl.float32)
     big_w = tl.zeros([1], tl.float32)
     big_o = tl.zeros([1, D_TILE], tl.float32)
-    # The sequence's own splits, in order (a row's fold never depends on the batch's widest table).
-    for j in range(0, tl.cdiv(seq_len, SPLIT)):
+    # The sequence's own splits, in order (a row's fold never depends on the batch's widest table);
+    # under a window from the split of its first key (the empty splits before it would change nothing).
+    j0 = 0
+    if WINDOWED:
+        j0 = tl.maximum(seq_len - window, 0) // SPLIT
+    for j in range(j0, tl.cdiv(seq_len, SPLIT)):
         row = (seq * NUM_Q_HEADS + head) * num_splits + j + one
         m_j = tl.load(part_ml_ptr + row * 2)
         l_j = tl.load(part_ml_ptr + row * 2 + 1)
@@ -231,8 +252,8 @@ def _decode_stage2(
     )
 
 
-_stage1 = LazyKernel(_decode_stage1, do_not_specialize=("max_blocks", "num_splits"))
-_stage2 = LazyKernel(_decode_stage2, do_not_specialize=("num_splits",))
+_stage1 = LazyKernel(_decode_stage1, do_not_specialize=("max_blocks", "num_splits", "window"))
+_stage2 = LazyKernel(_decode_stage2, do_not_specialize=("num_splits", "window"))
 
 
 def paged_decode_triton(
@@ -244,6 +265,7 @@ def paged_decode_triton(
     scale: float,
     split_tokens: int,
     max_blocks: int,
+    window: int = 0,
 ) -> torch.Tensor:
     """Launch the split-K Triton decode (inputs already validated by :func:`paged_decode`)."""
     s, hq, d = q.shape
@@ -276,9 +298,11 @@ def paged_decode_triton(
         *scale_and_strides(q, k_cache, v_cache, block_tables, scale),
         max_blocks,
         num_splits,
+        window,
         GROUP=group,
         GROUP_TILE=ROW_TILE,
         SPLIT=split_tokens,
+        WINDOWED=window > 0,
         **consts,
         num_warps=DECODE_CONFIG["num_warps"],
         num_stages=DECODE_CONFIG["num_stages"],
@@ -291,10 +315,12 @@ def paged_decode_triton(
         out.stride(0),
         out.stride(1),
         num_splits,
+        window,
         NUM_Q_HEADS=hq,
         HEAD_DIM=d,
         D_TILE=d_tile,
         SPLIT=split_tokens,
+        WINDOWED=window > 0,
         num_warps=1,
     )
     return out

@@ -4,7 +4,9 @@ New token i of sequence s sits at position ``seq_lens[s] - q_len[s] + i`` and at
 position <= its own (its K/V already in the pool): plain, chunked and prefix-hit prefill alike. Triton:
 one program per (query tile, sequence, query head) with the decode kernel's splits, online softmax and
 fold (tiles.py). CPU twin: each new token is a row of the compiled row kernel (cpu_attention.py), else
-of the split design (one gather, one ``split_attention``).
+of the split design (one gather, one ``split_attention``). A sliding window (``window`` = W > 0) leaves
+a token the keys ``pos - W + 1..pos``; the Triton kernel starts a query tile's walk at the key tile of
+its first row's first key.
 
 NOTE: a prefill row equals the decode of its position (the same splits and arithmetic).
 """
@@ -14,7 +16,7 @@ from __future__ import annotations
 import torch
 
 from radixd.kernels import cpu_attention
-from radixd.kernels.checks import check_block_tables, check_cache, check_int_vector, check_query
+from radixd.kernels.checks import check_block_tables, check_cache, check_int_vector, check_query, check_window
 from radixd.kernels.dispatch import LazyKernel, check_same_device, resolve_backend, tl, triton
 from radixd.kernels.paged_decode import DECODE_CONFIG, ROW_TILE, SPLIT_TOKENS
 from radixd.kernels.paging import length_chunks
@@ -38,11 +40,15 @@ def paged_prefill(
     seq_lens: torch.Tensor,
     scale: float,
     backend: str | None = None,
+    window: int = 0,
 ) -> torch.Tensor:
     """Extend attention: q [T, Hq, D] (new tokens of all sequences, concatenated), caches [N, B, Hkv, D],
     block_tables int32 [S, max_blocks], cu_q_lens int32 [S+1] (offsets into q), seq_lens int32 [S] (total
-    KV length incl. the new, stored tokens; ``q_len <= seq_len``). Returns [T, Hq, D] in q's dtype."""
+    KV length incl. the new, stored tokens; ``q_len <= seq_len``); ``window``: 0 = causal over every
+    key, W > 0 = a token at ``pos`` sees keys ``pos - W + 1..pos`` (HF's ``sliding_window``). Returns
+    [T, Hq, D] in q's dtype."""
     op = "paged_prefill"
+    check_window(op, window)
     _, _, hkv, d = check_cache(op, k_cache, v_cache)
     _t, _group = check_query(op, q, hkv, d)
     s = int(seq_lens.shape[0]) if seq_lens.dim() == 1 else -1
@@ -51,8 +57,10 @@ def paged_prefill(
     max_blocks = check_block_tables(op, block_tables, s)
     dev = check_same_device(op, q, k_cache, v_cache, block_tables, cu_q_lens, seq_lens)
     if resolve_backend(backend, dev) == "torch":
-        return paged_prefill_torch(q, k_cache, v_cache, block_tables, cu_q_lens, seq_lens, scale)
-    return paged_prefill_triton(q, k_cache, v_cache, block_tables, cu_q_lens, seq_lens, scale, max_blocks)
+        return paged_prefill_torch(q, k_cache, v_cache, block_tables, cu_q_lens, seq_lens, scale, window)
+    return paged_prefill_triton(
+        q, k_cache, v_cache, block_tables, cu_q_lens, seq_lens, scale, max_blocks, window
+    )
 
 
 def paged_prefill_torch(
@@ -63,6 +71,7 @@ def paged_prefill_torch(
     cu_q_lens: torch.Tensor,
     seq_lens: torch.Tensor,
     scale: float,
+    window: int = 0,
 ) -> torch.Tensor:
     """Vectorized torch twin of :func:`paged_prefill`: one loop step per chunk of KV-length-sorted
     sequences (as in the decode twin), so padding a chunk's sequences to its longest stays cheap."""
@@ -74,7 +83,7 @@ def paged_prefill_torch(
     if cpu_attention.use_compiled(k_cache, hq // hkv):
         row_table, row_pos = cpu_attention.prefill_rows(cu_q_lens, seq_lens, t)
         plan = cpu_attention.plan_rows(block_tables.cpu(), row_table, row_pos, b, k_cache.shape[0])
-        return cpu_attention.attend_rows(q, k_cache, v_cache, plan, scale)
+        return cpu_attention.attend_rows(q, k_cache, v_cache, plan, scale, window)
     cu, lens, q_lens = cpu_attention.query_lens(cu_q_lens, seq_lens)
     # Sequences without new tokens contribute nothing: give them length 0 so the chunking drops them.
     order, counts = length_chunks(
@@ -83,7 +92,9 @@ def paged_prefill_torch(
     a = 0
     for n in counts:
         idx = order[a : a + n]
-        _prefill_chunk(q, k_cache, v_cache, block_tables, cu[idx], q_lens[idx], lens[idx], idx, scale, out)
+        _prefill_chunk(
+            q, k_cache, v_cache, block_tables, cu[idx], q_lens[idx], lens[idx], idx, scale, window, out
+        )
         a += n
     return out
 
@@ -98,6 +109,7 @@ def _prefill_chunk(
     lens: torch.Tensor,  # [n] (CPU) KV lengths, longest first
     seq_idx: torch.Tensor,  # [n] (CPU) rows of block_tables
     scale: float,
+    window: int,
     out: torch.Tensor,
 ) -> None:
     """One :func:`split_attention` over a chunk of sequences: rows [n, Hkv, G*Qmax, D], each at its
@@ -125,7 +137,7 @@ def _prefill_chunk(
     index = split_index(tables, b, hkv, splits)
     kg = gather_split_kv(k_cache, index)
     vg = gather_split_kv(v_cache, index)
-    o = split_attention(qp.to(torch.float32), kg, vg, key_mask(pos.to(dev), splits), scale)
+    o = split_attention(qp.to(torch.float32), kg, vg, key_mask(pos.to(dev), splits, window), scale)
     o = o[:, :, : group * q_max].view(n, hkv, group, q_max, d).permute(0, 3, 1, 2, 4).reshape(n, q_max, hq, d)
     valid_dev = valid.to(dev)
     out[tok[valid_dev]] = o[valid_dev].to(out.dtype)
@@ -148,6 +160,7 @@ def _prefill_kernel(
     stride_ot: tl.tensor,
     stride_oh: tl.tensor,
     max_blocks: tl.tensor,
+    window: tl.tensor,
     GROUP: tl.constexpr,
     HEAD_DIM: tl.constexpr,
     D_TILE: tl.constexpr,
@@ -156,6 +169,7 @@ def _prefill_kernel(
     BLOCK_M: tl.constexpr,
     BLOCK_N: tl.constexpr,
     SPLIT: tl.constexpr,
+    WINDOWED: tl.constexpr,
     FP32_DOT: tl.constexpr,
     ROWWISE_DOT: tl.constexpr,
 ) -> None:
@@ -179,17 +193,30 @@ def _prefill_kernel(
     # Keys up to the tile's last causal position; an empty tile walks nothing.
     hi = tl.minimum(seq_len, ctx + first + BLOCK_M)
     hi = tl.where(first < q_len, hi, 0)
+    # Under a window each row sees keys from its own first one (q_lo); the walk starts at the key tile
+    # of the tile's first row's first key, in that key's split: the splits and tiles before it hold no
+    # key of any row here. Where a row's walk starts changes nothing for it (tiles.py).
+    q_lo = q_pos
+    start = 0
+    tile_lo = 0
+    if WINDOWED:
+        q_lo = tl.maximum(q_pos - window + 1, 0)
+        tile_lo = (tl.maximum(ctx + first - window + 1, 0) // BLOCK_N) * BLOCK_N
+        start = (tile_lo // SPLIT) * SPLIT
 
     big_m = tl.full([BLOCK_M], float("-inf"), tl.float32)
     big_w = tl.zeros([BLOCK_M], tl.float32)
     big_o = tl.zeros([BLOCK_M, D_TILE], tl.float32)
     # Splits of SPLIT keys fixed by position, each reduced alone and folded in order: the decode
     # kernel's split and fold (tiles.py), so a row here equals the decode of its position.
-    for lo in range(0, hi, SPLIT):
+    for lo in range(start, hi, SPLIT):
+        walk_lo = lo
+        if WINDOWED:
+            walk_lo = tl.maximum(lo, tile_lo)
         m_j, l_j, o_j = split_softmax(
-            q, q_pos, k_ptr, v_ptr, bt_ptr + seq * stride_bts, lo, tl.minimum(lo + SPLIT, hi), max_blocks,
-            kvh, stride_kn, stride_vn, BLOCK_M, HEAD_DIM, D_TILE, NUM_KV_HEADS, BLOCK_SIZE, BLOCK_N, True,
-            FP32_DOT, ROWWISE_DOT,
+            q, q_pos, q_lo, k_ptr, v_ptr, bt_ptr + seq * stride_bts, walk_lo, tl.minimum(lo + SPLIT, hi),
+            max_blocks, kvh, stride_kn, stride_vn, BLOCK_M, HEAD_DIM, D_TILE, NUM_KV_HEADS, BLOCK_SIZE,
+            BLOCK_N, True, WINDOWED, FP32_DOT, ROWWISE_DOT,
         )  # fmt: skip
         big_m, big_w, big_o = fold_split(big_m, big_w, big_o, m_j, l_j, o_j)
 
@@ -198,7 +225,7 @@ def _prefill_kernel(
     tl.store(out_ptr + o_off, o.to(out_ptr.dtype.element_ty), mask=r_mask[:, None] & d_mask[None, :])
 
 
-_kernel = LazyKernel(_prefill_kernel, do_not_specialize=("max_blocks",))
+_kernel = LazyKernel(_prefill_kernel, do_not_specialize=("max_blocks", "window"))
 
 
 def paged_prefill_triton(
@@ -210,6 +237,7 @@ def paged_prefill_triton(
     seq_lens: torch.Tensor,
     scale: float,
     max_blocks: int,
+    window: int = 0,
 ) -> torch.Tensor:
     """Launch the Triton extend kernel (inputs already validated by :func:`paged_prefill`)."""
     t, hq, d = q.shape
@@ -240,9 +268,11 @@ def paged_prefill_triton(
         out.stride(0),
         out.stride(1),
         max_blocks,
+        window,
         GROUP=hq // hkv,
         BLOCK_M=ROW_TILE,
         SPLIT=SPLIT_TOKENS,
+        WINDOWED=window > 0,
         **consts,
         num_warps=4,
         num_stages=2,

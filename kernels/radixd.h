@@ -33,7 +33,8 @@ typedef enum {
     RADIXD_W_BF16 = 12, /* bf16 rows w [n, k], fp32 arithmetic */
 } radixd_weights;
 
-/* One attention call: rows of queries, each attending to keys 0..row_pos through its table. */
+/* One attention call: rows of queries, each attending to keys 0..row_pos through its table, or to the
+ * last `window` of them (row_pos - window + 1..row_pos) under a sliding window. */
 typedef struct {
     const void *q;                      /* [rows, hkv * group, d] of io_dtype */
     void *out;                          /* like q */
@@ -41,6 +42,7 @@ typedef struct {
     const int32_t *tables;              /* [num_tables, width] block ids */
     const int64_t *row_table, *row_pos; /* [rows]: a row's table, its last key (-1: none, zeros) */
     int64_t rows, block_size, hkv, group, d, width;
+    int64_t window; /* keys a row sees, its own included (0: all of them) */
     float scale;
     int32_t io_dtype; /* RADIXD_F32 or RADIXD_BF16 */
     int32_t dtype;    /* the pools' radixd_dtype */

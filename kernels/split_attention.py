@@ -7,7 +7,10 @@ chunk, alone or beside any rows: (1) scores, one batched GEMM per (split, row gr
 shortened); (2) ``m`` = the row's exact max score, ``e = exp(s - m)``; (3) per split ``l_j = sum(e)``
 and ``acc_j = e @ V_j``; (4) splits summed by a pairwise tree over the split index, where trailing
 all-zero splits leave the others' grouping as it was (padding a row to more splits changes nothing);
-(5) ``out = acc / l + 0.0`` (a ``-0.0`` would depend on which zeros were added).
+(5) ``out = acc / l + 0.0`` (a ``-0.0`` would depend on which zeros were added). Under a sliding window
+``W`` the keys before ``p - W + 1`` are masked like those past ``p``: the row keeps its splits from 0,
+so its order is still fixed by its position (this fallback skips nothing; the compiled and Triton
+kernels do).
 
 NOTE: this rests on (tests/kernels/test_batch_invariance.py checks it on the machine at hand): the CPU
 GEMM gives a row of ``[M, K] @ [K, N]`` the same arithmetic for every allowed ``M`` (:func:`padded_rows`,
@@ -116,11 +119,15 @@ def gather_split_kv(
     return flat.index_select(0, index).float()
 
 
-def key_mask(row_pos: torch.Tensor, splits: int) -> torch.Tensor:
-    """Additive float32 mask, ``-inf`` where a key lies past its row: row_pos [n, R] (int64) ->
-    [J, n, 1, R, S] (broadcast over the kv heads; R = 1 broadcasts over the rows too)."""
+def key_mask(row_pos: torch.Tensor, splits: int, window: int = 0) -> torch.Tensor:
+    """Additive float32 mask, ``-inf`` where a key lies past its row (or, ``window`` > 0, at or before
+    ``row_pos - window``): row_pos [n, R] (int64) -> [J, n, 1, R, S] (broadcast over the kv heads; R = 1
+    broadcasts over the rows too)."""
     keys = torch.arange(splits * SPLIT_TOKENS, device=row_pos.device).view(splits, 1, 1, 1, SPLIT_TOKENS)
-    past = keys > row_pos[None, :, None, :, None]
+    pos = row_pos[None, :, None, :, None]
+    past = keys > pos
+    if window > 0:
+        past |= keys <= pos - window
     zero = torch.zeros((), dtype=torch.float32, device=row_pos.device)
     return torch.where(past, float("-inf"), zero)
 
@@ -130,7 +137,7 @@ def split_attention(
 ) -> torch.Tensor:
     """Attention of float32 q [n, Hkv, M, D] (M from :func:`padded_rows`) over the gathered keys and values
     (:func:`gather_split_kv`, [J*n*Hkv*S, D]) with :func:`key_mask`'s ``mask`` -> float32 [n, Hkv, M, D].
-    Every row needs key 0 unmasked (a causal row always sees position 0).
+    Every row needs a key unmasked (a row always sees its own position; a padding row at 0, key 0).
     """
     n, hkv, m, d = q.shape
     s = SPLIT_TOKENS

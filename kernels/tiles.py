@@ -22,6 +22,7 @@ from radixd.kernels.dispatch import interpreting, tl, triton
 def _split_softmax(
     q: tl.tensor,
     q_pos: tl.tensor,
+    q_lo: tl.tensor,
     k_ptr: tl.tensor,
     v_ptr: tl.tensor,
     bt_row: tl.tensor,
@@ -38,11 +39,14 @@ def _split_softmax(
     BLOCK_SIZE: tl.constexpr,
     BLOCK_N: tl.constexpr,
     CAUSAL: tl.constexpr,
+    WINDOWED: tl.constexpr,
     FP32_DOT: tl.constexpr,
     ROWWISE_DOT: tl.constexpr,
 ) -> tuple[tl.tensor, tl.tensor, tl.tensor]:
     """Keys [lo, hi) of one sequence (its table row `bt_row`) for the ROWS query rows `q` (scaled):
-    (max, sum of weights, weighted values / sum). CAUSAL: row r sees keys <= q_pos[r] only."""
+    (max, sum of weights, weighted values / sum). CAUSAL: row r sees keys <= q_pos[r] only; WINDOWED
+    (a sliding window): keys >= q_lo[r] only. A tile a row sees nothing of leaves its result as it was
+    (bit for bit), so where the walk starts left of a row's first key changes nothing for the row."""
     m_i = tl.full([ROWS], float("-inf"), tl.float32)
     l_i = tl.zeros([ROWS], tl.float32)
     acc = tl.zeros([ROWS, D_TILE], tl.float32)
@@ -66,10 +70,12 @@ def _split_softmax(
             sc = tl.dot(q, tl.trans(k), input_precision="ieee")
         else:
             sc = tl.dot(q, tl.trans(k))
+        seen = n_mask[None, :]
         if CAUSAL:
-            sc = tl.where(n_mask[None, :] & (pos[None, :] <= q_pos[:, None]), sc, float("-inf"))
-        else:
-            sc = tl.where(n_mask[None, :], sc, float("-inf"))
+            seen = seen & (pos[None, :] <= q_pos[:, None])
+        if WINDOWED:
+            seen = seen & (pos[None, :] >= q_lo[:, None])
+        sc = tl.where(seen, sc, float("-inf"))
         m_new = tl.maximum(m_i, tl.max(sc, 1))
         # NOTE: a row may see only -inf in a tile; a finite stand-in max keeps exp() NaN-free.
         m_safe = tl.where(m_new == float("-inf"), 0.0, m_new)

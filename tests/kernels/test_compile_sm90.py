@@ -47,7 +47,7 @@ def _compile(fn: Callable[..., None], types: dict[str, str], consts: dict[str, A
 
 
 def _decode_types(dt: str) -> dict[str, str]:
-    ints = ["stride_qs", "stride_qh", "stride_bts", "max_blocks", "num_splits"]
+    ints = ["stride_qs", "stride_qh", "stride_bts", "max_blocks", "num_splits", "window"]
     return {
         **{p: f"*{dt}" for p in ("q_ptr", "k_ptr", "v_ptr")},
         "bt_ptr": "*i32",
@@ -61,10 +61,11 @@ def _decode_types(dt: str) -> dict[str, str]:
     }
 
 
+@pytest.mark.parametrize("windowed", [False, True], ids=["full", "window"])
 @pytest.mark.parametrize(
     ("dt", "group", "d", "b"), [("fp16", 4, 128, 16), ("bf16", 3, 64, 16), ("fp32", 1, 80, 1)]
 )
-def test_decode_stage1_compiles(dt: str, group: int, d: int, b: int) -> None:
+def test_decode_stage1_compiles(dt: str, group: int, d: int, b: int, windowed: bool) -> None:
     consts = {
         "GROUP": group,
         "GROUP_TILE": decode.ROW_TILE,
@@ -74,22 +75,26 @@ def test_decode_stage1_compiles(dt: str, group: int, d: int, b: int) -> None:
         "BLOCK_SIZE": b,
         "BLOCK_N": decode.DECODE_CONFIG["block_n"],
         "SPLIT": decode.SPLIT_TOKENS,
+        "WINDOWED": windowed,
         "FP32_DOT": dt == "fp32",
         "ROWWISE_DOT": False,
     }
     _compile(decode._decode_stage1, _decode_types(dt), consts, num_stages=decode.DECODE_CONFIG["num_stages"])
 
 
-def test_decode_stage2_compiles() -> None:
+@pytest.mark.parametrize("windowed", [False, True], ids=["full", "window"])
+def test_decode_stage2_compiles(windowed: bool) -> None:
     types = {"part_o_ptr": "*fp32", "part_ml_ptr": "*fp32", "lens_ptr": "*i32", "out_ptr": "*bf16"}
-    types |= {"stride_os": "i32", "stride_oh": "i32", "num_splits": "i32"}
+    types |= {"stride_os": "i32", "stride_oh": "i32", "num_splits": "i32", "window": "i32"}
     consts = {"NUM_Q_HEADS": 32, "HEAD_DIM": 128, "D_TILE": 128, "SPLIT": decode.SPLIT_TOKENS}
+    consts |= {"WINDOWED": windowed}
     _compile(decode._decode_stage2, types, consts)
 
 
+@pytest.mark.parametrize("windowed", [False, True], ids=["full", "window"])
 @pytest.mark.parametrize("dt", ["fp16", "fp32"])
-def test_prefill_compiles(dt: str) -> None:
-    ints = ["stride_qt", "stride_qh", "stride_bts", "stride_ot", "stride_oh", "max_blocks"]
+def test_prefill_compiles(dt: str, windowed: bool) -> None:
+    ints = ["stride_qt", "stride_qh", "stride_bts", "stride_ot", "stride_oh", "max_blocks", "window"]
     types = {p: f"*{dt}" for p in ("q_ptr", "k_ptr", "v_ptr", "out_ptr")}
     types |= {"bt_ptr": "*i32", "cu_ptr": "*i32", "lens_ptr": "*i32", "scale": "fp32"}
     types |= {"stride_kn": "i64", "stride_vn": "i64", **{p: "i32" for p in ints}}
@@ -102,6 +107,7 @@ def test_prefill_compiles(dt: str) -> None:
         "BLOCK_M": decode.ROW_TILE,
         "BLOCK_N": decode.DECODE_CONFIG["block_n"],
         "SPLIT": decode.SPLIT_TOKENS,
+        "WINDOWED": windowed,
         "FP32_DOT": dt == "fp32",
         "ROWWISE_DOT": False,
     }
