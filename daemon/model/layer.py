@@ -46,10 +46,6 @@ class AttentionMetadata:
     max_position: int = -1  # largest position in the step if known on the host (saves a device sync)
 
 
-def _window_arg(window: int) -> dict[str, int]:
-    return {"window": window} if window else {}
-
-
 def paged_attention(
     meta: AttentionMetadata, t: int, scale: float, plan: DecodePlan | cpu_attention.RowsPlan | None
 ) -> Attend:
@@ -66,7 +62,7 @@ def paged_attention(
             meta.prefill_cu_q_lens,
             meta.prefill_seq_lens,
             scale,
-            **_window_arg(window),
+            window=window,
         )
 
     def decode(q: torch.Tensor, kc: torch.Tensor, vc: torch.Tensor, window: int) -> torch.Tensor:
@@ -78,7 +74,7 @@ def paged_attention(
             meta.decode_seq_lens,
             scale,
             plan=plan,
-            **_window_arg(window),
+            window=window,
         )
 
     def attend(q: torch.Tensor, kc: torch.Tensor, vc: torch.Tensor, window: int) -> torch.Tensor:
