@@ -162,7 +162,8 @@ def _gguf_name(hf: str, gemma: bool) -> str:
     return f"blk.{i}.{part}.weight"
 
 
-def _write_gguf(model: Any, family: str, path: Path) -> None:
+def _write_gguf(model: Any, family: str, path: Path, pattern: int | list[bool] = 3) -> None:
+    """`pattern`: gemma3's sliding_window_pattern, as a period or one flag a layer."""
     arch = FAMILIES[family][3]
     assert arch is not None
     cfg = model.config
@@ -183,7 +184,7 @@ def _write_gguf(model: Any, family: str, path: Path) -> None:
         w.add_rope_scaling_type(gguf.RopeScalingType.LINEAR)
         w.add_rope_scaling_factor(rope["factor"])
         w.add_sliding_window(WINDOW)
-        w.add_sliding_window_pattern(3)  # layers 0, 1 windowed, 2 global: the HF config's layer_types
+        w.add_sliding_window_pattern(pattern)  # 3: layers 0, 1 windowed, 2 global, as layer_types
     if arch == "llama":
         w.add_tensor("rope_freqs.weight", _llama3_factors(cfg.head_dim, rope["rope_theta"]))
     _add_tokenizer(w)
@@ -266,6 +267,10 @@ def test_gemma3_config_fields(tmp_path: Path) -> None:
     assert torch.equal(lw.mlp_norm, want)
     assert lw.q_norm is not None and lw.post_attn_norm is not None and lw.post_mlp_norm is not None
     assert lm.model._native is None  # the compiled decoder runs plain Llama layers only
+    _write_gguf(hf, "gemma3", tmp_path / "flags.gguf", pattern=[False, True, False])
+    flags = load_model(str(tmp_path / "flags.gguf"), dtype="float32", use_cache=False).config
+    assert flags.layer_windows == (0, WINDOW, 0)
+    assert flags.embed_scale == cfg.embed_scale and flags.query_scale == cfg.query_scale
 
 
 def test_unknown_family_is_named(tmp_path: Path) -> None:
