@@ -1,6 +1,7 @@
 """GGUF files: metadata -> ModelConfig, tensors as stored -> our fused layout, vocabulary -> tokenizer.
 
 NOTE: llama.cpp permutes Q and K rows for `llama` (interleaved RoPE); undone here for HF's rotate-half.
+Its gemma3 files store every norm weight as 1 + w, the convention our model holds them in.
 """
 
 from __future__ import annotations
@@ -18,8 +19,12 @@ from radixd.daemon.text.chat_formats import fallback_chat_template
 from radixd.daemon.text.spm import build_spm_tokenizer
 from radixd.daemon.text.tokenizer import TextTokenizer, build_bpe_tokenizer, end_of_turn_ids
 
-SUPPORTED_ARCHS = ("llama", "mistral", "qwen2")
+SUPPORTED_ARCHS = ("llama", "mistral", "qwen2", "qwen3", "gemma3")
 _PERMUTED_ARCHS = ("llama", "mistral")
+# llama.cpp's gemma3 defaults: every 6th layer global, the others windowed with rope base 10000.
+GEMMA3_PATTERN = 6
+GEMMA3_LOCAL_ROPE_BASE = 10000.0
+GEMMA3_27B_LAYERS = 62  # its query scale is (hidden / heads) ** -0.5, not head_dim ** -0.5
 
 
 def _open(path: str) -> GGUFHeader:
@@ -48,7 +53,9 @@ def _type_name(type_id: int) -> str:
 def _config(reader: GGUFHeader, path: str, vocab: int) -> ModelConfig:
     arch = _field(reader, "general.architecture")
     if arch not in SUPPORTED_ARCHS:
-        raise ModelLoadError(f"{path}: architecture {arch!r} is not supported (supported: {SUPPORTED_ARCHS})")
+        raise ModelLoadError(
+            f"{path}: architecture {arch!r} is not supported (supported: {', '.join(SUPPORTED_ARCHS)})"
+        )
 
     def need(key: str) -> Any:
         v = _field(reader, f"{arch}.{key}")
@@ -58,6 +65,7 @@ def _config(reader: GGUFHeader, path: str, vocab: int) -> ModelConfig:
 
     hidden = int(need("embedding_length"))
     heads = int(need("attention.head_count"))
+    layers = int(need("block_count"))
     head_dim = int(_field(reader, f"{arch}.attention.key_length", hidden // heads))
     scaling: dict[str, Any] | None = None
     kind = _field(reader, f"{arch}.rope.scaling.type")
@@ -65,13 +73,17 @@ def _config(reader: GGUFHeader, path: str, vocab: int) -> ModelConfig:
         scaling = {"rope_type": "linear", "factor": float(_field(reader, f"{arch}.rope.scaling.factor", 1.0))}
     elif kind not in (None, "none"):
         raise ModelLoadError(f"{path}: rope scaling {kind!r} is not supported (supported: linear)")
+    family: dict[str, Any] = {}
+    if arch == "gemma3":
+        family = _gemma3(reader, path, layers, hidden // heads if layers == GEMMA3_27B_LAYERS else head_dim)
+        family["embed_scale"] = hidden**0.5
     eos = _field(reader, "tokenizer.ggml.eos_token_id")
     bos = _field(reader, "tokenizer.ggml.bos_token_id")
     return ModelConfig(
         vocab_size=vocab,
         hidden_size=hidden,
         intermediate_size=int(need("feed_forward_length")),
-        num_layers=int(need("block_count")),
+        num_layers=layers,
         num_heads=heads,
         num_kv_heads=int(_field(reader, f"{arch}.attention.head_count_kv", heads)),
         head_dim=head_dim,
@@ -83,7 +95,34 @@ def _config(reader: GGUFHeader, path: str, vocab: int) -> ModelConfig:
         attention_bias=arch == "qwen2",
         bos_token_id=None if bos is None else int(bos),
         eos_token_ids=() if eos is None else (int(eos),),
+        **family,
     )
+
+
+def _gemma3(reader: Any, path: str, layers: int, query_dim: int) -> dict[str, Any]:
+    """Gemma 3's fields as llama.cpp reads its GGUF (norm weights there already hold 1 + w)."""
+    if _field(reader, "gemma3.final_logit_softcapping"):
+        raise ModelLoadError(f"{path}: final logit softcapping is not supported (Gemma 3 has none)")
+    window = int(_field(reader, "gemma3.attention.sliding_window", 0) or 0)
+    windows: tuple[int, ...] = ()
+    if window > 0:
+        pattern = _field(reader, "gemma3.attention.sliding_window_pattern", GEMMA3_PATTERN)
+        if isinstance(pattern, list):  # one flag a layer: windowed or not
+            if len(pattern) != layers:
+                raise ModelLoadError(
+                    f"{path}: sliding_window_pattern has {len(pattern)} flags, {layers} layers"
+                )
+            windows = tuple(window if flag else 0 for flag in pattern)
+        else:
+            n = int(pattern)
+            windows = tuple(window if n == 0 or i % n < n - 1 else 0 for i in range(layers))
+    return {
+        "activation": "gelu_tanh",
+        "fp32_norms": True,
+        "query_scale": query_dim**-0.5,
+        "layer_windows": windows,
+        "local_rope_theta": float(_field(reader, "gemma3.rope.freq_base_swa", GEMMA3_LOCAL_ROPE_BASE)),
+    }
 
 
 def _unpermute(w: torch.Tensor, n_head: int) -> torch.Tensor:

@@ -44,9 +44,24 @@ LAYER_TENSORS: dict[str, dict[Format, tuple[str, ...]]] = {
         "hf": (_HF_MLP + "gate_proj.weight", _HF_MLP + "up_proj.weight"),
     },
     "down": {"gguf": ("blk.{i}.ffn_down.weight",), "hf": (_HF_MLP + "down_proj.weight",)},
+    "q_norm": {"gguf": ("blk.{i}.attn_q_norm.weight",), "hf": (_HF_ATTN + "q_norm.weight",)},
+    "k_norm": {"gguf": ("blk.{i}.attn_k_norm.weight",), "hf": (_HF_ATTN + "k_norm.weight",)},
+    # HF's name for it is Llama's mlp_norm: see HF_SANDWICH.
+    "post_attn_norm": {"gguf": ("blk.{i}.post_attention_norm.weight",)},
+    "post_mlp_norm": {
+        "gguf": ("blk.{i}.post_ffw_norm.weight",),
+        "hf": ("model.layers.{i}.post_feedforward_layernorm.weight",),
+    },
 }
-# Present only when the checkpoint has their first part (attention biases: qwen2 and a few others).
-OPTIONAL = frozenset({"qkv_bias", "o_bias"})
+# Present only when the checkpoint has their first part (attention biases: qwen2 and a few others;
+# QK-norm: Qwen3, Gemma 3; post norms: Gemma 3).
+OPTIONAL = frozenset({"qkv_bias", "o_bias", "q_norm", "k_norm", "post_attn_norm", "post_mlp_norm"})
+# Gemma's HF names for the norms around the MLP: its `post_attention_layernorm` follows attention,
+# and `pre_feedforward_layernorm` is what Llama calls `post_attention_layernorm` (our mlp_norm).
+HF_SANDWICH: dict[str, tuple[str, ...]] = {
+    "mlp_norm": ("model.layers.{i}.pre_feedforward_layernorm.weight",),
+    "post_attn_norm": ("model.layers.{i}.post_attention_layernorm.weight",),
+}
 
 # (our tensor, index of the part, the part) -> the part as our layout wants it
 PartFix = Callable[[str, int, Weight], Weight]
@@ -65,13 +80,19 @@ def _joined(parts: list[Weight]) -> Weight:
 
 
 def layer_tensors(
-    raw: Mapping[str, Weight], fmt: Format, i: int, fix: PartFix | None = None
+    raw: Mapping[str, Weight],
+    fmt: Format,
+    i: int,
+    fix: PartFix | None = None,
+    names_of: Mapping[str, tuple[str, ...]] | None = None,
 ) -> dict[str, Weight]:
     """Layer `i`'s tensors under our names (`layers.{i}.qkv`, ...) from `raw` in format `fmt`, each part
-    passed through `fix` when given; raises KeyError naming the first required tensor `raw` lacks."""
+    passed through `fix` when given, `names_of` replacing some of the table's names (HF_SANDWICH);
+    raises KeyError naming the first required tensor `raw` lacks."""
     out: dict[str, Weight] = {}
     for ours, by_format in LAYER_TENSORS.items():
-        names = [n.format(i=i) for n in by_format.get(fmt, ())]
+        parts_of = (names_of or {}).get(ours, by_format.get(fmt, ()))
+        names = [n.format(i=i) for n in parts_of]
         if not names or (ours in OPTIONAL and names[0] not in raw):
             continue
         parts = [raw[n] for n in names]

@@ -1,4 +1,5 @@
-"""Llama-family decoder (RMSNorm, RoPE, GQA, SwiGLU, tied embeddings, optional q/k/v (and o) bias).
+"""Llama-family decoder (RMSNorm, RoPE, GQA, SwiGLU, tied embeddings, optional q/k/v (and o) bias),
+with the Qwen3 and Gemma 3 layer features as data (`layer.py`).
 
 Attention uses the paged KV pool only through `radixd.kernels`; weights are fused (qkv, gate-up).
 """
@@ -15,19 +16,33 @@ from radixd import kernels
 from radixd.daemon.model.config import ModelConfig
 from radixd.daemon.model.f32 import F32Linear, Widened16Linear, f32_available
 from radixd.daemon.model.int4 import Int4Linear
+from radixd.daemon.model.layer import (
+    EXTRA_NORMS,
+    AttentionMetadata,
+    LayerOps,
+    Norm,
+    paged_attention,
+    plain_llama,
+    rms_norm,
+    run_layer,
+)
 from radixd.daemon.model.linear import GROUP, InOutLinear, Int8Linear, Linear, OutInLinear, PackedLinear
 from radixd.daemon.model.native_decoder import DecoderLayer, NativeDecoder, native_decoder
 from radixd.daemon.model.precision import Precision, cpu_has_native_bf16, precision_of_dtype
 from radixd.daemon.model.q8 import Q8Linear, q8_available
 from radixd.daemon.model.quant import RUNNABLE, QuantLinear, StoredEmbedding
-from radixd.daemon.model.rope import Rotary, apply_rotary
+from radixd.daemon.model.rope import Rotary
 from radixd.daemon.model.stored import Weight
+
+__all__ = ["AttentionMetadata", "LayerWeights", "LlamaModel", "LlamaWeights", "make_linear", "rms_norm"]
 
 
 @dataclass
 class LayerWeights:
     """One decoder layer. qkv: [(Hq + 2 Hkv) * D, H]; gate_up: [2 I, H] (gate rows first); matrices
-    as float rows or as a file's stored parts (`stored.Weight`)."""
+    as float rows or as a file's stored parts (`stored.Weight`). Optional: q_norm / k_norm [D]
+    (QK-norm: Qwen3, Gemma 3), post_attn_norm / post_mlp_norm [H] (applied to the attention's and the
+    MLP's output before the residual add: Gemma 3)."""
 
     attn_norm: torch.Tensor
     qkv: Weight
@@ -37,6 +52,14 @@ class LayerWeights:
     mlp_norm: torch.Tensor
     gate_up: Weight
     down: Weight
+    q_norm: torch.Tensor | None = None
+    k_norm: torch.Tensor | None = None
+    post_attn_norm: torch.Tensor | None = None
+    post_mlp_norm: torch.Tensor | None = None
+
+
+# The layer tensors a checkpoint may lack (None in `LayerWeights`).
+OPTIONAL_TENSORS = ("qkv_bias", "o_bias", *EXTRA_NORMS)
 
 
 @dataclass
@@ -54,10 +77,9 @@ class LlamaWeights:
         for i, lw in enumerate(self.layers):
             for name in ("attn_norm", "qkv", "o_proj", "mlp_norm", "gate_up", "down"):
                 out[f"layers.{i}.{name}"] = getattr(lw, name)
-            if lw.qkv_bias is not None:
-                out[f"layers.{i}.qkv_bias"] = lw.qkv_bias
-            if lw.o_bias is not None:
-                out[f"layers.{i}.o_bias"] = lw.o_bias
+            for name in OPTIONAL_TENSORS:
+                if getattr(lw, name) is not None:
+                    out[f"layers.{i}.{name}"] = getattr(lw, name)
         return out
 
     @classmethod
@@ -80,41 +102,12 @@ class LlamaWeights:
                 mlp_norm=vec(f"layers.{i}.mlp_norm"),
                 gate_up=t[f"layers.{i}.gate_up"],
                 down=t[f"layers.{i}.down"],
+                **{n: opt(f"layers.{i}.{n}") for n in EXTRA_NORMS},
             )
             for i in range(num_layers)
         ]
         embed = t["embed"]
         return cls(embed=embed, layers=layers, norm=vec("norm"), lm_head=t.get("lm_head", embed))
-
-
-@dataclass
-class AttentionMetadata:
-    """Batch layout for one forward: the first `num_prefill_tokens` tokens belong to prefill sequences
-    (attended with paged_prefill), the rest are one decode token per sequence (paged_decode)."""
-
-    slot_mapping: torch.Tensor  # int64 [T]
-    num_prefill_tokens: int
-    prefill_block_tables: torch.Tensor  # int32 [Sp, max_blocks]
-    prefill_cu_q_lens: torch.Tensor  # int32 [Sp + 1]
-    prefill_seq_lens: torch.Tensor  # int32 [Sp]
-    decode_block_tables: torch.Tensor  # int32 [Sd, max_blocks]
-    decode_seq_lens: torch.Tensor  # int32 [Sd]
-    max_position: int = -1  # largest position in the step if known on the host (saves a device sync)
-
-
-def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
-    """LlamaRMSNorm as one fused op (bitwise equal to HF's fp32 formula on CPU)."""
-    return F.rms_norm(x, (x.shape[-1],), weight, eps)
-
-
-@dataclass
-class _LayerOps:
-    """One layer's projections in the precision's layout and kernels."""
-
-    qkv: Linear
-    o_proj: Linear
-    gate_up: Linear
-    down: Linear
 
 
 def runs_stored(prec: Precision, device: torch.device) -> bool:
@@ -185,16 +178,27 @@ class LlamaModel:
         self.dtype = prec.dtype
         self.kv_dtype = prec.kv_dtype
         self.rotary = Rotary(config.head_dim, config.rope_theta, config.rope_scaling, self.device)
-        self.scale = config.head_dim**-0.5
+        # Windowed layers with their own rope base (Gemma 3's local layers) use a second table.
+        self.rotaries = [self.rotary]
+        if config.local_rope_theta and any(config.layer_windows):
+            self.rotaries.append(Rotary(config.head_dim, config.local_rope_theta, None, self.device))
+        self._layer_rope = [
+            int(len(self.rotaries) > 1 and config.window(i) > 0) for i in range(config.num_layers)
+        ]
+        self.scale = config.attention_scale
         self.q_size = config.num_heads * config.head_dim
         self.kv_size = config.num_kv_heads * config.head_dim
+        self._norm = Norm(config)
 
         def cv(x: torch.Tensor) -> torch.Tensor:
             return x.to(device=self.device, dtype=prec.dtype).contiguous()
 
-        self._ops: list[_LayerOps] = []
+        def cn(x: torch.Tensor) -> torch.Tensor:
+            return self._norm.weight(x, self.device, prec.dtype)
+
+        self._ops: list[LayerOps] = []
         for lw in weights.layers:
-            ops = _LayerOps(
+            ops = LayerOps(
                 make_linear(lw.qkv, lw.qkv_bias, prec, self.device),
                 make_linear(lw.o_proj, lw.o_bias, prec, self.device),
                 make_linear(lw.gate_up, None, prec, self.device),
@@ -203,7 +207,10 @@ class LlamaModel:
             lw.qkv, lw.o_proj = ops.qkv.weight, ops.o_proj.weight
             lw.gate_up, lw.down = ops.gate_up.weight, ops.down.weight
             lw.qkv_bias, lw.o_bias = ops.qkv.bias, ops.o_proj.bias
-            lw.attn_norm, lw.mlp_norm = cv(lw.attn_norm), cv(lw.mlp_norm)
+            lw.attn_norm, lw.mlp_norm = cn(lw.attn_norm), cn(lw.mlp_norm)
+            for name in EXTRA_NORMS:
+                if getattr(lw, name) is not None:
+                    setattr(lw, name, cn(getattr(lw, name)))
             self._ops.append(ops)
         tied = weights.lm_head is weights.embed
         self._stored_embed: StoredEmbedding | None = None
@@ -222,13 +229,15 @@ class LlamaModel:
             self._lm_head = make_lm_head(weights.lm_head, prec, self.device)
             weights.embed = self._lm_head.weight if tied else cv(as_float(weights.embed))
             weights.lm_head = self._lm_head.weight
-        weights.norm = cv(weights.norm)
+        weights.norm = cn(weights.norm)
         self.weights = weights
         self._native = self._native_decoder()
 
     def _native_decoder(self) -> NativeDecoder | None:
         """The float32 / w4a8 layers as one compiled call, where every projection is an `F32Linear`
         (never off the host path: `make_linear` makes none there)."""
+        if not plain_llama(self.config, self.weights.layers):
+            return None
         layers = []
         for lw, m in zip(self.weights.layers, self._ops, strict=True):
             ops = (m.qkv, m.o_proj, m.gate_up, m.down)
@@ -257,10 +266,12 @@ class LlamaModel:
         cfg = self.config
         w = self.weights
         t = input_ids.shape[0]
-        hq, hkv, d = cfg.num_heads, cfg.num_kv_heads, cfg.head_dim
         np_ = meta.num_prefill_tokens
-        cos, sin = self.rotary.cos_sin(positions, self.dtype, meta.max_position)
+        ropes = [r.cos_sin(positions, self.dtype, meta.max_position) for r in self.rotaries]
         h = self.embed(input_ids)
+        if cfg.embed_scale != 1.0:
+            # As HF scales: by the factor rounded to the embeddings' dtype, in that dtype.
+            h *= torch.tensor(cfg.embed_scale, dtype=h.dtype)
         if self._native is not None and self._native.takes(k_caches[0]):
             kc = k_caches[0]
             rows = kernels.cpu_step_plan(
@@ -272,51 +283,20 @@ class LlamaModel:
                 kc.shape[1],
                 kc.shape[0],
             )
+            cos, sin = ropes[0]
             return self._native.forward(h, cos, sin, meta.slot_mapping, rows, k_caches, v_caches)
-        qk_size = self.q_size + self.kv_size
         # Every layer attends through the same tables: the decode work split is planned once.
         plan = None
         if np_ < t:
             plan = kernels.decode_step_plan(meta.decode_block_tables, meta.decode_seq_lens, k_caches[0])
 
-        def prefill(q: torch.Tensor, kc: torch.Tensor, vc: torch.Tensor) -> torch.Tensor:
-            return kernels.paged_prefill(
-                q,
-                kc,
-                vc,
-                meta.prefill_block_tables,
-                meta.prefill_cu_q_lens,
-                meta.prefill_seq_lens,
-                self.scale,
-            )
-
-        def decode(q: torch.Tensor, kc: torch.Tensor, vc: torch.Tensor) -> torch.Tensor:
-            return kernels.paged_decode(
-                q, kc, vc, meta.decode_block_tables, meta.decode_seq_lens, self.scale, plan=plan
-            )
+        attend = paged_attention(meta, t, self.scale, plan)
 
         for li, (lw, m) in enumerate(zip(w.layers, self._ops, strict=True)):
-            x = rms_norm(h, lw.attn_norm, cfg.rms_norm_eps)
-            qkv = m.qkv(x)
-            # Rotate q and k together: one set of elementwise ops per layer instead of two.
-            qk = apply_rotary(qkv[:, :qk_size].view(t, hq + hkv, d), cos, sin)
-            q, k = qk[:, :hq], qk[:, hq:]
-            v = qkv[:, qk_size:].view(t, hkv, d)
-            kc, vc = k_caches[li], v_caches[li]
-            kernels.store_kv(k, v, kc, vc, meta.slot_mapping)
-            if np_ == t:
-                attn = prefill(q, kc, vc)
-            elif np_ == 0:
-                attn = decode(q, kc, vc)
-            else:
-                attn = torch.cat((prefill(q[:np_], kc, vc), decode(q[np_:], kc, vc)), dim=0)
-            h += m.o_proj(attn.reshape(t, hq * d))
-            x = rms_norm(h, lw.mlp_norm, cfg.rms_norm_eps)
-            gu = m.gate_up(x)
-            inter = gu.shape[1] // 2
-            gate = F.silu(gu[:, :inter], inplace=True)
-            h += m.down(gate.mul_(gu[:, inter:]))
-        return rms_norm(h, w.norm, cfg.rms_norm_eps)
+            rope = ropes[self._layer_rope[li]]
+            caches = (k_caches[li], v_caches[li])
+            run_layer(h, lw, m, cfg, self._norm, rope, caches, meta.slot_mapping, attend, cfg.window(li))
+        return self._norm(h, w.norm)
 
     def embed(self, input_ids: torch.Tensor) -> torch.Tensor:
         """int64 ids [T] -> their embeddings [T, H] in the activation dtype."""
