@@ -133,7 +133,9 @@ def _tensors(d: Path) -> dict[str, torch.Tensor]:
             raise ModelLoadError(f"{f} is not a valid safetensors file ({type(e).__name__}: {e})") from e
     for prefix, ours in _TEXT_PREFIXES.items():
         out = {(ours + k[len(prefix) :] if k.startswith(prefix) else k): v for k, v in out.items()}
-    return {k: v.float() for k, v in out.items()}
+    # Matrices stay in their stored dtype (a bf16 checkpoint is not widened; each precision converts
+    # per matrix); vectors (norms, biases) are read as fp32, as the model computes with them.
+    return {k: v if v.dim() >= 2 else v.float() for k, v in out.items()}
 
 
 def _tokenizer(d: Path, cfg: ModelConfig) -> TextTokenizer:

@@ -268,7 +268,7 @@ def test_gemma3_config_fields(tmp_path: Path) -> None:
     assert lw.q_norm is not None and lw.post_attn_norm is not None and lw.post_mlp_norm is not None
     assert lm.model._native is None  # the compiled decoder runs plain Llama layers only
     _write_gguf(hf, "gemma3", tmp_path / "flags.gguf", pattern=[False, True, False])
-    flags = load_model(str(tmp_path / "flags.gguf"), dtype="float32", use_cache=False).config
+    flags = load_model(str(tmp_path / "flags.gguf"), dtype="float32").config
     assert flags.layer_windows == (0, WINDOW, 0)
     assert flags.embed_scale == cfg.embed_scale and flags.query_scale == cfg.query_scale
 
@@ -287,7 +287,7 @@ def test_unknown_family_is_named(tmp_path: Path) -> None:
     _finish(w)
     want = "architecture 'phi3' is not supported (supported: llama, mistral, qwen2, qwen3, gemma3)"
     with pytest.raises(ModelLoadError, match=re.escape(want)):
-        load_model(str(tmp_path / "phi.gguf"), use_cache=False)
+        load_model(str(tmp_path / "phi.gguf"))
 
 
 def test_gemma3_softcapping_is_refused(tmp_path: Path) -> None:

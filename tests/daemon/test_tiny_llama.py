@@ -11,7 +11,7 @@ import torch
 from tokenizers import Tokenizer, models, pre_tokenizers
 
 from radixd.daemon.executor.runner import ModelRunner, StepSeq
-from radixd.daemon.loaders import load_model
+from radixd.daemon.loaders import convert, load_model
 
 VOCAB = 96
 
@@ -89,3 +89,16 @@ def test_tiny_llama_logits_match_transformers(tmp_path: Path, variant: str) -> N
     for p in range(28, 40):
         got2.append(runner.step_logits([StepSeq(1, [ids[p]], p, blocks2, None)]))
     torch.testing.assert_close(torch.cat(got2), want, atol=1e-4, rtol=0)
+
+
+def test_a_bf16_checkpoint_is_held_in_bf16_not_widened(tmp_path: Path) -> None:
+    model = _write_tiny(tmp_path, CONFIGS["tied-gqa-default-rope"])
+    model.to(torch.bfloat16).save_pretrained(tmp_path)
+    read = convert(str(tmp_path)).tensors  # what the loader hands over: no fp32 copy of a matrix
+    assert read["layers.0.gate_up"].dtype == torch.bfloat16 and read["norm"].dtype == torch.float32
+    lm = load_model(str(tmp_path), dtype="bfloat16")
+    layer = lm.model.weights.layers[0]
+    for m in (layer.qkv, layer.o_proj, layer.gate_up, layer.down):
+        assert isinstance(m, torch.Tensor) and m.dtype == torch.bfloat16
+    want = model.model.layers[0].self_attn.q_proj.weight
+    assert isinstance(layer.qkv, torch.Tensor) and torch.equal(layer.qkv[: want.shape[0]], want)
