@@ -1,5 +1,6 @@
-"""A tiny Llama written as a GGUF file (llama.cpp layout: permuted Q/K rows, mixed quant types) loads
-with our loader, and its logits match transformers' on the same dequantized weights within 1e-4."""
+"""A tiny Llama written as a GGUF file (llama.cpp layout: permuted Q/K rows, a different format for
+nearly every matrix) loads with our loader: float32 matches transformers on the same dequantized
+weights within 1e-4, and w4a8 runs each matrix in its stored format close to that."""
 
 from __future__ import annotations
 
@@ -26,10 +27,17 @@ def _permute(w: np.ndarray, n_head: int) -> np.ndarray:
     return w.reshape(n_head, 2, w.shape[0] // n_head // 2, *w.shape[1:]).swapaxes(1, 2).reshape(w.shape)
 
 
-def _q6k(rows: int, cols: int, rng: np.random.Generator) -> np.ndarray:
-    """Random but finite Q6_K blocks (210 bytes per 256 values; the last two bytes are the fp16 scale)."""
-    blocks = rng.integers(0, 256, size=(rows, cols // 256, 210), dtype=np.uint8)
-    blocks[..., 208:] = np.frombuffer(np.float16(0.002).tobytes(), dtype=np.uint8)
+def _kquant(qt: Any, rows: int, cols: int, rng: np.random.Generator) -> np.ndarray:
+    """Random but finite K-quant blocks (gguf-py has no K-quant quantizer): random codes, small fp16
+    scales where the format keeps them (Q6_K: its last two bytes; Q4_K: d and dmin first)."""
+    size = {Q.Q6_K: 210, Q.Q4_K: 144}[qt]
+    blocks = rng.integers(0, 256, size=(rows, cols // 256, size), dtype=np.uint8)
+    scale = np.frombuffer(np.float16(0.002).tobytes(), dtype=np.uint8)
+    if qt == Q.Q6_K:
+        blocks[..., 208:] = scale
+    else:
+        blocks[..., 0:2] = scale
+        blocks[..., 2:4] = scale
     return blocks.reshape(rows, -1)
 
 
@@ -80,12 +88,18 @@ def _write(path: Path) -> dict[str, np.ndarray]:
         put(p + "attn_k.weight", hp + "self_attn.k_proj.weight", rnd(KV * d, H), Q.Q4_1, KV)
         put(p + "attn_output.weight", hp + "self_attn.o_proj.weight", rnd(H, H), Q.Q5_0)
         put(p + "ffn_norm.weight", hp + "post_attention_layernorm.weight", 1 + rnd(H), Q.F32)
-        put(p + "ffn_gate.weight", hp + "mlp.gate_proj.weight", rnd(FF, H), Q.Q8_0)
-        put(p + "ffn_up.weight", hp + "mlp.up_proj.weight", rnd(FF, H), Q.F16)
-        put(p + "ffn_down.weight", hp + "mlp.down_proj.weight", rnd(H, FF), Q.Q4_1)
-        v = _q6k(KV * d, H, rng)
-        w.add_tensor(p + "attn_v.weight", v, raw_dtype=Q.Q6_K)
-        ref[hp + "self_attn.v_proj.weight"] = gguf.quants.dequantize(v, Q.Q6_K).astype(np.float32)
+        put(p + "ffn_gate.weight", hp + "mlp.gate_proj.weight", rnd(FF, H), Q.Q5_1 if i else Q.Q8_0)
+        put(p + "ffn_up.weight", hp + "mlp.up_proj.weight", rnd(FF, H), Q.F16 if i else Q.BF16)
+        for qt, name, hf_name, rows in (
+            (Q.Q6_K, "attn_v", "self_attn.v_proj", KV * d),
+            (Q.Q4_K if i else Q.Q4_1, "ffn_down", "mlp.down_proj", H),
+        ):
+            if qt == Q.Q4_1:
+                put(p + f"{name}.weight", hp + f"{hf_name}.weight", rnd(rows, FF), qt)
+                continue
+            blocks = _kquant(qt, rows, H, rng)
+            w.add_tensor(p + f"{name}.weight", blocks, raw_dtype=qt)
+            ref[hp + f"{hf_name}.weight"] = gguf.quants.dequantize(blocks, qt).astype(np.float32)
     w.write_header_to_file()
     w.write_kv_data_to_file()
     w.write_tensors_to_file()
@@ -125,7 +139,7 @@ def test_tiny_gguf_matches_transformers(tmp_path: Path, monkeypatch: pytest.Monk
     runner = ModelRunner(lm.model, num_blocks=8, block_size=8)
     got = runner.step_logits([StepSeq(0, ids, 0, [2, 4, 6, 1], None)])
     torch.testing.assert_close(got, want, atol=1e-4, rtol=0)
-    # The second load comes from the cache and is identical.
+    # A second load is identical.
     again = load_model(str(tmp_path / "tiny.gguf"))
     assert all(
         torch.equal(a, b)
@@ -133,3 +147,20 @@ def test_tiny_gguf_matches_transformers(tmp_path: Path, monkeypatch: pytest.Monk
             again.model.weights.tensors().values(), lm.model.weights.tensors().values(), strict=True
         )
     )
+
+
+def test_w4a8_runs_every_matrix_in_its_stored_format(tmp_path: Path) -> None:
+    _write(tmp_path / "tiny.gguf")
+    ref = load_model(str(tmp_path / "tiny.gguf"), dtype="float32")
+    lm = load_model(str(tmp_path / "tiny.gguf"), dtype="auto")
+    assert lm.model.precision.name == "w4a8"
+    codings = {getattr(p, "coding", None) for p in lm.model.projections()}
+    assert {"q4_0_a8+q4_1_a8+q6_k_a8", "q8_0_a8+bf16", "q5_1_a8+f16", "q4_k_a8", "q5_0_a8", "f16"} <= codings
+    ids = [int(x) for x in torch.randint(0, VOCAB, (30,), generator=torch.Generator().manual_seed(2))]
+    table = [2, 4, 6, 1]
+    want = ModelRunner(ref.model, num_blocks=8, block_size=8).step_logits([StepSeq(0, ids, 0, table, None)])
+    got = ModelRunner(lm.model, num_blocks=8, block_size=8).step_logits([StepSeq(0, ids, 0, table, None)])
+    # 8-bit activations: close to the float product, not equal to it
+    err = (got - want).abs().max() / want.abs().max()
+    assert 0 < err < 0.06, err
+    assert (got.argmax(-1) == want.argmax(-1)).float().mean() >= 0.9
