@@ -93,10 +93,15 @@ def startup_heap_frozen() -> Iterator[int]:
 
 @functools.cache
 def _libc() -> ctypes.CDLL | None:
-    try:
-        return ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6")
-    except OSError:
-        return None
+    # The process's own symbols first: find_library runs `ldconfig -p` (a subprocess, at start-up).
+    for name in (None, "libc.so.6", "find"):
+        try:
+            lib = ctypes.CDLL(ctypes.util.find_library("c") if name == "find" else name)
+        except OSError:
+            continue
+        if hasattr(lib, "malloc"):
+            return lib
+    return None
 
 
 def _libc_call(name: str, argtypes: list[type], restype: type) -> Callable[..., int] | None:
