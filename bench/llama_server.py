@@ -47,13 +47,19 @@ class LlamaServer:
     """A running llama-server (`with LlamaServer(path, threads) as url:` gives its `/completion` URL).
 
     `slots`: parallel sequences (`-np`); `context`: tokens of context per slot; `extra`: more flags
-    (e.g. its n-gram speculation)."""
+    (e.g. its n-gram speculation); `model`: the GGUF (default: radixd's embedded one)."""
 
     def __init__(
-        self, path: str, threads: int, slots: int = 1, context: int = 4096, extra: Sequence[str] = ()
+        self,
+        path: str,
+        threads: int,
+        slots: int = 1,
+        context: int = 4096,
+        extra: Sequence[str] = (),
+        model: str | None = None,
     ) -> None:
         port = free_port()
-        cmd = [path, "-m", default_model_path(), "--port", str(port), "-t", str(threads)]
+        cmd = [path, "-m", model or default_model_path(), "--port", str(port), "-t", str(threads)]
         cmd += ["-c", str(context * slots), "-np", str(slots), *extra]
         self.proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
         self.base = f"http://127.0.0.1:{port}"
