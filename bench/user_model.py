@@ -352,7 +352,8 @@ def main() -> None:
         + ", ".join(f"{k} {p.stat().st_size / 1e9:.2f} GB" for k, p in files.items()),
         "",
     ]
-    cache = a.dir / "radixd-cache"  # the offline and served runs' conversions, kept between runs
+    # the offline and served runs' conversions (and the built kernels), kept between runs
+    cache = Path(os.environ.get("RADIXD_CACHE_DIR") or a.dir / "radixd-cache")
     os.environ["RADIXD_CACHE_DIR"] = str(cache)
     if "load" in parts:
         subprocess.run(
