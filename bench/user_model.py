@@ -28,6 +28,7 @@ import datetime
 import os
 import platform
 import shutil
+import signal
 import statistics
 import subprocess
 import sys
@@ -259,6 +260,7 @@ def load_part(a: argparse.Namespace, files: dict[str, Path], kernels: Path) -> l
                 row = llama_start(a.llama_bin / "llama-server", path, a.threads, a.llama_context, a.timeout)
                 runs.setdefault("llama-server", []).append(row)
         size = f"{name} ({path.stat().st_size / 1e9:.2f} GB)"
+        first = len(lines)
         for side, rows in runs.items():
             r = median_row(rows)
             if "error" in r:
@@ -268,7 +270,7 @@ def load_part(a: argparse.Namespace, files: dict[str, Path], kernels: Path) -> l
             lines.append(
                 f"| {size} | {side} | {float(r['ready_s']):.1f} | {gb[0]:.2f} | {gb[1]:.2f} | {gb[2]:.2f} |"
             )
-        print(lines[-1], flush=True)
+        print("\n".join(lines[first:]), flush=True)
     return lines
 
 
@@ -276,16 +278,23 @@ def bench_script(a: argparse.Namespace, script: str, args: list[str]) -> list[st
     """Run bench/SCRIPT (niced, time-boxed by `--part-timeout`); -> its table lines and the command."""
     cmd = ["nice", sys.executable, str(BENCH / script), *args]
     shown = " ".join(["python", f"bench/{script}", *args])
+    # NOTE: a session of its own, so a run past its time goes with the servers it started
+    proc = subprocess.Popen(
+        cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True
+    )
     try:
-        proc = subprocess.run(cmd, capture_output=True, text=True, timeout=a.part_timeout)
+        stdout, stderr = proc.communicate(timeout=a.part_timeout)
     except subprocess.TimeoutExpired:
+        os.killpg(proc.pid, signal.SIGKILL)
+        proc.communicate()
+        print(f"{script}: stopped after {a.part_timeout:.0f} s", flush=True)
         return [f"`{shown}`: stopped after {a.part_timeout:.0f} s (--part-timeout)", ""]
     if proc.returncode != 0:
-        tail = [ln for ln in proc.stderr.splitlines() if ln.strip()][-3:]
+        tail = [ln for ln in stderr.splitlines() if ln.strip()][-3:]
         return [f"`{shown}` failed:", "", "```", *tail, "```", ""]
     table = [
         ln
-        for ln in proc.stdout.splitlines()
+        for ln in stdout.splitlines()
         if ln.startswith("|") or ln.startswith(("llama.cpp per", "radixd per", "rounds:"))
     ]
     print("\n".join(table), flush=True)
