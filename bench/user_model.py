@@ -333,7 +333,10 @@ def main() -> None:
     ap.add_argument("--decode-tokens", type=int, default=16)
     ap.add_argument("--serve-tokens", type=int, default=32)
     ap.add_argument(
-        "--llama-context", type=int, default=32768, help="llama-server -c (default: radixd's 1 GiB KV pool)"
+        "--llama-context",
+        type=int,
+        default=0,
+        help="llama-server -c (default: the tokens of radixd's KV pool, 1 GiB of 16-bit K and V)",
     )
     ap.add_argument("--timeout", type=float, default=600.0, help="seconds a server may take to start")
     ap.add_argument(
@@ -346,6 +349,8 @@ def main() -> None:
     a = ap.parse_args()
     a.vocab = len(gguf.GGUFReader(default_model_path()).fields["tokenizer.ggml.tokens"].data)
     os.environ["RADIXD_NUM_THREADS"] = str(a.threads)
+    # NOTE: radixd's default pool (DEFAULT_KV_CACHE_GB), K and V in 16 bits: the same bytes on both sides
+    a.llama_context = a.llama_context or (1 << 30) // (4 * a.layers * a.kv_heads * (a.hidden // a.heads))
     parts = a.parts.split(",")
     started = datetime.datetime.now(datetime.UTC)
     files = build(a)
@@ -359,6 +364,8 @@ def main() -> None:
         f"- model: llama, hidden {a.hidden}, intermediate {a.intermediate}, {a.layers} layers, "
         f"{a.heads} / {a.kv_heads} heads, vocab {a.vocab}; files: "
         + ", ".join(f"{k} {p.stat().st_size / 1e9:.2f} GB" for k, p in files.items()),
+        f"- load: llama-server -c {a.llama_context} (1 GiB of 16-bit K and V, radixd's default pool); "
+        "radixd's first start: a fresh cache dir holding only the built kernels",
         "",
     ]
     # the offline and served runs' conversions (and the built kernels), kept between runs
