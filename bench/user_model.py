@@ -292,11 +292,15 @@ def bench_script(a: argparse.Namespace, script: str, args: list[str]) -> list[st
     if proc.returncode != 0:
         tail = [ln for ln in stderr.splitlines() if ln.strip()][-3:]
         return [f"`{shown}` failed:", "", "```", *tail, "```", ""]
-    table = [
-        ln
-        for ln in stdout.splitlines()
-        if ln.startswith("|") or ln.startswith(("llama.cpp per", "radixd per", "rounds:"))
-    ]
+    table: list[str] = []
+    gap = False  # a line left out since the last kept one: a table ended there
+    for ln in stdout.splitlines():
+        if not ln.startswith(("|", "llama.cpp per", "radixd per", "rounds:")):
+            gap = True
+            continue
+        table += [""] if gap and table else []
+        table.append(ln)
+        gap = False
     print("\n".join(table), flush=True)
     return [f"`{shown}`", "", *table, ""]
 
