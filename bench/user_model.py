@@ -16,6 +16,7 @@ Measured per file, each beside llama.cpp in the same run (`--parts`):
 - offline: bench/offline.py (`--dtypes auto`, decode batch 1 and 8, prefill 4 x 128) with
   llama-batched-bench;
 - serve: bench/single_stream.py against llama-server.
+The offline and served runs keep radixd's conversions in $RADIXD_CACHE_DIR, else DIR/radixd-cache.
 
     .venv/bin/python bench/user_model.py --dir DIR --llama-bin DIR/llama/build/bin \\
         --out docs/measurements/bench-user-model.md
