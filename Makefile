@@ -11,7 +11,7 @@ METRICS_PORT ?= 9464
 
 .PHONY: venv serve test lint typecheck unit proto bench bench-memory bench-radix bench-kernels bench-offline \
         bench-workloads bench-sched bench-serve bench-serve-step bench-big-prompt bench-speculative \
-        bench-structured bench-cluster bench-agent bench-single-stream gpu-check clean
+        bench-structured bench-cluster bench-agent bench-single-stream bench-user-model gpu-check clean
 
 venv: $(STAMP)
 
@@ -102,6 +102,14 @@ bench-agent: $(STAMP)
 # (docs/measurements/bench-single-stream.md).
 bench-single-stream: $(STAMP)
 	$(PY) bench/single_stream.py --llama-server "$(LLAMA_SERVER)" --threads 2 --rounds 3
+
+# A ~1B llama-shaped GGUF (random weights, SmolLM2's tokenizer) in Q4_K_M and Q4_1, loaded, run offline
+# and served beside llama.cpp: make bench-user-model LLAMA_BIN=path/to/llama/build/bin USER_MODEL_DIR=DIR
+# (files of about 0.7 GB each and radixd's conversions go to DIR; docs/measurements/bench-user-model.md).
+USER_MODEL_DIR ?= build/user-model
+bench-user-model: $(STAMP)
+	$(PY) bench/user_model.py --dir "$(USER_MODEL_DIR)" --llama-bin "$(LLAMA_BIN)" --repeats 3 \
+		--out docs/measurements/bench-user-model.md
 
 # On a CUDA machine (not part of make test): correctness sweep, bandwidth sweep, report in $$OUT or docs/.
 gpu-check:

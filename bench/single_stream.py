@@ -145,8 +145,11 @@ async def one_round(
 async def measure(args: argparse.Namespace) -> dict[str, list[float]]:
     out: dict[str, list[float]] = collections.defaultdict(list)
     os.environ["RADIXD_NUM_THREADS"] = str(args.threads)  # the daemon's torch threads
-    radixd = Served(None, args.serve_args.split())
-    llama = LlamaServer(args.llama_server, args.threads, slots=args.conversations, context=8192)
+    model = ["--model", args.model] if args.model else []
+    radixd = Served(None, [*model, *args.serve_args.split()])
+    llama = LlamaServer(
+        args.llama_server, args.threads, slots=args.conversations, context=8192, model=args.model
+    )
     try:
         url = llama.ready()
         async with AsyncClient(radixd.address) as client:
@@ -176,6 +179,7 @@ def main() -> None:
     ap.add_argument("--turn-tokens", type=int, default=64)
     ap.add_argument("--conversations", type=int, default=8)
     ap.add_argument("--many-turns", type=int, default=4)
+    ap.add_argument("--model", default=None, help="GGUF file of both sides (default: the embedded SmolLM2)")
     ap.add_argument("--serve-args", default="", help="more `radixd serve` flags")
     args = ap.parse_args()
     require_binary(args.llama_server)  # before radixd starts

@@ -100,7 +100,15 @@ def private_cache(model_cache_dir: Path) -> Path:
 
 def test_every_script_has_a_smoke_run() -> None:
     scripts = {p.name for p in BENCH.iterdir() if p.suffix in (".py", ".sh", ".c")} - MODULES
-    covered = {*RUNS, *MODEL_RUNS, *SERVED_RUNS, *MISSING_RUNS, "gpu_check.py", "gpu_check.sh"}
+    covered = {
+        *RUNS,
+        *MODEL_RUNS,
+        *SERVED_RUNS,
+        *MISSING_RUNS,
+        "gpu_check.py",
+        "gpu_check.sh",
+        "user_model.py",
+    }
     assert scripts == covered
 
 
@@ -152,6 +160,19 @@ def test_benchmark_says_what_is_missing(script: str, tmp_path: Path) -> None:
     proc = run(script, *args.replace("MISSING", str(tmp_path / "absent")).split())
     assert proc.returncode != 0
     assert message in proc.stderr and "Traceback" not in proc.stderr, proc.stderr[-3000:]
+
+
+@pytest.mark.slow
+def test_user_model_benchmark(tmp_path: Path) -> None:
+    """bench/user_model.py at a tiny shape without llama.cpp: gguf-py writes the Q4_1 file (the
+    Q4_K_M one needs llama-quantize and is said not built), radixd loads it cold and warm and runs it
+    offline, and the served part says what it lacks."""
+    args = f"--dir {tmp_path} --no-llama --hidden 128 --intermediate 256 --layers 2 --heads 2 --kv-heads 1"
+    proc = run("user_model.py", *args.split(), "--decode-tokens", "2")
+    check(proc, "| radixd serve, later start | ")
+    assert "| batch 1 |" in proc.stdout and "refused" not in proc.stdout
+    assert "Q4_K_M: not built (no llama-quantize)" in proc.stdout
+    assert "skipped: needs llama-server (--no-llama)" in proc.stdout
 
 
 def test_gpu_check_dry_run(tmp_path: Path) -> None:
