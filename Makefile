@@ -105,7 +105,7 @@ bench-single-stream: $(STAMP)
 
 # A ~1B llama-shaped GGUF (random weights, SmolLM2's tokenizer) in Q4_K_M and Q4_1, loaded, run offline
 # and served beside llama.cpp: make bench-user-model LLAMA_BIN=path/to/llama/build/bin USER_MODEL_DIR=DIR
-# (files of about 0.7 GB each and radixd's conversions go to DIR; docs/measurements/bench-user-model.md).
+# (files of about 0.7 GB each go to DIR; docs/measurements/bench-user-model.md).
 USER_MODEL_DIR ?= build/user-model
 bench-user-model: $(STAMP)
 	$(PY) bench/user_model.py --dir "$(USER_MODEL_DIR)" --llama-bin "$(LLAMA_BIN)" --repeats 3 \

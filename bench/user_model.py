@@ -10,13 +10,13 @@ file is written by gguf-py's own quantizer and the other kinds are reported as n
 
 Measured per file, each beside llama.cpp in the same run (`--parts`):
 - load: seconds from process start to ready, first start (radixd's cache dir fresh, built kernels
-  copied in: the model's conversion is what is cold) and a later start, peak RSS while loading (VmHWM)
+  copied in: whatever a model would leave there is cold) and a later start, peak RSS while loading (VmHWM)
   and resident memory once ready (VmRSS, highest of samples over a second), bytes the start wrote to
   the cache dir; `radixd serve --model FILE` against `llama-server -m FILE` (ready: /health answers);
 - offline: bench/offline.py (`--dtypes auto`, decode batch 1 and 8, prefill 4 x 128) with
   llama-batched-bench;
 - serve: bench/single_stream.py against llama-server.
-The offline and served runs keep radixd's conversions in $RADIXD_CACHE_DIR, else DIR/radixd-cache.
+The offline and served runs keep radixd's cache (built kernels) in $RADIXD_CACHE_DIR, else DIR/radixd-cache.
 
     .venv/bin/python bench/user_model.py --dir DIR --llama-bin DIR/llama/build/bin \\
         --out docs/measurements/bench-user-model.md
@@ -373,7 +373,7 @@ def main() -> None:
         "radixd's first start: a fresh cache dir holding only the built kernels",
         "",
     ]
-    # the offline and served runs' conversions (and the built kernels), kept between runs
+    # the offline and served runs' cache (the built kernels), kept between runs
     cache = Path(os.environ.get("RADIXD_CACHE_DIR") or a.dir / "radixd-cache")
     os.environ["RADIXD_CACHE_DIR"] = str(cache)
     if "load" in parts:
