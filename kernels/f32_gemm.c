@@ -211,31 +211,49 @@ float *radixd_scratch(int64_t n) {
     return buf;
 }
 
-/* One part of a projection into y's columns from 0 (row stride ldy); -1: no memory, -2: a kind this
- * build does not run. */
-static int gemm_part(const radixd_proj *p, const float *x, int64_t m, float *y, int64_t ldy, int threads) {
-    const int kind = (int)p->kind;
-    int rc;
+/* Which unit of the library runs a kind. */
+typedef enum { UNIT_NONE, UNIT_FP32, UNIT_A8, UNIT_KQUANT, UNIT_LEGACY } gemm_unit;
+
+static gemm_unit unit_of(int64_t kind) {
     switch (kind) {
     case RADIXD_W_F32:
     case RADIXD_W_Q4_1:
     case RADIXD_W_Q8_0:
-        rc = gemm(kind, x, m, p->k, p->w, p->d, p->mn, p->n, y, ldy, threads);
-        break;
+        return UNIT_FP32;
     case RADIXD_W_Q4_1_A8:
     case RADIXD_W_Q8_0_A8:
-        rc = radixd_a8_gemm(kind, x, m, p->k, p->w, p->d, p->mn, p->n, y, ldy, threads);
-        break;
+        return UNIT_A8;
     case RADIXD_W_Q4_K_A8:
     case RADIXD_W_Q5_K_A8:
     case RADIXD_W_Q6_K_A8:
-        rc = radixd_kquant_gemm(p, x, m, y, ldy, threads);
-        break;
+        return UNIT_KQUANT;
     case RADIXD_W_Q4_0_A8:
     case RADIXD_W_Q5_0_A8:
     case RADIXD_W_Q5_1_A8:
     case RADIXD_W_F16:
     case RADIXD_W_BF16:
+        return UNIT_LEGACY;
+    default:
+        return UNIT_NONE;
+    }
+}
+
+/* One part of a projection into y's columns from 0 (row stride ldy); -1: no memory, -2: a kind this
+ * build does not run. */
+static int gemm_part(const radixd_proj *p, const float *x, int64_t m, float *y, int64_t ldy, int threads) {
+    const int kind = (int)p->kind;
+    int rc;
+    switch (unit_of(kind)) {
+    case UNIT_FP32:
+        rc = gemm(kind, x, m, p->k, p->w, p->d, p->mn, p->n, y, ldy, threads);
+        break;
+    case UNIT_A8:
+        rc = radixd_a8_gemm(kind, x, m, p->k, p->w, p->d, p->mn, p->n, y, ldy, threads);
+        break;
+    case UNIT_KQUANT:
+        rc = radixd_kquant_gemm(p, x, m, y, ldy, threads);
+        break;
+    case UNIT_LEGACY:
         rc = radixd_legacy_gemm(p, x, m, y, ldy, threads);
         break;
     default:
@@ -260,51 +278,41 @@ int radixd_gemm(const radixd_proj *p, const float *x, int64_t m, float *y, int t
     return 0;
 }
 
+/* Row r of the split Q4_1_A8 / Q8_0_A8 layout: w = d * q (+ mn), fp16 scales widened. */
+static void a8_dequantize_row(const radixd_proj *p, int64_t r, float *o) {
+    const int64_t k = p->k, groups = k / 32;
+    for (int64_t g = 0; g < groups; g++) {
+        const int64_t at = r * groups + g;
+        const float d = _cvtsh_ss(((const half *)p->d)[at]);
+        for (int c = 0; c < 32; c++) {
+            if (p->kind == RADIXD_W_Q8_0_A8) {
+                o[g * 32 + c] = d * (float)((const int8_t *)p->w)[r * k + g * 32 + c];
+            } else {
+                const uint8_t b = ((const uint8_t *)p->w)[at * 16 + (c & 15)];
+                const int q = c < 16 ? b & 0x0F : b >> 4;
+                o[g * 32 + c] = d * (float)q + _cvtsh_ss(((const half *)p->mn)[at]);
+            }
+        }
+    }
+}
+
 int radixd_dequantize_rows(const radixd_proj *p, const int64_t *rows, int64_t count, float *out) {
     const int64_t k = p->k;
+    const gemm_unit unit = unit_of(p->kind);
+    if (unit == UNIT_NONE) return -2;
     for (int64_t i = 0; i < count; i++) {
         const int64_t r = rows[i];
         float *o = out + i * k;
-        switch ((int)p->kind) {
-        case RADIXD_W_F32:
+        if (p->kind == RADIXD_W_F32)
             for (int64_t c = 0; c < k; c++) o[c] = ((const float *)p->w)[r * k + c];
-            break;
-        case RADIXD_W_Q4_1:
-        case RADIXD_W_Q8_0:
+        else if (unit == UNIT_FP32)
             expand((int)p->kind, p->w, p->d, p->mn, k, r, r + 1, o);
-            break;
-        case RADIXD_W_Q4_1_A8:
-        case RADIXD_W_Q8_0_A8:
-            for (int64_t g = 0; g < k / 32; g++) {
-                const int64_t at = r * (k / 32) + g;
-                const float d = _cvtsh_ss(((const half *)p->d)[at]);
-                for (int c = 0; c < 32; c++) {
-                    const int64_t e = r * k + g * 32 + c;
-                    if (p->kind == RADIXD_W_Q8_0_A8) {
-                        o[g * 32 + c] = d * (float)((const int8_t *)p->w)[e];
-                    } else {
-                        const uint8_t b = ((const uint8_t *)p->w)[at * 16 + (c & 15)];
-                        const int q = c < 16 ? b & 0x0F : b >> 4;
-                        o[g * 32 + c] = d * (float)q + _cvtsh_ss(((const half *)p->mn)[at]);
-                    }
-                }
-            }
-            break;
-        case RADIXD_W_Q4_K_A8:
-        case RADIXD_W_Q5_K_A8:
-        case RADIXD_W_Q6_K_A8:
+        else if (unit == UNIT_A8)
+            a8_dequantize_row(p, r, o);
+        else if (unit == UNIT_KQUANT)
             radixd_kquant_dequantize_row(p, r, o);
-            break;
-        case RADIXD_W_Q4_0_A8:
-        case RADIXD_W_Q5_0_A8:
-        case RADIXD_W_Q5_1_A8:
-        case RADIXD_W_F16:
-        case RADIXD_W_BF16:
+        else
             radixd_legacy_dequantize_row(p, r, o);
-            break;
-        default:
-            return -2;
-        }
     }
     return 0;
 }
