@@ -33,9 +33,10 @@
 #define BYTES_q5_k 176
 #define BYTES_q6_k 210
 
-/* A super-block's header: its integer scales per 16 inputs, in span order (int16 lane c: scale 2c,
- * lane 8 + c: scale 2c + 1, so that span c's multipliers are one in-lane shuffle), its minimums per
- * 16 in input order, and the fp32 multipliers of S1 and S2. */
+/* A super-block's header: its integer scales, laid out so that span c's multipliers are one in-lane
+ * shuffle (scales_KIND below: Q4_K, Q5_K their 8 bytes per 32 inputs in each 128-bit lane; Q6_K
+ * int16, lane c scale 2c, lane 8 + c scale 2c + 1), its minimums per 16 in input order (int16), and
+ * the fp32 multipliers of S1 and S2. */
 typedef struct {
     __m256i sc, mn;
     float d, dmin;
@@ -69,7 +70,7 @@ static inline __attribute__((always_inline)) void head_k4(const uint8_t *b, kq_h
     const __m128i high_nibble = _mm_setr_epi8(0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 15, 15, 15, 15);
     __m128i sm = _mm_or_si128(_mm_and_si128(low, keep), _mm_and_si128(_mm_srli_epi16(low, 4), high_nibble));
     sm = _mm_or_si128(sm, _mm_and_si128(_mm_srli_epi16(top, 2), _mm_set1_epi8(0x30)));
-    h->sc = _mm256_cvtepu8_epi16(_mm_unpacklo_epi64(sm, sm));
+    h->sc = _mm256_broadcastsi128_si256(sm);
     h->mn = _mm256_cvtepu8_epi16(_mm_shuffle_epi8(sm, _mm_setr_epi8(8, 8, 9, 9, 10, 10, 11, 11, 12, 12, 13, 13, 14, 14, 15, 15)));
     h->d = f16(b);
     h->dmin = f16(b + 2);
@@ -135,11 +136,18 @@ static inline __attribute__((always_inline)) __m256i madd_add(__m256i acc, __m25
 #endif
 }
 
-/* The int16 multipliers of span c's 16 maddubs pairs: lanes 0-7 (inputs 0-15) scale 2c, lanes 8-15
- * scale 2c + 1 (kq_head's order). */
-static inline __attribute__((always_inline)) __m256i span_scales(__m256i sc, int c) {
-    const __m256i at = _mm256_set1_epi16((short)(0x0100 * (2 * c + 1) + 2 * c));
-    return _mm256_shuffle_epi8(sc, at);
+/* The int16 multipliers of span c's 16 maddubs pairs (lanes 0-7: inputs 0-15, lanes 8-15: inputs
+ * 16-31). Q4_K, Q5_K: scale c (one per 32) zero-extended from its byte (index bytes [c, 0x80]: the
+ * high byte reads as 0); Q6_K: scales 2c and 2c + 1, words c of the two 128-bit lanes. */
+static inline __attribute__((always_inline)) __m256i scales_k4(const kq_head *h, int c) {
+    return _mm256_shuffle_epi8(h->sc, _mm256_set1_epi16((short)(0x8000 | c)));
+}
+
+static inline __attribute__((always_inline)) __m256i scales_q4_k(const kq_head *h, int c) { return scales_k4(h, c); }
+static inline __attribute__((always_inline)) __m256i scales_q5_k(const kq_head *h, int c) { return scales_k4(h, c); }
+
+static inline __attribute__((always_inline)) __m256i scales_q6_k(const kq_head *h, int c) {
+    return _mm256_shuffle_epi8(h->sc, _mm256_set1_epi16((short)(0x0100 * (2 * c + 1) + 2 * c)));
 }
 
 /* Exact int32 reductions: the sum of v's 8 lanes; [sum of a, sum of b, ...]; lane l = the sum of
@@ -231,8 +239,8 @@ static inline __attribute__((always_inline)) __m128 term_rows4(const kq_head *h,
         _Pragma("GCC unroll 8") for (int c = 0; c < 8; c += 2) {                                     \
             const __m256i a0 = _mm256_loadu_si256((const __m256i *)(q + 32 * c));                    \
             const __m256i a1 = _mm256_loadu_si256((const __m256i *)(q + 32 * c + 32));               \
-            s1 = madd_add(s1, _mm256_maddubs_epi16(codes_##KIND(b, c), a0), span_scales(h->sc, c));  \
-            s1b = madd_add(s1b, _mm256_maddubs_epi16(codes_##KIND(b, c + 1), a1), span_scales(h->sc, c + 1)); \
+            s1 = madd_add(s1, _mm256_maddubs_epi16(codes_##KIND(b, c), a0), scales_##KIND(h, c));       \
+            s1b = madd_add(s1b, _mm256_maddubs_epi16(codes_##KIND(b, c + 1), a1), scales_##KIND(h, c + 1)); \
         }                                                                                            \
         return _mm256_add_epi32(s1, s1b);                                                            \
     }
@@ -296,7 +304,7 @@ static inline __attribute__((always_inline)) __m256i s2_of(const kq_head *h, con
             __m256i s[R];                                                                            \
             for (int i = 0; i < R; i++) s[i] = _mm256_setzero_si256();                               \
             _Pragma("GCC unroll 8") for (int c = 0; c < 8; c++) {                                    \
-                const __m256i u = codes_##KIND(b, c), sv = span_scales(h.sc, c);                     \
+                const __m256i u = codes_##KIND(b, c), sv = scales_##KIND(&h, c);                   \
                 _Pragma("GCC unroll 8") for (int i = 0; i < R; i++) {                                \
                     const __m256i a = _mm256_loadu_si256((const __m256i *)(x->q + i * k + sb * QK + 32 * c)); \
                     s[i] = madd_add(s[i], _mm256_maddubs_epi16(u, a), sv);                           \
@@ -398,21 +406,21 @@ void radixd_kquant_dequantize_row(const radixd_proj *p, int64_t row, float *out)
     for (int64_t sb = 0; sb < nsb; sb++) {
         const uint8_t *b = w + sb * KQ_BYTES[kind];
         kq_head h;
-        int16_t sc[16], mn[16];
+        int16_t sc[8][16], mn[16]; /* sc: each span's multipliers, as the tiles take them */
         uint8_t u[QK];
-        for (int c = 0; c < 8; c++) {
-            __m256i v = kind == 0 ? codes_q4_k(b, c) : kind == 1 ? codes_q5_k(b, c) : codes_q6_k(b, c);
-            _mm256_storeu_si256((__m256i *)(u + 32 * c), v);
-        }
         if (kind == 2)
             head_q6_k(b, &h);
         else
             head_k4(b, &h);
-        _mm256_storeu_si256((__m256i *)sc, h.sc);
+        for (int c = 0; c < 8; c++) {
+            __m256i v = kind == 0 ? codes_q4_k(b, c) : kind == 1 ? codes_q5_k(b, c) : codes_q6_k(b, c);
+            _mm256_storeu_si256((__m256i *)(u + 32 * c), v);
+            _mm256_storeu_si256((__m256i *)sc[c], kind == 2 ? scales_q6_k(&h, c) : scales_k4(&h, c));
+        }
         _mm256_storeu_si256((__m256i *)mn, h.mn);
         float *o = out + sb * QK;
         for (int i = 0; i < QK; i++) {
-            const float ds = h.d * (float)sc[(i / 16) % 2 * 8 + i / 32]; /* kq_head's order */
+            const float ds = h.d * (float)sc[i / 32][i % 32 / 16 * 8];
             o[i] = kind == 2 ? ds * (float)((int)u[i] - 32) : ds * (float)u[i] - h.dmin * (float)mn[i / 16];
         }
     }
