@@ -251,7 +251,7 @@ static inline __attribute__((always_inline)) __m256i s2_of(const kq_head *h, con
 
 /* One row times one output (a decode step's tile). Four super-blocks at a time: their S1 and S2
  * reduced together and their fp32 terms computed as lanes, then added to the sum one by one, in
- * order (12-15 % faster than a block at a time); the last k / 256 % 4 one at a time. Two or four
+ * order (measured faster than a block at a time); the last k / 256 % 4 one at a time. Two or four
  * outputs a tile measured no faster, nor 512-bit vectors holding two spans (slower: Zen 4 runs them
  * as two halves): the step is bound by its vector instructions, not its loads or latencies. */
 #define KQONE(KIND, Q6)                                                                                \
@@ -291,7 +291,9 @@ static inline __attribute__((always_inline)) __m256i s2_of(const kq_head *h, con
 /* R rows (4 or 8) times one output (batches and prefills): each span's codes and multipliers
  * unpacked once for the R rows, and their S1 and S2 summed together, their fp32 terms as lanes
  * (lane i of group g: row 4g + i), each computing what the one-row tile computes for its row. Eight
- * rows measured 15 % faster than four (the unpacking is shared by twice the rows), twelve no faster. */
+ * rows measured faster than four (the unpacking is shared by twice the rows); twelve rows, two
+ * outputs a tile, and vpdpbusd's sums of 4 packed to int16 before the scales (three multiplies a 64
+ * inputs instead of four, but more instructions) measured no faster. */
 #define KQROWS(KIND, Q6, R)                                                                            \
     static void kq_##KIND##_##R(const kq_rows *x, int64_t k, const uint8_t *w, float *y, int64_t ldy) { \
         const int64_t nsb = k / QK;                                                                  \
