@@ -15,8 +15,9 @@
  * (however the lanes split them), and each output adds its terms in one order whatever the tile,
  * the row count, the row's position or the thread count. The integer sums do not depend on the
  * vector width or the instructions, so a build with AVX512-VNNI (vpdpwssd) and one without give the
- * same bits. Threads split the outputs; a tile is one output times one row (a decode step) or four
- * rows sharing each unpacked super-block (batches, prefills).
+ * same bits. Threads split the outputs; a tile is one output times one row (a decode step) or
+ * four or eight rows sharing each unpacked super-block (batches, prefills), and every tile computes a
+ * row's terms with the same fp32 operations (term_1, terms_4, term_rows4 agree lane for lane).
  */
 #include <string.h>
 
@@ -32,9 +33,10 @@
 #define BYTES_q5_k 176
 #define BYTES_q6_k 210
 
-/* A super-block's header: its integer scales per 16 inputs, in span order (int16 lane c: scale 2c,
- * lane 8 + c: scale 2c + 1, so that span c's multipliers are one in-lane shuffle), its minimums per
- * 16 in input order, and the fp32 multipliers of S1 and S2. */
+/* A super-block's header: its integer scales, laid out so that span c's multipliers are one in-lane
+ * shuffle (scales_KIND below: Q4_K, Q5_K their 8 bytes per 32 inputs in each 128-bit lane; Q6_K
+ * int16, lane c scale 2c, lane 8 + c scale 2c + 1), its minimums per 16 in input order (int16), and
+ * the fp32 multipliers of S1 and S2. */
 typedef struct {
     __m256i sc, mn;
     float d, dmin;
@@ -68,7 +70,7 @@ static inline __attribute__((always_inline)) void head_k4(const uint8_t *b, kq_h
     const __m128i high_nibble = _mm_setr_epi8(0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 15, 15, 15, 15);
     __m128i sm = _mm_or_si128(_mm_and_si128(low, keep), _mm_and_si128(_mm_srli_epi16(low, 4), high_nibble));
     sm = _mm_or_si128(sm, _mm_and_si128(_mm_srli_epi16(top, 2), _mm_set1_epi8(0x30)));
-    h->sc = _mm256_cvtepu8_epi16(_mm_unpacklo_epi64(sm, sm));
+    h->sc = _mm256_broadcastsi128_si256(sm);
     h->mn = _mm256_cvtepu8_epi16(_mm_shuffle_epi8(sm, _mm_setr_epi8(8, 8, 9, 9, 10, 10, 11, 11, 12, 12, 13, 13, 14, 14, 15, 15)));
     h->d = f16(b);
     h->dmin = f16(b + 2);
@@ -134,11 +136,18 @@ static inline __attribute__((always_inline)) __m256i madd_add(__m256i acc, __m25
 #endif
 }
 
-/* The int16 multipliers of span c's 16 maddubs pairs: lanes 0-7 (inputs 0-15) scale 2c, lanes 8-15
- * scale 2c + 1 (kq_head's order). */
-static inline __attribute__((always_inline)) __m256i span_scales(__m256i sc, int c) {
-    const __m256i at = _mm256_set1_epi16((short)(0x0100 * (2 * c + 1) + 2 * c));
-    return _mm256_shuffle_epi8(sc, at);
+/* The int16 multipliers of span c's 16 maddubs pairs (lanes 0-7: inputs 0-15, lanes 8-15: inputs
+ * 16-31). Q4_K, Q5_K: scale c (one per 32) zero-extended from its byte (index bytes [c, 0x80]: the
+ * high byte reads as 0); Q6_K: scales 2c and 2c + 1, words c of the two 128-bit lanes. */
+static inline __attribute__((always_inline)) __m256i scales_k4(const kq_head *h, int c) {
+    return _mm256_shuffle_epi8(h->sc, _mm256_set1_epi16((short)(0x8000 | c)));
+}
+
+static inline __attribute__((always_inline)) __m256i scales_q4_k(const kq_head *h, int c) { return scales_k4(h, c); }
+static inline __attribute__((always_inline)) __m256i scales_q5_k(const kq_head *h, int c) { return scales_k4(h, c); }
+
+static inline __attribute__((always_inline)) __m256i scales_q6_k(const kq_head *h, int c) {
+    return _mm256_shuffle_epi8(h->sc, _mm256_set1_epi16((short)(0x0100 * (2 * c + 1) + 2 * c)));
 }
 
 /* Exact int32 reductions: the sum of v's 8 lanes; [sum of a, sum of b, ...]; lane l = the sum of
@@ -164,91 +173,167 @@ static inline __attribute__((always_inline)) __m256i sums8(const __m256i v[8]) {
     return _mm256_set_m128i(sums4(v + 4), sums4(v));
 }
 
-/* One row times one output (a decode step's tile; a tile of four outputs measured slower here: the
- * step is bound by its instructions, not its loads), its spans in two chains of int32 adds. */
+/* A super-block's fp32 term for one row from its exact S1 and S2 (int32 lanes to sum), in the one
+ * order every tile follows: Q4_K, Q5_K [d * e, dmin * e] times [S1, S2] in two lanes, then one
+ * minus the other; Q6_K (d * e) times S1 - S2. */
+static inline __attribute__((always_inline)) float term_1(const kq_head *h, float e, __m256i s1, __m256i s2, int q6) {
+    if (q6) return (h->d * e) * (float)hsum_i32(_mm256_sub_epi32(s1, s2));
+    const __m128 de = _mm_mul_ps(_mm_setr_ps(h->d, h->dmin, 0.0f, 0.0f), _mm_set1_ps(e));
+    const __m128 t = _mm_mul_ps(de, _mm_cvtepi32_ps(sum_pair(s1, s2)));
+    return _mm_cvtss_f32(t) - _mm_cvtss_f32(_mm_movehdup_ps(t));
+}
+
+/* Four consecutive super-blocks' fp16 at b + at, b + bytes + at, ...: one each (Q6_K's d) as 4
+ * floats, or a pair each (d, dmin) as 8. */
+static inline __attribute__((always_inline)) __m128 halves_1(const uint8_t *b, int64_t bytes, int at) {
+    uint16_t v[4];
+    for (int g = 0; g < 4; g++) memcpy(v + g, b + g * bytes + at, 2);
+    return _mm_cvtph_ps(_mm_loadl_epi64((const __m128i *)v));
+}
+
+static inline __attribute__((always_inline)) __m256 halves_2(const uint8_t *b, int64_t bytes, int at) {
+    uint32_t v[4];
+    for (int g = 0; g < 4; g++) memcpy(v + g, b + g * bytes + at, 4);
+    return _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)v));
+}
+
+/* Four consecutive super-blocks' terms for one row, each lane what term_1 computes: v holds their
+ * [S1, S2] (Q6_K: their S1 - S2 in v[0 .. 3]), e their activation scales, b the first's bytes. */
+static inline __attribute__((always_inline)) void terms_4(const uint8_t *b, int64_t bytes, const float *e,
+                                                           const __m256i v[8], int q6, float t[4]) {
+    const __m128 ev = _mm_loadu_ps(e);
+    if (q6) {
+        _mm_storeu_ps(t, _mm_mul_ps(_mm_mul_ps(halves_1(b, bytes, 208), ev), _mm_cvtepi32_ps(sums4(v))));
+        return;
+    }
+    const __m256 e2 = _mm256_permutevar8x32_ps(_mm256_castps128_ps256(ev), _mm256_setr_epi32(0, 0, 1, 1, 2, 2, 3, 3));
+    const __m256 p = _mm256_mul_ps(_mm256_mul_ps(halves_2(b, bytes, 0), e2), _mm256_cvtepi32_ps(sums8(v)));
+    float all[8];
+    _mm256_storeu_ps(all, _mm256_sub_ps(p, _mm256_movehdup_ps(p)));
+    for (int g = 0; g < 4; g++) t[g] = all[2 * g];
+}
+
+/* Four rows' terms as four lanes (lane i: row i), each what term_1 computes for its row: s the rows'
+ * S1, e their scales, sums their sums per 16 (row stride nsb * 16). */
+static inline __attribute__((always_inline)) __m128 term_rows4(const kq_head *h, __m128 e, const __m256i s[4],
+                                                                const int16_t *sums, int64_t nsb, int q6) {
+    __m256i t[8];
+    for (int i = 0; i < 4; i++) {
+        const __m256i s2 = _mm256_madd_epi16(h->mn, _mm256_loadu_si256((const __m256i *)(sums + i * nsb * 16)));
+        t[i] = q6 ? _mm256_sub_epi32(s[i], s2) : s[i];
+        t[4 + i] = s2;
+    }
+    if (q6) return _mm_mul_ps(_mm_mul_ps(_mm_set1_ps(h->d), e), _mm_cvtepi32_ps(sums4(t)));
+    const __m256 f = _mm256_cvtepi32_ps(sums8(t));
+    const __m128 t1 = _mm_mul_ps(_mm_mul_ps(_mm_set1_ps(h->d), e), _mm256_castps256_ps128(f));
+    const __m128 t2 = _mm_mul_ps(_mm_mul_ps(_mm_set1_ps(h->dmin), e), _mm256_extractf128_ps(f, 1));
+    return _mm_sub_ps(t1, t2);
+}
+
+/* One row: S1 of the super-block at b against codes q (its spans in two chains of int32 adds), and
+ * S2 against its sums per 16. */
+#define KQSUMS(KIND)                                                                                   \
+    static inline __attribute__((always_inline)) __m256i s1_##KIND(const uint8_t *b, const kq_head *h, \
+                                                                   const int8_t *q) {                \
+        __m256i s1 = _mm256_setzero_si256(), s1b = _mm256_setzero_si256();                           \
+        _Pragma("GCC unroll 8") for (int c = 0; c < 8; c += 2) {                                     \
+            const __m256i a0 = _mm256_loadu_si256((const __m256i *)(q + 32 * c));                    \
+            const __m256i a1 = _mm256_loadu_si256((const __m256i *)(q + 32 * c + 32));               \
+            s1 = madd_add(s1, _mm256_maddubs_epi16(codes_##KIND(b, c), a0), scales_##KIND(h, c));       \
+            s1b = madd_add(s1b, _mm256_maddubs_epi16(codes_##KIND(b, c + 1), a1), scales_##KIND(h, c + 1)); \
+        }                                                                                            \
+        return _mm256_add_epi32(s1, s1b);                                                            \
+    }
+
+static inline __attribute__((always_inline)) __m256i s2_of(const kq_head *h, const int16_t *sums) {
+    return _mm256_madd_epi16(h->mn, _mm256_loadu_si256((const __m256i *)sums));
+}
+
+/* One row times one output (a decode step's tile). Four super-blocks at a time: their S1 and S2
+ * reduced together and their fp32 terms computed as lanes, then added to the sum one by one, in
+ * order (measured faster than a block at a time); the last k / 256 % 4 one at a time. Two or four
+ * outputs a tile measured no faster, nor 512-bit vectors holding two spans (slower: Zen 4 runs them
+ * as two halves): the step is bound by its vector instructions, not its loads or latencies. */
 #define KQONE(KIND, Q6)                                                                                \
-    static void kq_##KIND##_1_1(const kq_rows *x, int64_t k, const uint8_t *w, float *y, int64_t ldy) { \
+    static void kq_##KIND##_1(const kq_rows *x, int64_t k, const uint8_t *w, float *y, int64_t ldy) { \
         (void)ldy;                                                                                   \
         const int64_t nsb = k / QK;                                                                  \
         float acc = 0.0f;                                                                            \
-        for (int64_t sb = 0; sb < nsb; sb++) {                                                       \
+        int64_t sb = 0;                                                                              \
+        for (; sb + 4 <= nsb; sb += 4) {                                                             \
+            __m256i v[8];                                                                            \
+            _Pragma("GCC unroll 4") for (int g = 0; g < 4; g++) {                                    \
+                const uint8_t *b = w + (sb + g) * BYTES_##KIND;                                      \
+                kq_head h;                                                                           \
+                head_##KIND(ask_ahead(b), &h);                                                       \
+                const __m256i s1 = s1_##KIND(b, &h, x->q + (sb + g) * QK);                           \
+                const __m256i s2 = s2_of(&h, x->s + (sb + g) * 16);                                  \
+                if (Q6) {                                                                            \
+                    v[g] = _mm256_sub_epi32(s1, s2);                                                 \
+                } else {                                                                             \
+                    v[2 * g] = s1;                                                                   \
+                    v[2 * g + 1] = s2;                                                               \
+                }                                                                                    \
+            }                                                                                        \
+            float t[4];                                                                              \
+            terms_4(w + sb * BYTES_##KIND, BYTES_##KIND, x->e + sb, v, Q6, t);                       \
+            for (int g = 0; g < 4; g++) acc = acc + t[g];                                            \
+        }                                                                                            \
+        for (; sb < nsb; sb++) {                                                                     \
             const uint8_t *b = w + sb * BYTES_##KIND;                                                \
             kq_head h;                                                                               \
             head_##KIND(ask_ahead(b), &h);                                                           \
-            __m256i s1 = _mm256_setzero_si256(), s1b = _mm256_setzero_si256(); /* two chains */     \
-            _Pragma("GCC unroll 8") for (int c = 0; c < 8; c += 2) {                                 \
-                const __m256i a0 = _mm256_loadu_si256((const __m256i *)(x->q + sb * QK + 32 * c));   \
-                const __m256i a1 = _mm256_loadu_si256((const __m256i *)(x->q + sb * QK + 32 * c + 32)); \
-                s1 = madd_add(s1, _mm256_maddubs_epi16(codes_##KIND(b, c), a0), span_scales(h.sc, c)); \
-                s1b = madd_add(s1b, _mm256_maddubs_epi16(codes_##KIND(b, c + 1), a1), span_scales(h.sc, c + 1)); \
-            }                                                                                        \
-            s1 = _mm256_add_epi32(s1, s1b);                                                          \
-            const __m256i s2 = _mm256_madd_epi16(h.mn, _mm256_loadu_si256((const __m256i *)(x->s + sb * 16))); \
-            const float e = x->e[sb];                                                                \
-            if (Q6) {                                                                                \
-                acc = acc + (h.d * e) * (float)hsum_i32(_mm256_sub_epi32(s1, s2));                   \
-            } else {                                                                                 \
-                /* [d * e, dmin * e] times [S1, S2] in two lanes, then one minus the other */        \
-                const __m128 de = _mm_mul_ps(_mm_setr_ps(h.d, h.dmin, 0.0f, 0.0f), _mm_set1_ps(e));   \
-                const __m128 t = _mm_mul_ps(de, _mm_cvtepi32_ps(sum_pair(s1, s2)));                  \
-                acc = acc + (_mm_cvtss_f32(t) - _mm_cvtss_f32(_mm_movehdup_ps(t)));                  \
-            }                                                                                        \
+            acc = acc + term_1(&h, x->e[sb], s1_##KIND(b, &h, x->q + sb * QK), s2_of(&h, x->s + sb * 16), Q6); \
         }                                                                                            \
         *y = acc;                                                                                    \
     }
 
-/* Four rows times one output (batches and prefills): each span's codes and multipliers unpacked once
- * for the four rows, and the four rows' S1 and S2 summed together, their fp32 terms as four lanes
- * (lane i: row i), each lane computing what the one-row tile computes in its scalar. */
-#define KQFOUR(KIND, Q6)                                                                               \
-    static void kq_##KIND##_4_1(const kq_rows *x, int64_t k, const uint8_t *w, float *y, int64_t ldy) { \
+/* R rows (4 or 8) times one output (batches and prefills): each span's codes and multipliers
+ * unpacked once for the R rows, and their S1 and S2 summed together, their fp32 terms as lanes
+ * (lane i of group g: row 4g + i), each computing what the one-row tile computes for its row. Eight
+ * rows measured faster than four (the unpacking is shared by twice the rows); twelve rows, two
+ * outputs a tile, and vpdpbusd's sums of 4 packed to int16 before the scales (three multiplies a 64
+ * inputs instead of four, but more instructions) measured no faster. */
+#define KQROWS(KIND, Q6, R)                                                                            \
+    static void kq_##KIND##_##R(const kq_rows *x, int64_t k, const uint8_t *w, float *y, int64_t ldy) { \
         const int64_t nsb = k / QK;                                                                  \
-        __m128 acc = _mm_setzero_ps();                                                               \
+        __m128 acc[R / 4];                                                                           \
+        for (int g = 0; g < R / 4; g++) acc[g] = _mm_setzero_ps();                                   \
         for (int64_t sb = 0; sb < nsb; sb++) {                                                       \
             const uint8_t *b = w + sb * BYTES_##KIND;                                                \
             kq_head h;                                                                               \
             head_##KIND(ask_ahead(b), &h);                                                           \
-            __m256i s[8];                                                                            \
-            for (int i = 0; i < 4; i++) s[i] = _mm256_setzero_si256();                               \
+            __m256i s[R];                                                                            \
+            for (int i = 0; i < R; i++) s[i] = _mm256_setzero_si256();                               \
             _Pragma("GCC unroll 8") for (int c = 0; c < 8; c++) {                                    \
-                const __m256i u = codes_##KIND(b, c), sv = span_scales(h.sc, c);                     \
-                for (int i = 0; i < 4; i++) {                                                        \
+                const __m256i u = codes_##KIND(b, c), sv = scales_##KIND(&h, c);                   \
+                _Pragma("GCC unroll 8") for (int i = 0; i < R; i++) {                                \
                     const __m256i a = _mm256_loadu_si256((const __m256i *)(x->q + i * k + sb * QK + 32 * c)); \
                     s[i] = madd_add(s[i], _mm256_maddubs_epi16(u, a), sv);                           \
                 }                                                                                    \
             }                                                                                        \
-            for (int i = 0; i < 4; i++) {                                                            \
-                const __m256i s2 = _mm256_madd_epi16(h.mn, _mm256_loadu_si256((const __m256i *)(x->s + (i * nsb + sb) * 16))); \
-                if (Q6)                                                                              \
-                    s[i] = _mm256_sub_epi32(s[i], s2);                                               \
-                else                                                                                 \
-                    s[4 + i] = s2;                                                                   \
-            }                                                                                        \
-            const __m128 e = _mm_setr_ps(x->e[sb], x->e[nsb + sb], x->e[2 * nsb + sb], x->e[3 * nsb + sb]); \
-            if (Q6) {                                                                                \
-                const __m128i t = sums4(s);                                                          \
-                acc = _mm_add_ps(acc, _mm_mul_ps(_mm_mul_ps(_mm_set1_ps(h.d), e), _mm_cvtepi32_ps(t))); \
-            } else {                                                                                 \
-                const __m256 f = _mm256_cvtepi32_ps(sums8(s));                                       \
-                const __m128 t1 = _mm_mul_ps(_mm_mul_ps(_mm_set1_ps(h.d), e), _mm256_castps256_ps128(f)); \
-                const __m128 t2 = _mm_mul_ps(_mm_mul_ps(_mm_set1_ps(h.dmin), e), _mm256_extractf128_ps(f, 1)); \
-                acc = _mm_add_ps(acc, _mm_sub_ps(t1, t2));                                           \
+            for (int g = 0; g < R / 4; g++) {                                                        \
+                const float *e = x->e + 4 * g * nsb + sb;                                            \
+                const __m128 ev = _mm_setr_ps(e[0], e[nsb], e[2 * nsb], e[3 * nsb]);                  \
+                acc[g] = _mm_add_ps(acc[g], term_rows4(&h, ev, s + 4 * g, x->s + (4 * g * nsb + sb) * 16, nsb, Q6)); \
             }                                                                                        \
         }                                                                                            \
-        float out[4];                                                                                \
-        _mm_storeu_ps(out, acc);                                                                     \
-        for (int i = 0; i < 4; i++) y[i * ldy] = out[i];                                             \
+        for (int g = 0; g < R / 4; g++) {                                                            \
+            float out[4];                                                                            \
+            _mm_storeu_ps(out, acc[g]);                                                              \
+            for (int i = 0; i < 4; i++) y[(4 * g + i) * ldy] = out[i];                               \
+        }                                                                                            \
     }
 
-#define KQTILES(KIND, Q6) KQONE(KIND, Q6) KQFOUR(KIND, Q6)
+#define KQTILES(KIND, Q6) KQSUMS(KIND) KQONE(KIND, Q6) KQROWS(KIND, Q6, 4) KQROWS(KIND, Q6, 8)
 KQTILES(q4_k, 0)
 KQTILES(q5_k, 0)
 KQTILES(q6_k, 1)
 
 typedef void (*kq_tile_fn)(const kq_rows *, int64_t, const uint8_t *, float *, int64_t);
-/* [kind - RADIXD_W_Q4_K_A8][rows 1 or 4] */
-static const kq_tile_fn KQ_TILES[3][2] = {
-    {kq_q4_k_1_1, kq_q4_k_4_1}, {kq_q5_k_1_1, kq_q5_k_4_1}, {kq_q6_k_1_1, kq_q6_k_4_1}};
+/* [kind - RADIXD_W_Q4_K_A8][rows 1, 4 or 8] */
+static const kq_tile_fn KQ_TILES[3][3] = {
+    {kq_q4_k_1, kq_q4_k_4, kq_q4_k_8}, {kq_q5_k_1, kq_q5_k_4, kq_q5_k_8}, {kq_q6_k_1, kq_q6_k_4, kq_q6_k_8}};
 static const int64_t KQ_BYTES[3] = {BYTES_q4_k, BYTES_q5_k, BYTES_q6_k};
 
 /* Row r of x [m, k] per 256 inputs: codes q, scale e = amax / 127 (codes x * 127 / amax rounded to
@@ -283,8 +368,8 @@ static void quantize_rows(const float *x, int64_t m, int64_t k, int8_t *q, float
 }
 
 /* y [m, n] (row stride ldy) = x [m, k] . W^T over one part of a K-quant kind, x quantized here.
- * Threads split the outputs into blocks of 4; rows run in tiles of 4 sharing each unpacked span,
- * the rest one at a time. Returns 0, -1 (no memory for the activations) or -2 (not a K-quant kind). */
+ * Threads split the outputs into blocks of 4; rows run in tiles of 8, then 4, sharing each unpacked
+ * span, the rest one at a time. Returns 0, -1 (no memory for the activations) or -2 (not a K-quant kind). */
 int radixd_kquant_gemm(const radixd_proj *p, const float *x, int64_t m, float *y, int64_t ldy, int threads) {
     const int kind = (int)p->kind - RADIXD_W_Q4_K_A8;
     if (kind < 0 || kind > 2) return -2;
@@ -305,11 +390,10 @@ int radixd_kquant_gemm(const radixd_proj *p, const float *x, int64_t m, float *y
     for (int64_t bl = 0; bl < blocks; bl++) {
         const int64_t j1 = 4 * bl + 4 < n ? 4 * bl + 4 : n;
         for (int64_t r = 0; r < m;) {
-            const int four = r + 4 <= m;
+            const int tile = r + 8 <= m ? 2 : r + 4 <= m ? 1 : 0, rows = tile == 2 ? 8 : tile ? 4 : 1;
             const kq_rows at = {q + r * k, e + r * nsb, s + r * nsb * 16};
-            for (int64_t j = 4 * bl; j < j1; j++)
-                fns[four](&at, k, w + j * row_bytes, y + r * ldy + j, ldy);
-            r += four ? 4 : 1;
+            for (int64_t j = 4 * bl; j < j1; j++) fns[tile](&at, k, w + j * row_bytes, y + r * ldy + j, ldy);
+            r += rows;
         }
     }
     return 0;
@@ -324,21 +408,21 @@ void radixd_kquant_dequantize_row(const radixd_proj *p, int64_t row, float *out)
     for (int64_t sb = 0; sb < nsb; sb++) {
         const uint8_t *b = w + sb * KQ_BYTES[kind];
         kq_head h;
-        int16_t sc[16], mn[16];
+        int16_t sc[8][16], mn[16]; /* sc: each span's multipliers, as the tiles take them */
         uint8_t u[QK];
-        for (int c = 0; c < 8; c++) {
-            __m256i v = kind == 0 ? codes_q4_k(b, c) : kind == 1 ? codes_q5_k(b, c) : codes_q6_k(b, c);
-            _mm256_storeu_si256((__m256i *)(u + 32 * c), v);
-        }
         if (kind == 2)
             head_q6_k(b, &h);
         else
             head_k4(b, &h);
-        _mm256_storeu_si256((__m256i *)sc, h.sc);
+        for (int c = 0; c < 8; c++) {
+            __m256i v = kind == 0 ? codes_q4_k(b, c) : kind == 1 ? codes_q5_k(b, c) : codes_q6_k(b, c);
+            _mm256_storeu_si256((__m256i *)(u + 32 * c), v);
+            _mm256_storeu_si256((__m256i *)sc[c], kind == 2 ? scales_q6_k(&h, c) : scales_k4(&h, c));
+        }
         _mm256_storeu_si256((__m256i *)mn, h.mn);
         float *o = out + sb * QK;
         for (int i = 0; i < QK; i++) {
-            const float ds = h.d * (float)sc[(i / 16) % 2 * 8 + i / 32]; /* kq_head's order */
+            const float ds = h.d * (float)sc[i / 32][i % 32 / 16 * 8];
             o[i] = kind == 2 ? ds * (float)((int)u[i] - 32) : ds * (float)u[i] - h.dmin * (float)mn[i / 16];
         }
     }

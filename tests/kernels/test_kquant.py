@@ -138,7 +138,7 @@ def test_rows_dequantize_as_gguf(coding: str) -> None:
 
 
 @pytest.mark.parametrize("coding", sorted(KINDS))
-@pytest.mark.parametrize(("n", "k", "m"), [(13, 512, 1), (13, 512, 6), (130, 2048, 9)])
+@pytest.mark.parametrize(("n", "k", "m"), [(13, 512, 1), (13, 512, 6), (130, 2048, 9), (21, 1536, 13)])
 def test_gemm_computes_its_arithmetic(coding: str, n: int, k: int, m: int) -> None:
     b = blocks(coding, n, k, seed=n + m)
     x = inputs(m, k, seed=m)
@@ -164,6 +164,23 @@ def test_a_row_is_the_same_in_any_call(coding: str) -> None:
                 y = gemm(proj, x[start : start + rows], threads)
                 for i in range(rows):
                     np.testing.assert_array_equal(y[i].view(np.int32), alone[start + i].view(np.int32))
+
+
+@pytest.mark.parametrize("coding", sorted(KINDS))
+def test_every_tile_gives_a_row_the_same_bits(coding: str) -> None:
+    """Rows 1 to 12 at every position run through the one-row, four-row and eight-row tiles; k / 256 =
+    6 runs the one-row tile's four super-blocks at a time and the last two one at a time."""
+    n, k, total = 130, 1536, 12
+    b = blocks(coding, n, k, seed=11)
+    x = inputs(total, k, seed=11)
+    proj = part(coding, b, k)
+    alone = np.stack([gemm(proj, x[i : i + 1], 1 + i % 2)[0] for i in range(total)]).view(np.int32)
+    np.testing.assert_array_equal(alone, model(coding, b, x).view(np.int32))
+    for threads in (1, 2):
+        for rows in range(1, total + 1):
+            for start in range(total - rows + 1):
+                y = gemm(proj, x[start : start + rows], threads)
+                np.testing.assert_array_equal(y.view(np.int32), alone[start : start + rows])
 
 
 def test_parts_of_two_kinds_chain_and_a_bias_adds() -> None:
