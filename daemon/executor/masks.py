@@ -11,7 +11,6 @@ from collections.abc import Sequence
 from typing import TYPE_CHECKING
 
 import llguidance
-import llguidance.torch
 import torch
 
 from radixd.daemon.executor.sampling import MASKED_LOGIT
@@ -125,6 +124,10 @@ class StepMasks:
         bitmask: torch.Tensor,
     ) -> None:
         """The mask thread's work: one mask per sampled row, then one per drafted row's position."""
+        # NOTE: imported here, not at start-up: it imports torch.compile's machinery (seconds of every
+        # start); `StructuredCache.prepare` imports it in the background once the model is loaded.
+        import llguidance.torch
+
         if matchers:
             llguidance.torch.fill_next_token_bitmask_par(self._executor, matchers, bitmask)
         if drafted:

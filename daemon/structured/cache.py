@@ -7,6 +7,7 @@
 from __future__ import annotations
 
 import concurrent.futures
+import importlib
 import threading
 import time
 from collections import OrderedDict
@@ -65,8 +66,10 @@ class GrammarCache:
         self.counts = CacheCounts()
 
     def prepare(self) -> None:
-        """Build the tokenizer in the background now, so the first constraint does not wait for it."""
+        """Build the tokenizer (and import the mask filler) in the background now, so the first
+        constraint does not wait for them."""
         self._pool.submit(self._tokenizer)
+        self._pool.submit(importlib.import_module, "llguidance.torch")
 
     def __len__(self) -> int:
         return len(self._entries)

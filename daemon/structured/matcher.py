@@ -6,7 +6,6 @@ A compiled grammar is a pristine `LLMatcher` (first mask computed); each sequenc
 from __future__ import annotations
 
 import llguidance
-import llguidance.torch
 import torch
 
 from radixd.daemon.structured.grammar import GrammarError, grammar_source
@@ -111,6 +110,8 @@ class CompiledGrammar:
 
 def next_mask_error(m: llguidance.LLMatcher, tokenizer: llguidance.LLTokenizer) -> str | None:
     """Compute `m`'s next mask (into scratch); -> the error it left `m` in (some show only there)."""
+    import llguidance.torch  # not at start-up: see executor/masks.py
+
     scratch = torch.empty((1, (tokenizer.vocab_size + 31) // 32), dtype=torch.int32)
     llguidance.torch.fill_next_token_bitmask(m, scratch, 0)
     return str(m.get_error()) if m.is_error() else None
