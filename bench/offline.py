@@ -32,6 +32,7 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 import torch
 from benchkit import (
@@ -70,11 +71,16 @@ def weight_stream_time(lm: LoadedModel, repeats: int) -> float:
     """Seconds for one pass of every projection at one row in the mode's own kernels (no attention,
     no norms): the weight-streaming floor of a batch-1 decode step in that mode on this CPU."""
     ops = lm.model.projections()
-    xs = {op.weight.shape[1]: torch.randn(1, op.weight.shape[1], dtype=lm.model.dtype) for op in ops}
+
+    def inputs(op: Any) -> int:  # float rows [out, in], or a GGUF's stored parts
+        w = op.weight
+        return int(w[0].cols if isinstance(w, tuple) else w.shape[1])
+
+    xs = {inputs(op): torch.randn(1, inputs(op), dtype=lm.model.dtype) for op in ops}
 
     def run() -> None:
         for op in ops:
-            op(xs[op.weight.shape[1]])
+            op(xs[inputs(op)])
 
     run()
     return median_time(run, max(repeats, 5))
