@@ -9,7 +9,7 @@ from typing import Any
 
 import pytest
 import torch
-from daemon_testkit import PROMPTS
+from daemon_testkit import PROMPTS, hf_generate
 
 from radixd.daemon.loaders import LoadedModel, default_model_path
 
@@ -42,19 +42,6 @@ def hf_smollm() -> Any:
     model.tie_weights()
     model.generation_config.eos_token_id = None
     return model
-
-
-def hf_generate(model: Any, prompt: list[int], n_new: int) -> list[int]:
-    ids = torch.tensor([prompt])
-    with torch.inference_mode():
-        out = model.generate(
-            ids,
-            attention_mask=torch.ones_like(ids),
-            max_new_tokens=n_new,
-            do_sample=False,
-            pad_token_id=0,
-        )
-    return [int(t) for t in out[0, len(prompt) :].tolist()]
 
 
 @pytest.fixture(scope="session")

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import Any
 
 import torch
 
@@ -150,3 +151,16 @@ def random_logits(seed: int = 0, rows: int = 1) -> torch.Tensor:
     """Seeded logits [rows, SAMPLING_VOCAB], spread enough that top-k / top-p cut something."""
     g = torch.Generator().manual_seed(seed)
     return torch.randn(rows, SAMPLING_VOCAB, generator=g) * 3
+
+
+def hf_generate(model: Any, prompt: list[int], n_new: int) -> list[int]:
+    ids = torch.tensor([prompt])
+    with torch.inference_mode():
+        out = model.generate(
+            ids,
+            attention_mask=torch.ones_like(ids),
+            max_new_tokens=n_new,
+            do_sample=False,
+            pad_token_id=0,
+        )
+    return [int(t) for t in out[0, len(prompt) :].tolist()]

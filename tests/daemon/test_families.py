@@ -15,8 +15,7 @@ import gguf
 import numpy as np
 import pytest
 import torch
-from conftest import hf_generate
-from daemon_testkit import BlockAlloc, Req, run
+from daemon_testkit import BlockAlloc, Req, hf_generate, run
 from tokenizers import Tokenizer, models, pre_tokenizers
 
 from radixd.daemon.executor.runner import ModelRunner, StepSeq
