@@ -87,6 +87,9 @@ FAMILIES: dict[str, tuple[str, str, dict[str, Any], str | None]] = {
 }
 
 
+Q8 = gguf.GGMLQuantizationType.Q8_0
+
+
 def _hf_model(family: str) -> Any:
     import transformers
 
@@ -161,8 +164,9 @@ def _gguf_name(hf: str, gemma: bool) -> str:
     return f"blk.{i}.{part}.weight"
 
 
-def _write_gguf(model: Any, family: str, path: Path, pattern: int | list[bool] = 3) -> None:
-    """`pattern`: gemma3's sliding_window_pattern, as a period or one flag a layer."""
+def _write_gguf(model: Any, family: str, path: Path, pattern: int | list[bool] = 3, q8: bool = False) -> None:
+    """`pattern`: gemma3's sliding_window_pattern, as a period or one flag a layer; `q8`: matrices in
+    Q8_0 blocks (as a quantized file holds them), else F32."""
     arch = FAMILIES[family][3]
     assert arch is not None
     cfg = model.config
@@ -195,7 +199,11 @@ def _write_gguf(model: Any, family: str, path: Path, pattern: int | list[bool] =
             x = x + 1.0
         if arch == "llama" and hf.endswith(("q_proj.weight", "k_proj.weight")):
             x = _permute(x, cfg.num_attention_heads if "q_proj" in hf else cfg.num_key_value_heads)
-        w.add_tensor(_gguf_name(hf, gemma), np.ascontiguousarray(x, dtype=np.float32))
+        x = np.ascontiguousarray(x, dtype=np.float32)
+        if q8 and x.ndim == 2:
+            w.add_tensor(_gguf_name(hf, gemma), gguf.quants.quantize(x, Q8), raw_dtype=Q8)
+        else:
+            w.add_tensor(_gguf_name(hf, gemma), x)
     _finish(w)
 
 
@@ -250,6 +258,23 @@ def test_gguf_of_the_same_weights_matches_transformers(
     lm = load_model(str(tmp_path / "tiny.gguf"), dtype="float32")
     assert lm.config.tie_word_embeddings == hf.config.tie_word_embeddings
     _check(lm, hf)
+
+
+@pytest.mark.parametrize("family", [f for f, spec in FAMILIES.items() if spec[3]])
+def test_the_default_mode_runs_a_quantized_file_of_each_family(tmp_path: Path, family: str) -> None:
+    """What users run: `auto` on a quantized GGUF is w4a8 (the blocks as stored, 8-bit activations),
+    close to the same file's float32 reference through every family's layer features."""
+    _write_gguf(_hf_model(family), family, tmp_path / "q8.gguf", q8=True)
+    ref = load_model(str(tmp_path / "q8.gguf"), dtype="float32")
+    lm = load_model(str(tmp_path / "q8.gguf"), dtype="auto")
+    assert lm.model.precision.name == "w4a8"
+    g = torch.Generator().manual_seed(3)
+    ids = [int(x) for x in torch.randint(3, VOCAB, (PROMPT_LEN,), generator=g)]
+    table = list(range(1, 9))
+    want = ModelRunner(ref.model, num_blocks=32, block_size=4).step_logits([StepSeq(0, ids, 0, table, None)])
+    got = ModelRunner(lm.model, num_blocks=32, block_size=4).step_logits([StepSeq(0, ids, 0, table, None)])
+    assert 0 < float((got - want).abs().max() / want.abs().max()) < 0.05
+    assert float((got.argmax(-1) == want.argmax(-1)).float().mean()) >= 0.9
 
 
 def test_gemma3_config_fields(tmp_path: Path) -> None:
