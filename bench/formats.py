@@ -77,8 +77,11 @@ def main(argv: list[str]) -> int:
     ap.add_argument("--out", help="write the markdown report here")
     args = ap.parse_args(argv)
     if not Path(args.llama_quantize).is_file():
-        print(f"no llama-quantize binary at {args.llama_quantize}: build llama.cpp's tools first")
-        return 0
+        raise SystemExit(
+            f"no llama-quantize binary at {args.llama_quantize}: build llama.cpp's tools "
+            "(e.g. shared/bench/build_llama_cpp.sh DIR) and pass "
+            "--llama-quantize DIR/llama/build/bin/llama-quantize"
+        )
     src = default_model_path()
     out_dir = Path(args.dir)
     out_dir.mkdir(parents=True, exist_ok=True)

@@ -10,7 +10,6 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
 
 import torch
 import torch.nn.functional as F
@@ -19,14 +18,35 @@ from radixd import kernels
 from radixd.daemon.model.config import ModelConfig
 from radixd.daemon.model.linear import Linear
 from radixd.daemon.model.rope import apply_rotary
+from radixd.daemon.model.stored import Weight
 from radixd.kernels import cpu_attention
 from radixd.kernels.decode_plan import DecodePlan
 
-if TYPE_CHECKING:
-    from radixd.daemon.model.llama import LayerWeights
-
 # The norms only some families' layers have (`LayerWeights`' optional tensors besides biases).
 EXTRA_NORMS = ("q_norm", "k_norm", "post_attn_norm", "post_mlp_norm")
+
+
+@dataclass
+class LayerWeights:
+    """One decoder layer. qkv: [(Hq + 2 Hkv) * D, H]; gate_up: [2 I, H] (gate rows first); matrices
+    as float rows or as a file's stored parts (`stored.Weight`). Optional: q_norm / k_norm [D]
+    (QK-norm: Qwen3, Gemma 3), post_attn_norm / post_mlp_norm [H] (applied to the attention's and the
+    MLP's output before the residual add: Gemma 3)."""
+
+    attn_norm: torch.Tensor
+    qkv: Weight
+    qkv_bias: torch.Tensor | None
+    o_proj: Weight
+    o_bias: torch.Tensor | None
+    mlp_norm: torch.Tensor
+    gate_up: Weight
+    down: Weight
+    q_norm: torch.Tensor | None = None
+    k_norm: torch.Tensor | None = None
+    post_attn_norm: torch.Tensor | None = None
+    post_mlp_norm: torch.Tensor | None = None
+
+
 # (q [T, Hq, D], k pool, v pool, window) -> attention output [T, Hq, D]
 Attend = Callable[[torch.Tensor, torch.Tensor, torch.Tensor, int], torch.Tensor]
 

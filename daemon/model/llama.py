@@ -20,6 +20,7 @@ from radixd.daemon.model.layer import (
     EXTRA_NORMS,
     AttentionMetadata,
     LayerOps,
+    LayerWeights,
     Norm,
     paged_attention,
     plain_llama,
@@ -35,27 +36,6 @@ from radixd.daemon.model.rope import Rotary
 from radixd.daemon.model.stored import Weight
 
 __all__ = ["AttentionMetadata", "LayerWeights", "LlamaModel", "LlamaWeights", "make_linear", "rms_norm"]
-
-
-@dataclass
-class LayerWeights:
-    """One decoder layer. qkv: [(Hq + 2 Hkv) * D, H]; gate_up: [2 I, H] (gate rows first); matrices
-    as float rows or as a file's stored parts (`stored.Weight`). Optional: q_norm / k_norm [D]
-    (QK-norm: Qwen3, Gemma 3), post_attn_norm / post_mlp_norm [H] (applied to the attention's and the
-    MLP's output before the residual add: Gemma 3)."""
-
-    attn_norm: torch.Tensor
-    qkv: Weight
-    qkv_bias: torch.Tensor | None
-    o_proj: Weight
-    o_bias: torch.Tensor | None
-    mlp_norm: torch.Tensor
-    gate_up: Weight
-    down: Weight
-    q_norm: torch.Tensor | None = None
-    k_norm: torch.Tensor | None = None
-    post_attn_norm: torch.Tensor | None = None
-    post_mlp_norm: torch.Tensor | None = None
 
 
 # The layer tensors a checkpoint may lack (None in `LayerWeights`).

@@ -71,6 +71,8 @@ MISSING_RUNS: dict[str, tuple[str, str]] = {
     "single_stream.py": ("--llama-server MISSING", "no llama-server binary at"),
     "radix_adapter.py": ("--peer-bench MISSING", "needs the peer bench radix_peer_bench.py"),
     "tokenizer_parity.py": ("--llama-server MISSING", "no llama-server binary at"),
+    "formats.py": ("--llama-quantize MISSING", "no llama-quantize binary at"),
+    "llama_parity.py": ("--llama-server MISSING", "no llama-server binary at"),
 }
 
 
