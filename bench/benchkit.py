@@ -46,6 +46,8 @@ _DAEMON: dict[str, str] = {
     "default_model_path": "radixd.daemon.loaders",
     "gguf_file_module": "radixd.daemon.loaders.gguf_file",
     "GGUFHeader": "radixd.daemon.loaders.gguf_header",
+    "BLOCKS": "radixd.daemon.model.stored",
+    "Gemm": "radixd.daemon.model.f32",
     "cpu_flags": "radixd.kernels.native",
     "load_model": "radixd.daemon.loaders",
     "configure": "radixd.daemon.process.log",
@@ -80,6 +82,14 @@ def __getattr__(name: str) -> Any:
     value = module if name.endswith("_module") else getattr(module, name)
     globals()[name] = value
     return value
+
+
+def write_report(lines: list[str], out: str | None) -> None:
+    """Print a benchmark's markdown report and write it to `out` when given."""
+    report = "\n".join(lines) + "\n"
+    print(report)
+    if out:
+        Path(out).write_text(report)
 
 
 def model_files(path: str | None = None) -> Any:

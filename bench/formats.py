@@ -27,6 +27,7 @@ from benchkit import (
     load_model,
     reference_log_probs,
     teacher_forced_quality,
+    write_report,
 )
 
 QUALITY_TEXT = Path(__file__).resolve().parent.parent / "tests" / "daemon" / "data" / "quality_text.md"
@@ -103,10 +104,7 @@ def main(argv: list[str]) -> int:
         quantize(args.llama_quantize, src, path, fmt)
         lines.append(measure(path, ids))
         print(lines[-1], flush=True)
-    report = "\n".join(lines) + "\n"
-    print(report)
-    if args.out:
-        Path(args.out).write_text(report)
+    write_report(lines, args.out)
     return 0
 
 

@@ -41,9 +41,8 @@ from collections.abc import Callable
 
 import torch
 import torch.nn.functional as F
-from benchkit import DEFAULT_KV_CACHE_GB, zeros_on_huge_pages
+from benchkit import BLOCKS, DEFAULT_KV_CACHE_GB, Gemm, zeros_on_huge_pages
 
-from radixd.daemon.model.f32 import Gemm
 from radixd.kernels import cpu_attention
 from radixd.kernels.paged_decode import paged_decode_torch, plan_for, rows_plan_for
 from radixd.kernels.paged_prefill import paged_prefill_torch
@@ -200,17 +199,9 @@ def measure(fns: dict[str, Callable[[], object]], rounds: int, read_mib: int) ->
     return times
 
 
-# The kinds --gemm times (Q4_1_A8, the reference, first) and (weights, bytes) of a block of those
-# stored as the file stores them (Q4_1_A8's codes, scales and minimums are separate arrays).
+# The kinds --gemm times (Q4_1_A8, the reference, first; its codes, scales and minimums are separate
+# arrays, the others' blocks are as the file stores them: (weights, bytes) a block in `BLOCKS`).
 GEMM_KINDS = ("q4_1_a8", "q4_0_a8", "q5_0_a8", "q5_1_a8", "q4_k_a8", "q5_k_a8", "q6_k_a8")
-BLOCK_BYTES = {
-    "q4_0_a8": (32, 18),
-    "q5_0_a8": (32, 22),
-    "q5_1_a8": (32, 24),
-    "q4_k_a8": (256, 144),
-    "q5_k_a8": (256, 176),
-    "q6_k_a8": (256, 210),
-}
 # Where a block's fp16 scales lie (scale, then the minimums' scale where it has one).
 SCALES_AT = {"q5_1_a8": (0, 4), "q4_k_a8": (0, 4), "q5_k_a8": (0, 4), "q6_k_a8": (208, 210)}
 
@@ -223,7 +214,7 @@ def gemm_operands(coding: str, n: int, k: int, g: torch.Generator) -> list[torch
 
     if coding == "q4_1_a8":
         return [torch.randint(0, 256, (n, k // 2), dtype=torch.uint8, generator=g), halves(), -halves()]
-    per, size = BLOCK_BYTES[coding]
+    per, size = BLOCKS[coding.removesuffix("_a8").upper()]
     raw = torch.randint(0, 256, (n, k // per, size), dtype=torch.uint8, generator=g)
     start, end = SCALES_AT.get(coding, (0, 2))
     for at in range(start, end, 2):

@@ -18,7 +18,7 @@ import sys
 from pathlib import Path
 
 import torch
-from benchkit import ModelRunner, StepSeq, default_model_path, load_model
+from benchkit import ModelRunner, StepSeq, default_model_path, load_model, write_report
 from llama_server import LlamaServer, post, require_binary
 
 CHAT = [
@@ -102,10 +102,7 @@ def main(argv: list[str]) -> int:
             name = Path(model).name
             lines.append(f"| {name} | {lm.model.precision.name} | {same} / {len(prompts)} | {prefix:.1f} |")
             print(lines[-1], flush=True)
-    report = "\n".join(lines) + "\n"
-    print(report)
-    if args.out:
-        Path(args.out).write_text(report)
+    write_report(lines, args.out)
     return 0
 
 
