@@ -108,7 +108,7 @@ class Scheduler:
         held = len(seq.table.blocks) if seq.table is not None else 0
         self.running.remove(seq)
         seq.preemptions += 1
-        if self.swap is not None and self.swap.can_hold(seq):
+        if self.swap is not None and self.swap.can_hold(seq, self.kv):
             freed = self.swap.swap_out(seq, self.kv)
             seq.status = SeqStatus.SWAPPED
             self.swapped.append(seq)
@@ -198,7 +198,7 @@ class Scheduler:
         while self.swapped and self.swap is not None and budget > 0 and len(self.running) < cfg.max_num_seqs:
             seq = self.swapped[0]
             n = min(seq.remaining, budget)
-            if not self.kv.ensure_free(self.kv.blocks_for(seq.num_computed + n)):
+            if not self.kv.ensure_free(self.kv.blocks_to_swap_in(seq.num_computed, n)):
                 break
             self.swapped.pop(0)
             self.swap.swap_in(seq, self.kv)
@@ -232,7 +232,7 @@ class Scheduler:
                     self.counters.held_for_shared_prefix += 1
                     continue
             n = min(seq.target_len - hit.num_tokens, budget)
-            fresh = self.kv.blocks_for(hit.num_tokens + n) - len(hit.full_blocks)
+            fresh = self.kv.blocks_to_admit(hit, n)
             # Keep a block for each decode about to cross a block boundary, so admitting does not
             # immediately force a preemption.
             reserve = sum(
