@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 import torch
-import triton.language as tl
+from daemon_testkit import triton_language_restored
 from tokenizers import Tokenizer, models, pre_tokenizers
 
 from radixd import kernels
@@ -248,29 +248,18 @@ def test_a_released_block_the_window_still_reads_is_refused(gemma_dir: Path) -> 
 
 
 @contextmanager
-def _triton_interpreted(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
-    """The GPU's path on the CPU (Triton under its interpreter), `triton.language` left as found
-    (an interpreted kernel calling a `@triton.jit` helper leaves patches: tests/kernels/conftest.py)."""
-    spaces = [tl, tl.core, tl.math, tl.core.tensor, tl.core.tensor_descriptor_base]
-    saved = [dict(vars(ns)) for ns in spaces]
-    monkeypatch.setenv("TRITON_INTERPRET", "1")
-    monkeypatch.setenv(kernels.ENV_BACKEND, "triton")
-    try:
+def _triton_interpreted() -> Iterator[None]:
+    """The GPU's path on the CPU: the Triton kernels under their interpreter."""
+    with triton_language_restored(), pytest.MonkeyPatch.context() as mp:
+        mp.setenv("TRITON_INTERPRET", "1")
+        mp.setenv(kernels.ENV_BACKEND, "triton")
         assert not kernels.host_kernels("cpu")
         yield
-    finally:
-        monkeypatch.undo()
-        for ns, before in zip(spaces, saved, strict=True):
-            for name in vars(ns).keys() - before.keys():
-                delattr(ns, name)
-            for name, value in before.items():
-                if vars(ns).get(name) is not value:
-                    setattr(ns, name, value)
 
 
 @pytest.mark.slow  # the interpreter runs each kernel launch in Python
-def test_windowed_layout_on_the_triton_path(gemma_dir: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    with _triton_interpreted(monkeypatch):
+def test_windowed_layout_on_the_triton_path(gemma_dir: Path) -> None:
+    with _triton_interpreted():
         lm = load_model(str(gemma_dir), dtype="float32")
         _both_layouts(lm, ((0, 14, 7, 3), (1, 9, 9, 3)))
 
