@@ -6,6 +6,8 @@ import argparse
 from dataclasses import dataclass
 from typing import Literal
 
+from radixd.daemon.model.kv_layout import KV_LAYOUTS
+
 SchedulePolicy = Literal["fcfs", "lpm"]
 PreemptionMode = Literal["recompute", "swap"]
 
@@ -48,6 +50,7 @@ class EngineConfig:
     recompute when full); after max_preemptions a sequence is no longer a victim. max_waiting: unfinished
     requests beyond it are refused (QueueFull). watchdog_s: report no progress. stream_interval: tokens
     per output after the first. jump_forward: grammar-forced tokens as one chunk. speculative_tokens: 0 = off.
+    kv_layout: how the pool holds sliding-window layers (`KV_LAYOUTS`, model/kv_layout.py).
     """
 
     max_num_seqs: int = 64
@@ -65,6 +68,7 @@ class EngineConfig:
     stream_interval: int = 1
     jump_forward: bool = True
     speculative_tokens: int = 0
+    kv_layout: str = "auto"
 
     def __post_init__(self) -> None:
         if self.max_num_seqs < 1:
@@ -88,5 +92,7 @@ class EngineConfig:
                 f"speculative_tokens must be in [0, {MAX_SPECULATIVE_TOKENS}] (0 = off), "
                 f"got {self.speculative_tokens}"
             )
+        if self.kv_layout not in KV_LAYOUTS:
+            raise ValueError(f"kv_layout must be one of {KV_LAYOUTS}, got {self.kv_layout!r}")
         if self.max_model_len is not None and self.max_model_len < 2:
             raise ValueError(f"max_model_len must be >= 2, got {self.max_model_len}")

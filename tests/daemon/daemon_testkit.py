@@ -2,10 +2,13 @@
 
 from __future__ import annotations
 
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import Any
 
 import torch
+import triton.language as tl
 
 from radixd.daemon.executor.runner import ModelRunner, StepSeq
 from radixd.daemon.executor.sampling import SamplingParams, SamplingState
@@ -164,3 +167,20 @@ def hf_generate(model: Any, prompt: list[int], n_new: int) -> list[int]:
             pad_token_id=0,
         )
     return [int(t) for t in out[0, len(prompt) :].tolist()]
+
+
+@contextmanager
+def triton_language_restored() -> Iterator[None]:
+    """Leave `triton.language` as found: an interpreted kernel calling a `@triton.jit` helper leaves
+    patches behind (Triton 3.9) that break a later real compile (tests/kernels/conftest.py)."""
+    spaces = [tl, tl.core, tl.math, tl.core.tensor, tl.core.tensor_descriptor_base]
+    saved = [dict(vars(ns)) for ns in spaces]
+    try:
+        yield
+    finally:
+        for ns, before in zip(spaces, saved, strict=True):
+            for name in vars(ns).keys() - before.keys():
+                delattr(ns, name)
+            for name, value in before.items():
+                if vars(ns).get(name) is not value:
+                    setattr(ns, name, value)
