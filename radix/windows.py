@@ -5,8 +5,8 @@ layers still hold the window that ends there (the pages of keys ``[q - window + 
 every cached token's global-layer blocks; this store keeps such windows at chosen points: where a
 conversation's last turn ended (a leaf, where an agent resumes) and where requests branched off a shared
 prefix (a system prompt). A match is usable up to the deepest kept window inside it; the rest is
-recomputed. Under memory pressure a window is dropped (the tree's blocks stay: a tombstone), interior
-windows (a conversation's earlier turns) first.
+recomputed. A conversation's earlier turn's window goes once a later turn went on past it; under memory
+pressure a window is dropped (the tree's blocks stay: a tombstone), least recently used first.
 """
 
 from __future__ import annotations
@@ -23,8 +23,9 @@ from radixd.radix.pool import BlockPool
 WindowKey = tuple[str, bytes]
 """(namespace, packed tokens the window ends after)."""
 
-KINDS = ("leaf", "branch", "interior")
-"""Why a window is kept: a request ended there, requests branched there, or a later turn went on past it."""
+KINDS = ("leaf", "branch")
+"""Why a window is kept: a request ended there (where its conversation resumes), or requests branched
+there (a shared prefix such as a system prompt)."""
 
 
 @dataclass(slots=True)
@@ -106,7 +107,7 @@ class WindowStore:
     # ------------------------------------------------------------------ keeping
     def keep(self, namespace: str, packed: bytes, lo: int, pages: tuple[array[int], ...], kind: str) -> bool:
         """Keep the window ending after ``packed`` (one reference taken per page); an existing one is
-        refreshed (and a leaf or branch kind replaces interior). -> whether a new window was stored."""
+        refreshed (a branch stays a branch). -> whether a new window was stored."""
         if kind not in KINDS:
             raise InvalidRequest(f"window kind must be one of {KINDS}, got {kind!r}")
         n = len(packed) // TOKEN_BYTES
@@ -115,7 +116,7 @@ class WindowStore:
         key = (namespace, packed)
         old = self._windows.get(key)
         if old is not None:
-            if old.kind == "interior" and kind != "interior":
+            if kind == "branch":
                 old.kind = kind
             self._windows.move_to_end(key)
             return False
@@ -126,11 +127,15 @@ class WindowStore:
         per[n] = per.get(n, 0) + 1
         return True
 
-    def mark_interior(self, namespace: str, packed: bytes) -> None:
-        """A later turn went on past this window: it is no longer where a conversation resumes."""
-        w = self._windows.get((namespace, packed))
-        if w is not None and w.kind == "leaf":
-            w.kind = "interior"
+    def supersede(self, namespace: str, packed: bytes) -> int:
+        """A later turn went on past this leaf window: it is no longer where its conversation resumes, so
+        it goes (unless held, or a branch point); -> pages freed."""
+        key = (namespace, packed)
+        w = self._windows.get(key)
+        if w is None or w.kind != "leaf" or w.holds:
+            return 0
+        self.dropped -= 1  # not a tombstone: nothing resumable was lost
+        return self.drop(key)
 
     def hold(self, namespace: str, packed: bytes) -> bool:
         """Keep the window ending after ``packed`` from eviction (a pin, a session); -> found."""
@@ -160,14 +165,14 @@ class WindowStore:
             freed += self.pool.decref_all(ids)
         return freed
 
-    def evict(self, n_pages: int, kinds: tuple[str, ...] = KINDS) -> int:
-        """Drop unheld windows of ``kinds``, least recently used first, until ``n_pages`` are free again
-        or none is left; -> pages freed."""
+    def evict(self, n_pages: int) -> int:
+        """Drop unheld windows, least recently used first, until ``n_pages`` are freed or none is left;
+        -> pages freed."""
         freed = 0
         for key, w in list(self._windows.items()):
             if freed >= n_pages:
                 break
-            if w.kind in kinds and not w.holds:
+            if not w.holds:
                 freed += self.drop(key)
         return freed
 

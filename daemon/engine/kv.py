@@ -135,8 +135,8 @@ class KVManager:
             return True
         sliding = self.sliding
         if sliding is not None:
-            # Windows first: those the tree no longer backs and interior ones cost no resumable prefix.
-            sliding.evict(short, self._alive)
+            # Windows the tree no longer backs first: they cost no resumable prefix.
+            sliding.drop_dead(self._alive)
             short = n_blocks - self.pool.num_free
             if short <= 0:
                 return True
@@ -357,6 +357,12 @@ class KVManager:
         if self.sliding is not None and seq.window is not None:
             out += [(p, min(B, n - i * B)) for p, i in seq.window.held_pages() if i * B < n]
         return out
+
+    def keep_window_for(self, producer: Sequence, waiting: Sequence) -> None:
+        """With sliding layers: `producer` keeps the window where `waiting`, held for the prefix they
+        share, will resume (no-op otherwise)."""
+        if self.sliding is not None:
+            self.sliding.keep_for(producer, waiting)
 
     def lease_new_path(self, seq: Sequence) -> None:
         """Give a swapped-in sequence a live lease, so its inserts lock what they cache."""

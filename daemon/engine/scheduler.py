@@ -203,7 +203,8 @@ class Scheduler:
             self.swapped.pop(0)
             self.swap.swap_in(seq, self.kv)
             self.add_running(seq)
-            add_to_plan(seq, n)
+            if n > 0:  # a beam swapped out while it waited for its siblings has nothing to compute yet
+                add_to_plan(seq, n)
         if not self.swapped:
             self._admit(budget, add_to_plan)
         return StepPlan(chunks, decodes)
@@ -227,7 +228,9 @@ class Scheduler:
             hit = self.kv.match(seq.key(limit), seq.request.req.namespace)
             if self.kv.shares_prefixes and limit == len(seq.tokens) - 1:
                 producers = [s for s in self.running if s.num_computed < s.request.prompt_len]
-                if shares_pending_prefix(seq, hit.num_tokens, producers, bs) is not None:
+                producer = shares_pending_prefix(seq, hit.num_tokens, producers, bs)
+                if producer is not None:
+                    self.kv.keep_window_for(producer, seq)
                     hit.release()
                     self.counters.held_for_shared_prefix += 1
                     continue

@@ -74,7 +74,7 @@ class Sequence:
     table: BlockTable | None = None
     lease: Lease | None = None
     window: SlidingTable | None = None  # windowed KV layout: the sliding layers' pages
-    window_mark: int = 0  # a branch point to keep the window at once computed past it (0: none)
+    window_marks: list[int] = field(default_factory=list)  # branch points to keep the window at, once past
     window_from: bytes | None = None  # the packed prefix of the kept window it resumed from
     inserted_blocks: int = 0  # full blocks of `tokens` already inserted in the tree by this sequence
     host_blocks: list[int] = field(default_factory=list)  # swap: host copies of table blocks

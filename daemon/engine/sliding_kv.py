@@ -12,6 +12,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
+from radixd.daemon.engine.policy import common_prefix_len
 from radixd.daemon.engine.prefix_cache import PrefixHit
 from radixd.daemon.engine.sequence import Sequence
 from radixd.radix import BlockIds, BlockPool, CopyOp, SlidingTable, WindowStore, window_start
@@ -91,7 +92,7 @@ class SlidingKV:
             w.holds -= 1
             hit.window = None
         seq.window = t
-        seq.window_mark = hit.branch
+        seq.window_marks = [hit.branch] if hit.branch else []
 
     def new_pages_for(self, seq: Sequence, n: int) -> int:
         t = seq.window
@@ -114,12 +115,26 @@ class SlidingKV:
         if t is None:
             return
         n = seq.num_computed
-        mark = seq.window_mark
-        if mark and n >= mark:
-            seq.window_mark = 0
-            lo, pages = t.span(mark, self.window)
-            self.store.keep(seq.request.req.namespace, seq.key(mark).packed, lo, pages, "branch")
+        marks = seq.window_marks
+        if marks and min(marks) <= n:
+            for mark in [m for m in marks if m <= n]:
+                marks.remove(mark)
+                if window_start(mark, self.window, self.block_size) >= t.lo:  # else passed long ago
+                    lo, pages = t.span(mark, self.window)
+                    self.store.keep(seq.request.req.namespace, seq.key(mark).packed, lo, pages, "branch")
         t.slide(window_start(n, self.window, self.block_size))
+
+    def keep_for(self, producer: Sequence, waiting: Sequence) -> None:
+        """`waiting` waits for `producer` to compute the prefix they share: have the producer keep the
+        window where that prefix's full blocks end (where `waiting` will resume)."""
+        if producer.window is None or producer.lease is None:
+            return
+        shared = common_prefix_len(
+            waiting.tokens[: len(waiting.tokens) - 1], producer.tokens, self.block_size
+        )
+        shared -= shared % self.block_size
+        if shared > producer.num_computed and shared not in producer.window_marks:
+            producer.window_marks.append(shared)
 
     def keep_end(self, seq: Sequence) -> None:
         """Keep the window where `seq` stops (its last turn: where the conversation resumes)."""
@@ -130,7 +145,7 @@ class SlidingKV:
         lo, pages = t.span(n, self.window)
         self.store.keep(ns, seq.key(n).packed, lo, pages, "leaf")
         if seq.window_from is not None and len(seq.window_from) < len(seq.key(n).packed):
-            self.store.mark_interior(ns, seq.window_from)
+            self.store.supersede(ns, seq.window_from)
 
     def truncate(self, seq: Sequence, n_tokens: int) -> None:
         if seq.window is not None:
@@ -140,25 +155,17 @@ class SlidingKV:
         tables = parent.window.fork(len(children)) if parent.window is not None else [None] * len(children)
         for child, t in zip(children, tables, strict=True):
             child.window = t
-            child.window_mark = parent.window_mark
+            child.window_marks = list(parent.window_marks)
             child.window_from = parent.window_from
 
     def release(self, seq: Sequence) -> None:
         if seq.window is not None:
             seq.window.release()
             seq.window = None
-        seq.window_mark = 0
+        seq.window_marks = []
         seq.window_from = None
 
     # ---- pressure --------------------------------------------------------------------------------
-    def evict(self, n_pages: int, alive: Callable[[str, bytes, int], bool]) -> int:
-        """Free up to `n_pages` by dropping windows: dead ones (the tree lost their prefix), then interior
-        ones, least recently used first; -> pages freed."""
-        freed = self.drop_dead(alive)
-        if freed < n_pages:
-            freed += self.store.evict(n_pages - freed, ("interior",))
-        return freed
-
     def drop_dead(self, alive: Callable[[str, bytes, int], bool]) -> int:
         """Drop the windows whose tokens the tree no longer holds (they can never be resumed from)."""
         return self.store.drop_where(lambda ns, key, w: not alive(ns, key, w.num_tokens))

@@ -144,6 +144,15 @@ class WindowedKV(RuleBasedStateMachine):
         self.kv.insert_full_blocks(seq)
 
     @precondition(lambda self: self.running)
+    @rule(pick=PICK, cut=st.integers(0, 14), more=TOKENS)
+    def wait_for(self, pick: int, cut: int, more: list[int]) -> None:
+        """A request waits for a running one to compute the prefix they share."""
+        producer = self.running[pick % len(self.running)]
+        waiting = _seq(producer.tokens[:cut] + more, producer.request.req.namespace, self.next_id)
+        self.next_id += 1
+        self.kv.keep_window_for(producer, waiting)
+
+    @precondition(lambda self: self.running)
     @rule(pick=PICK, k=st.integers(1, 3))
     def fork(self, pick: int, k: int) -> None:
         parent = self.running[pick % len(self.running)]
