@@ -22,7 +22,8 @@ def add_kv_pool_flags(
     group: argparse._ActionsContainer, num_blocks_help: str, *, blocks_before_gb: bool
 ) -> None:
     """The KV pool's flags as `radixd serve` and `radixd generate` take them: `--block-size`, then
-    `--kv-cache-gb` and `--num-blocks` (help: `num_blocks_help`) in the order the command lists them."""
+    `--kv-cache-gb` and `--num-blocks` (help: `num_blocks_help`) in the order the command lists them,
+    then `--kv-layout`."""
     group.add_argument(
         "--block-size",
         type=int,
@@ -39,6 +40,14 @@ def add_kv_pool_flags(
     )
     if not blocks_before_gb:
         group.add_argument("--num-blocks", type=int, default=None, help=num_blocks_help)
+    group.add_argument(
+        "--kv-layout",
+        choices=KV_LAYOUTS,
+        default="auto",
+        help="how the pool holds sliding-window layers: 'windowed' keeps their window only (the cache keeps "
+        "it where conversations resume), 'full' every token in every layer; 'auto' (default): windowed "
+        "for a model with both full and sliding layers (Gemma 3)",
+    )
 
 
 @dataclass(frozen=True)

@@ -173,6 +173,7 @@ class EngineCore:
         """Every component's counts and gauges in one record (`GetStats`)."""
         sc, kv, req, swap = self.scheduler.counters, self.kv, self.requests, self.swap
         cache = kv.cache_stats()
+        sliding = kv.sliding
         same = {k: getattr(cache, k) for k in _FROM_TREE} | {k: getattr(sc, k) for k in _FROM_SCHEDULER}
         return EngineStats(
             **same,
@@ -205,6 +206,12 @@ class EngineCore:
             host_free_blocks=swap.num_free if swap is not None else 0,
             swapped_out_blocks=swap.swapped_out_blocks if swap is not None else 0,
             swapped_in_blocks=swap.swapped_in_blocks if swap is not None else 0,
+            kv_layout="windowed" if sliding is not None else "full",
+            kv_bytes_per_block=self.runner.kv_bytes_per_block,
+            window_pages=len(sliding.store.pages()) if sliding is not None else 0,
+            kept_windows=len(sliding.store) if sliding is not None else 0,
+            window_tombstones=sliding.store.dropped if sliding is not None else 0,
+            window_cut_tokens=sliding.cut_tokens if sliding is not None else 0,
             drafted_tokens=self.speculator.drafted_tokens,
             accepted_draft_tokens=self.speculator.accepted_tokens,
             draft_s=self.speculator.draft_s,
