@@ -12,8 +12,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from daemon_testkit import triton_language_restored
-from tokenizers import Tokenizer, models, pre_tokenizers
+from daemon_testkit import triton_language_restored, write_tiny_gemma3
 
 from radixd import kernels
 from radixd.daemon.executor.runner import (
@@ -97,39 +96,7 @@ def test_a_layout_must_place_every_layer_once() -> None:
 @pytest.fixture(scope="module")
 def gemma_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """A random-weight Gemma 3 of 7 layers (transformers' classes) saved as a Hugging Face folder."""
-    import transformers
-
-    cfg = transformers.Gemma3TextConfig(
-        vocab_size=VOCAB,
-        hidden_size=64,
-        intermediate_size=96,
-        num_hidden_layers=len(LAYER_TYPES),
-        num_attention_heads=4,
-        num_key_value_heads=2,
-        head_dim=32,
-        query_pre_attn_scalar=32,
-        max_position_embeddings=128,
-        sliding_window=WINDOW,
-        layer_types=LAYER_TYPES,
-        rope_parameters={
-            "full_attention": {"rope_type": "default", "rope_theta": 100000.0},
-            "sliding_attention": {"rope_type": "default", "rope_theta": 10000.0},
-        },
-        bos_token_id=1,
-        eos_token_id=2,
-        pad_token_id=0,
-    )
-    torch.manual_seed(0)
-    model = transformers.Gemma3ForCausalLM(cfg).eval()
-    with torch.no_grad():
-        for name, p in model.named_parameters():
-            p.copy_((0.1 if name.endswith("norm.weight") else 0.15) * torch.randn_like(p))
-    path = tmp_path_factory.mktemp("gemma3")
-    model.save_pretrained(path)
-    tok = Tokenizer(models.WordLevel({f"w{i}": i for i in range(VOCAB)}, unk_token="w0"))
-    tok.pre_tokenizer = pre_tokenizers.Whitespace()
-    tok.save(str(path / "tokenizer.json"))
-    return path
+    return write_tiny_gemma3(tmp_path_factory.mktemp("gemma3"), LAYER_TYPES, WINDOW, VOCAB)
 
 
 class HandTables:
