@@ -6,8 +6,8 @@ preemption by swap and by recompute; and it holds less KV for the same conversat
 from __future__ import annotations
 
 import pytest
-from daemon_testkit import write_tiny_gemma3
 from engine_kit import Collector, assert_all_free, greedy, make_core, run
+from tiny_models import write_tiny_gemma3
 
 from radixd.daemon.engine.core import EngineCore
 from radixd.daemon.engine.types import GenerateRequest

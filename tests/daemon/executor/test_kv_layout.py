@@ -12,7 +12,8 @@ from pathlib import Path
 
 import pytest
 import torch
-from daemon_testkit import triton_language_restored, write_tiny_gemma3
+from daemon_testkit import triton_language_restored
+from tiny_models import write_tiny_gemma3
 
 from radixd import kernels
 from radixd.daemon.executor.runner import (
