@@ -19,10 +19,11 @@ WINDOW = 8  # tokens; blocks of 16 (the engine's default): the window spans one 
 SYSTEM = [5 + (i * 7) % 50 for i in range(40)]  # a shared "system prompt"
 
 
-@pytest.fixture(scope="module")
-def gemma(tmp_path_factory: pytest.TempPathFactory) -> LoadedModel:
+@pytest.fixture(scope="module", params=["float32", None], ids=["float32", "auto"])
+def gemma(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory) -> LoadedModel:
+    """The model in the float32 reference and in the mode `auto` picks (what users run)."""
     path = write_tiny_gemma3(tmp_path_factory.mktemp("gemma3"), [S, S, F, S, S, S, F], WINDOW)
-    return load_model(str(path), "cpu", "float32")
+    return load_model(str(path), "cpu", request.param)
 
 
 def _conversations(core: EngineCore, turns: int, convs: int, **kw: object) -> list[list[int]]:
