@@ -10,6 +10,7 @@ and the kept windows' (group 1), each exactly what the cache holds.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import random
 from collections import Counter
 from collections.abc import Iterator
@@ -21,6 +22,7 @@ from smg_grpc_proto.generated import common_pb2
 from radixd.daemon.engine.config import EngineConfig
 from radixd.daemon.engine.core import EngineCore
 from radixd.daemon.engine.factory import build_core
+from radixd.daemon.engine.sliding_kv import SlidingKV
 from radixd.daemon.engine.types import GenerateRequest
 from radixd.daemon.executor.sampling import SamplingParams
 from radixd.daemon.loaders import LoadedModel
@@ -333,6 +335,22 @@ def turn(core: EngineCore, rid: str, prompt: list[int], max_tokens: int = 6) -> 
     return got
 
 
+@contextlib.contextmanager
+def followed_windowed_core(
+    model: LoadedModel,
+) -> Iterator[tuple[EngineCore, SlidingKV, NamespaceKvLog, RouterModel]]:
+    """A windowed core whose default namespace's KV log a `RouterModel` follows from the start."""
+    core = windowed_core(model)
+    sliding = core.kv.sliding
+    assert sliding is not None
+    logs = CacheEvents(BS, window=sliding.window)
+    log = logs.kv("")
+    with log.batches.subscribed() as reader:
+        router = RouterModel(reader, sliding.window)
+        core.kv.add_listener(logs, replay=True)
+        yield core, sliding, log, router
+
+
 def window_counts(store: WindowStore, namespace: str = "") -> Counter[int]:
     """How many kept windows cover each full block (group 1's live count)."""
     counts: Counter[int] = Counter()
@@ -349,14 +367,8 @@ def test_the_windowed_layout_publishes_the_tree_as_group_0_and_the_kept_windows_
     """A two-turn conversation: the tree's blocks in group 0, each kept window's in group 1; turn 1's
     window, superseded by turn 2's, is withdrawn from group 1 alone; a snapshot and a late listener's
     replay give the live state; a flush removes everything from both groups."""
-    core = windowed_core(tiny_gemma3)
-    kv, sliding = core.kv, core.kv.sliding
-    assert sliding is not None
-    logs = CacheEvents(BS, window=sliding.window)
-    log = logs.kv("")
-    with log.batches.subscribed() as reader:
-        model = RouterModel(reader, sliding.window)
-        kv.add_listener(logs, replay=True)
+    with followed_windowed_core(tiny_gemma3) as (core, sliding, log, model):
+        kv = core.kv
 
         def exact() -> None:
             assert model.blocks == expected_blocks(kv.tree)
@@ -404,14 +416,10 @@ def test_the_windowed_layout_publishes_the_tree_as_group_0_and_the_kept_windows_
 
 
 def test_a_block_stays_in_group_1_while_any_kept_window_covers_it(tiny_gemma3: LoadedModel) -> None:
-    core = windowed_core(tiny_gemma3)
-    kv, sliding = core.kv, core.kv.sliding
-    assert sliding is not None
-    logs = CacheEvents(BS, window=sliding.window)
-    log = logs.kv("")
-    with log.batches.subscribed() as reader:
-        model = RouterModel(reader, sliding.window)
-        kv.add_listener(logs)
+    """Two requests that end alike keep windows over one shared block: it is counted twice, and stays
+    announced when one of the windows goes."""
+    with followed_windowed_core(tiny_gemma3) as (core, sliding, log, model):
+        kv = core.kv
         a, b = [*SYSTEM, 1], [*SYSTEM, 2]
         turn(core, "a", a)
         turn(core, "b", b)  # ends where `a` ends: both windows cover the system prompt's last block
