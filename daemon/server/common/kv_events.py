@@ -125,25 +125,27 @@ class NamespaceKvLog:
 
     def stored(self, tokens: list[int], start: int) -> None:
         """A node covering `tokens[start:]` joined the tree."""
-        self._announce(self.blocks, tokens, start, FULL)
+        self._announce(tokens, start, FULL)
 
     def removed(self, tokens: list[int], start: int) -> None:
         """The node covering `tokens[start:]` left the tree."""
-        self._withdraw(self.blocks, tokens, start, FULL)
+        self._withdraw(tokens, start, FULL)
 
     def kept(self, tokens: list[int], start: int) -> None:
         """A window holding the sliding layers' keys of `tokens[start:]` was kept."""
-        self._announce(self.window_blocks, tokens, start, SLIDING)
+        self._announce(tokens, start, SLIDING)
 
     def dropped(self, tokens: list[int], start: int) -> None:
         """The window ending after `tokens`, from `start`, was dropped."""
-        self._withdraw(self.window_blocks, tokens, start, SLIDING)
+        self._withdraw(tokens, start, SLIDING)
 
     def _group(self, group: int) -> int | None:
+        """The group as published: none in the full layout."""
         return group if self.window else None
 
-    def _announce(self, live_blocks: dict[int, LiveBlock], tokens: list[int], start: int, group: int) -> None:
+    def _announce(self, tokens: list[int], start: int, group: int) -> None:
         bs = self.block_size
+        live_blocks = self.window_blocks if group == SLIDING else self.blocks
         span, ids = self._span(tokens, start)
         run: list[common_pb2.KvBlock] = []
         run_parent: int | None = None
@@ -164,7 +166,8 @@ class NamespaceKvLog:
         if run:
             self._add(stored_event(run, run_parent, self._group(group), self.window))
 
-    def _withdraw(self, live_blocks: dict[int, LiveBlock], tokens: list[int], start: int, group: int) -> None:
+    def _withdraw(self, tokens: list[int], start: int, group: int) -> None:
+        live_blocks = self.window_blocks if group == SLIDING else self.blocks
         span, ids = self._span(tokens, start)
         gone: list[int] = []
         for b in reversed(span):  # children before parents
