@@ -24,9 +24,10 @@ from radixd.radix.sliding import SlidingTable, window_start
 from radixd.radix.store import EVICT_REASONS
 from radixd.radix.table import AppendResult, BlockTable, CopyOp, append_one_each, blocks_for_one_each
 from radixd.radix.tree import RUN_EVICTION_BUDGET, RadixTree
-from radixd.radix.windows import KeptWindow, WindowStore
+from radixd.radix.windows import DROP_REASONS, KeptWindow, WindowListener, WindowStore
 
 __all__ = [
+    "DROP_REASONS",
     "EVICT_REASONS",
     "LLAMA2_70B",
     "LLAMA3_8B",
@@ -57,6 +58,7 @@ __all__ = [
     "SlidingTable",
     "TokenKey",
     "UnknownLease",
+    "WindowListener",
     "WindowStore",
     "append_one_each",
     "blocks_for_one_each",

@@ -7,6 +7,7 @@ conversation's last turn ended (a leaf, where an agent resumes) and where reques
 prefix (a system prompt). A match is usable up to the deepest kept window inside it; the rest is
 recomputed. A conversation's earlier turn's window goes once a later turn went on past it; under memory
 pressure a window is dropped (the tree's blocks stay: a tombstone), least recently used first.
+Every window kept and dropped is reported to ``listener`` (a `WindowListener`), like the tree's nodes.
 """
 
 from __future__ import annotations
@@ -15,9 +16,10 @@ from array import array
 from collections import OrderedDict
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
+from typing import Protocol, runtime_checkable
 
 from radixd.radix.errors import InvalidRequest
-from radixd.radix.node import TOKEN_BYTES
+from radixd.radix.node import TOKEN_BYTES, token_ids
 from radixd.radix.pool import BlockPool
 
 WindowKey = tuple[str, bytes]
@@ -26,6 +28,26 @@ WindowKey = tuple[str, bytes]
 KINDS = ("leaf", "branch")
 """Why a window is kept: a request ended there (where its conversation resumes), or requests branched
 there (a shared prefix such as a system prompt)."""
+
+DROP_REASONS = ("lru", "prefix", "flush", "dead", "superseded")
+"""Why a window goes: memory pressure, an operator's prefix eviction or flush, its tokens left the tree
+("dead": it can never be resumed from), or a later turn of its conversation went on past it."""
+
+
+@runtime_checkable
+class WindowListener(Protocol):
+    """Receives the store's changes (set ``WindowStore.listener``).
+
+    NOTE: called inside the store's operation, on its thread: quick, and no calls back into it."""
+
+    def kept(self, namespace: str, tokens: list[int], start: int, num_pages: int) -> None:
+        """The window ending after ``tokens`` (its whole path from the root) joined the cache: it holds
+        the sliding layers' keys of ``tokens[start:]`` (``start`` is block-aligned) in ``num_pages``
+        pages, every sliding group's together."""
+
+    def dropped(self, namespace: str, tokens: list[int], start: int, num_pages: int, reason: str) -> None:
+        """The window ending after ``tokens`` left the cache (the tree's blocks stay); ``reason`` is one
+        of ``DROP_REASONS``."""
 
 
 @dataclass(slots=True)
@@ -59,6 +81,7 @@ class WindowStore:
         self._windows: OrderedDict[WindowKey, KeptWindow] = OrderedDict()  # least recently used first
         self._lengths: dict[str, dict[int, int]] = {}
         self.dropped = 0  # windows dropped under pressure or by an operator (tombstones made)
+        self.listener: WindowListener | None = None
 
     # ------------------------------------------------------------------ queries
     def __len__(self) -> int:
@@ -104,6 +127,12 @@ class WindowStore:
     def get(self, namespace: str, packed: bytes) -> KeptWindow | None:
         return self._windows.get((namespace, packed))
 
+    def replay(self, listener: WindowListener) -> int:
+        """Report every kept window to ``listener`` as ``kept`` (least recently used first); -> windows."""
+        for (ns, packed), w in self._windows.items():
+            listener.kept(ns, token_ids(packed), w.lo * self.pool.block_size, w.num_pages)
+        return len(self._windows)
+
     # ------------------------------------------------------------------ keeping
     def keep(self, namespace: str, packed: bytes, lo: int, pages: tuple[array[int], ...], kind: str) -> bool:
         """Keep the window ending after ``packed`` (one reference taken per page); an existing one is
@@ -122,9 +151,11 @@ class WindowStore:
             return False
         for ids in pages:
             self.pool.incref_all(ids)
-        self._windows[key] = KeptWindow(n, lo, tuple(array("i", ids) for ids in pages), kind)
+        w = self._windows[key] = KeptWindow(n, lo, tuple(array("i", ids) for ids in pages), kind)
         per = self._lengths.setdefault(namespace, {})
         per[n] = per.get(n, 0) + 1
+        if self.listener is not None:
+            self.listener.kept(namespace, token_ids(packed), lo * self.pool.block_size, w.num_pages)
         return True
 
     def supersede(self, namespace: str, packed: bytes) -> int:
@@ -135,7 +166,7 @@ class WindowStore:
         if w is None or w.kind != "leaf" or w.holds:
             return 0
         self.dropped -= 1  # not a tombstone: nothing resumable was lost
-        return self.drop(key)
+        return self.drop(key, "superseded")
 
     def hold(self, namespace: str, packed: bytes) -> bool:
         """Keep the window ending after ``packed`` from eviction (a pin, a session); -> found."""
@@ -150,8 +181,10 @@ class WindowStore:
             w.holds -= 1
 
     # ------------------------------------------------------------------ dropping
-    def drop(self, key: WindowKey) -> int:
-        """Drop one window; -> pages freed."""
+    def drop(self, key: WindowKey, reason: str = "lru") -> int:
+        """Drop one window (``reason``: one of ``DROP_REASONS``); -> pages freed."""
+        if reason not in DROP_REASONS:
+            raise InvalidRequest(f"a window's drop reason must be one of {DROP_REASONS}, got {reason!r}")
         w = self._windows.pop(key)
         per = self._lengths[key[0]]
         per[w.num_tokens] -= 1
@@ -160,12 +193,15 @@ class WindowStore:
         if not per:
             del self._lengths[key[0]]
         self.dropped += 1
+        if self.listener is not None:
+            ns, packed = key
+            self.listener.dropped(ns, token_ids(packed), w.lo * self.pool.block_size, w.num_pages, reason)
         freed = 0
         for ids in w.pages:
             freed += self.pool.decref_all(ids)
         return freed
 
-    def evict(self, n_pages: int) -> int:
+    def evict(self, n_pages: int, reason: str = "lru") -> int:
         """Drop unheld windows, least recently used first, until ``n_pages`` are freed or none is left;
         -> pages freed."""
         freed = 0
@@ -173,17 +209,19 @@ class WindowStore:
             if freed >= n_pages:
                 break
             if not w.holds:
-                freed += self.drop(key)
+                freed += self.drop(key, reason)
         return freed
 
-    def drop_where(self, dead: Callable[[str, bytes, KeptWindow], bool], held_too: bool = False) -> int:
+    def drop_where(
+        self, dead: Callable[[str, bytes, KeptWindow], bool], held_too: bool = False, reason: str = "dead"
+    ) -> int:
         """Drop the windows ``dead`` names (unheld ones unless ``held_too``); -> pages freed."""
         freed = 0
         for key, w in list(self._windows.items()):
             if (held_too or not w.holds) and dead(key[0], key[1], w):
-                freed += self.drop(key)
+                freed += self.drop(key, reason)
         return freed
 
     def flush(self) -> int:
         """Drop every unheld window; -> pages freed."""
-        return self.drop_where(lambda _ns, _key, _w: True)
+        return self.drop_where(lambda _ns, _key, _w: True, reason="flush")

@@ -23,6 +23,7 @@ from radixd.radix import (
     OutOfBlocks,
     RadixTree,
     TokenKey,
+    WindowListener,
     append_one_each,
     blocks_for_one_each,
     encode_tokens,
@@ -158,11 +159,15 @@ class KVManager:
 
     # ---- cache-event listeners -------------------------------------------------------------------
     def add_listener(self, listener: CacheListener, replay: bool = False) -> None:
-        """Tell `listener` of every tree change from now on; `replay` first reports the tree as `stored`."""
+        """Tell `listener` of every tree change from now on (and, with sliding layers, of every kept window's
+        if it is a `WindowListener`); `replay` first reports the tree as `stored`, then the windows as
+        `kept` (a window's tokens are always in the tree)."""
         if listener in self._listeners:
             return  # added once: a second add would double its events
         if replay:
             self.tree.replay(listener)
+            if self.sliding is not None and isinstance(listener, WindowListener):
+                self.sliding.store.replay(listener)
         self._listeners.append(listener)
         self._install()
 
@@ -180,6 +185,9 @@ class KVManager:
     def _install(self) -> None:
         ls = self._listeners
         self.tree.listener = None if not ls else ls[0] if len(ls) == 1 else FanOut(*ls)
+        if self.sliding is not None:
+            ws = [x for x in ls if isinstance(x, WindowListener)]
+            self.sliding.store.listener = None if not ws else ws[0] if len(ws) == 1 else FanOut(*ws)
 
     # ---- administration --------------------------------------------------------------------------
     def evict(self, n_blocks: int) -> int:
@@ -194,7 +202,10 @@ class KVManager:
         """Evict the unlocked cached blocks under `tokens`; -> blocks freed (`count_evicted`: admin's)."""
         freed = int(self.tree.evict_prefix(tokens, namespace=namespace))
         if self.sliding is not None:
-            freed += self.sliding.drop_dead(self._alive)
+            alive = self._alive
+            freed += self.sliding.store.drop_where(
+                lambda ns, key, w: not alive(ns, key, w.num_tokens), reason="prefix"
+            )
         if count_evicted:
             self.evicted_blocks += freed
         return freed

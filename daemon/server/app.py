@@ -182,7 +182,11 @@ def build_state(args: argparse.Namespace, built: BuiltEngine) -> ServerState:
             vocab_size=built.tokenizer.vocab_size,
             total_blocks=core.kv.usable_blocks(),
         ),
-        events=CacheEvents(core.block_size, schedule=asyncio.get_running_loop().call_soon),
+        events=CacheEvents(
+            core.block_size,
+            schedule=asyncio.get_running_loop().call_soon,
+            window=core.kv.sliding.window if core.kv.sliding is not None else 0,
+        ),
         model_name=str(args.model or "SmolLM2-135M-Instruct (embedded)"),
         block_size=core.block_size,
         eos_token_ids=tuple(core.eos_token_ids),

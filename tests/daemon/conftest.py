@@ -9,9 +9,9 @@ from typing import Any
 
 import pytest
 import torch
-from daemon_testkit import PROMPTS, hf_generate
+from daemon_testkit import PROMPTS, hf_generate, write_tiny_gemma3
 
-from radixd.daemon.loaders import LoadedModel, default_model_path
+from radixd.daemon.loaders import LoadedModel, default_model_path, load_model
 
 
 @pytest.fixture(scope="module")
@@ -48,3 +48,18 @@ def hf_smollm() -> Any:
 def hf_greedy(hf_smollm: Any, prompt_ids: list[list[int]]) -> list[list[int]]:
     """transformers' greedy 32 new tokens for every prompt."""
     return [hf_generate(hf_smollm, p, 32) for p in prompt_ids]
+
+
+@pytest.fixture(scope="session")
+def tiny_gemma3(tmp_path_factory: pytest.TempPathFactory) -> LoadedModel:
+    """A random-weight Gemma 3 with sliding (window: 8 tokens) and full layers (the windowed KV layout),
+    fp32 on the CPU."""
+    layers = [
+        "sliding_attention",
+        "sliding_attention",
+        "full_attention",
+        "sliding_attention",
+        "full_attention",
+    ]
+    path = write_tiny_gemma3(tmp_path_factory.mktemp("tiny-gemma3"), layers, 8)
+    return load_model(str(path), "cpu", "float32")

@@ -2,45 +2,82 @@
 
 A `RouterModel` applies the batches the way smg's cache-aware index does (stored blocks keyed by id
 with their parent, removals by id, `cleared` wipes everything), and after every tree operation it
-must hold exactly the full blocks of every cached path, with the ids `block_hash` chains.
+must hold exactly the full blocks of every cached path, with the ids `block_hash` chains. In the
+windowed KV layout (an engine over a tiny Gemma 3) it keeps two groups: the tree's blocks (group 0)
+and the kept windows' (group 1), each exactly what the cache holds.
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import random
+from collections import Counter
 from collections.abc import Iterator
 
 import grpc
 import pytest
 from smg_grpc_proto.generated import common_pb2
 
+from radixd.daemon.engine.config import EngineConfig
+from radixd.daemon.engine.core import EngineCore
+from radixd.daemon.engine.factory import build_core
+from radixd.daemon.engine.sliding_kv import SlidingKV
+from radixd.daemon.engine.types import GenerateRequest
+from radixd.daemon.executor.sampling import SamplingParams
+from radixd.daemon.loaders import LoadedModel
 from radixd.daemon.server.common.errors import RpcFailure
 from radixd.daemon.server.common.event_log import Reader
 from radixd.daemon.server.common.events import CacheEvents
 from radixd.daemon.server.common.kv_events import KvEntry, NamespaceKvLog, block_hash, chain, to_batch
-from radixd.radix import BlockPool, BlockTable, RadixTree
+from radixd.radix import BlockPool, BlockTable, RadixTree, WindowStore, token_ids
 from radixd.radix.verify import iter_nodes
 
 BS = 4
 
 
-class RouterModel:
-    """What a subscriber knows: block id -> (parent id, tokens); checks parents come first. With a
-    `reader`, reading `blocks` first applies every batch the log handed it since."""
+Blocks = dict[int, tuple[int | None, tuple[int, ...]]]
 
-    def __init__(self, reader: Reader[KvEntry] | None = None) -> None:
-        self._blocks: dict[int, tuple[int | None, tuple[int, ...]]] = {}
+
+class RouterModel:
+    """What a subscriber knows: per group, block id -> (parent id, tokens); checks parents come first
+    (group 0: a window's blocks need not extend from blocks of its own group). `window` > 0: every event
+    must name its group and kind (the windowed layout), else none may. With a `reader`, reading
+    `blocks` first applies every batch the log handed it since."""
+
+    def __init__(self, reader: Reader[KvEntry] | None = None, window: int = 0) -> None:
+        self._groups: dict[int, Blocks] = {0: {}, 1: {}}
         self.last = 0
         self.reader = reader
+        self.window = window
 
     @property
-    def blocks(self) -> dict[int, tuple[int | None, tuple[int, ...]]]:
+    def blocks(self) -> Blocks:
+        """Group 0: the tree's blocks (the full layout's only group)."""
+        return self.group(0)
+
+    @property
+    def window_blocks(self) -> Blocks:
+        """Group 1: the kept windows' blocks."""
+        return self.group(1)
+
+    def group(self, index: int) -> Blocks:
         while self.reader is not None and not self.reader.queue.empty():
             item = self.reader.queue.get_nowait()
             assert item is not None, "the reader was cut off"
             self.apply(to_batch(item))
-        return self._blocks
+        return self._groups[index]
+
+    def _group_of(self, event: common_pb2.KvBlocksStored | common_pb2.KvBlocksRemoved) -> int:
+        if not self.window:
+            assert not event.HasField("group_idx"), "the full layout names no group"
+            return 0
+        assert event.HasField("group_idx") and event.group_idx in (0, 1)
+        if isinstance(event, common_pb2.KvBlocksStored):
+            kind = ("full_attention", "sliding_window")[event.group_idx]
+            assert event.kv_cache_spec_kind == kind
+            assert event.kv_cache_spec_sliding_window == (self.window if event.group_idx else 0)
+        return event.group_idx
 
     def apply(self, batch: common_pb2.KvEventBatch) -> None:
         assert batch.sequence_number > self.last or batch.HasField("snapshot")
@@ -48,31 +85,49 @@ class RouterModel:
         for event in batch.events:
             kind = event.WhichOneof("data")
             if kind == "cleared":
-                self._blocks.clear()
+                for blocks in self._groups.values():
+                    blocks.clear()
             elif kind == "removed":
+                blocks = self._groups[self._group_of(event.removed)]
                 for block_id in event.removed.block_hashes:
-                    assert block_id in self._blocks, "removal of a block never announced"
-                    del self._blocks[block_id]
+                    assert block_id in blocks, "removal of a block never announced"
+                    del blocks[block_id]
             else:
                 stored = event.stored
+                group = self._group_of(stored)
+                blocks = self._groups[group]
                 parent = stored.parent_block_hash if stored.HasField("parent_block_hash") else None
                 for block in stored.blocks:
                     assert len(block.token_ids) == BS == block.block_size
-                    assert parent is None or parent in self._blocks, "child announced before its parent"
-                    self._blocks[block.block_hash] = (parent, tuple(block.token_ids))
+                    if group == 0:
+                        assert parent is None or parent in blocks, "child announced before its parent"
+                    blocks[block.block_hash] = (parent, tuple(block.token_ids))
                     parent = block.block_hash
 
 
-def expected_blocks(tree: RadixTree, namespace: str = "") -> dict[int, tuple[int | None, tuple[int, ...]]]:
+def span_blocks(out: Blocks, namespace: str, path: list[int], first: int) -> None:
+    """Add the full blocks of `path` from block `first` on, with the ids `chain` gives them."""
+    ids = chain(namespace, path, BS, len(path) // BS)
+    for b in range(first, len(ids)):
+        out[ids[b]] = (ids[b - 1] if b else None, tuple(path[b * BS : (b + 1) * BS]))
+
+
+def expected_blocks(tree: RadixTree, namespace: str = "") -> Blocks:
     """The full blocks of every cached path of `namespace`, computed from the tree itself."""
-    out: dict[int, tuple[int | None, tuple[int, ...]]] = {}
+    out: Blocks = {}
     for node in iter_nodes(tree):
         ns, path = tree.store.path_of(node)
-        if ns != namespace:
-            continue
-        ids = chain(ns, path, BS, len(path) // BS)
-        for b, block_id in enumerate(ids):
-            out[block_id] = (ids[b - 1] if b else None, tuple(path[b * BS : (b + 1) * BS]))
+        if ns == namespace:
+            span_blocks(out, ns, path, 0)
+    return out
+
+
+def expected_window_blocks(store: WindowStore, namespace: str = "") -> Blocks:
+    """The full blocks of every kept window's span in `namespace`, computed from the store itself."""
+    out: Blocks = {}
+    for (ns, packed), w in store:
+        if ns == namespace:
+            span_blocks(out, ns, token_ids(packed), w.lo)
     return out
 
 
@@ -259,3 +314,119 @@ def test_a_reader_that_falls_behind_is_cut_off_and_told_where_to_resume() -> Non
             assert [b.sequence_number for b in log.replay(3) or []] == [3]  # ... and resumes losing none
 
     asyncio.run(main())
+
+
+# ---- the windowed KV layout: an engine over a tiny Gemma 3 (sliding and full layers) ----
+SYSTEM = [5 + (i * 7) % 50 for i in range(40)]  # a shared "system prompt" (40 tokens: 10 blocks)
+
+
+def windowed_core(model: LoadedModel, num_blocks: int = 256) -> EngineCore:
+    core = build_core(model, EngineConfig(kv_layout="windowed"), num_blocks=num_blocks, block_size=BS)
+    assert core.kv.sliding is not None
+    return core
+
+
+def turn(core: EngineCore, rid: str, prompt: list[int], max_tokens: int = 6) -> list[int]:
+    """One greedy turn, run to its end; -> the tokens it generated."""
+    got: list[int] = []
+    params = SamplingParams(max_tokens=max_tokens, temperature=0.0, ignore_eos=True)
+    core.requests.add(GenerateRequest(rid, prompt, params), lambda out: got.extend(out.new_token_ids))
+    core.run_until_idle()
+    return got
+
+
+@contextlib.contextmanager
+def followed_windowed_core(
+    model: LoadedModel,
+) -> Iterator[tuple[EngineCore, SlidingKV, NamespaceKvLog, RouterModel]]:
+    """A windowed core whose default namespace's KV log a `RouterModel` follows from the start."""
+    core = windowed_core(model)
+    sliding = core.kv.sliding
+    assert sliding is not None
+    logs = CacheEvents(BS, window=sliding.window)
+    log = logs.kv("")
+    with log.batches.subscribed() as reader:
+        router = RouterModel(reader, sliding.window)
+        core.kv.add_listener(logs, replay=True)
+        yield core, sliding, log, router
+
+
+def window_counts(store: WindowStore, namespace: str = "") -> Counter[int]:
+    """How many kept windows cover each full block (group 1's live count)."""
+    counts: Counter[int] = Counter()
+    for (ns, packed), w in store:
+        if ns == namespace:
+            path = token_ids(packed)
+            counts.update(chain(ns, path, BS, len(path) // BS)[w.lo :])
+    return counts
+
+
+def test_the_windowed_layout_publishes_the_tree_as_group_0_and_the_kept_windows_as_group_1(
+    tiny_gemma3: LoadedModel,
+) -> None:
+    """A two-turn conversation: the tree's blocks in group 0, each kept window's in group 1; turn 1's
+    window, superseded by turn 2's, is withdrawn from group 1 alone; a snapshot and a late listener's
+    replay give the live state; a flush removes everything from both groups."""
+    with followed_windowed_core(tiny_gemma3) as (core, sliding, log, model):
+        kv = core.kv
+
+        def exact() -> None:
+            assert model.blocks == expected_blocks(kv.tree)
+            assert model.window_blocks == expected_window_blocks(sliding.store)
+            assert {i: b.count for i, b in log.window_blocks.items()} == window_counts(sliding.store)
+
+        history = [*SYSTEM, 10, 11, 12]
+        history += turn(core, "t1", history)
+        exact()
+        first_windows = {key for key, _w in sliding.store}
+        first_blocks = set(model.window_blocks)
+        assert first_windows and first_blocks and model.blocks
+        seen = log.sequence
+
+        history += [20, 21, 22]
+        turn(core, "t2", history)
+        exact()
+        assert core.scheduler.counters.hit_tokens > 0  # turn 2 resumed from turn 1's window ...
+        assert not first_windows & {key for key, _w in sliding.store}  # ... which went
+        gone = first_blocks - set(model.window_blocks)
+        withdrawn = [
+            e.removed
+            for b in log.replay(seen + 1) or []
+            for e in b.events
+            if e.WhichOneof("data") == "removed"
+        ]
+        assert gone and {h for r in withdrawn if r.group_idx == 1 for h in r.block_hashes} == gone
+
+        fresh = RouterModel(window=sliding.window)
+        for batch in log.snapshot():
+            fresh.apply(batch)
+        assert fresh.blocks == model.blocks and fresh.window_blocks == model.window_blocks
+        late = CacheEvents(BS, window=sliding.window)
+        kv.add_listener(late, replay=True)
+        for group in ("blocks", "window_blocks"):
+            live, replayed = getattr(log, group), getattr(late.kv(""), group)
+            assert {i: b.count for i, b in replayed.items()} == {i: b.count for i, b in live.items()}
+        kv.remove_listener(late)
+
+        seen = log.sequence
+        core.admin.flush("evict_unlocked")
+        assert model.blocks == {} and model.window_blocks == {} and len(sliding.store) == 0
+        flushed = [e.removed for b in log.replay(seen + 1) or [] for e in b.events]
+        assert {r.group_idx for r in flushed} == {0, 1}
+
+
+def test_a_block_stays_in_group_1_while_any_kept_window_covers_it(tiny_gemma3: LoadedModel) -> None:
+    """Two requests that end alike keep windows over one shared block: it is counted twice, and stays
+    announced when one of the windows goes."""
+    with followed_windowed_core(tiny_gemma3) as (core, sliding, log, model):
+        kv = core.kv
+        a, b = [*SYSTEM, 1], [*SYSTEM, 2]
+        turn(core, "a", a)
+        turn(core, "b", b)  # ends where `a` ends: both windows cover the system prompt's last block
+        shared = chain("", SYSTEM, BS, len(SYSTEM) // BS)[-1]
+        counts = window_counts(sliding.store)
+        assert counts[shared] >= 2 and log.window_blocks[shared].count == counts[shared]
+        kv.evict_prefix(a, "")  # `a`'s continuation and its window go
+        assert len(window_counts(sliding.store)) < len(counts)
+        assert shared in model.window_blocks and model.window_blocks == expected_window_blocks(sliding.store)
+        assert {i: b.count for i, b in log.window_blocks.items()} == window_counts(sliding.store)

@@ -190,7 +190,7 @@ class SubscribeCacheEventsRequest(_message.Message):
     def __init__(self, after_sequence: _Optional[int] = ...) -> None: ...
 
 class SubscribeCacheEventsResponse(_message.Message):
-    __slots__ = ("sequence", "kind", "namespace", "num_blocks", "token_ids", "timestamp", "start", "reason")
+    __slots__ = ("sequence", "kind", "namespace", "num_blocks", "token_ids", "timestamp", "start", "reason", "kv_group")
     SEQUENCE_FIELD_NUMBER: _ClassVar[int]
     KIND_FIELD_NUMBER: _ClassVar[int]
     NAMESPACE_FIELD_NUMBER: _ClassVar[int]
@@ -199,6 +199,7 @@ class SubscribeCacheEventsResponse(_message.Message):
     TIMESTAMP_FIELD_NUMBER: _ClassVar[int]
     START_FIELD_NUMBER: _ClassVar[int]
     REASON_FIELD_NUMBER: _ClassVar[int]
+    KV_GROUP_FIELD_NUMBER: _ClassVar[int]
     sequence: int
     kind: CacheEventKind
     namespace: str
@@ -207,4 +208,5 @@ class SubscribeCacheEventsResponse(_message.Message):
     timestamp: float
     start: int
     reason: str
-    def __init__(self, sequence: _Optional[int] = ..., kind: _Optional[_Union[CacheEventKind, str]] = ..., namespace: _Optional[str] = ..., num_blocks: _Optional[int] = ..., token_ids: _Optional[_Iterable[int]] = ..., timestamp: _Optional[float] = ..., start: _Optional[int] = ..., reason: _Optional[str] = ...) -> None: ...
+    kv_group: str
+    def __init__(self, sequence: _Optional[int] = ..., kind: _Optional[_Union[CacheEventKind, str]] = ..., namespace: _Optional[str] = ..., num_blocks: _Optional[int] = ..., token_ids: _Optional[_Iterable[int]] = ..., timestamp: _Optional[float] = ..., start: _Optional[int] = ..., reason: _Optional[str] = ..., kv_group: _Optional[str] = ...) -> None: ...

@@ -1,5 +1,6 @@
 """`CacheFeed`: the daemon's one cache listener, installed in the engine only while someone subscribes;
-it posts each tree change from the engine thread to its sink on the loop (install replays the cache).
+it posts each tree change, and each kept window's (a windowed KV layout), from the engine thread to its
+sink on the loop (install replays the cache).
 NOTE: a command's future resolves after the listener posted its changes, so the sink sees exactly the
 changes between `attached` and `detached`; `detached` must make later subscribers resynchronize."""
 
@@ -12,7 +13,7 @@ from typing import TYPE_CHECKING, Protocol
 
 from radixd.daemon.engine.commands import AddCacheListener, RemoveCacheListener
 from radixd.daemon.process.log import get_logger
-from radixd.radix import CacheListener
+from radixd.radix import CacheListener, WindowListener
 
 if TYPE_CHECKING:
     from radixd.daemon.engine.engine import Engine
@@ -20,8 +21,8 @@ if TYPE_CHECKING:
 log = get_logger("radixd.server.cache_feed")
 
 
-class Sink(CacheListener, Protocol):
-    """The feed's receiver on the loop: tree changes, then `attached` / `detached`."""
+class Sink(CacheListener, WindowListener, Protocol):
+    """The feed's receiver on the loop: tree and window changes, then `attached` / `detached`."""
 
     def attached(self) -> None: ...
 
@@ -47,6 +48,12 @@ class CacheFeed:
 
     def removed(self, namespace: str, tokens: list[int], start: int, num_blocks: int, reason: str) -> None:
         self._post(self._sink.removed, namespace, tokens, start, num_blocks, reason)
+
+    def kept(self, namespace: str, tokens: list[int], start: int, num_pages: int) -> None:
+        self._post(self._sink.kept, namespace, tokens, start, num_pages)
+
+    def dropped(self, namespace: str, tokens: list[int], start: int, num_pages: int, reason: str) -> None:
+        self._post(self._sink.dropped, namespace, tokens, start, num_pages, reason)
 
     # ---- subscribers (event loop) ----
     @property

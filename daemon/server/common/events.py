@@ -1,7 +1,8 @@
 """The daemon's cache-event logs: the radix tree's changes, numbered for both cache-event streams.
 
 `CacheFeed` posts every change, evictions included, to the loop; `CacheEvents` feeds each namespace's
-`NamespaceKvLog` (vLLM's `SubscribeKvEvents`) and, while it has readers, radixd's node log.
+`NamespaceKvLog` (vLLM's `SubscribeKvEvents`) and, while it has readers, radixd's node log. In the
+windowed KV layout the kept windows' changes come too, as the "sliding_window" group's events.
 NOTE: a log that stops recording leaves a gap in its numbers, so an older resume resyncs."""
 
 from __future__ import annotations
@@ -11,7 +12,7 @@ import secrets
 import time
 from collections.abc import AsyncIterator
 from contextlib import AbstractAsyncContextManager
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 import grpc
 from radixd_client._pb import cache_admin_pb2
@@ -36,17 +37,27 @@ def numbered(sequence: int, event: Event) -> Event:
     return out
 
 
+FULL_ATTENTION, SLIDING_WINDOW = "full_attention", "sliding_window"
+"""radixd's stream's `kv_group`: a tree node's event, a kept window's."""
+
+
 class CacheEvents:
-    """Every namespace's KV log and radixd's change log (the `CacheFeed`'s sink)."""
+    """Every namespace's KV log and radixd's change log (the `CacheFeed`'s sink); `window` > 0: the
+    engine runs the windowed KV layout with that sliding window (tokens)."""
 
     def __init__(
-        self, block_size: int, schedule: Schedule | None = None, retain: int = 4096, buffer: int = 1024
+        self,
+        block_size: int,
+        schedule: Schedule | None = None,
+        retain: int = 4096,
+        buffer: int = 1024,
+        window: int = 0,
     ) -> None:
         self.changes: EventLog[Event] = EventLog(
             "events", lambda _: "after_sequence set to the last sequence you saw", retain, buffer
         )
         self._kv: dict[str, NamespaceKvLog] = {}
-        self._kv_args = (block_size, schedule, retain, buffer)
+        self._kv_args = (block_size, schedule, retain, buffer, window)
         # Sequences restart at 1 with every daemon start; the id tells a restart from a gap.
         self.start_id = f"{int(time.time())}-{secrets.token_hex(4)}"
         self.feed: CacheFeed | None = None
@@ -74,28 +85,47 @@ class CacheEvents:
         """The tree's changes reach this log inside this block."""
         return self.feed.subscribed() if self.feed is not None else contextlib.nullcontext()
 
-    # ---- the tree's changes (event loop) ----
-    def _record(self, **fields: Any) -> None:
-        # Radixd's stream records only while it has readers (events carry whole token paths).
-        if self.changes.num_subscribers:
-            self.changes.append(Event(timestamp=time.time(), **fields))
-
+    # ---- the tree's and the kept windows' changes (event loop) ----
     def stored(self, namespace: str, tokens: list[int], start: int, num_blocks: int) -> None:
-        self._record(
-            kind=STORED, namespace=tenant_of(namespace), token_ids=tokens, start=start, num_blocks=num_blocks
-        )
+        self._record(STORED, namespace, tokens, start, num_blocks, "", FULL_ATTENTION)
         self.kv(namespace).stored(tokens, start)
 
     def removed(self, namespace: str, tokens: list[int], start: int, num_blocks: int, reason: str) -> None:
-        self._record(
-            kind=REMOVED,
-            namespace=tenant_of(namespace),
-            token_ids=tokens,
-            start=start,
-            num_blocks=num_blocks,
-            reason=reason,
-        )
+        self._record(REMOVED, namespace, tokens, start, num_blocks, reason, FULL_ATTENTION)
         self.kv(namespace).removed(tokens, start)
+
+    def kept(self, namespace: str, tokens: list[int], start: int, num_pages: int) -> None:
+        self._record(STORED, namespace, tokens, start, num_pages, "", SLIDING_WINDOW)
+        self.kv(namespace).kept(tokens, start)
+
+    def dropped(self, namespace: str, tokens: list[int], start: int, num_pages: int, reason: str) -> None:
+        self._record(REMOVED, namespace, tokens, start, num_pages, reason, SLIDING_WINDOW)
+        self.kv(namespace).dropped(tokens, start)
+
+    def _record(
+        self,
+        kind: cache_admin_pb2.CacheEventKind,
+        namespace: str,
+        tokens: list[int],
+        start: int,
+        num_blocks: int,
+        reason: str,
+        group: str,
+    ) -> None:
+        # Radixd's stream records only while it has readers (events carry whole token paths).
+        if self.changes.num_subscribers:
+            self.changes.append(
+                Event(
+                    timestamp=time.time(),
+                    kind=kind,
+                    namespace=tenant_of(namespace),
+                    token_ids=tokens,
+                    start=start,
+                    num_blocks=num_blocks,
+                    reason=reason,
+                    kv_group=group,
+                )
+            )
 
     def attached(self) -> None:
         """The listener's install replayed the cached content: publish it (before any snapshot)."""
