@@ -13,6 +13,7 @@ Every window kept and dropped is reported to ``listener`` (a `WindowListener`), 
 from __future__ import annotations
 
 from array import array
+from bisect import bisect_right, insort
 from collections import OrderedDict
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
@@ -21,6 +22,8 @@ from typing import Protocol, runtime_checkable
 from radixd.radix.errors import InvalidRequest
 from radixd.radix.node import TOKEN_BYTES, token_ids
 from radixd.radix.pool import BlockPool
+
+_TAIL = 16 * TOKEN_BYTES  # the prefix's last bytes that index a window
 
 WindowKey = tuple[str, bytes]
 """(namespace, packed tokens the window ends after)."""
@@ -69,8 +72,9 @@ class WindowStore:
     """Kept windows by (namespace, prefix), in LRU order; one pool reference per page per window."""
 
     # NOTE: invariants: each window holds exactly one pool reference on each of its pages; a window's
-    # key is the packed prefix its num_tokens end (len(key) == num_tokens * TOKEN_BYTES); `_lengths`
-    # counts the kept windows of each namespace by num_tokens.
+    # key is the packed prefix its num_tokens end (len(key) == num_tokens * TOKEN_BYTES); `_index`
+    # lists every window's key under (namespace, num_tokens, its last TAIL tokens), and `_lengths` holds
+    # each namespace's distinct num_tokens in order.
 
     def __init__(self, pool: BlockPool, window: int, groups: int) -> None:
         if window < 1 or groups < 1:
@@ -79,7 +83,9 @@ class WindowStore:
         self.window = window
         self.groups = groups
         self._windows: OrderedDict[WindowKey, KeptWindow] = OrderedDict()  # least recently used first
-        self._lengths: dict[str, dict[int, int]] = {}
+        self._index: dict[tuple[str, int, bytes], list[bytes]] = {}
+        self._lengths: dict[str, list[int]] = {}  # sorted; one entry per distinct num_tokens
+        self._counts: dict[tuple[str, int], int] = {}  # windows per (namespace, num_tokens)
         self.dropped = 0  # windows dropped under pressure or by an operator (tombstones made)
         self.listener: WindowListener | None = None
 
@@ -116,12 +122,16 @@ class WindowStore:
         lengths = self._lengths.get(namespace)
         if not lengths:
             return None
-        for q in sorted((q for q in lengths if q <= limit), reverse=True):
-            key = (namespace, packed[: q * TOKEN_BYTES])
-            w = self._windows.get(key)
-            if w is not None:
-                self._windows.move_to_end(key)
-                return w
+        # Per kept length, deepest first: a dict probe on the prefix's last tokens (a few bytes hashed),
+        # then one memcmp of the whole prefix for a candidate (no slice of the long prefix is hashed).
+        for i in range(bisect_right(lengths, limit) - 1, -1, -1):
+            q = lengths[i]
+            end = q * TOKEN_BYTES
+            for key in self._index.get((namespace, q, packed[max(0, end - _TAIL) : end]), ()):
+                if packed.startswith(key):
+                    w = self._windows[(namespace, key)]
+                    self._windows.move_to_end((namespace, key))
+                    return w
         return None
 
     def get(self, namespace: str, packed: bytes) -> KeptWindow | None:
@@ -152,8 +162,11 @@ class WindowStore:
         for ids in pages:
             self.pool.incref_all(ids)
         w = self._windows[key] = KeptWindow(n, lo, tuple(array("i", ids) for ids in pages), kind)
-        per = self._lengths.setdefault(namespace, {})
-        per[n] = per.get(n, 0) + 1
+        self._index.setdefault(_index_key(namespace, packed), []).append(packed)
+        count = self._counts.get((namespace, n), 0)
+        if not count:
+            insort(self._lengths.setdefault(namespace, []), n)
+        self._counts[(namespace, n)] = count + 1
         if self.listener is not None:
             self.listener.kept(namespace, token_ids(packed), lo * self.pool.block_size, w.num_pages)
         return True
@@ -186,12 +199,20 @@ class WindowStore:
         if reason not in DROP_REASONS:
             raise InvalidRequest(f"a window's drop reason must be one of {DROP_REASONS}, got {reason!r}")
         w = self._windows.pop(key)
-        per = self._lengths[key[0]]
-        per[w.num_tokens] -= 1
-        if not per[w.num_tokens]:
-            del per[w.num_tokens]
-        if not per:
-            del self._lengths[key[0]]
+        ns, packed = key
+        ik = _index_key(ns, packed)
+        slot = self._index[ik]
+        slot.remove(packed)
+        if not slot:
+            del self._index[ik]
+        ck = (ns, w.num_tokens)
+        self._counts[ck] -= 1
+        if not self._counts[ck]:
+            del self._counts[ck]
+            lengths = self._lengths[ns]
+            lengths.remove(w.num_tokens)
+            if not lengths:
+                del self._lengths[ns]
         self.dropped += 1
         if self.listener is not None:
             ns, packed = key
@@ -225,3 +246,8 @@ class WindowStore:
     def flush(self) -> int:
         """Drop every unheld window; -> pages freed."""
         return self.drop_where(lambda _ns, _key, _w: True, reason="flush")
+
+
+def _index_key(namespace: str, packed: bytes) -> tuple[str, int, bytes]:
+    end = len(packed)
+    return namespace, end // TOKEN_BYTES, packed[max(0, end - _TAIL) : end]

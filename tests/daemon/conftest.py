@@ -9,7 +9,8 @@ from typing import Any
 
 import pytest
 import torch
-from daemon_testkit import PROMPTS, hf_generate, write_tiny_gemma3
+from daemon_testkit import PROMPTS, hf_generate
+from tiny_models import write_tiny_gemma3
 
 from radixd.daemon.loaders import LoadedModel, default_model_path, load_model
 
