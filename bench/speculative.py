@@ -124,7 +124,9 @@ def main() -> None:
         "--traces", default=",".join(TRACES), help="comma-separated subset of " + ",".join(TRACES)
     )
     ap.add_argument("--max-tokens", type=int, default=64, help="per request")
-    ap.add_argument("--speculative-tokens", type=int, default=8)
+    ap.add_argument(
+        "--speculative-tokens", type=int, default=None, help="K when on (default: the daemon's default)"
+    )
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--dtype", default="auto")
     ap.add_argument("--llama-server", help="path of llama.cpp's llama-server binary (optional)")
@@ -135,7 +137,7 @@ def main() -> None:
         ap.error(f"--batches wants positive sizes, --traces a subset of {','.join(TRACES)}")
     if args.llama_server:
         require_binary(args.llama_server)
-    k_on = args.speculative_tokens
+    k_on = args.speculative_tokens or EngineConfig().speculative_tokens
     configs = {k: EngineConfig(speculative_tokens=k) for k in (0, k_on)}
     lm, cores = engine_cores(configs, args.dtype, args.threads, num_blocks=2048)
     tps: dict[str, list[float]] = collections.defaultdict(list)

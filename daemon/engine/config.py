@@ -64,7 +64,7 @@ class EngineConfig:
     pin_budget_fraction: float = 0.25
     stream_interval: int = 1
     jump_forward: bool = True
-    speculative_tokens: int = 0
+    speculative_tokens: int = 8
 
     def __post_init__(self) -> None:
         if self.max_num_seqs < 1:
