@@ -47,7 +47,8 @@ class EngineConfig:
     cached prefix first). preemption_mode: "recompute" or "swap" (to `num_host_blocks` host blocks;
     recompute when full); after max_preemptions a sequence is no longer a victim. max_waiting: unfinished
     requests beyond it are refused (QueueFull). watchdog_s: report no progress. stream_interval: tokens
-    per output after the first. jump_forward: grammar-forced tokens as one chunk. speculative_tokens: 0 = off.
+    per output after the first. jump_forward: grammar-forced tokens as one chunk. speculative_tokens:
+    most drafts a sequence verifies per step (within the draft budget, draft_budget.py); 0 = off.
     """
 
     max_num_seqs: int = 64

@@ -16,8 +16,9 @@ def weight_bound(rows: int) -> float:
 
 def learned(curve: object = weight_bound, rows: range = range(1, 80)) -> StepCost:
     cost = StepCost()
-    for r in rows:
-        cost.observe(r, curve(r))  # type: ignore[operator]
+    for _ in range(2):  # a bucket counts from its second step
+        for r in rows:
+            cost.observe(r, curve(r))  # type: ignore[operator]
     return cost
 
 
@@ -31,8 +32,11 @@ def test_cost_follows_the_timings_it_is_fed() -> None:
 def test_cost_is_unknown_then_flat_then_never_decreasing() -> None:
     cost = StepCost()
     assert cost(4) is None
+    cost.observe(1, 0.5)  # a cold first step (page faults, a build): not counted
+    assert cost(1) is None
     cost.observe(1, 0.01)
-    assert cost(1) == cost(50) == 0.01  # one measurement: more rows are assumed free until measured
+    assert cost(1) == cost(50) == 0.01  # one bucket: more rows are assumed free until measured
+    cost.observe(8, 0.008)
     cost.observe(8, 0.008)  # noise said 8 rows were cheaper than 1
     assert cost(8) == 0.01
     cost.observe(0, 1.0)  # an empty step teaches nothing
@@ -40,11 +44,26 @@ def test_cost_is_unknown_then_flat_then_never_decreasing() -> None:
     assert cost(8) == 0.01
 
 
-def test_cost_adapts_to_a_slower_machine() -> None:
+def test_cost_follows_a_slower_machine_slowly_and_a_faster_one_at_once() -> None:
     cost = learned()
+    cost.observe(8, 10 * weight_bound(8))  # one stall moves the estimate a tenth of the way
+    assert cost(8) < 2 * weight_bound(8)
     for _ in range(60):
         cost.observe(8, 3 * weight_bound(8))
     assert cost(8) == pytest.approx(3 * weight_bound(8), rel=0.01)
+    for _ in range(8):
+        cost.observe(8, weight_bound(8))
+    assert cost(8) == pytest.approx(weight_bound(8), rel=0.01)
+
+
+def test_buckets_not_seen_for_long_are_dropped() -> None:
+    cost = StepCost(stale_steps=64)
+    for _ in range(2):
+        cost.observe(1, 0.01)
+        cost.observe(16, 0.05)
+    for _ in range(200):
+        cost.observe(1, 0.01)
+    assert cost(16) == 0.01  # 16 rows unmeasured lately: tried again as if free
 
 
 def test_drafts_while_weight_bound_and_none_when_decode_rows_fill_the_step() -> None:
