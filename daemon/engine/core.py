@@ -247,7 +247,8 @@ class EngineCore:
             del results[n : n + len(drafts)]
         self._after_step(plan, rows.positions, results)
         if spec.enabled:  # the draft budget learns what a step of this many rows costs here
-            spec.observe(len(rows) + sum(len(c.token_ids) for c in chunks), time.perf_counter() - t0)
+            seconds = time.perf_counter() - t0
+            spec.observe(len(rows) + sum(len(c.token_ids) for c in chunks), seconds, bool(drafts))
         return True
 
     def _spare_tokens(self, plan: StepPlan) -> int:

@@ -32,18 +32,31 @@ class StepCost:
     two); linear between the buckets' centres, never decreasing with rows. Buckets not updated in
     `stale_steps` steps are dropped. Beyond the largest row count measured, more rows are assumed free
     while a single bucket is known (so they get tried and measured), else they follow the last two
-    buckets' slope."""
+    buckets' slope. The buckets learn from steps without drafts; a step with drafts costs `extra`
+    seconds more than its rows would (the drafted rows' separate verification), learned the same way
+    from the drafted steps' excess over the buckets' estimate (none assumed before one is seen)."""
 
-    def __init__(self, rise: float = 0.1, stale_steps: int = 512) -> None:
+    def __init__(self, rise: float = 0.1, stale_steps: int = 2048) -> None:
         self.rise = rise  # weight of a slower step in its bucket's estimate
         self.stale_steps = stale_steps
+        self.extra: float | None = None  # seconds a drafted step costs beyond its rows
         self._steps = 0
         self._buckets: dict[int, _Bucket] = {}
         self._curve: list[tuple[float, float]] | None = None  # (rows, seconds), rows ascending
 
-    def observe(self, rows: int, seconds: float) -> None:
-        """Record one step: `rows` tokens computed in `seconds`."""
+    def _toward(self, now: float, seen: float) -> float:
+        """An estimate `now` after a step that took `seen`: halfway down, a little up."""
+        return now + (0.5 if seen < now else self.rise) * (seen - now)
+
+    def observe(self, rows: int, seconds: float, drafted: bool = False) -> None:
+        """Record one step: `rows` tokens (drafts included) computed in `seconds`."""
         if rows < 1 or not seconds > 0:
+            return
+        if drafted:
+            plain = self(rows)
+            if plain is not None:
+                excess = seconds - plain
+                self.extra = excess if self.extra is None else self._toward(self.extra, excess)
             return
         self._steps += 1
         key = round(2 * math.log2(rows))
@@ -54,7 +67,7 @@ class StepCost:
             b.rows, b.seconds = (b.rows + rows) / 2, min(b.seconds, seconds)
         else:
             b.rows += self.rise * (rows - b.rows)
-            b.seconds += (0.5 if seconds < b.seconds else self.rise) * (seconds - b.seconds)
+            b.seconds = self._toward(b.seconds, seconds)
         if b is not None:
             b.seen, b.count = self._steps, b.count + 1
         if self._steps % self.stale_steps == 0:
@@ -73,11 +86,17 @@ class StepCost:
             self._curve = curve
         return self._curve
 
-    def __call__(self, rows: int) -> float | None:
-        """The expected seconds of a step of `rows` rows; None before any bucket was measured."""
+    def __call__(self, rows: int, drafted: bool = False) -> float | None:
+        """The expected seconds of a step of `rows` rows (with drafts: plus `extra`); None before any
+        bucket was measured."""
         pts = self._points()
         if not pts:
             return None
+        plain = self._along(pts, rows)
+        return plain + max(self.extra or 0.0, 0.0) if drafted else plain
+
+    @staticmethod
+    def _along(pts: list[tuple[float, float]], rows: int) -> float:
         if rows <= pts[0][0]:
             return pts[0][1]
         for (r0, s0), (r1, s1) in itertools.pairwise(pts):
@@ -139,21 +158,22 @@ class DraftBudget:
         self.cost = cost
         self._rows = 0  # rows in the step so far (planned + drafted)
         self._tokens = 0.0  # tokens the step is expected to emit so far
+        self._drafted = False  # whether the step has drafts so far
 
     def start(self, rows: int, tokens: int) -> None:
         """A new step of `rows` planned rows that emit `tokens` tokens (its decodes and last chunks)."""
-        self._rows, self._tokens = rows, float(tokens)
+        self._rows, self._tokens, self._drafted = rows, float(tokens), False
 
     def rows_for(self, rate: float, most: int) -> int:
         """How many draft rows (at most `most`) a sequence whose draft tokens are accepted at `rate`
         should verify: the count that maximises the step's expected tokens per second."""
-        now = self.cost(self._rows)
+        now = self.cost(self._rows, self._drafted)
         if now is None:
             return most  # nothing measured yet: draft, and the timings come
         best, best_n, gain = self._tokens / now, 0, 0.0
         for n in range(1, most + 1):
             gain += rate**n
-            seconds = self.cost(self._rows + n)
+            seconds = self.cost(self._rows + n, True)
             assert seconds is not None
             speed = (self._tokens + gain) / seconds
             if speed > best:
@@ -164,3 +184,4 @@ class DraftBudget:
         """A sequence drafted `rows` rows at acceptance `rate`."""
         self._tokens += sum(rate**n for n in range(1, rows + 1))
         self._rows += rows
+        self._drafted = self._drafted or rows > 0

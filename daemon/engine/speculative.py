@@ -63,9 +63,10 @@ class Speculator:
         room = min(p.max_tokens - generated, self.max_model_len - len(seq.tokens)) - 1
         return min(room, self.k.get(seq.seq_id))
 
-    def observe(self, rows: int, seconds: float) -> None:
-        """A step computed `rows` tokens in `seconds` (what the draft budget learns step costs from)."""
-        self.budget.cost.observe(rows, seconds)
+    def observe(self, rows: int, seconds: float, drafted: bool) -> None:
+        """A step computed `rows` tokens (`drafted`: drafts among them) in `seconds` (what the draft
+        budget learns step costs from)."""
+        self.budget.cost.observe(rows, seconds, drafted)
 
     def plan(self, plan: StepPlan, budget: int) -> list[Draft]:
         """Draft for the step's decodes within `budget` spare tokens and the draft budget (moving the

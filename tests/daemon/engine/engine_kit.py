@@ -106,10 +106,10 @@ class FixedCost(StepCost):
         super().__init__()
         self._seconds = seconds
 
-    def observe(self, rows: int, seconds: float) -> None:
+    def observe(self, rows: int, seconds: float, drafted: bool = False) -> None:
         pass
 
-    def __call__(self, rows: int) -> float:
+    def __call__(self, rows: int, drafted: bool = False) -> float:
         return self._seconds(rows)
 
 

@@ -56,6 +56,21 @@ def test_cost_follows_a_slower_machine_slowly_and_a_faster_one_at_once() -> None
     assert cost(8) == pytest.approx(weight_bound(8), rel=0.01)
 
 
+def test_a_drafted_step_costs_its_learned_extra() -> None:
+    cost = learned()
+    assert cost(8, drafted=True) == cost(8)  # no drafted step seen: no extra assumed
+    for _ in range(20):
+        cost.observe(8, weight_bound(8) + 0.003, drafted=True)
+    assert cost(8, drafted=True) == pytest.approx(weight_bound(8) + 0.003, rel=0.02)
+    assert cost(8) == pytest.approx(weight_bound(8), rel=0.08)  # plain steps' buckets untouched
+    budget = DraftBudget(cost)
+    budget.start(rows=2, tokens=2)
+    assert budget.rows_for(0.6, 8) == 0  # 3 ms for a drafted step: more than 0.6 of a token buys
+    budget = DraftBudget(learned())
+    budget.start(rows=2, tokens=2)
+    assert budget.rows_for(0.6, 8) > 0
+
+
 def test_buckets_not_seen_for_long_are_dropped() -> None:
     cost = StepCost(stale_steps=64)
     for _ in range(2):
