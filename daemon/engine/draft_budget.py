@@ -152,10 +152,13 @@ class Acceptance:
 
 class DraftBudget:
     """One step's draft rows: `start` with the step's planned rows, then `rows_for` each candidate (the
-    most often accepted first) and `take` what it drafted."""
+    most often accepted first) and `take` what it drafted. A draft must raise the step's expected
+    tokens per second by `margin` (a fraction): gains smaller than that are within what the cost
+    estimate gets wrong (prefill steps' rows are cheaper than verification rows, neighbours' load)."""
 
-    def __init__(self, cost: StepCost) -> None:
+    def __init__(self, cost: StepCost, margin: float = 0.05) -> None:
         self.cost = cost
+        self.margin = margin
         self._rows = 0  # rows in the step so far (planned + drafted)
         self._tokens = 0.0  # tokens the step is expected to emit so far
         self._drafted = False  # whether the step has drafts so far
@@ -170,7 +173,7 @@ class DraftBudget:
         now = self.cost(self._rows, self._drafted)
         if now is None:
             return most  # nothing measured yet: draft, and the timings come
-        best, best_n, gain = self._tokens / now, 0, 0.0
+        best, best_n, gain = (1 + self.margin) * self._tokens / now, 0, 0.0
         for n in range(1, most + 1):
             gain += rate**n
             seconds = self.cost(self._rows + n, True)
