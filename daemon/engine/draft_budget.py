@@ -17,6 +17,11 @@ import math
 from dataclasses import dataclass, field
 
 
+def _key(rows: int) -> int:
+    """The bucket of a row count: half-octaves."""
+    return round(2 * math.log2(rows))
+
+
 @dataclass(slots=True)
 class _Bucket:
     rows: float  # decayed mean row count of the steps seen here
@@ -32,14 +37,16 @@ class StepCost:
     two); linear between the buckets' centres, never decreasing with rows. Buckets not updated in
     `stale_steps` steps are dropped. Beyond the largest row count measured, more rows are assumed free
     while a single bucket is known (so they get tried and measured), else they follow the last two
-    buckets' slope. The buckets learn from steps without drafts; a step with drafts costs `extra`
-    seconds more than its rows would (the drafted rows' separate verification), learned the same way
-    from the drafted steps' excess over the buckets' estimate (none assumed before one is seen)."""
+    buckets' slope. The buckets learn from steps without drafts; a step with drafts costs an extra
+    beyond its rows (the drafted rows' separate verification), learned the same way from the drafted
+    steps' excess over the buckets' estimate, per bucket of the drafted steps' row counts (the
+    nearest one measured; none assumed before one is)."""
 
     def __init__(self, rise: float = 0.1, stale_steps: int = 2048) -> None:
         self.rise = rise  # weight of a slower step in its bucket's estimate
         self.stale_steps = stale_steps
-        self.extra: float | None = None  # seconds a drafted step costs beyond its rows
+        # bucket -> (seconds a drafted step costs beyond its rows, the step count when last updated)
+        self._extra: dict[int, tuple[float, int]] = {}
         self._steps = 0
         self._buckets: dict[int, _Bucket] = {}
         self._curve: list[tuple[float, float]] | None = None  # (rows, seconds), rows ascending
@@ -55,11 +62,12 @@ class StepCost:
         if drafted:
             plain = self(rows)
             if plain is not None:
-                excess = seconds - plain
-                self.extra = excess if self.extra is None else self._toward(self.extra, excess)
+                key, excess = _key(rows), seconds - plain
+                was = self._extra.get(key)
+                self._extra[key] = (excess if was is None else self._toward(was[0], excess), self._steps)
             return
         self._steps += 1
-        key = round(2 * math.log2(rows))
+        key = _key(rows)
         b = self._buckets.get(key)
         if b is None:
             self._buckets[key] = _Bucket(float(rows), seconds, self._steps)
@@ -73,6 +81,7 @@ class StepCost:
         if self._steps % self.stale_steps == 0:
             old = self._steps - self.stale_steps
             self._buckets = {k: b for k, b in self._buckets.items() if b.seen > old}
+            self._extra = {k: e for k, e in self._extra.items() if e[1] > old}
         self._curve = None
 
     def _points(self) -> list[tuple[float, float]]:
@@ -93,7 +102,14 @@ class StepCost:
         if not pts:
             return None
         plain = self._along(pts, rows)
-        return plain + max(self.extra or 0.0, 0.0) if drafted else plain
+        return plain + max(self.extra(rows), 0.0) if drafted else plain
+
+    def extra(self, rows: int) -> float:
+        """Seconds a step of `rows` rows with drafts costs beyond its rows (0 before any is seen)."""
+        if not self._extra:
+            return 0.0
+        key = _key(rows)
+        return self._extra[min(self._extra, key=lambda k: (abs(k - key), k))][0]
 
     @staticmethod
     def _along(pts: list[tuple[float, float]], rows: int) -> float:

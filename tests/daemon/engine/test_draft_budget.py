@@ -4,6 +4,8 @@ the cost curve and acceptance rates from what it is told."""
 
 from __future__ import annotations
 
+from typing import cast
+
 import pytest
 
 from radixd.daemon.engine.draft_budget import Acceptance, DraftBudget, StepCost
@@ -63,6 +65,10 @@ def test_a_drafted_step_costs_its_learned_extra() -> None:
         cost.observe(8, weight_bound(8) + 0.003, drafted=True)
     assert cost(8, drafted=True) == pytest.approx(weight_bound(8) + 0.003, rel=0.02)
     assert cost(8) == pytest.approx(weight_bound(8), rel=0.08)  # plain steps' buckets untouched
+    assert cost(64, drafted=True) == pytest.approx(cost(64) + 0.003, rel=0.1)  # the nearest extra
+    cost.observe(64, cast(float, cost(64)) + 0.001, drafted=True)
+    assert cost(64, drafted=True) == pytest.approx(cost(64) + 0.001)  # each bucket its own
+    assert cost(8, drafted=True) == pytest.approx(weight_bound(8) + 0.003, rel=0.02)
     budget = DraftBudget(cost)
     budget.start(rows=2, tokens=2)
     assert budget.rows_for(0.6, 8) == 0  # 3 ms for a drafted step: more than 0.6 of a token buys
