@@ -1,12 +1,16 @@
-"""Speculative decoding (`--speculative-tokens`) through the engine, on against off, beside llama-server.
+"""Speculative decoding through the engine: the default configuration (on, K = the daemon's default,
+its draft budget) against `--speculative-tokens 0`, beside llama-server.
 
-Two traces, each at every batch size of `--batches`:
+Two traces, the repetitive one at each batch size of `--batches`, chat at each of `--chat-batches`:
 - repetitive (an agent's): a ~400-token file rewritten with a small change, a tool output quoted
   back, a second turn restating the first (EOS ignored, to rewrite whole files);
 - chat: short questions answered in prose, each answer ending where the model ends it (run past its
   end, an answer would start repeating itself, which drafts would then find).
 
-Per round, speculation on and off alternate (which goes first alternates too), medians over `--rounds`.
+Per round, speculation on and off alternate (which goes first alternates too), medians over `--rounds`,
+and the median of the rounds' own on / off ratios (each round's two runs share that moment's load).
+Each engine keeps what it learned (step costs, acceptance) from run to run, as a daemon would.
+`--policy cap` replaces the daemon's draft budget by a row cap (`RowCap`) to compare the two.
 The prefix cache is flushed before every run, so drafts come from each request's own context. Every
 greedy output with speculation on is asserted equal to the one with it off, token for token.
 
@@ -15,7 +19,8 @@ Drafting: the engine thread's time in `Speculator.plan` per step that looked for
 of the run's wall time (speculation on). With `--llama-server PATH`: llama-server at batch 1 on the
 same prompt tokens, `--spec-type none` against `ngram-simple`, its own timings.
 
-    python bench/speculative.py --rounds 3 --max-tokens 64 --batches 1,8 [--llama-server PATH]
+    python bench/speculative.py --rounds 3 --max-tokens 64 --batches 1,8 --chat-batches 1,8,32 \
+        [--policy budget|cap] [--llama-server PATH]
 """
 
 from __future__ import annotations
@@ -60,6 +65,34 @@ CHAT = [
     "What should I pack for a weekend hike?",
 ]
 TRACES = ("repetitive", "chat")
+
+
+class RowCap:
+    """The other draft policy `--policy cap` measures (the daemon's is `DraftBudget`, the marginal
+    one): a cap on a step's rows, the most rows whose learned step cost stays within `slack` times a
+    one-row step's (the rows that ride the weights' stream), given to the most often accepted
+    sequences first, each up to its adaptive k; no expected-tokens arithmetic."""
+
+    def __init__(self, cost: Any, slack: float) -> None:
+        self.cost = cost
+        self.slack = slack
+        self._room = 0
+
+    def start(self, rows: int, tokens: int) -> None:
+        one = self.cost(1)
+        if one is None:
+            self._room = 1 << 20  # nothing measured yet: draft, and the timings come
+            return
+        cap = rows
+        while cap < 4096 and self.cost(cap + 1) <= self.slack * one:
+            cap += 1
+        self._room = cap - rows
+
+    def rows_for(self, rate: float, most: int) -> int:
+        return max(0, min(most, self._room))
+
+    def take(self, rate: float, rows: int) -> None:
+        self._room -= rows
 
 
 def prompts(tokenizer: Any, trace: str, batch: int) -> list[list[int]]:
@@ -119,28 +152,43 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--warmup", type=int, default=1, help="rounds run first and not kept")
-    ap.add_argument("--batches", default="1,8", help="batch sizes, comma-separated (each trace at each)")
+    ap.add_argument("--batches", default="1,8", help="the repetitive trace's batch sizes, comma-separated")
+    ap.add_argument("--chat-batches", default="1,8,32", help="the chat trace's batch sizes")
     ap.add_argument(
         "--traces", default=",".join(TRACES), help="comma-separated subset of " + ",".join(TRACES)
     )
     ap.add_argument("--max-tokens", type=int, default=64, help="per request")
-    ap.add_argument("--speculative-tokens", type=int, default=8)
+    ap.add_argument(
+        "--speculative-tokens", type=int, default=None, help="K when on (default: the daemon's default)"
+    )
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--dtype", default="auto")
+    ap.add_argument(
+        "--policy",
+        choices=("budget", "cap"),
+        default="budget",
+        help="draft policy when on: the daemon's budget, or a row cap (RowCap) to compare with",
+    )
+    ap.add_argument("--cap-slack", type=float, default=1.5, help="--policy cap: step cost over 1 row's")
     ap.add_argument("--llama-server", help="path of llama.cpp's llama-server binary (optional)")
     args = ap.parse_args()
-    batches = [int(b) for b in args.batches.split(",")]
+    lists = (args.batches, args.chat_batches)
+    sizes = {t: [int(b) for b in arg.split(",")] for t, arg in zip(TRACES, lists, strict=True)}
     traces = args.traces.split(",")
-    if min(batches) < 1 or not set(traces) <= set(TRACES):
+    if min(min(b) for b in sizes.values()) < 1 or not set(traces) <= set(TRACES):
         ap.error(f"--batches wants positive sizes, --traces a subset of {','.join(TRACES)}")
     if args.llama_server:
         require_binary(args.llama_server)
-    k_on = args.speculative_tokens
+    k_on = args.speculative_tokens or EngineConfig().speculative_tokens
     configs = {k: EngineConfig(speculative_tokens=k) for k in (0, k_on)}
     lm, cores = engine_cores(configs, args.dtype, args.threads, num_blocks=2048)
+    if args.policy == "cap":
+        spec = cores[k_on].speculator
+        spec.budget = RowCap(spec.budget.cost, args.cap_slack)
     tps: dict[str, list[float]] = collections.defaultdict(list)
     cost: dict[str, list[tuple[float, float]]] = collections.defaultdict(list)
-    cases = [(trace, b) for trace in traces for b in batches]
+    cases = [(trace, b) for trace in traces for b in sizes[trace]]
+    ratios: dict[str, list[float]] = collections.defaultdict(list)
     for rnd in range(-args.warmup, args.rounds):  # negative rounds warm up; not kept
         for trace, b in cases:
             ps = prompts(lm.tokenizer, trace, b)
@@ -153,6 +201,8 @@ def main() -> None:
                     if k:
                         cost[f"{trace} b{b}"].append((r.draft_us_per_step, r.draft_share))
             assert got[0] == got[k_on], f"{trace} b{b}: speculation changed an output"
+            if rnd >= 0:  # the round's own ratio: both runs saw the machine's load of that moment
+                ratios[f"{trace} b{b}"].append(tps[f"{trace} b{b} on"][-1] / tps[f"{trace} b{b} off"][-1])
         print(f"round {rnd} done", flush=True)
     if args.llama_server:
         for name, flags in (("off", ["--spec-type", "none"]), ("on", ["--spec-type", "ngram-simple"])):
@@ -164,19 +214,26 @@ def main() -> None:
                         tps[f"llama {trace} b1 {name}"].append(llama_tps(url, ps, args.max_tokens, trace))
     med = {k: statistics.median(v) for k, v in tps.items()}
     print(
-        f"\nmedian decode tok/s over {args.rounds} rounds, K = {k_on}, {args.max_tokens} tokens a request\n"
+        f"\nmedian decode tok/s over {args.rounds} rounds, K = {k_on}, policy {args.policy}, "
+        f"{args.max_tokens} tokens a request\n"
     )
-    print("| engine | trace | batch | off | on | on / off | drafting (µs/step) | drafting (share of run) |")
-    print("| --- | --- | --- | --- | --- | --- | --- | --- |")
+    print(
+        "| engine | trace | batch | off | on | on / off | on / off per round (median, range) "
+        "| drafting (µs/step) | drafting (share of run) |"
+    )
+    print("| --- | --- | --- | --- | --- | --- | --- | --- | --- |")
     for trace, b in cases:
         on, off = med[f"{trace} b{b} on"], med[f"{trace} b{b} off"]
         us = statistics.median(c[0] for c in cost[f"{trace} b{b}"])
         share = statistics.median(c[1] for c in cost[f"{trace} b{b}"])
-        print(f"| radixd | {trace} | {b} | {off:.2f} | {on:.2f} | {on / off:.3f}x | {us:.1f} | {share:.2%} |")
+        rs = ratios[f"{trace} b{b}"]
+        spread = f"{statistics.median(rs):.3f}x ({min(rs):.2f}-{max(rs):.2f})"
+        cells = f"{off:.2f} | {on:.2f} | {on / off:.3f}x | {spread} | {us:.1f} | {share:.2%}"
+        print(f"| radixd | {trace} | {b} | {cells} |")
     if args.llama_server:
         for trace in traces:
             on, off = med[f"llama {trace} b1 on"], med[f"llama {trace} b1 off"]
-            print(f"| llama-server | {trace} | 1 | {off:.2f} | {on:.2f} | {on / off:.3f}x | | |")
+            print(f"| llama-server | {trace} | 1 | {off:.2f} | {on:.2f} | {on / off:.3f}x | | | |")
     st = cores[k_on].stats()
     print(
         f"\ndrafted {st.drafted_tokens}, accepted {st.accepted_draft_tokens} "

@@ -58,7 +58,8 @@ class EngineConfig:
     cached prefix first). preemption_mode: "recompute" or "swap" (to `num_host_blocks` host blocks;
     recompute when full); after max_preemptions a sequence is no longer a victim. max_waiting: unfinished
     requests beyond it are refused (QueueFull). watchdog_s: report no progress. stream_interval: tokens
-    per output after the first. jump_forward: grammar-forced tokens as one chunk. speculative_tokens: 0 = off.
+    per output after the first. jump_forward: grammar-forced tokens as one chunk. speculative_tokens:
+    most drafts a sequence verifies per step (within the draft budget, draft_budget.py); 0 = off.
     kv_layout: how the pool holds sliding-window layers (`KV_LAYOUTS`, model/kv_layout.py).
     """
 
@@ -76,7 +77,7 @@ class EngineConfig:
     pin_budget_fraction: float = 0.25
     stream_interval: int = 1
     jump_forward: bool = True
-    speculative_tokens: int = 0
+    speculative_tokens: int = 8
     kv_layout: str = "auto"
 
     def __post_init__(self) -> None:

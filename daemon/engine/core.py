@@ -229,7 +229,9 @@ class EngineCore:
         self.admin.track_peaks()
         if not plan:
             return False
-        drafts = self.speculator.plan(plan, self._spare_tokens(plan)) if self.speculator.enabled else []
+        spec = self.speculator
+        t0 = time.perf_counter()
+        drafts = spec.plan(plan, self._spare_tokens(plan)) if spec.enabled else []
         self.runner.copy_blocks(self.kv.take_copies())
         if self.requests.scoring:
             plan_scoring(plan, self.requests.scoring)
@@ -255,6 +257,9 @@ class EngineCore:
             self._after_drafts(drafts, results[n : n + len(drafts)])
             del results[n : n + len(drafts)]
         self._after_step(plan, rows.positions, results)
+        if spec.enabled:  # the draft budget learns what a step of this many rows costs here
+            seconds = time.perf_counter() - t0
+            spec.observe(len(rows) + sum(len(c.token_ids) for c in chunks), seconds, bool(drafts))
         return True
 
     def _spare_tokens(self, plan: StepPlan) -> int:

@@ -9,6 +9,7 @@ from __future__ import annotations
 import time
 from dataclasses import dataclass
 
+from radixd.daemon.engine.draft_budget import Acceptance, DraftBudget, StepCost
 from radixd.daemon.engine.drafter import AdaptiveK, Drafter
 from radixd.daemon.engine.kv import KVManager
 from radixd.daemon.engine.outputs import Outputs
@@ -37,6 +38,8 @@ class Speculator:
         self.enabled = speculative_tokens > 0
         self.drafter = Drafter(kv.following)
         self.k = AdaptiveK(speculative_tokens)
+        self.acceptance = Acceptance()
+        self.budget = DraftBudget(StepCost())  # its cost is fed by the engine after each step
         self.drafted_tokens = 0  # draft tokens verified
         self.accepted_tokens = 0  # of those, accepted into an output
         self.draft_s = 0.0  # engine-thread time spent drafting and planning drafts
@@ -60,16 +63,29 @@ class Speculator:
         room = min(p.max_tokens - generated, self.max_model_len - len(seq.tokens)) - 1
         return min(room, self.k.get(seq.seq_id))
 
+    def observe(self, rows: int, seconds: float, drafted: bool) -> None:
+        """A step computed `rows` tokens (`drafted`: drafts among them) in `seconds` (what the draft
+        budget learns step costs from)."""
+        self.budget.cost.observe(rows, seconds, drafted)
+
     def plan(self, plan: StepPlan, budget: int) -> list[Draft]:
-        """Draft for the step's decodes within `budget` spare tokens (moving them out of `plan.decodes`)."""
+        """Draft for the step's decodes within `budget` spare tokens and the draft budget (moving the
+        drafted ones out of `plan.decodes`)."""
         if not self.enabled or not plan.decodes:
             return []
         t0 = time.perf_counter()
-        kv = self.kv
+        kv, rate = self.kv, self.acceptance.rate
+        emits = sum(1 for p in plan.chunks if p.start + p.n == len(p.seq.tokens))
+        self.budget.start(sum(p.n for p in plan.chunks) + len(plan.decodes), len(plan.decodes) + emits)
+        wanted = [(seq, k) for seq in plan.decodes if (k := self._draftable(seq)) > 0]
+        wanted.sort(key=lambda w: rate(w[0].seq_id), reverse=True)  # the likeliest drafts first
         drafts: list[Draft] = []
-        keep: list[Sequence] = []
-        for seq in plan.decodes:
-            k = min(self._draftable(seq), budget) if budget > 0 else 0
+        drafted: set[int] = set()
+        for seq, most in wanted:
+            if budget <= 0:
+                break
+            p = rate(seq.seq_id)
+            k = self.budget.rows_for(p, min(most, budget))
             proposed = self.drafter.propose(seq.key(), seq.request.req.namespace, k) if k > 0 else []
             grammar = seq.sampling.grammar if proposed and seq.sampling is not None else None
             if grammar is not None:  # cut before the first token the grammar forbids
@@ -79,13 +95,15 @@ class Speculator:
             if proposed and kv.new_blocks_for_append(seq, len(proposed)) <= kv.num_free:
                 kv.append(seq, len(proposed))
                 drafts.append(Draft(seq, seq.num_computed, proposed))
+                drafted.add(seq.seq_id)
+                self.budget.take(p, len(proposed))
                 budget -= len(proposed)
-            else:
-                keep.append(seq)
         if drafts:
-            plan.decodes[:] = keep
+            plan.decodes[:] = [s for s in plan.decodes if s.seq_id not in drafted]
         if len(self.k) > 4 * len(plan.decodes) + 64:
-            self.k.keep_only({s.seq_id for s in plan.decodes} | {d.seq.seq_id for d in drafts})
+            live = {s.seq_id for s in plan.decodes} | drafted
+            self.k.keep_only(live)
+            self.acceptance.keep_only(live)
         self.draft_steps += 1
         self.draft_s += time.perf_counter() - t0
         return drafts
@@ -115,6 +133,7 @@ class Speculator:
         self.kv.truncate(seq, d.start + 1 + n)  # the rejected draft tokens' slots go
         self.drafted_tokens += len(proposed)
         self.k.update(seq.seq_id, len(proposed), n)
+        self.acceptance.update(seq.seq_id, len(proposed), n)
         accept = self.outputs.accept
         kv = self.kv
         for i in range(n + 1):

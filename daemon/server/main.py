@@ -113,7 +113,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         type=int,
         default=engine.speculative_tokens,
         help="most draft tokens (from the prefix cache and the request's own context) a sequence verifies "
-        f"per step, same output as plain decoding; 0 = off (default {engine.speculative_tokens})",
+        "per step, within a per-step budget learned from step timings; same output as plain decoding; "
+        f"0 = off (default {engine.speculative_tokens}: on)",
     )
     sched.add_argument(
         "--stream-buffer", type=int, default=Limits.stream_buffer, help="outputs buffered per stream"

@@ -8,6 +8,7 @@ from typing import Any
 
 from radixd.daemon.engine.config import EngineConfig
 from radixd.daemon.engine.core import EngineCore
+from radixd.daemon.engine.draft_budget import StepCost
 from radixd.daemon.engine.factory import build_core
 from radixd.daemon.engine.types import GenerateRequest, RequestOutput
 from radixd.daemon.executor.sampling import SamplingParams
@@ -95,3 +96,30 @@ def assert_all_free(core: EngineCore) -> None:
         f"{core.kv.usable_blocks() - core.kv.pool.num_free} blocks leaked: {core.stats()}"
     )
     assert core.kv.tree.num_leases == 0
+
+
+class FixedCost(StepCost):
+    """A machine whose steps cost `seconds(rows)` whatever the clock says: a core given it
+    (`fixed_cost`) drafts the same in every run, however busy the machine running the test is."""
+
+    def __init__(self, seconds: Callable[[int], float]) -> None:
+        super().__init__()
+        self._seconds = seconds
+
+    def observe(self, rows: int, seconds: float, drafted: bool = False) -> None:
+        pass
+
+    def __call__(self, rows: int, drafted: bool = False) -> float:
+        return self._seconds(rows)
+
+
+def cheap_rows(rows: int) -> float:
+    """A step whose rows cost next to nothing beside its fixed cost (a GPU, a wide kernel): drafts
+    go in whenever they are likely at all."""
+    return 0.01 + 1e-6 * rows
+
+
+def fixed_cost(core: EngineCore, seconds: Callable[[int], float] = cheap_rows) -> EngineCore:
+    """`core`, its draft budget reading `seconds` instead of its step timings."""
+    core.speculator.budget.cost = FixedCost(seconds)
+    return core

@@ -9,7 +9,7 @@ from __future__ import annotations
 from collections.abc import Iterator
 
 import pytest
-from engine_kit import Collector, assert_all_free, make_core, run, sampled
+from engine_kit import Collector, assert_all_free, fixed_cost, make_core, run, sampled
 from invariance_kit import AUTO_AND_REFERENCE, Answer, Rig, answer, ask, assert_same
 
 from radixd.daemon.engine.core import EngineCore
@@ -38,8 +38,8 @@ class Pair:
 
     def __init__(self, rig: Rig) -> None:
         self.rig = rig
-        self.off = make_core(rig.lm, num_blocks=128)
-        self.on = make_core(rig.lm, num_blocks=128, speculative_tokens=6)
+        self.off = make_core(rig.lm, num_blocks=128, speculative_tokens=0)
+        self.on = fixed_cost(make_core(rig.lm, num_blocks=128, speculative_tokens=6))
 
     def ids(self, text: str) -> list[int]:
         return self.rig.lm.tokenizer.encode(text)

@@ -13,7 +13,7 @@ from typing import Any
 
 import jsonschema
 import pytest
-from engine_kit import Collector, assert_all_free, make_core, run
+from engine_kit import Collector, assert_all_free, fixed_cost, make_core, run
 from invariance_kit import AUTO_AND_REFERENCE, Rig
 from structured_kit import LOG_LINE, PERSON, chat, constrained, is_log_line, person
 
@@ -35,8 +35,8 @@ class Pair:
 
     def __init__(self, rig: Rig) -> None:
         self.rig = rig
-        self.off = make_core(rig.lm, num_blocks=128)
-        self.on = make_core(rig.lm, num_blocks=128, speculative_tokens=6)
+        self.off = make_core(rig.lm, num_blocks=128, speculative_tokens=0)
+        self.on = fixed_cost(make_core(rig.lm, num_blocks=128, speculative_tokens=6))
 
 
 @pytest.fixture(scope="module")

@@ -10,7 +10,7 @@ from __future__ import annotations
 from typing import Any
 
 import pytest
-from engine_kit import Collector, assert_all_free, make_core, run
+from engine_kit import Collector, assert_all_free, fixed_cost, make_core, run
 from invariance_kit import Answer, Rig, answer, ask, assert_same, text_tokens
 
 from radixd.daemon.engine.core import EngineCore
@@ -35,8 +35,8 @@ def test_preempted_drafted_requests_answer_what_speculation_off_answers(rig: Rig
     reqs.append(GenerateRequest("n2", ids[50:70] * 2, two))
     extra: dict[str, Any] = {"preemption_mode": "swap", "num_host_blocks": 64} if preemption == "swap" else {}
     blocks = 16  # 16-token blocks, the null one included: too few for all rows at once
-    off = make_core(rig.lm, num_blocks=blocks, **extra)
-    on = make_core(rig.lm, num_blocks=blocks, speculative_tokens=6, **extra)
+    off = make_core(rig.lm, num_blocks=blocks, speculative_tokens=0, **extra)
+    on = fixed_cost(make_core(rig.lm, num_blocks=blocks, speculative_tokens=6, **extra))
     need = sum(on.kv.blocks_for(len(r.prompt_token_ids) + max_tokens) * r.sampling.n for r in reqs)
     assert need > blocks
     want = _answers(run(off, reqs), reqs)
@@ -68,8 +68,8 @@ def test_a_session_turn_drafts_from_the_previous_turn(rig: Rig) -> None:
     story = tok.encode("User: Tell me a short story about a lighthouse keeper and a storm.\nAssistant:")
     again = tok.encode("\nUser: Say that story again, word for word.\nAssistant:")
     turns, max_tokens = [story, again], 24
-    off = make_core(rig.lm, num_blocks=128)
-    on = make_core(rig.lm, num_blocks=128, speculative_tokens=6)
+    off = make_core(rig.lm, num_blocks=128, speculative_tokens=0)
+    on = fixed_cost(make_core(rig.lm, num_blocks=128, speculative_tokens=6))
     want = _conversation(off, "s", turns, max_tokens)
     spec = on.speculator
     got = _conversation(on, "s", turns, max_tokens)

@@ -57,7 +57,9 @@ def test_a_stop_or_an_abort_flushes_what_the_interval_held(smollm: LoadedModel) 
     assert len(streamed.new_token_ids) == 1
     assert core.requests.abort("a")
     final = col.final("a")
-    assert final.finish_reason == "abort" and len(final.new_token_ids) == 3 and final.completion_tokens == 4
+    # Three steps held at least 3 tokens back (more where a step accepted a draft), all flushed now.
+    held = final.completion_tokens - 1
+    assert final.finish_reason == "abort" and len(final.new_token_ids) == held >= 3
     assert col.text("a") == tok.decode(col.tokens("a"))
     assert_all_free(core)
 

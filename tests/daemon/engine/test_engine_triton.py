@@ -19,7 +19,7 @@ from typing import Any
 import pytest
 import torch
 from daemon_testkit import triton_language_restored
-from engine_kit import Collector, assert_all_free, greedy, run
+from engine_kit import Collector, assert_all_free, fixed_cost, greedy, run
 
 from radixd import kernels
 from radixd.daemon.engine.commands import CloseSession, CreateSession
@@ -187,7 +187,9 @@ def _serve(triton: bool, tok: TextTokenizer, cfg: ModelConfig) -> Served:
         model = LlamaModel(cfg, _weights(cfg), "cpu", PRECISIONS["float32"])
         loaded = LoadedModel(model, tok, cfg, "tiny")
         for name, (scenario, config, blocks) in SCENARIOS.items():
-            core = build_core(loaded, config, num_blocks=blocks, device="cpu")
+            # Drafts follow a fixed step-cost curve, not each path's own step timings (the interpreter
+            # is far slower), so both paths draft, take blocks and preempt alike.
+            core = fixed_cost(build_core(loaded, config, num_blocks=blocks, device="cpu"))
             launches.clear()
             out[name] = scenario(core, tok) | {"launches": dict(launches)}
             assert_all_free(core)
