@@ -6,7 +6,7 @@ preemption by swap and by recompute; and it holds less KV for the same conversat
 from __future__ import annotations
 
 import pytest
-from engine_kit import Collector, assert_all_free, greedy, make_core, run
+from engine_kit import Collector, assert_all_free, fixed_cost, greedy, make_core, run
 from tiny_models import write_tiny_gemma3
 
 from radixd.daemon.engine.core import EngineCore
@@ -86,6 +86,7 @@ def test_preemption_forks_and_drafts_give_the_full_layouts_tokens(gemma: LoadedM
     got: dict[str, Collector] = {}
     for layout, blocks in (("full", 14), ("windowed", 14 * 7 // 2)):
         core = make_core(gemma, blocks, kv_layout=layout, speculative_tokens=4, max_num_seqs=8, **swap)
+        fixed_cost(core)  # drafts by a fixed step-cost curve, not this machine's timings: both alike
         got[layout] = run(core, reqs())
         counters = core.scheduler.counters
         preempted = counters.preemptions_swap if mode == "swap" else counters.preemptions_recompute
