@@ -25,9 +25,13 @@ each kind of :data:`GEMM_KINDS` (random codes, fp16 scales) for ``--gemm-rows`` 
 interleaved, each call on a copy of the weights after the previous call's (copies enough for 64 MiB:
 the weights come from memory, as in a decode step); median ms per call (wall, and the calling thread's
 CPU time: on a shared machine the wall time also counts the time the kernel waited for a core), GB/s
-of weights at one row (wall), and each kind's speed against Q4_1_A8's (median of per-round ratios):
+of weights at one row (wall), GMAC/s a thread (multiply-accumulates / wall time / threads), and each
+kind's speed against Q4_1_A8's and, for a repacked kind (``q4_k_x16``: kernels/kquant_x16.c), against
+the stored kind it repacks (median of per-round ratios); ``--gemm-kinds`` picks kinds:
 
     .venv/bin/python bench/kernels_cpu.py --gemm 2048x2048,8192x2048,2048x640 --threads 2
+    .venv/bin/python bench/kernels_cpu.py --gemm 2048x2048,8192x2048,2048x8192 --threads 1 \
+        --gemm-kinds q4_1_a8,q4_k_a8,q4_k_x16,q6_k_a8,q6_k_x16
 """
 
 from __future__ import annotations
@@ -41,7 +45,7 @@ from collections.abc import Callable
 
 import torch
 import torch.nn.functional as F
-from benchkit import BLOCKS, DEFAULT_KV_CACHE_GB, Gemm, zeros_on_huge_pages
+from benchkit import BLOCKS, DEFAULT_KV_CACHE_GB, Gemm, repack_x16, zeros_on_huge_pages
 
 from radixd.kernels import cpu_attention
 from radixd.kernels.paged_decode import paged_decode_torch, plan_for, rows_plan_for
@@ -201,13 +205,24 @@ def measure(fns: dict[str, Callable[[], object]], rounds: int, read_mib: int) ->
 
 # The kinds --gemm times (Q4_1_A8, the reference, first; its codes, scales and minimums are separate
 # arrays, the others' blocks are as the file stores them: (weights, bytes) a block in `BLOCKS`).
-GEMM_KINDS = ("q4_1_a8", "q4_0_a8", "q5_0_a8", "q5_1_a8", "q4_k_a8", "q5_k_a8", "q6_k_a8")
+GEMM_KINDS = (
+    *("q4_1_a8", "q4_0_a8", "q5_0_a8", "q5_1_a8", "q4_k_a8", "q5_k_a8", "q6_k_a8"),
+    *("q4_k_x16", "q6_k_x16"),
+)
+# A repacked kind -> the stored kind whose blocks it repacks.
+REPACKED = {"q4_k_x16": "q4_k_a8", "q6_k_x16": "q6_k_a8"}
 # Where a block's fp16 scales lie (scale, then the minimums' scale where it has one).
 SCALES_AT = {"q5_1_a8": (0, 4), "q4_k_a8": (0, 4), "q5_k_a8": (0, 4), "q6_k_a8": (208, 210)}
 
 
 def gemm_operands(coding: str, n: int, k: int, g: torch.Generator) -> list[torch.Tensor]:
     """Random codes with small fp16 scales (and negative minimums) in the kind's layout."""
+    if coding in REPACKED:
+        (raw,) = gemm_operands(REPACKED[coding], n, k, g)
+        packed = repack_x16(coding[:4].upper(), raw, n, k)
+        if packed is None:
+            raise SystemExit(f"{coding} needs a CPU with AVX512-VNNI and outputs a multiple of 16")
+        return [packed]
 
     def halves(per: int = 32) -> torch.Tensor:
         return (torch.rand(n, k // per, generator=g) * 1e-2 + 1e-4).half()
@@ -222,26 +237,28 @@ def gemm_operands(coding: str, n: int, k: int, g: torch.Generator) -> list[torch
     return [raw.view(n, -1)]
 
 
-def gemm_report(shapes: str, rows: str, rounds: int) -> str:
+def gemm_report(shapes: str, rows: str, rounds: int, kinds: tuple[str, ...] = GEMM_KINDS) -> str:
     """The --gemm table (see the module's docstring)."""
+    threads = torch.get_num_threads()
     lines = [
-        f"radixd_gemm, {torch.get_num_threads()} threads, {rounds} interleaved rounds; weights from memory",
+        f"radixd_gemm, {threads} threads, {rounds} interleaved rounds; weights from memory",
         "",
-        "| n x k | rows | kind | MiB | median ms | CPU ms | GB/s | vs q4_1_a8 |",
-        "| --- | ---: | --- | ---: | ---: | ---: | ---: | ---: |",
+        "| n x k | rows | kind | MiB | median ms | CPU ms | GB/s | GMAC/s/thread | vs q4_1_a8 | vs stored |",
+        "| --- | ---: | --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: |",
     ]
     g = torch.Generator().manual_seed(0)
+    kinds = ("q4_1_a8", *(c for c in kinds if c != "q4_1_a8"))
     for shape in shapes.split(","):
         n, k = (int(v) for v in shape.split("x"))
         copies: dict[str, list[Gemm]] = {}
-        for c in GEMM_KINDS:
+        for c in kinds:
             one = sum(t.numel() * t.element_size() for t in gemm_operands(c, n, k, g))
             count = -(-(64 << 20) // one)
             copies[c] = [Gemm(c, gemm_operands(c, n, k, g), None, (n, k)) for _ in range(count)]
         for m in (int(v) for v in rows.split(",")):
             x = torch.randn(m, k, generator=g)
-            times: dict[str, list[float]] = {c: [] for c in GEMM_KINDS}
-            cpu: dict[str, list[float]] = {c: [] for c in GEMM_KINDS}
+            times: dict[str, list[float]] = {c: [] for c in kinds}
+            cpu: dict[str, list[float]] = {c: [] for c in kinds}
             for r in range(rounds + 1):
                 for c, gemms in copies.items():
                     t0, c0 = time.perf_counter(), time.thread_time()
@@ -255,8 +272,15 @@ def gemm_report(shapes: str, rows: str, rounds: int) -> str:
                 med, med_cpu = statistics.median(ts), statistics.median(cpu[c])
                 gbs = f"{mib * 2**20 / med / 1e9:.1f}" if m == 1 else ""
                 vs = statistics.median(a / b for a, b in zip(times["q4_1_a8"], ts, strict=True))
+                base = times.get(REPACKED.get(c, ""))
+                vs_stored = (
+                    f"{statistics.median(a / b for a, b in zip(base, ts, strict=True)):.2f}x" if base else ""
+                )
                 ms = f"{med * 1e3:.3f} | {med_cpu * 1e3:.3f}"
-                lines.append(f"| {n}x{k} | {m} | {c} | {mib:.2f} | {ms} | {gbs} | {vs:.2f}x |")
+                gmac = f"{n * k * m / med / threads / 1e9:.1f}"
+                lines.append(
+                    f"| {n}x{k} | {m} | {c} | {mib:.2f} | {ms} | {gbs} | {gmac} | {vs:.2f}x | {vs_stored} |"
+                )
             print("\n".join(lines[-len(times) :]), flush=True)
     return "\n".join(lines)
 
@@ -285,11 +309,16 @@ def main(argv: list[str] | None = None) -> str:
     )
     ap.add_argument("--gemm", default="", help="time the projection kinds instead, at these n x k shapes")
     ap.add_argument("--gemm-rows", default="1,8,64", help="--gemm's row counts, comma-separated")
+    ap.add_argument("--gemm-kinds", default=",".join(GEMM_KINDS), help="--gemm's kinds, comma-separated")
     args = ap.parse_args(argv)
     if args.threads:
         torch.set_num_threads(args.threads)
     if args.gemm:
-        report = gemm_report(args.gemm, args.gemm_rows, args.rounds)
+        kinds = tuple(args.gemm_kinds.split(","))
+        unknown = set(kinds) - set(GEMM_KINDS)
+        if unknown:
+            ap.error(f"unknown --gemm-kinds {sorted(unknown)} (known: {', '.join(GEMM_KINDS)})")
+        report = gemm_report(args.gemm, args.gemm_rows, args.rounds, kinds)
         print()
         print(report)
         return report
