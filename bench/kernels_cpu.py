@@ -25,7 +25,8 @@ each kind of :data:`GEMM_KINDS` (random codes, fp16 scales) for ``--gemm-rows`` 
 interleaved, each call on a copy of the weights after the previous call's (copies enough for 64 MiB:
 the weights come from memory, as in a decode step); median ms per call (wall, and the calling thread's
 CPU time: on a shared machine the wall time also counts the time the kernel waited for a core), GB/s
-of weights at one row (wall), GMAC/s a thread (multiply-accumulates / wall time / threads), and each
+of weights at one row (wall), GMAC/s a thread (multiply-accumulates / threads / the calling thread's
+CPU time, its share of the work: what a shared machine's waits leave out of the wall time), and each
 kind's speed against Q4_1_A8's and, for a repacked kind (``q4_k_x16``: kernels/kquant_x16.c), against
 the stored kind it repacks (median of per-round ratios); ``--gemm-kinds`` picks kinds:
 
@@ -243,7 +244,8 @@ def gemm_report(shapes: str, rows: str, rounds: int, kinds: tuple[str, ...] = GE
     lines = [
         f"radixd_gemm, {threads} threads, {rounds} interleaved rounds; weights from memory",
         "",
-        "| n x k | rows | kind | MiB | median ms | CPU ms | GB/s | GMAC/s/thread | vs q4_1_a8 | vs stored |",
+        "| n x k | rows | kind | MiB | median ms | CPU ms | GB/s | GMAC/s a thread | vs q4_1_a8 "
+        "| vs stored |",
         "| --- | ---: | --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: |",
     ]
     g = torch.Generator().manual_seed(0)
@@ -277,7 +279,7 @@ def gemm_report(shapes: str, rows: str, rounds: int, kinds: tuple[str, ...] = GE
                     f"{statistics.median(a / b for a, b in zip(base, ts, strict=True)):.2f}x" if base else ""
                 )
                 ms = f"{med * 1e3:.3f} | {med_cpu * 1e3:.3f}"
-                gmac = f"{n * k * m / med / threads / 1e9:.1f}"
+                gmac = f"{n * k * m / threads / med_cpu / 1e9:.1f}"
                 lines.append(
                     f"| {n}x{k} | {m} | {c} | {mib:.2f} | {ms} | {gbs} | {gmac} | {vs:.2f}x | {vs_stored} |"
                 )
