@@ -216,23 +216,32 @@ static void repack_q4_k(const uint8_t *src, int64_t stride, uint8_t *rec) {
     }
 }
 
-/* Q6_K's code of input i (0 .. 255) of the super-block at b, 0 .. 63. */
-static inline int code_q6_k(const uint8_t *b, int i) {
-    const int h = i / 128, s = i % 128 / 32, l = i % 32;
-    const int lo = b[64 * h + 32 * (s & 1) + l] >> (4 * (s >> 1)) & 15;
-    return lo | (b[128 + 32 * h + l] >> (2 * s) & 3) << 4;
+/* A Q6_K super-block's 256 codes (0 .. 63) in input order: half h, quarter s, input l of 32 take
+ * the low 4 bits of ql byte 64h + 32 (s & 1) + l (high nibble for s >= 2) and bits 2s, 2s + 1 of qh
+ * byte 32h + l. */
+static void codes_q6_k(const uint8_t *b, uint8_t u[QK]) {
+    for (int h = 0; h < 2; h++)
+        for (int l = 0; l < 32; l++) {
+            const int a = b[64 * h + l], c = b[64 * h + 32 + l], t = b[128 + 32 * h + l];
+            u[128 * h + l] = (uint8_t)((a & 15) | (t & 3) << 4);
+            u[128 * h + 32 + l] = (uint8_t)((c & 15) | (t >> 2 & 3) << 4);
+            u[128 * h + 64 + l] = (uint8_t)((a >> 4) | (t >> 4 & 3) << 4);
+            u[128 * h + 96 + l] = (uint8_t)((c >> 4) | (t >> 6) << 4);
+        }
 }
 
 static void repack_q6_k(const uint8_t *src, int64_t stride, uint8_t *rec) {
     memset(rec, 0, REC_q6_k);
     for (int r = 0; r < 16; r++) {
         const uint8_t *b = src + r * stride;
+        uint8_t u[QK];
+        codes_q6_k(b, u);
         memcpy(rec + 2 * r, b + 208, 2);
         for (int i = 0; i < 16; i++) rec[64 + 32 * (i / 2) + 2 * r + i % 2] = b[192 + i];
         for (int p = 0; p < 8; p++)
             for (int j = 0; j < 4; j++)
                 for (int c = 0; c < 4; c++) {
-                    const int ua = code_q6_k(b, 32 * p + 4 * j + c), ub = code_q6_k(b, 32 * p + 16 + 4 * j + c);
+                    const int ua = u[32 * p + 4 * j + c], ub = u[32 * p + 16 + 4 * j + c];
                     rec[320 + 256 * p + 64 * j + 4 * r + c] = (uint8_t)((ua & 15) | (ub & 15) << 4);
                     /* top bits: quad 2h at 4-5 (2p) and 6-7 (2p + 1), quad 2h + 1 at 0-1 and 2-3 */
                     const int shift = j % 2 ? 0 : 4;

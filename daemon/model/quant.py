@@ -123,9 +123,9 @@ def layout() -> str:
     return value
 
 
-def _part(p: Stored, float_activations: bool) -> tuple[str, list[torch.Tensor]]:
+def _part(p: Stored, float_activations: bool, repack: bool) -> tuple[str, list[torch.Tensor]]:
     """The kernel kind and operands that run part `p`."""
-    choice = layout() if p.kind in X16_KINDS else "stored"
+    choice = layout() if repack and p.kind in X16_KINDS else "stored"
     if choice == "x16" or (choice == "auto" and x16_pays(p.kind)):
         packed = repack_x16(p.kind, p.data, p.rows, p.cols)
         if packed is not None:
@@ -147,10 +147,15 @@ def _part(p: Stored, float_activations: bool) -> tuple[str, list[torch.Tensor]]:
 class QuantLinear:
     """y = x W^T + b over stored parts [out_i, in] (outputs in part order); `weight`: the parts.
     `float_activations`: Q4_1 / Q8_0 parts multiply fp32 activations (the other formats have only
-    their 8-bit-activation kernels)."""
+    their 8-bit-activation kernels). `repack`: False keeps Q4_K / Q6_K parts as mapped (a table only
+    read by rows, whose repacking would cost load time for nothing)."""
 
     def __init__(
-        self, parts: Sequence[Stored], bias: torch.Tensor | None, float_activations: bool = False
+        self,
+        parts: Sequence[Stored],
+        bias: torch.Tensor | None,
+        float_activations: bool = False,
+        repack: bool = True,
     ) -> None:
         if not parts or len({p.cols for p in parts}) != 1:
             raise ValueError("a projection's parts must share their input width")
@@ -160,7 +165,7 @@ class QuantLinear:
         end = sum(p.rows for p in parts)
         kinds = []
         for p in reversed(parts):
-            coding, operands = _part(p, float_activations)
+            coding, operands = _part(p, float_activations, repack)
             kinds.append(coding)
             part_bias = None if bias is None else bias[end - p.rows : end]
             gemm = Gemm(coding, operands, part_bias, p.shape, then=gemm)
