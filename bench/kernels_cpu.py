@@ -33,6 +33,11 @@ the stored kind it repacks (median of per-round ratios); ``--gemm-kinds`` picks 
     .venv/bin/python bench/kernels_cpu.py --gemm 2048x2048,8192x2048,2048x640 --threads 2
     .venv/bin/python bench/kernels_cpu.py --gemm 2048x2048,8192x2048,2048x8192 --threads 1 \
         --gemm-kinds q4_1_a8,q4_k_a8,q4_k_x16,q6_k_a8,q6_k_x16
+
+``--peak`` compiles and runs :data:`PEAK_C` (needs a C compiler and AVX512-VNNI): one core's int8
+multiply-accumulate peak, `vpdpbusd` on 12 independent accumulators so that throughput, not latency,
+bounds it, and the same with a `vpmulld` + `vpaddd` per 8 of them (kernels/kquant_x16.c's mix for the
+K-quants' exact sub-block scales): the limit the projection kinds' GMAC/s compare with.
 """
 
 from __future__ import annotations
@@ -40,7 +45,10 @@ from __future__ import annotations
 import argparse
 import math
 import os
+import shutil
 import statistics
+import subprocess
+import tempfile
 import time
 from collections.abc import Callable
 
@@ -287,6 +295,63 @@ def gemm_report(shapes: str, rows: str, rounds: int, kinds: tuple[str, ...] = GE
     return "\n".join(lines)
 
 
+PEAK_C = r"""
+#include <immintrin.h>
+#include <stdio.h>
+#include <time.h>
+
+#define STEPS 200000000LL
+
+static double now(void) {
+    struct timespec t;
+    clock_gettime(CLOCK_MONOTONIC, &t);
+    return (double)t.tv_sec + (double)t.tv_nsec * 1e-9;
+}
+
+int main(void) {
+    __m512i acc[12], sum[4];
+    __m512i u = _mm512_set1_epi8(3), v = _mm512_set1_epi8(5);
+    for (int i = 0; i < 12; i++) acc[i] = _mm512_set1_epi32(i);
+    double t0 = now();
+    for (long long it = 0; it < STEPS / 12; it++) {
+        for (int i = 0; i < 12; i++) acc[i] = _mm512_dpbusd_epi32(acc[i], u, v);
+        __asm__ volatile("" : "+v"(u)); /* u is unknown to the compiler each round */
+    }
+    double s = now() - t0;
+    printf("vpdpbusd zmm: %.2f G instructions/s = %.1f GMAC/s\n", STEPS / s / 1e9, STEPS * 64.0 / s / 1e9);
+
+    for (int i = 0; i < 4; i++) sum[i] = _mm512_setzero_si512();
+    t0 = now();
+    for (long long it = 0; it < STEPS / 64; it++) {
+        for (int j = 0; j < 8; j++)
+            for (int i = 0; i < 8; i++) acc[i] = _mm512_dpbusd_epi32(acc[i], u, v);
+        for (int i = 0; i < 8; i++) sum[i & 3] = _mm512_add_epi32(sum[i & 3], _mm512_mullo_epi32(acc[i], u));
+        __asm__ volatile("" : "+v"(u));
+    }
+    s = now() - t0;
+    __m512i all = _mm512_add_epi32(_mm512_add_epi32(sum[0], sum[1]), _mm512_add_epi32(sum[2], sum[3]));
+    for (int i = 0; i < 12; i++) all = _mm512_add_epi32(all, acc[i]);
+    const double macs = (double)(STEPS / 64) * 64 * 64;
+    printf("8 vpdpbusd + vpmulld + vpaddd (zmm): %.1f GMAC/s (check %d)\n", macs / s / 1e9,
+           _mm512_reduce_add_epi32(all));
+    return 0;
+}
+"""
+
+
+def peak_report() -> str:
+    """--peak: PEAK_C built with -O3 -march=native and run; its two lines."""
+    cc = shutil.which(os.environ.get("CC", "")) or shutil.which("cc") or shutil.which("gcc")
+    if cc is None:
+        raise SystemExit("--peak needs a C compiler (cc, gcc or $CC)")
+    with tempfile.TemporaryDirectory() as tmp:
+        src, exe = os.path.join(tmp, "peak.c"), os.path.join(tmp, "peak")
+        with open(src, "w") as f:
+            f.write(PEAK_C)
+        subprocess.run([cc, "-O3", "-funroll-all-loops", "-march=native", src, "-o", exe], check=True)
+        return subprocess.run([exe], check=True, capture_output=True, text=True).stdout
+
+
 def main(argv: list[str] | None = None) -> str:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--batch", type=int, default=1)
@@ -312,7 +377,12 @@ def main(argv: list[str] | None = None) -> str:
     ap.add_argument("--gemm", default="", help="time the projection kinds instead, at these n x k shapes")
     ap.add_argument("--gemm-rows", default="1,8,64", help="--gemm's row counts, comma-separated")
     ap.add_argument("--gemm-kinds", default=",".join(GEMM_KINDS), help="--gemm's kinds, comma-separated")
+    ap.add_argument("--peak", action="store_true", help="measure one core's vpdpbusd peak instead")
     args = ap.parse_args(argv)
+    if args.peak:
+        report = peak_report()
+        print(report)
+        return report
     if args.threads:
         torch.set_num_threads(args.threads)
     if args.gemm:
