@@ -211,9 +211,12 @@ static void repack_q4_k(const uint8_t *src, int64_t stride, uint8_t *rec) {
             rec[64 + 16 * i + r] = (uint8_t)sc;
             rec[192 + 32 * (i / 2) + 2 * r + i % 2] = (uint8_t)mn;
         }
-        for (int t = 0; t < 4; t++)
-            for (int j = 0; j < 8; j++) memcpy(rec + 320 + 512 * t + 64 * j + 4 * r, b + 16 + 32 * t + 4 * j, 4);
     }
+    /* the codes: 64 bytes of the record gather 4 from each row */
+    const __m512i rows = _mm512_mullo_epi32(_mm512_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15),
+                                            _mm512_set1_epi32((int)stride));
+    for (int i = 0; i < 32; i++)
+        _mm512_storeu_si512((void *)(rec + 320 + 64 * i), _mm512_i32gather_epi32(rows, src + 16 + 4 * i, 1));
 }
 
 /* A Q6_K super-block's 256 codes (0 .. 63) in input order: half h, quarter s, input l of 32 take
@@ -231,23 +234,35 @@ static void codes_q6_k(const uint8_t *b, uint8_t u[QK]) {
 }
 
 static void repack_q6_k(const uint8_t *src, int64_t stride, uint8_t *rec) {
-    memset(rec, 0, REC_q6_k);
+    uint8_t u[16][QK];
     for (int r = 0; r < 16; r++) {
         const uint8_t *b = src + r * stride;
-        uint8_t u[QK];
-        codes_q6_k(b, u);
+        codes_q6_k(b, u[r]);
         memcpy(rec + 2 * r, b + 208, 2);
         for (int i = 0; i < 16; i++) rec[64 + 32 * (i / 2) + 2 * r + i % 2] = b[192 + i];
-        for (int p = 0; p < 8; p++)
-            for (int j = 0; j < 4; j++)
-                for (int c = 0; c < 4; c++) {
-                    const int ua = u[32 * p + 4 * j + c], ub = u[32 * p + 16 + 4 * j + c];
-                    rec[320 + 256 * p + 64 * j + 4 * r + c] = (uint8_t)((ua & 15) | (ub & 15) << 4);
-                    /* top bits: quad 2h at 4-5 (2p) and 6-7 (2p + 1), quad 2h + 1 at 0-1 and 2-3 */
-                    const int shift = j % 2 ? 0 : 4;
-                    rec[2368 + 128 * p + 64 * (j / 2) + 4 * r + c] |= (uint8_t)(((ua >> 4) | (ub >> 4) << 2) << shift);
-                }
     }
+    memset(rec + 32, 0, 32);
+    /* 4 codes of each row a zmm: quad j of sub-blocks 2p (a) and 2p + 1 (b) */
+    const __m512i rows = _mm512_mullo_epi32(_mm512_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15),
+                                            _mm512_set1_epi32(QK));
+    const __m512i low = _mm512_set1_epi8(15), top = _mm512_set1_epi8(3);
+    for (int p = 0; p < 8; p++)
+        for (int h = 0; h < 2; h++) {
+            __m512i bits = _mm512_setzero_si512();
+            for (int i = 0; i < 2; i++) {
+                const int j = 2 * h + i;
+                const __m512i a = _mm512_i32gather_epi32(rows, &u[0][32 * p + 4 * j], 1);
+                const __m512i b = _mm512_i32gather_epi32(rows, &u[0][32 * p + 16 + 4 * j], 1);
+                const __m512i nib = _mm512_or_si512(_mm512_and_si512(a, low), _mm512_slli_epi16(_mm512_and_si512(b, low), 4));
+                _mm512_storeu_si512((void *)(rec + 320 + 256 * p + 64 * j), nib);
+                /* top bits: quad 2h at 4-5 (2p) and 6-7 (2p + 1), quad 2h + 1 at 0-1 and 2-3 */
+                const __m512i ta = _mm512_and_si512(_mm512_srli_epi16(a, 4), top);
+                const __m512i tb = _mm512_and_si512(_mm512_srli_epi16(b, 4), top);
+                const __m512i pair = _mm512_or_si512(ta, _mm512_slli_epi16(tb, 2));
+                bits = _mm512_or_si512(bits, i ? pair : _mm512_slli_epi16(pair, 4));
+            }
+            _mm512_storeu_si512((void *)(rec + 2368 + 128 * p + 64 * h), bits);
+        }
 }
 
 int64_t radixd_kquant_repacked_bytes(int64_t kind, int64_t n, int64_t k) {
