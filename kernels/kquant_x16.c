@@ -169,6 +169,9 @@ X16TILES(q6_k)
 typedef void (*x16_tile_fn)(const x16_rows *, const uint8_t *, float *, int64_t);
 static const x16_tile_fn X16_TILES[2][4] = {{q4_k_1, q4_k_2, q4_k_3, q4_k_4}, {q6_k_1, q6_k_2, q6_k_3, q6_k_4}};
 
+/* y [m, n] (row stride ldy) = x [m, k] . W^T over one repacked part, x quantized as kquant_gemm.c
+ * does. Threads split the groups of 16 outputs; within a group, tiles of 4 rows (then 1 to 3) share
+ * each unpacked zmm of codes (six rows a tile measured slower: 30 zmm registers live). */
 int radixd_kquant_x16_gemm(const radixd_proj *p, const float *x, int64_t m, float *y, int64_t ldy, int threads) {
     const int q6 = p->kind == RADIXD_W_Q6_K_X16;
     if ((!q6 && p->kind != RADIXD_W_Q4_K_X16) || !avx512_vnni()) return -2;

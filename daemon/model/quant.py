@@ -94,7 +94,7 @@ def _best_s(gemm: Gemm, x: torch.Tensor, calls: int, repeats: int = 7) -> float:
 @functools.cache
 def x16_pays(kind: str) -> bool:
     """Whether the repacked layout runs `kind` faster on this machine, measured once a process on a
-    random [512, 2048] matrix (a few milliseconds): no slower for one row (a decode step, within 10%)
+    random [512, 2048] matrix (~40 ms): no slower for one row (a decode step, within 10%)
     and faster for 32 (a prefill)."""
     n, k = 512, 2048
     per, size = BLOCKS[kind]
