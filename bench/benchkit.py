@@ -48,6 +48,7 @@ _DAEMON: dict[str, str] = {
     "GGUFHeader": "radixd.daemon.loaders.gguf_header",
     "BLOCKS": "radixd.daemon.model.stored",
     "Gemm": "radixd.daemon.model.f32",
+    "repack_x16": "radixd.daemon.model.quant",
     "cpu_flags": "radixd.kernels.native",
     "load_model": "radixd.daemon.loaders",
     "configure": "radixd.daemon.process.log",

@@ -25,9 +25,19 @@ each kind of :data:`GEMM_KINDS` (random codes, fp16 scales) for ``--gemm-rows`` 
 interleaved, each call on a copy of the weights after the previous call's (copies enough for 64 MiB:
 the weights come from memory, as in a decode step); median ms per call (wall, and the calling thread's
 CPU time: on a shared machine the wall time also counts the time the kernel waited for a core), GB/s
-of weights at one row (wall), and each kind's speed against Q4_1_A8's (median of per-round ratios):
+of weights at one row (wall), GMAC/s a thread (multiply-accumulates / threads / the calling thread's
+CPU time, its share of the work: what a shared machine's waits leave out of the wall time), and each
+kind's speed against Q4_1_A8's and, for a repacked kind (``q4_k_x16``: kernels/kquant_x16.c), against
+the stored kind it repacks (median of per-round ratios); ``--gemm-kinds`` picks kinds:
 
     .venv/bin/python bench/kernels_cpu.py --gemm 2048x2048,8192x2048,2048x640 --threads 2
+    .venv/bin/python bench/kernels_cpu.py --gemm 2048x2048,8192x2048,2048x8192 --threads 1 \
+        --gemm-kinds q4_1_a8,q4_k_a8,q4_k_x16,q6_k_a8,q6_k_x16
+
+``--peak`` compiles and runs :data:`PEAK_C` (needs a C compiler and AVX512-VNNI): one core's int8
+multiply-accumulate peak, `vpdpbusd` on 12 independent accumulators so that throughput, not latency,
+bounds it, and the same with a `vpmulld` + `vpaddd` per 8 of them (kernels/kquant_x16.c's mix for the
+K-quants' exact sub-block scales): the limit the projection kinds' GMAC/s compare with.
 """
 
 from __future__ import annotations
@@ -35,13 +45,16 @@ from __future__ import annotations
 import argparse
 import math
 import os
+import shutil
 import statistics
+import subprocess
+import tempfile
 import time
 from collections.abc import Callable
 
 import torch
 import torch.nn.functional as F
-from benchkit import BLOCKS, DEFAULT_KV_CACHE_GB, Gemm, zeros_on_huge_pages
+from benchkit import BLOCKS, DEFAULT_KV_CACHE_GB, Gemm, repack_x16, zeros_on_huge_pages
 
 from radixd.kernels import cpu_attention
 from radixd.kernels.paged_decode import paged_decode_torch, plan_for, rows_plan_for
@@ -201,13 +214,24 @@ def measure(fns: dict[str, Callable[[], object]], rounds: int, read_mib: int) ->
 
 # The kinds --gemm times (Q4_1_A8, the reference, first; its codes, scales and minimums are separate
 # arrays, the others' blocks are as the file stores them: (weights, bytes) a block in `BLOCKS`).
-GEMM_KINDS = ("q4_1_a8", "q4_0_a8", "q5_0_a8", "q5_1_a8", "q4_k_a8", "q5_k_a8", "q6_k_a8")
+GEMM_KINDS = (
+    *("q4_1_a8", "q4_0_a8", "q5_0_a8", "q5_1_a8", "q4_k_a8", "q5_k_a8", "q6_k_a8"),
+    *("q4_k_x16", "q6_k_x16"),
+)
+# A repacked kind -> the stored kind whose blocks it repacks.
+REPACKED = {"q4_k_x16": "q4_k_a8", "q6_k_x16": "q6_k_a8"}
 # Where a block's fp16 scales lie (scale, then the minimums' scale where it has one).
 SCALES_AT = {"q5_1_a8": (0, 4), "q4_k_a8": (0, 4), "q5_k_a8": (0, 4), "q6_k_a8": (208, 210)}
 
 
 def gemm_operands(coding: str, n: int, k: int, g: torch.Generator) -> list[torch.Tensor]:
     """Random codes with small fp16 scales (and negative minimums) in the kind's layout."""
+    if coding in REPACKED:
+        (raw,) = gemm_operands(REPACKED[coding], n, k, g)
+        packed = repack_x16(coding[:4].upper(), raw, n, k)
+        if packed is None:
+            raise SystemExit(f"{coding} needs a CPU with AVX512-VNNI and outputs a multiple of 16")
+        return [packed]
 
     def halves(per: int = 32) -> torch.Tensor:
         return (torch.rand(n, k // per, generator=g) * 1e-2 + 1e-4).half()
@@ -222,26 +246,29 @@ def gemm_operands(coding: str, n: int, k: int, g: torch.Generator) -> list[torch
     return [raw.view(n, -1)]
 
 
-def gemm_report(shapes: str, rows: str, rounds: int) -> str:
+def gemm_report(shapes: str, rows: str, rounds: int, kinds: tuple[str, ...] = GEMM_KINDS) -> str:
     """The --gemm table (see the module's docstring)."""
+    threads = torch.get_num_threads()
     lines = [
-        f"radixd_gemm, {torch.get_num_threads()} threads, {rounds} interleaved rounds; weights from memory",
+        f"radixd_gemm, {threads} threads, {rounds} interleaved rounds; weights from memory",
         "",
-        "| n x k | rows | kind | MiB | median ms | CPU ms | GB/s | vs q4_1_a8 |",
-        "| --- | ---: | --- | ---: | ---: | ---: | ---: | ---: |",
+        "| n x k | rows | kind | MiB | median ms | CPU ms | GB/s | GMAC/s a thread | vs q4_1_a8 "
+        "| vs stored |",
+        "| --- | ---: | --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: |",
     ]
     g = torch.Generator().manual_seed(0)
+    kinds = ("q4_1_a8", *(c for c in kinds if c != "q4_1_a8"))
     for shape in shapes.split(","):
         n, k = (int(v) for v in shape.split("x"))
         copies: dict[str, list[Gemm]] = {}
-        for c in GEMM_KINDS:
+        for c in kinds:
             one = sum(t.numel() * t.element_size() for t in gemm_operands(c, n, k, g))
             count = -(-(64 << 20) // one)
             copies[c] = [Gemm(c, gemm_operands(c, n, k, g), None, (n, k)) for _ in range(count)]
         for m in (int(v) for v in rows.split(",")):
             x = torch.randn(m, k, generator=g)
-            times: dict[str, list[float]] = {c: [] for c in GEMM_KINDS}
-            cpu: dict[str, list[float]] = {c: [] for c in GEMM_KINDS}
+            times: dict[str, list[float]] = {c: [] for c in kinds}
+            cpu: dict[str, list[float]] = {c: [] for c in kinds}
             for r in range(rounds + 1):
                 for c, gemms in copies.items():
                     t0, c0 = time.perf_counter(), time.thread_time()
@@ -255,10 +282,74 @@ def gemm_report(shapes: str, rows: str, rounds: int) -> str:
                 med, med_cpu = statistics.median(ts), statistics.median(cpu[c])
                 gbs = f"{mib * 2**20 / med / 1e9:.1f}" if m == 1 else ""
                 vs = statistics.median(a / b for a, b in zip(times["q4_1_a8"], ts, strict=True))
+                base = times.get(REPACKED.get(c, ""))
+                vs_stored = (
+                    f"{statistics.median(a / b for a, b in zip(base, ts, strict=True)):.2f}x" if base else ""
+                )
                 ms = f"{med * 1e3:.3f} | {med_cpu * 1e3:.3f}"
-                lines.append(f"| {n}x{k} | {m} | {c} | {mib:.2f} | {ms} | {gbs} | {vs:.2f}x |")
+                gmac = f"{n * k * m / threads / med_cpu / 1e9:.1f}"
+                lines.append(
+                    f"| {n}x{k} | {m} | {c} | {mib:.2f} | {ms} | {gbs} | {gmac} | {vs:.2f}x | {vs_stored} |"
+                )
             print("\n".join(lines[-len(times) :]), flush=True)
     return "\n".join(lines)
+
+
+PEAK_C = r"""
+#include <immintrin.h>
+#include <stdio.h>
+#include <time.h>
+
+#define STEPS 200000000LL
+
+static double now(void) {
+    struct timespec t;
+    clock_gettime(CLOCK_THREAD_CPUTIME_ID, &t); /* CPU time: a shared core's waits left out */
+    return (double)t.tv_sec + (double)t.tv_nsec * 1e-9;
+}
+
+int main(void) {
+    __m512i acc[12], sum[4];
+    __m512i u = _mm512_set1_epi8(3), v = _mm512_set1_epi8(5);
+    for (int i = 0; i < 12; i++) acc[i] = _mm512_set1_epi32(i);
+    double t0 = now();
+    for (long long it = 0; it < STEPS / 12; it++) {
+        for (int i = 0; i < 12; i++) acc[i] = _mm512_dpbusd_epi32(acc[i], u, v);
+        __asm__ volatile("" : "+v"(u)); /* u is unknown to the compiler each round */
+    }
+    double s = now() - t0;
+    printf("vpdpbusd zmm: %.2f G instructions/s = %.1f GMAC/s\n", STEPS / s / 1e9, STEPS * 64.0 / s / 1e9);
+
+    for (int i = 0; i < 4; i++) sum[i] = _mm512_setzero_si512();
+    t0 = now();
+    for (long long it = 0; it < STEPS / 64; it++) {
+        for (int j = 0; j < 8; j++)
+            for (int i = 0; i < 8; i++) acc[i] = _mm512_dpbusd_epi32(acc[i], u, v);
+        for (int i = 0; i < 8; i++) sum[i & 3] = _mm512_add_epi32(sum[i & 3], _mm512_mullo_epi32(acc[i], u));
+        __asm__ volatile("" : "+v"(u));
+    }
+    s = now() - t0;
+    __m512i all = _mm512_add_epi32(_mm512_add_epi32(sum[0], sum[1]), _mm512_add_epi32(sum[2], sum[3]));
+    for (int i = 0; i < 12; i++) all = _mm512_add_epi32(all, acc[i]);
+    const double macs = (double)(STEPS / 64) * 64 * 64;
+    printf("8 vpdpbusd + vpmulld + vpaddd (zmm): %.1f GMAC/s (check %d)\n", macs / s / 1e9,
+           _mm512_reduce_add_epi32(all));
+    return 0;
+}
+"""
+
+
+def peak_report() -> str:
+    """--peak: PEAK_C built with -O3 -march=native and run; its two lines."""
+    cc = shutil.which(os.environ.get("CC", "")) or shutil.which("cc") or shutil.which("gcc")
+    if cc is None:
+        raise SystemExit("--peak needs a C compiler (cc, gcc or $CC)")
+    with tempfile.TemporaryDirectory() as tmp:
+        src, exe = os.path.join(tmp, "peak.c"), os.path.join(tmp, "peak")
+        with open(src, "w") as f:
+            f.write(PEAK_C)
+        subprocess.run([cc, "-O3", "-funroll-all-loops", "-march=native", src, "-o", exe], check=True)
+        return subprocess.run([exe], check=True, capture_output=True, text=True).stdout
 
 
 def main(argv: list[str] | None = None) -> str:
@@ -285,11 +376,21 @@ def main(argv: list[str] | None = None) -> str:
     )
     ap.add_argument("--gemm", default="", help="time the projection kinds instead, at these n x k shapes")
     ap.add_argument("--gemm-rows", default="1,8,64", help="--gemm's row counts, comma-separated")
+    ap.add_argument("--gemm-kinds", default=",".join(GEMM_KINDS), help="--gemm's kinds, comma-separated")
+    ap.add_argument("--peak", action="store_true", help="measure one core's vpdpbusd peak instead")
     args = ap.parse_args(argv)
+    if args.peak:
+        report = peak_report()
+        print(report)
+        return report
     if args.threads:
         torch.set_num_threads(args.threads)
     if args.gemm:
-        report = gemm_report(args.gemm, args.gemm_rows, args.rounds)
+        kinds = tuple(args.gemm_kinds.split(","))
+        unknown = set(kinds) - set(GEMM_KINDS)
+        if unknown:
+            ap.error(f"unknown --gemm-kinds {sorted(unknown)} (known: {', '.join(GEMM_KINDS)})")
+        report = gemm_report(args.gemm, args.gemm_rows, args.rounds, kinds)
         print()
         print(report)
         return report

@@ -142,5 +142,14 @@ INTERNAL extern const a8_tile_fn radixd_legacy_wide_tiles[3][2][2];
  * its W as fp32, as gguf-py's dequantize computes it. */
 INTERNAL int radixd_kquant_gemm(const radixd_proj *p, const float *x, int64_t m, float *y, int64_t ldy, int threads);
 INTERNAL void radixd_kquant_dequantize_row(const radixd_proj *p, int64_t row, float *out);
+/* kquant_gemm.c: rows of x [m, k] quantized per 256 inputs: codes q [m, k], scales e [m, k / 256],
+ * the codes' sums per 16 s [m, k / 16]. */
+INTERNAL void radixd_kquant_quantize_rows(const float *x, int64_t m, int64_t k, int8_t *q, float *e, int16_t *s);
+
+/* kquant_x16.c (AVX512-VNNI): the kinds Q4_K_X16 and Q6_K_X16 (16 rows' blocks interleaved by
+ * radixd_kquant_repack), as radixd_kquant_gemm with the same bits; -2 where the CPU lacks
+ * AVX512-VNNI. And one row of such a part as fp32. */
+INTERNAL int radixd_kquant_x16_gemm(const radixd_proj *p, const float *x, int64_t m, float *y, int64_t ldy, int threads);
+INTERNAL void radixd_kquant_x16_dequantize_row(const radixd_proj *p, int64_t row, float *out);
 
 #endif

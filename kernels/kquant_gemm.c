@@ -338,7 +338,7 @@ static const int64_t KQ_BYTES[3] = {BYTES_q4_k, BYTES_q5_k, BYTES_q6_k};
 
 /* Row r of x [m, k] per 256 inputs: codes q, scale e = amax / 127 (codes x * 127 / amax rounded to
  * nearest even, 0 where amax is 0) and the codes' sums per 16. */
-static void quantize_rows(const float *x, int64_t m, int64_t k, int8_t *q, float *e, int16_t *s) {
+void radixd_kquant_quantize_rows(const float *x, int64_t m, int64_t k, int8_t *q, float *e, int16_t *s) {
     const __m256 sign = _mm256_set1_ps(-0.0f);
     const __m256i order = _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7);
     for (int64_t at = 0; at < m * (k / QK); at++) {
@@ -380,7 +380,7 @@ int radixd_kquant_gemm(const radixd_proj *p, const float *x, int64_t m, float *y
     int8_t *q = (int8_t *)buf;
     float *e = buf + (m * k + 3) / 4;
     int16_t *s = (int16_t *)(e + m * nsb);
-    quantize_rows(x, m, k, q, e, s);
+    radixd_kquant_quantize_rows(x, m, k, q, e, s);
     const kq_tile_fn *fns = KQ_TILES[kind];
     const uint8_t *w = (const uint8_t *)p->w;
     const int64_t blocks = (n + 3) / 4;

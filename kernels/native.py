@@ -105,6 +105,7 @@ UNIT_FLAGS: dict[str, tuple[str, ...]] = {
     "legacy_gemm.c": _AVX2,
     "legacy_avx512.c": _AVX512_VNNI,
     "kquant_gemm.c": _AVX2,
+    "kquant_x16.c": _AVX512_VNNI,
     "cpu_decoder.c": _AVX2,
 }
 # What runs instead where the library cannot be built.
@@ -193,6 +194,8 @@ class Weights(enum.IntEnum):
     Q6_K_A8 = 10
     F16 = 11
     BF16 = 12
+    Q4_K_X16 = 13
+    Q6_K_X16 = 14
 
 
 class Attn(ctypes.Structure):
@@ -266,6 +269,8 @@ SIGNATURES: dict[str, tuple[Any, list[Any]]] = {
     "radixd_dequantize_rows": (_c_int, [ctypes.POINTER(Proj), _p, _i64, _p]),
     "radixd_q4_1_encode": (_c_int, [_p, _i64, _i64, _p, _p, _p]),
     "radixd_q8_0_encode": (_c_int, [_p, _i64, _i64, _p, _p]),
+    "radixd_kquant_repack": (_c_int, [_i64, _p, _i64, _i64, _p]),
+    "radixd_kquant_repacked_bytes": (_i64, [_i64, _i64, _i64]),
     "radixd_decoder_workspace": (_i64, [_i64] * 6),
     "radixd_decoder_forward": (_c_int, [ctypes.POINTER(Layer), _i64, _p, ctypes.POINTER(Step), _p, _p, _p]),
 }

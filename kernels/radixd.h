@@ -31,6 +31,10 @@ typedef enum {
     RADIXD_W_Q6_K_A8 = 10,
     RADIXD_W_F16 = 11,  /* fp16 rows w [n, k], fp32 arithmetic */
     RADIXD_W_BF16 = 12, /* bf16 rows w [n, k], fp32 arithmetic */
+    /* Q4_K / Q6_K rows repacked by radixd_kquant_repack (16 rows' blocks interleaved; n % 16 == 0),
+     * the same arithmetic and bits as Q4_K_A8 / Q6_K_A8; AVX512-VNNI CPUs only (-2 elsewhere). */
+    RADIXD_W_Q4_K_X16 = 13,
+    RADIXD_W_Q6_K_X16 = 14,
 } radixd_weights;
 
 /* One attention call: rows of queries, each attending to keys 0..row_pos through its table, or to the
@@ -96,6 +100,12 @@ int radixd_dequantize_rows(const radixd_proj *p, const int64_t *rows, int64_t co
  * recovered bit for bit (the outputs hold them), else 0. */
 int radixd_q4_1_encode(const float *w, int64_t n, int64_t k, uint8_t *codes, float *d, float *mn);
 int radixd_q8_0_encode(const float *w, int64_t n, int64_t k, int8_t *codes, float *d);
+
+/* kquant_x16.c: the Q4_K (kind RADIXD_W_Q4_K_X16) or Q6_K (RADIXD_W_Q6_K_X16) matrix src [n, k] as
+ * the GGUF stores it, repacked into dst (radixd_kquant_repacked_bytes(kind, n, k) bytes). 0, or -2
+ * (another kind, n not a multiple of 16, or a CPU without AVX512-VNNI). */
+int radixd_kquant_repack(int64_t kind, const void *src, int64_t n, int64_t k, void *dst);
+int64_t radixd_kquant_repacked_bytes(int64_t kind, int64_t n, int64_t k);
 
 /* cpu_decoder.c: floats of scratch radixd_decoder_forward needs for `rows` rows. */
 int64_t radixd_decoder_workspace(int64_t rows, int64_t hidden, int64_t hq, int64_t hkv, int64_t d, int64_t inter);

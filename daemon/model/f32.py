@@ -84,14 +84,15 @@ class Gemm:
                 raise ValueError(f"chained parts take {self.proj.k} and {then.proj.k} inputs")
             self.proj.next = ctypes.pointer(then.proj)
 
-    def __call__(self, x: torch.Tensor) -> torch.Tensor:
-        """x: [N, in] of any float dtype (bf16 converts exactly) -> [N, out] fp32."""
+    def __call__(self, x: torch.Tensor, threads: int = 0) -> torch.Tensor:
+        """x: [N, in] of any float dtype (bf16 converts exactly) -> [N, out] fp32, on `threads`
+        threads (0: torch's)."""
         out_f, in_f = self.width, self.proj.k
         if x.dim() != 2 or x.shape[1] != in_f:
             raise ValueError(f"expected [N, {in_f}] inputs, got {list(x.shape)}")
         xf = x.to(torch.float32).contiguous()
         y = torch.empty(xf.shape[0], out_f, dtype=torch.float32)
-        rows, threads = xf.shape[0], torch.get_num_threads()
+        rows, threads = xf.shape[0], threads or torch.get_num_threads()
         rc = self._fn(ctypes.byref(self.proj), xf.data_ptr(), rows, y.data_ptr(), threads) if rows else 0
         if rc == -2:
             raise RuntimeError(f"the native library does not run {Weights(self.proj.kind).name} weights")

@@ -197,7 +197,10 @@ class LlamaModel:
         if isinstance(weights.embed, tuple) and runs_stored(prec, self.device):
             self._lm_head = make_lm_head(weights.lm_head, prec, self.device)
             head = self._lm_head
-            table = head if tied and isinstance(head, QuantLinear) else QuantLinear(weights.embed, None)
+            if tied and isinstance(head, QuantLinear):
+                table = head
+            else:  # a table only read by rows: kept as mapped
+                table = QuantLinear(weights.embed, None, repack=False)
             self._stored_embed = StoredEmbedding(table.gemm)
             weights.lm_head = head.weight
             weights.embed = head.weight if tied else weights.embed

@@ -2,20 +2,27 @@
 
 The w4a8 mode (8-bit activations) runs every quantized format the native library knows on the
 file's blocks: Q4_1 and Q8_0 in the split layout the a8 kernels were tuned on (codes, then fp16
-scales and minimums: the same bytes, reordered once at load), the others exactly as mapped from the
-file, never copied. A fused projection chains its parts (`f32.Gemm`'s `then`).
-NOTE: row-invariant like every native kernel (kernels/radixd.h).
+scales and minimums: the same bytes, reordered once at load), Q4_K and Q6_K in 16 rows' interleaved
+blocks (kernels/kquant_x16.c) where $RADIXD_KQUANT_LAYOUT and this machine's measurement choose it,
+the others exactly as mapped from the file, never copied. A fused projection chains its parts
+(`f32.Gemm`'s `then`).
+NOTE: row-invariant like every native kernel (kernels/radixd.h); the two K-quant layouts give the
+same bits, so the choice between them changes speed only.
 """
 
 from __future__ import annotations
 
+import functools
+import os
+import time
 from collections.abc import Sequence
 
 import numpy as np
 import torch
 
 from radixd.daemon.model.f32 import Gemm
-from radixd.daemon.model.stored import FLOATS, Stored
+from radixd.daemon.model.stored import BLOCKS, FLOATS, Stored
+from radixd.kernels.native import Weights, library
 
 # GGUF format -> the kernel kind over the file's own blocks (times 8-bit activations where quantized).
 RAW_KINDS = {
@@ -32,6 +39,11 @@ RAW_KINDS = {
 # Formats held in the split layout: (the a8 kind, the fp32-activation kind).
 SPLIT_KINDS = {"Q4_1": ("q4_1_a8", "q4_1"), "Q8_0": ("q8_0_a8", "q8_0")}
 RUNNABLE = frozenset(RAW_KINDS) | frozenset(SPLIT_KINDS)
+# K-quant formats with a repacked layout, and the knob that picks it: "auto" (the default: where this
+# machine measures it faster, `x16_pays`), "x16" (wherever it runs) or "stored" (never).
+X16_KINDS = {"Q4_K": "q4_k_x16", "Q6_K": "q6_k_x16"}
+ENV_LAYOUT = "RADIXD_KQUANT_LAYOUT"
+LAYOUTS = ("auto", "x16", "stored")
 
 
 def is_quantized(parts: Sequence[Stored]) -> bool:
@@ -54,8 +66,71 @@ def _split(p: Stored) -> list[torch.Tensor]:
     return [parts[0].view(p.rows, -1), *parts[1:]]
 
 
-def _part(p: Stored, float_activations: bool) -> tuple[str, list[torch.Tensor]]:
+def repack_x16(kind: str, data: torch.Tensor, rows: int, cols: int) -> torch.Tensor | None:
+    """Q4_K / Q6_K blocks `data` [rows, bytes a row] in kquant_x16.c's layout, or None where it does
+    not run (the CPU lacks AVX512-VNNI, or `rows` is not a multiple of 16)."""
+    lib = library()
+    if lib is None or kind not in X16_KINDS or rows % 16:
+        return None
+    code = int(Weights[X16_KINDS[kind].upper()])
+    out = torch.empty(int(lib.radixd_kquant_repacked_bytes(code, rows, cols)), dtype=torch.uint8)
+    src = data.contiguous()
+    return out if lib.radixd_kquant_repack(code, src.data_ptr(), rows, cols, out.data_ptr()) == 0 else None
+
+
+def _best_s(gemm: Gemm, x: torch.Tensor, calls: int, repeats: int = 7) -> float:
+    """The fastest of `repeats` timings of `calls` one-thread calls of gemm(x), after one untimed
+    call (one thread: a shared machine's other loads delay a parallel call by whole time slices)."""
+    gemm(x, threads=1)
+    best = float("inf")
+    for _ in range(repeats):
+        t0 = time.perf_counter()
+        for _ in range(calls):
+            gemm(x, threads=1)
+        best = min(best, time.perf_counter() - t0)
+    return best
+
+
+@functools.cache
+def x16_pays(kind: str) -> bool:
+    """Whether the repacked layout runs `kind` faster on this machine, measured once a process on a
+    random [512, 2048] matrix (~40 ms): no slower for one row (a decode step, within 10%)
+    and faster for 32 (a prefill)."""
+    n, k = 512, 2048
+    per, size = BLOCKS[kind]
+    g = torch.Generator().manual_seed(0)
+    raw = torch.randint(0, 256, (n, k // per, size), dtype=torch.uint8, generator=g)
+    scales = (torch.rand(n, k // per, 2, generator=g) * 1e-2 + 1e-4).half().view(torch.uint8)
+    if kind == "Q6_K":
+        raw[..., 208:210] = scales[..., :2]
+    else:
+        raw[..., 0:4] = scales
+    packed = repack_x16(kind, raw.view(n, -1), n, k)
+    if packed is None:
+        return False
+    stored = Gemm(RAW_KINDS[kind], [raw.view(n, -1)], None, (n, k))
+    x16 = Gemm(X16_KINDS[kind], [packed], None, (n, k))
+    one, many = torch.randn(1, k, generator=g), torch.randn(32, k, generator=g)
+    decode = _best_s(x16, one, 8) <= 1.1 * _best_s(stored, one, 8)
+    return decode and _best_s(x16, many, 1) < _best_s(stored, many, 1)
+
+
+def layout() -> str:
+    """$RADIXD_KQUANT_LAYOUT, checked."""
+    value = os.environ.get(ENV_LAYOUT, "auto")
+    if value not in LAYOUTS:
+        raise ValueError(f"{ENV_LAYOUT}={value!r}: expected one of {', '.join(LAYOUTS)}")
+    return value
+
+
+def _part(p: Stored, float_activations: bool, repack: bool) -> tuple[str, list[torch.Tensor]]:
     """The kernel kind and operands that run part `p`."""
+    choice = layout() if repack and p.kind in X16_KINDS else "stored"
+    if choice == "x16" or (choice == "auto" and x16_pays(p.kind)):
+        packed = repack_x16(p.kind, p.data, p.rows, p.cols)
+        if packed is not None:
+            p.release()
+            return X16_KINDS[p.kind], [packed]
     if p.kind in SPLIT_KINDS:
         ops = _split(p)
         p.release()
@@ -72,10 +147,15 @@ def _part(p: Stored, float_activations: bool) -> tuple[str, list[torch.Tensor]]:
 class QuantLinear:
     """y = x W^T + b over stored parts [out_i, in] (outputs in part order); `weight`: the parts.
     `float_activations`: Q4_1 / Q8_0 parts multiply fp32 activations (the other formats have only
-    their 8-bit-activation kernels)."""
+    their 8-bit-activation kernels). `repack`: False keeps Q4_K / Q6_K parts as mapped (a table only
+    read by rows, whose repacking would cost load time for nothing)."""
 
     def __init__(
-        self, parts: Sequence[Stored], bias: torch.Tensor | None, float_activations: bool = False
+        self,
+        parts: Sequence[Stored],
+        bias: torch.Tensor | None,
+        float_activations: bool = False,
+        repack: bool = True,
     ) -> None:
         if not parts or len({p.cols for p in parts}) != 1:
             raise ValueError("a projection's parts must share their input width")
@@ -85,7 +165,7 @@ class QuantLinear:
         end = sum(p.rows for p in parts)
         kinds = []
         for p in reversed(parts):
-            coding, operands = _part(p, float_activations)
+            coding, operands = _part(p, float_activations, repack)
             kinds.append(coding)
             part_bias = None if bias is None else bias[end - p.rows : end]
             gemm = Gemm(coding, operands, part_bias, p.shape, then=gemm)

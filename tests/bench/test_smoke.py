@@ -43,6 +43,11 @@ MODEL_RUNS: dict[str, tuple[str, str]] = {
         "| batch 1 |",
     ),
     "workloads.py": ("--workloads n8 --gen 2 --scale 0.05 --num-blocks 256", "| n8 | off |"),
+    # the embedded model has no K-quant matrices: both layouts run its blocks as stored
+    "kquant_layouts.py": (
+        "--repeats 1 --prompt-len 8 --decode-tokens 2 --prefill-batch 1",
+        "| decode batch 8 |",
+    ),
     "speculative.py": (
         "--rounds 1 --warmup 0 --batches 1 --traces chat --max-tokens 4 --threads 1",
         "| radixd | chat | 1 |",

@@ -2,7 +2,8 @@
 times activations quantized to 8 bits per 256 inputs. Rows dequantize bitwise as gguf-py does; a
 projection computes exactly the integer and fp32 arithmetic it promises (a numpy model of it, bit for
 bit), stays within the activations' rounding of x @ W^T, and gives a row the same bits whatever its
-call's rows, its position and the thread count; parts of different kinds chain, and a bias adds."""
+call's rows, its position and the thread count; parts of different kinds chain, and a bias adds.
+Q4_K and Q6_K repacked at load (kernels/kquant_x16.c) keep every one of those bits."""
 
 from __future__ import annotations
 
@@ -14,9 +15,10 @@ import pytest
 import torch
 from gguf import GGMLQuantizationType as QT
 
-from radixd.daemon.model import f32
+from radixd.daemon.model import f32, quant
 from radixd.daemon.model.f32 import Gemm
-from radixd.kernels.native import Proj, Weights
+from radixd.daemon.model.stored import Stored
+from radixd.kernels.native import Proj, Weights, cpu_flags
 
 QK = 256
 KINDS = {"q4_k_a8": (QT.Q4_K, 144), "q5_k_a8": (QT.Q5_K, 176), "q6_k_a8": (QT.Q6_K, 210)}
@@ -195,3 +197,71 @@ def test_parts_of_two_kinds_chain_and_a_bias_adds() -> None:
     bias = torch.randn(9)
     got = Gemm("q4_k_a8", [torch.from_numpy(b4)], bias, (9, k))(torch.from_numpy(x)).numpy()
     np.testing.assert_array_equal(got, model("q4_k_a8", b4, x) + bias.numpy())
+
+
+# The repacked kinds and the stored kind whose bits they keep.
+X16 = {"q4_k_x16": ("q4_k_a8", "Q4_K"), "q6_k_x16": ("q6_k_a8", "Q6_K")}
+RAW = {"Q4_K": "q4_k_a8", "Q6_K": "q6_k_a8"}
+VNNI = {"avx512_vnni", "avx512bw"} <= cpu_flags()
+
+
+def repacked(x16: str, b: np.ndarray, k: int) -> tuple[Proj, torch.Tensor] | None:
+    """The x16 part of blocks b (and the bytes it points to), None where the CPU cannot run it."""
+    packed = quant.repack_x16(X16[x16][1], torch.from_numpy(b), b.shape[0], k)
+    if packed is None:
+        return None
+    return Proj(Weights[x16.upper()], packed.data_ptr(), 0, 0, 0, b.shape[0], k), packed
+
+
+@pytest.mark.parametrize("x16", sorted(X16))
+def test_repacked_rows_keep_every_bit(x16: str) -> None:
+    """Rows dequantize to gguf-py's weights, and rows 1 to 9 at every position, on 1 or 2 threads,
+    give the stored kind's arithmetic bit for bit (the tiles of 1 to 4 rows, 16 outputs a group), as
+    does each row of a 64-row call."""
+    coding = X16[x16][0]
+    n, k, total = 48, 1536, 9
+    b = blocks(coding, n, k, seed=13)
+    got = repacked(x16, b, k)
+    if got is None:  # the kernels need AVX512-VNNI; elsewhere the load keeps the stored kind
+        assert not VNNI
+        return
+    proj, _keep = got
+    rows = np.array([17, 0, 47, 17], np.int64)
+    out = np.empty((len(rows), k), np.float32)
+    assert lib().radixd_dequantize_rows(ctypes.byref(proj), rows.ctypes.data, len(rows), out.ctypes.data) == 0
+    want_w = gguf.quants.dequantize(b, KINDS[coding][0])
+    np.testing.assert_array_equal(out.view(np.int32), want_w[rows].view(np.int32))
+    x = inputs(total, k, seed=13)
+    want = model(coding, b, x).view(np.int32)
+    for threads in (1, 2):
+        for m in range(1, total + 1):
+            for start in range(total - m + 1):
+                y = gemm(proj, x[start : start + m], threads)
+                np.testing.assert_array_equal(y.view(np.int32), want[start : start + m])
+    # a prefill's 64 rows: each row as alone, whatever the thread count
+    many = inputs(64, k, seed=14)
+    alone = np.concatenate([gemm(proj, many[i : i + 1], 1) for i in range(64)])
+    for threads in (1, 2):
+        np.testing.assert_array_equal(gemm(proj, many, threads).view(np.int32), alone.view(np.int32))
+
+
+def test_the_layout_is_chosen_at_load(monkeypatch: pytest.MonkeyPatch) -> None:
+    """$RADIXD_KQUANT_LAYOUT: x16 repacks Q4_K and Q6_K parts of 16-row multiples (outputs unchanged),
+    stored keeps the file's blocks, auto follows the machine's measurement; a bad value is refused."""
+    k = 512
+    specs = (("Q4_K", 32, 21), ("Q6_K", 16, 22), ("Q4_K", 8, 23))
+    parts = [Stored(kind, n, k, torch.from_numpy(blocks(RAW[kind], n, k, seed))) for kind, n, seed in specs]
+    x = torch.from_numpy(inputs(5, k, seed=24))
+    monkeypatch.setenv(quant.ENV_LAYOUT, "stored")
+    stored = quant.QuantLinear(parts, None)
+    assert stored.coding == "q4_k_a8+q6_k_a8+q4_k_a8"
+    monkeypatch.setenv(quant.ENV_LAYOUT, "x16")
+    x16 = quant.QuantLinear(parts, None)
+    assert x16.coding == ("q4_k_x16+q6_k_x16+q4_k_a8" if VNNI else stored.coding)  # 8 rows stay stored
+    np.testing.assert_array_equal(x16(x).numpy().view(np.int32), stored(x).numpy().view(np.int32))
+    monkeypatch.setenv(quant.ENV_LAYOUT, "auto")
+    want = [quant.X16_KINDS[kind] if quant.x16_pays(kind) else RAW[kind] for kind in ("Q4_K", "Q6_K")]
+    assert quant.QuantLinear(parts, None).coding.split("+")[:2] == want
+    monkeypatch.setenv(quant.ENV_LAYOUT, "fast")
+    with pytest.raises(ValueError, match="RADIXD_KQUANT_LAYOUT"):
+        quant.QuantLinear(parts, None)
