@@ -55,6 +55,7 @@ _DAEMON: dict[str, str] = {
     "ModelConfig": "radixd.daemon.model",
     "ENV_DECODER": "radixd.daemon.model.native_decoder",
     "default_dtype_name": "radixd.daemon.model.precision",
+    "resolve_precision": "radixd.daemon.model.precision",
     "QualityReport": "radixd.daemon.quality",
     "reference_log_probs": "radixd.daemon.quality",
     "teacher_forced_quality": "radixd.daemon.quality",

@@ -47,7 +47,15 @@ from typing import Any, Protocol
 
 import gguf
 import numpy as np
-from benchkit import Daemon, cpu_flags, default_model_path, gguf_file_module, write_report
+from benchkit import (
+    Daemon,
+    cpu_flags,
+    default_dtype_name,
+    default_model_path,
+    gguf_file_module,
+    resolve_precision,
+    write_report,
+)
 from llama_server import LlamaServer, require_binary
 from radixd_client import Chunk, Client, Start
 
@@ -57,17 +65,16 @@ LAYOUTS = ("full", "windowed")
 DEFAULT_LAYOUT = "default"  # the label of a run on a daemon without the flag
 WARM_SHARE = 0.95  # a conversation is warm when LookupPrefix finds this share of its history
 ISA = ("avx", "amx", "fma", "f16c")  # the CPU flags the report names
-KV_BYTES = 2  # an f16 KV cache (what `--dtype auto` keeps for a quantized GGUF): sizes the pools
 
 # Gemma's turn format, as text the tokenizer reads (special tokens included).
 OPEN = "<start_of_turn>user\n"
 CLOSE = "<end_of_turn>\n<start_of_turn>model\n"
 NEXT = "<end_of_turn>\n<start_of_turn>user\n"
-WORDS = (
+PROSE = (
     "the build cache test runner fails when a worker restarts before its lease expires so the scheduler"
     " retries each job with backoff and records why in the log; review the change, the config and the"
     " metrics, then write a short plan with owners, risks and a rollback step for every service"
-).split()
+)
 
 
 # ---- the model ------------------------------------------------------------------------------------
@@ -168,7 +175,9 @@ class KVShape:
         gguf_file = gguf_file_module
         cfg = gguf_file._config(gguf_file._open(path), path, 1)  # the vocabulary is not needed
         windows = cfg.layer_windows or (0,) * cfg.num_layers
-        token_bytes = 2 * cfg.num_layers * cfg.num_kv_heads * cfg.head_dim * KV_BYTES
+        # the KV dtype of the daemon's default mode on a quantized GGUF (f16 for w4a8)
+        kv = resolve_precision(default_dtype_name(), "cpu", lambda: True).kv_dtype.itemsize
+        token_bytes = 2 * cfg.num_layers * cfg.num_kv_heads * cfg.head_dim * kv
         return KVShape(cfg.num_layers, windows.count(0), max(windows), token_bytes)
 
     def bound(self, cached: int, windows: int) -> float:
@@ -197,14 +206,14 @@ class Trace:
 
 
 def _text(rng: random.Random, words: int, tool: bool) -> str:
+    """Seeded prose (a user's task) or, for a tool's output, JSON lines of about 8 tokens each."""
+    vocab = PROSE.split()
     if not tool:
-        return " ".join(rng.choice(WORDS) for _ in range(words))
+        return " ".join(rng.choice(vocab) for _ in range(words))
     lines = []
     while len(lines) * 8 < words:
-        lines.append(
-            json.dumps({"file": f"src/{rng.choice(WORDS)}_{rng.randrange(100)}.py", "line": rng.randrange(999),
-                        "status": rng.choice(("ok", "failed", "skipped")), "note": rng.choice(WORDS)})
-        )  # fmt: skip
+        where = {"file": f"src/{rng.choice(vocab)}_{rng.randrange(100)}.py", "line": rng.randrange(999)}
+        lines.append(json.dumps(where | {"status": rng.choice(("ok", "failed")), "note": rng.choice(vocab)}))
     return "\n".join(lines)
 
 
@@ -268,7 +277,10 @@ class Radixd:
         first = last = 0.0
         cached = 0
         out: list[int] = []
-        for ev in self.client.generate(ids, max_tokens=max_tokens, temperature=0.0, ignore_eos=True):
+        stream = self.client.generate(
+            ids, max_tokens=max_tokens, temperature=0.0, ignore_eos=True, timeout=600
+        )
+        for ev in stream:
             if isinstance(ev, Start):
                 cached = ev.cached_tokens
             elif isinstance(ev, Chunk) and ev.token_ids:
@@ -299,7 +311,9 @@ class Llama:
     def generate(self, ids: list[int], max_tokens: int) -> Reply:
         body = {"prompt": ids, "n_predict": max_tokens, "temperature": 0.0, "ignore_eos": True,
                 "cache_prompt": True, "stream": True, "return_tokens": True}  # fmt: skip
-        req = urllib.request.Request(self.url, json.dumps(body).encode(), {"Content-Type": "application/json"})
+        req = urllib.request.Request(
+            self.url, json.dumps(body).encode(), {"Content-Type": "application/json"}
+        )
         t0 = time.perf_counter()
         first = last = 0.0
         out: list[int] = []
@@ -511,7 +525,7 @@ def main() -> None:
     ap.add_argument("--system-tokens", type=int, default=2000)
     ap.add_argument("--turn-tokens", type=int, nargs=2, default=(200, 400), metavar=("MIN", "MAX"))
     ap.add_argument("--max-tokens", type=int, default=24)
-    ap.add_argument("--warm-convs", type=float, default=4, help="tight pool: conversations at the full layout")
+    ap.add_argument("--warm-convs", type=float, default=4, help="tight pool: conversations, full layout")
     ap.add_argument("--roomy-convs", type=float, default=12, help="roomy pool: the same; 0 skips it")
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--quick", action="store_true", help="tiny random model, 2 x 2 turns, no llama-server")
@@ -539,6 +553,10 @@ def measure(model: str, a: argparse.Namespace) -> None:
     gguf_file = gguf_file_module
     trace = build_trace(gguf_file._tokenizer(gguf_file._open(model), model), a)
     own = trace.own_tokens(a.max_tokens)
+    if len(trace.head) + a.warm_convs * own < 1.5 * (len(trace.head) + own):
+        # NOTE: a pool near one conversation's size can leave a request waiting on blocks its own
+        # cached prefix holds (seen: a stall with the pool about one conversation large).
+        raise SystemExit(f"--warm-convs {a.warm_convs:g}: the tight pool must hold 1.5 whole conversations")
     pools = {"tight": a.warm_convs} | ({"roomy": a.roomy_convs} if a.roomy_convs else {})
     runs: dict[str, Run] = {}
     for pool, convs in pools.items():
