@@ -20,9 +20,11 @@ from radixd.radix.memory import LLAMA2_70B, LLAMA3_8B, LLAMA3_70B, KVSpec
 from radixd.radix.node import TOKEN_BYTES, TokenKey, encode_tokens, token_ids
 from radixd.radix.pool import NULL_BLOCK, BlockPool
 from radixd.radix.results import CacheStats, InsertResult, PrefixMatch
+from radixd.radix.sliding import SlidingTable, window_start
 from radixd.radix.store import EVICT_REASONS
 from radixd.radix.table import AppendResult, BlockTable, CopyOp, append_one_each, blocks_for_one_each
 from radixd.radix.tree import RUN_EVICTION_BUDGET, RadixTree
+from radixd.radix.windows import KeptWindow, WindowStore
 
 __all__ = [
     "EVICT_REASONS",
@@ -44,6 +46,7 @@ __all__ = [
     "InsertResult",
     "InvalidRequest",
     "KVSpec",
+    "KeptWindow",
     "Lease",
     "NotPinned",
     "OutOfBlocks",
@@ -51,10 +54,13 @@ __all__ = [
     "PrefixMatch",
     "RadixError",
     "RadixTree",
+    "SlidingTable",
     "TokenKey",
     "UnknownLease",
+    "WindowStore",
     "append_one_each",
     "blocks_for_one_each",
     "encode_tokens",
     "token_ids",
+    "window_start",
 ]

@@ -8,8 +8,10 @@ from typing import NoReturn
 
 from radixd.radix.errors import RadixError
 from radixd.radix.node import TOKEN_BYTES, Node
+from radixd.radix.sliding import SlidingTable
 from radixd.radix.table import BlockTable
 from radixd.radix.tree import RadixTree
+from radixd.radix.windows import WindowStore
 from radixd.radix.words import NULL_BLOCK
 
 
@@ -26,9 +28,15 @@ def iter_nodes(tree: RadixTree) -> Iterable[Node]:
     return tree.store.nodes()
 
 
-def check_consistency(tree: RadixTree, tables: Iterable[BlockTable] = ()) -> None:
+def check_consistency(
+    tree: RadixTree,
+    tables: Iterable[BlockTable] = (),
+    sliding: Iterable[SlidingTable] = (),
+    windows: WindowStore | None = None,
+) -> None:
     """Raise InvariantViolation unless every documented invariant holds (with ``tables``, all live
-    tables, also refcount == holders for every block)."""
+    tables, also refcount == holders for every block; with sliding layers, their live ``sliding`` tables
+    and the ``windows`` the cache keeps count as holders too)."""
     pool = tree.pool
     store = tree.store
     B = store.block_bytes  # node offsets are in packed bytes
@@ -128,8 +136,16 @@ def check_consistency(tree: RadixTree, tables: Iterable[BlockTable] = ()) -> Non
         _fail("free + evictable + in_use != usable")
 
     tables = list(tables)
-    if tables:
+    sliding = list(sliding)
+    if tables or sliding or windows is not None:
         holders = Counter(tree_refs)
+        for st in sliding:
+            _check_sliding(st, tree.block_size)
+            for ids in st.pages:
+                holders.update(ids[st.lo :])
+        for _key, w in windows or ():
+            for ids in w.pages:
+                holders.update(ids)
         for t in tables:
             # NOTE: a table holds no reference on its leased blocks: its owner's lease keeps them cached.
             holders.update(t.blocks[t.leased :])
@@ -140,3 +156,14 @@ def check_consistency(tree: RadixTree, tables: Iterable[BlockTable] = ()) -> Non
         for b in range(1, pool.num_blocks):
             if rc[b] != holders[b]:
                 _fail(f"block {b}: refcount {rc[b]} but {holders[b]} holders")
+
+
+def _check_sliding(t: SlidingTable, block_size: int) -> None:
+    n = -(-t.num_tokens // block_size)
+    if len(t.pages) != t.groups or any(len(ids) != n for ids in t.pages):
+        _fail(f"{t}: page groups do not each cover {n} positions")
+    if not 0 <= t.lo <= n:
+        _fail(f"{t}: released up to {t.lo} of {n} positions")
+    for ids in t.pages:
+        if any(ids[: t.lo]) or not all(ids[t.lo :]):
+            _fail(f"{t}: released entries must be 0 and held ones not")

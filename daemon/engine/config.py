@@ -6,6 +6,8 @@ import argparse
 from dataclasses import dataclass
 from typing import Literal
 
+from radixd.daemon.model.kv_layout import KV_LAYOUTS
+
 SchedulePolicy = Literal["fcfs", "lpm"]
 PreemptionMode = Literal["recompute", "swap"]
 
@@ -20,7 +22,8 @@ def add_kv_pool_flags(
     group: argparse._ActionsContainer, num_blocks_help: str, *, blocks_before_gb: bool
 ) -> None:
     """The KV pool's flags as `radixd serve` and `radixd generate` take them: `--block-size`, then
-    `--kv-cache-gb` and `--num-blocks` (help: `num_blocks_help`) in the order the command lists them."""
+    `--kv-cache-gb` and `--num-blocks` (help: `num_blocks_help`) in the order the command lists them,
+    then `--kv-layout`."""
     group.add_argument(
         "--block-size",
         type=int,
@@ -37,6 +40,14 @@ def add_kv_pool_flags(
     )
     if not blocks_before_gb:
         group.add_argument("--num-blocks", type=int, default=None, help=num_blocks_help)
+    group.add_argument(
+        "--kv-layout",
+        choices=KV_LAYOUTS,
+        default="auto",
+        help="how the pool holds sliding-window layers: 'windowed' keeps their window only (the cache keeps "
+        "it where conversations resume), 'full' every token in every layer; 'auto' (default): windowed "
+        "for a model with both full and sliding layers (Gemma 3)",
+    )
 
 
 @dataclass(frozen=True)
@@ -48,6 +59,7 @@ class EngineConfig:
     recompute when full); after max_preemptions a sequence is no longer a victim. max_waiting: unfinished
     requests beyond it are refused (QueueFull). watchdog_s: report no progress. stream_interval: tokens
     per output after the first. jump_forward: grammar-forced tokens as one chunk. speculative_tokens: 0 = off.
+    kv_layout: how the pool holds sliding-window layers (`KV_LAYOUTS`, model/kv_layout.py).
     """
 
     max_num_seqs: int = 64
@@ -65,6 +77,7 @@ class EngineConfig:
     stream_interval: int = 1
     jump_forward: bool = True
     speculative_tokens: int = 0
+    kv_layout: str = "auto"
 
     def __post_init__(self) -> None:
         if self.max_num_seqs < 1:
@@ -88,5 +101,7 @@ class EngineConfig:
                 f"speculative_tokens must be in [0, {MAX_SPECULATIVE_TOKENS}] (0 = off), "
                 f"got {self.speculative_tokens}"
             )
+        if self.kv_layout not in KV_LAYOUTS:
+            raise ValueError(f"kv_layout must be one of {KV_LAYOUTS}, got {self.kv_layout!r}")
         if self.max_model_len is not None and self.max_model_len < 2:
             raise ValueError(f"max_model_len must be >= 2, got {self.max_model_len}")

@@ -80,7 +80,10 @@ class EngineCore:
         model_len = int(getattr(runner.config, "max_position_embeddings", 0) or 0) or 8192
         self.max_model_len = self.config.max_model_len or model_len
         cfg = self.config
-        self.kv = KVManager.create(runner.num_blocks, runner.block_size, cfg)
+        layout = runner.layout
+        self.kv = KVManager.create(
+            runner.num_blocks, runner.block_size, cfg, layout.window, layout.sliding_groups
+        )
         self.swap = HostSwap(runner, cfg.num_host_blocks) if cfg.preemption_mode == "swap" else None
         seq_ids = SeqIds()
         self.forker = Forker(self.kv, seq_ids, tokenizer, self.eos_token_ids)
@@ -170,6 +173,7 @@ class EngineCore:
         """Every component's counts and gauges in one record (`GetStats`)."""
         sc, kv, req, swap = self.scheduler.counters, self.kv, self.requests, self.swap
         cache = kv.cache_stats()
+        sliding = kv.sliding
         same = {k: getattr(cache, k) for k in _FROM_TREE} | {k: getattr(sc, k) for k in _FROM_SCHEDULER}
         return EngineStats(
             **same,
@@ -202,6 +206,12 @@ class EngineCore:
             host_free_blocks=swap.num_free if swap is not None else 0,
             swapped_out_blocks=swap.swapped_out_blocks if swap is not None else 0,
             swapped_in_blocks=swap.swapped_in_blocks if swap is not None else 0,
+            kv_layout="windowed" if sliding is not None else "full",
+            kv_bytes_per_block=self.runner.kv_bytes_per_block,
+            window_pages=len(sliding.store.pages()) if sliding is not None else 0,
+            kept_windows=len(sliding.store) if sliding is not None else 0,
+            window_tombstones=sliding.store.dropped if sliding is not None else 0,
+            window_cut_tokens=sliding.cut_tokens if sliding is not None else 0,
             drafted_tokens=self.speculator.drafted_tokens,
             accepted_draft_tokens=self.speculator.accepted_tokens,
             draft_s=self.speculator.draft_s,
@@ -231,6 +241,7 @@ class EngineCore:
             [s.num_computed for s in ds],
             [s.table.blocks if s.table is not None else _NO_BLOCKS for s in ds],
             [s.sampling_at(s.num_computed + 1) for s in ds],
+            [s.window.pages if s.window is not None else () for s in ds] if self.kv.sliding else [],
         )
         chunks = [self._step_seq(p) for p in plan.chunks]
         chunks += [self.speculator.step_seq(d) for d in drafts]
@@ -278,8 +289,15 @@ class EngineCore:
         seq = p.seq
         end = p.start + p.n
         blocks = seq.table.blocks if seq.table is not None else _NO_BLOCKS
+        windows = seq.window.pages if seq.window is not None else ()
         return StepSeq(
-            seq.seq_id, seq.tokens[p.start : end], p.start, blocks, seq.sampling_at(end), scoring(seq)
+            seq.seq_id,
+            seq.tokens[p.start : end],
+            p.start,
+            blocks,
+            seq.sampling_at(end),
+            scoring(seq),
+            window_tables=windows,
         )
 
     def _unstall(self) -> bool:

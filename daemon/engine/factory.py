@@ -9,6 +9,7 @@ from radixd.daemon.engine.core import EngineCore
 from radixd.daemon.engine.engine import Engine
 from radixd.daemon.executor.runner import ModelRunner, num_blocks_for_budget
 from radixd.daemon.loaders import LoadedModel, load_model
+from radixd.daemon.model import KVLayout
 from radixd.daemon.structured.cache import GrammarCache
 from radixd.daemon.text.tokenizer import TextTokenizer
 
@@ -32,11 +33,15 @@ def build_core(
     device: str = "cpu",
     grammars: GrammarCache | None = None,
 ) -> EngineCore:
-    """An `EngineCore` over a loaded model; pool: `num_blocks`, else what `kv_cache_gb` holds."""
+    """An `EngineCore` over a loaded model; pool: `num_blocks`, else what `kv_cache_gb` holds, in the
+    KV layout `config.kv_layout` picks."""
+    layout = KVLayout.choose(loaded.config, (config or EngineConfig()).kv_layout)
     if num_blocks is None:
         budget = int((kv_cache_gb if kv_cache_gb is not None else DEFAULT_KV_CACHE_GB) * (1 << 30))
-        num_blocks = num_blocks_for_budget(loaded.config, block_size, budget, loaded.model.kv_dtype)
-    runner = ModelRunner(loaded.model, num_blocks=num_blocks, block_size=block_size, device=device)
+        num_blocks = num_blocks_for_budget(loaded.config, block_size, budget, loaded.model.kv_dtype, layout)
+    runner = ModelRunner(
+        loaded.model, num_blocks=num_blocks, block_size=block_size, device=device, layout=layout
+    )
     eos = tuple(loaded.tokenizer.eos_token_ids) or tuple(loaded.config.eos_token_ids)
     core = EngineCore(runner, loaded.tokenizer, config, eos_token_ids=eos, grammars=grammars)
     core.grammars.prepare()  # llguidance's tokenizer, built in the background (once per model)

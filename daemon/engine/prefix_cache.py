@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from radixd.radix import BlockIds, BlockTable, Lease, RadixTree, TokenKey
+from radixd.radix import BlockIds, BlockTable, KeptWindow, Lease, RadixTree, TokenKey
 
 
 @dataclass
@@ -17,11 +17,19 @@ class PrefixHit:
     partial_src: int | None
     partial_tokens: int
     lease: Lease | None
+    # A windowed KV layout: the kept sliding-layer window the hit resumes from (None: from scratch; held
+    # from eviction until the hit is attached or released), and the tree's own match length when the
+    # hit was cut back to that window (0: not cut).
+    window: KeptWindow | None = None
+    branch: int = 0
 
     def release(self) -> None:
         if self.lease is not None:
             self.lease.release()
             self.lease = None
+        if self.window is not None:
+            self.window.holds -= 1
+            self.window = None
 
 
 class TreePrefixCache:

@@ -108,7 +108,7 @@ class Scheduler:
         held = len(seq.table.blocks) if seq.table is not None else 0
         self.running.remove(seq)
         seq.preemptions += 1
-        if self.swap is not None and self.swap.can_hold(seq):
+        if self.swap is not None and self.swap.can_hold(seq, self.kv):
             freed = self.swap.swap_out(seq, self.kv)
             seq.status = SeqStatus.SWAPPED
             self.swapped.append(seq)
@@ -198,12 +198,13 @@ class Scheduler:
         while self.swapped and self.swap is not None and budget > 0 and len(self.running) < cfg.max_num_seqs:
             seq = self.swapped[0]
             n = min(seq.remaining, budget)
-            if not self.kv.ensure_free(self.kv.blocks_for(seq.num_computed + n)):
+            if not self.kv.ensure_free(self.kv.blocks_to_swap_in(seq.num_computed, n)):
                 break
             self.swapped.pop(0)
             self.swap.swap_in(seq, self.kv)
             self.add_running(seq)
-            add_to_plan(seq, n)
+            if n > 0:  # a beam swapped out while it waited for its siblings has nothing to compute yet
+                add_to_plan(seq, n)
         if not self.swapped:
             self._admit(budget, add_to_plan)
         return StepPlan(chunks, decodes)
@@ -227,12 +228,14 @@ class Scheduler:
             hit = self.kv.match(seq.key(limit), seq.request.req.namespace)
             if self.kv.shares_prefixes and limit == len(seq.tokens) - 1:
                 producers = [s for s in self.running if s.num_computed < s.request.prompt_len]
-                if shares_pending_prefix(seq, hit.num_tokens, producers, bs) is not None:
+                producer = shares_pending_prefix(seq, hit.num_tokens, producers, bs)
+                if producer is not None:
+                    self.kv.keep_window_for(producer, seq)
                     hit.release()
                     self.counters.held_for_shared_prefix += 1
                     continue
             n = min(seq.target_len - hit.num_tokens, budget)
-            fresh = self.kv.blocks_for(hit.num_tokens + n) - len(hit.full_blocks)
+            fresh = self.kv.blocks_to_admit(hit, n)
             # Keep a block for each decode about to cross a block boundary, so admitting does not
             # immediately force a preemption.
             reserve = sum(

@@ -20,7 +20,7 @@ if TYPE_CHECKING:
     from radixd.daemon.executor.prompt_logprobs import PromptLogprobs
     from radixd.daemon.executor.sampling import SamplingState
     from radixd.daemon.structured.matcher import CompiledGrammar
-    from radixd.radix import BlockTable, Lease
+    from radixd.radix import BlockTable, Lease, SlidingTable
 
 
 class SeqStatus(enum.Enum):
@@ -73,6 +73,9 @@ class Sequence:
     num_computed: int = 0
     table: BlockTable | None = None
     lease: Lease | None = None
+    window: SlidingTable | None = None  # windowed KV layout: the sliding layers' pages
+    window_marks: list[int] = field(default_factory=list)  # branch points to keep the window at, once past
+    window_from: bytes | None = None  # the packed prefix of the kept window it resumed from
     inserted_blocks: int = 0  # full blocks of `tokens` already inserted in the tree by this sequence
     host_blocks: list[int] = field(default_factory=list)  # swap: host copies of table blocks
     preemptions: int = 0

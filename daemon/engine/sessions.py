@@ -13,7 +13,7 @@ from dataclasses import dataclass
 from radixd.daemon.engine.kv import KVManager
 from radixd.daemon.engine.types import GenerateRequest
 from radixd.daemon.errors import EngineError, InvalidRequest, TooManySessions, UnknownSession
-from radixd.radix import Lease
+from radixd.radix import KeptWindow, Lease
 
 
 class SessionBusy(EngineError):
@@ -32,6 +32,7 @@ class Session:
     created_at: float
     parent_id: str | None = None
     lease: Lease | None = None
+    window: KeptWindow | None = None  # sliding layers: the kept window at its end, held like the lease
     resident_tokens: int = 0
     turns: int = 0
     busy_with: str | None = None
@@ -88,10 +89,19 @@ class SessionManager:
     def _relock(self, s: Session, now: float) -> None:
         """Lock the session's cached path (the new lease first, so shared nodes stay locked)."""
         hit = self.kv.match(s.tokens, s.namespace)
-        self.kv.drop_lease(s.lease)
-        s.lease = hit.lease
+        self._unlock(s)
+        s.lease, s.window = hit.lease, hit.window  # the hit's holds pass to the session
+        hit.lease = hit.window = None
         s.resident_tokens = hit.num_tokens
         s.expires_at = now + s.ttl_s
+
+    def _unlock(self, s: Session) -> None:
+        """Drop the session's lease (and the hold on its kept window); the prefix stays cached, evictable."""
+        self.kv.drop_lease(s.lease)
+        s.lease = None
+        if s.window is not None:
+            s.window.holds -= 1
+            s.window = None
 
     # ---- operations ------------------------------------------------------------------------------
     def create(
@@ -152,8 +162,7 @@ class SessionManager:
         s = self._sessions.pop(session_id, None)
         if s is None:
             raise UnknownSession(f"no open session {session_id!r}")
-        self.kv.drop_lease(s.lease)
-        s.lease = None
+        self._unlock(s)
         return 0 if keep_cached else self._drop_cached(s)
 
     def evict_cached(self, session_id: str) -> int:
@@ -173,8 +182,7 @@ class SessionManager:
     def release_lease(self, session_id: str) -> None:
         """Drop the session's lock early (memory pressure); the session stays open."""
         s = self._get(session_id)
-        self.kv.drop_lease(s.lease)
-        s.lease = None
+        self._unlock(s)
 
     # ---- turns -----------------------------------------------------------------------------------
     def begin_turn(self, req: GenerateRequest) -> list[int]:
@@ -213,13 +221,11 @@ class SessionManager:
         if not idle:
             return False
         s = min(idle, key=lambda x: x.expires_at)
-        self.kv.drop_lease(s.lease)
-        s.lease = None
+        self._unlock(s)
         self.shed += 1
         return True
 
     def expire(self, now: float) -> None:
         for s in self._sessions.values():
             if s.lease is not None and s.busy_with is None and now >= s.expires_at:
-                self.kv.drop_lease(s.lease)
-                s.lease = None
+                self._unlock(s)

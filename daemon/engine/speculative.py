@@ -102,6 +102,7 @@ class Speculator:
             seq.table.blocks,
             seq.sampling,
             draft=len(d.proposed),
+            window_tables=seq.window.pages if seq.window is not None else (),
         )
 
     def accept(self, d: Draft, picked: list[SampleResult]) -> tuple[int, bool]:

@@ -59,6 +59,13 @@ class EngineStats:
     host_free_blocks: int = 0
     swapped_out_blocks: int = 0
     swapped_in_blocks: int = 0
+    # ---- the KV layout (--kv-layout): "windowed" keeps sliding layers' windows apart (0s when "full")
+    kv_layout: str = "full"
+    kv_bytes_per_block: int = 0  # bytes one block id holds across the pool's lanes, K and V
+    window_pages: int = 0  # distinct pages the cache keeps for sliding layers' windows
+    kept_windows: int = 0  # windows the cache keeps (where conversations resume, branch points)
+    window_tombstones: int = 0  # kept windows dropped under pressure or by evictions (blocks stay)
+    window_cut_tokens: int = 0  # matched prompt tokens recomputed for want of a kept window
     # ---- speculative decoding (--speculative-tokens; 0 when off)
     drafted_tokens: int = 0  # draft tokens verified
     accepted_draft_tokens: int = 0  # of those, accepted into outputs (the rest were rejected)

@@ -33,8 +33,8 @@ class HostSwap:
         """Host blocks not holding a swapped-out sequence's KV."""
         return len(self._free)
 
-    def can_hold(self, seq: Sequence) -> bool:
-        return seq.table is not None and len(self._free) >= len(seq.table.blocks)
+    def can_hold(self, seq: Sequence, kv: KVManager) -> bool:
+        return seq.table is not None and len(self._free) >= len(kv.kv_blocks(seq))
 
     def _copy(
         self,
@@ -42,16 +42,13 @@ class HostSwap:
         dst: tuple[list[torch.Tensor], list[torch.Tensor]],
         src_blocks: MutableSequence[int],
         dst_blocks: MutableSequence[int],
-        n_tokens: int,
+        counts: list[int],
     ) -> None:
+        """Copy the first `counts[i]` tokens of block `src_blocks[i]` into `dst_blocks[i]`, in every lane."""
         if not src_blocks:
             return
-        bs = self.runner.block_size
         if src[0][0].device == dst[0][0].device:
-            rows = [
-                (s, d, min(bs, n_tokens - i * bs))
-                for i, (s, d) in enumerate(zip(src_blocks, dst_blocks, strict=True))
-            ]
+            rows = list(zip(src_blocks, dst_blocks, counts, strict=True))
             ops = torch.tensor(rows, dtype=torch.int64, device=src[0][0].device)
             kernels.copy_blocks(src[0], src[1], dst[0], dst[1], ops)
             return
@@ -66,11 +63,14 @@ class HostSwap:
         if seq.table is None:
             return 0
         n = seq.num_computed
-        dev = seq.table.blocks[: kv.blocks_for(n)]
-        if len(dev) > len(self._free):
-            raise RuntimeError(f"swap_out needs {len(dev)} host blocks, {len(self._free)} free; see can_hold")
-        host = [self._free.pop() for _ in range(len(dev))]
-        self._copy((self.runner.k_caches, self.runner.v_caches), (self.k, self.v), dev, host, n)
+        held = kv.kv_blocks(seq)  # its blocks, then (sliding layers) its window's pages
+        if len(held) > len(self._free):
+            raise RuntimeError(
+                f"swap_out needs {len(held)} host blocks, {len(self._free)} free; see can_hold"
+            )
+        host = [self._free.pop() for _ in range(len(held))]
+        dev, counts = [b for b, _ in held], [c for _, c in held]
+        self._copy((self.runner.k_caches, self.runner.v_caches), (self.k, self.v), dev, host, counts)
         seq.host_blocks = host
         freed = kv.release(seq)
         seq.num_computed = n  # the KV of tokens[:n] lives on the host now
@@ -79,13 +79,15 @@ class HostSwap:
 
     def swap_in(self, seq: Sequence, kv: KVManager) -> None:
         """Give `seq` fresh device blocks holding its host KV back (the caller ensured they are free)."""
-        n = seq.num_computed
-        seq.num_computed = 0
-        kv.append(seq, n)
+        kv.resume(seq, seq.num_computed)
         kv.lease_new_path(seq)
-        seq.num_computed = n
-        dev = seq.table.blocks[: kv.blocks_for(n)] if seq.table is not None else []
-        self._copy((self.k, self.v), (self.runner.k_caches, self.runner.v_caches), seq.host_blocks, dev, n)
+        held = kv.kv_blocks(seq)
+        if len(held) != len(seq.host_blocks):
+            raise RuntimeError(f"swap_in: {len(seq.host_blocks)} host blocks for {len(held)} device blocks")
+        dev, counts = [b for b, _ in held], [c for _, c in held]
+        self._copy(
+            (self.k, self.v), (self.runner.k_caches, self.runner.v_caches), seq.host_blocks, dev, counts
+        )
         self.drop(seq)
         self.swapped_in_blocks += len(dev)
 

@@ -11,7 +11,7 @@ import contextlib
 import operator
 from array import array
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import cast
 
 import torch
@@ -22,7 +22,8 @@ from radixd.daemon.executor.limits import check_token_ids
 from radixd.daemon.executor.masks import PendingMasks, StepMasks
 from radixd.daemon.executor.prompt_logprobs import PromptLogprobs, score_chunk
 from radixd.daemon.executor.sampling import SampleResult, SamplingState, sample
-from radixd.daemon.model import AttentionMetadata, LlamaModel, ModelConfig
+from radixd.daemon.model import AttentionMetadata, KVLayout, LlamaModel, ModelConfig
+from radixd.daemon.model.layer import GroupTables
 from radixd.daemon.process.host import configure_threads, zeros_on_huge_pages
 
 
@@ -40,6 +41,9 @@ class StepSeq:
     # Speculative decoding: the last `draft` tokens are proposals to verify; `sample` then samples
     # after each of the last draft + 1 positions (engine/speculative.py), each row as its own step.
     draft: int = 0
+    # The windowed layout's sliding tables (kv_layout.py), one per sliding group, each as long as
+    # block_table; entries of blocks wholly left of the window of start_pos may be 0 (released).
+    window_tables: Sequence[Sequence[int]] = ()
 
 
 StepResult = SampleResult | list[SampleResult] | None
@@ -56,6 +60,8 @@ class DecodeRows:
     positions: list[int]  # its position (tokens already in KV)
     tables: list[Sequence[int]]  # physical blocks covering [0, position]; array('i')
     samples: list[SamplingState | None]  # None: compute KV only (a root's last prompt token, a chunk)
+    # Each row's sliding tables (`StepSeq.window_tables`); [] (no column) where no row has any.
+    window_tables: list[Sequence[Sequence[int]]] = field(default_factory=list)
 
     @classmethod
     def of(cls, seqs: Sequence[StepSeq]) -> DecodeRows:
@@ -66,32 +72,50 @@ class DecodeRows:
             [s.start_pos for s in seqs],
             [s.block_table for s in seqs],
             [s.sample for s in seqs],
+            [s.window_tables for s in seqs],
         )
 
     def __post_init__(self) -> None:
         n = len(self.seq_ids)
         if not len(self.token_ids) == len(self.positions) == len(self.tables) == len(self.samples) == n:
             raise ValueError("DecodeRows: every column needs one entry per row")
+        if self.window_tables and len(self.window_tables) != n:
+            raise ValueError("DecodeRows: window_tables needs one entry per row (or none at all)")
 
     def __len__(self) -> int:
         return len(self.seq_ids)
 
     def row(self, i: int) -> StepSeq:
         """Row `i` as a `StepSeq` (for the per-row checks, which name its sequence)."""
+        windows = self.window_tables[i] if self.window_tables else ()
         return StepSeq(
-            self.seq_ids[i], [self.token_ids[i]], self.positions[i], self.tables[i], self.samples[i]
+            self.seq_ids[i],
+            [self.token_ids[i]],
+            self.positions[i],
+            self.tables[i],
+            self.samples[i],
+            window_tables=windows,
         )
 
 
-def kv_bytes_per_block(config: ModelConfig, block_size: int, dtype: torch.dtype) -> int:
-    """Bytes one block takes across all layers, K and V."""
+def kv_bytes_per_block(
+    config: ModelConfig, block_size: int, dtype: torch.dtype, layout: KVLayout | None = None
+) -> int:
+    """Bytes one block id takes in every lane of `layout` (None: the full layout, a lane a layer), K and V."""
     elem = torch.empty((), dtype=dtype).element_size()
-    return 2 * config.num_layers * block_size * config.num_kv_heads * config.head_dim * elem
+    lanes = config.num_layers if layout is None else layout.lanes
+    return 2 * lanes * block_size * config.num_kv_heads * config.head_dim * elem
 
 
-def num_blocks_for_budget(config: ModelConfig, block_size: int, budget_bytes: int, dtype: torch.dtype) -> int:
-    """How many blocks (block 0, the null block, included) fit in `budget_bytes`."""
-    n = budget_bytes // kv_bytes_per_block(config, block_size, dtype)
+def num_blocks_for_budget(
+    config: ModelConfig,
+    block_size: int,
+    budget_bytes: int,
+    dtype: torch.dtype,
+    layout: KVLayout | None = None,
+) -> int:
+    """How many blocks (block 0, the null block, included) of `layout` fit in `budget_bytes`."""
+    n = budget_bytes // kv_bytes_per_block(config, block_size, dtype, layout)
     if n < 2:
         raise ValueError(
             f"a KV budget of {budget_bytes} bytes holds {n} blocks of {block_size} tokens; need at least 2"
@@ -116,7 +140,8 @@ def copy_waves(ops: list[tuple[int, int, int]]) -> list[list[tuple[int, int, int
 
 
 class ModelRunner:
-    """Runs steps of a `LlamaModel` against a paged KV pool (`k_caches` / `v_caches`, one per layer)."""
+    """Runs steps of a `LlamaModel` against a paged KV pool: `k_caches` / `v_caches`, one per lane of
+    `layout` (kv_layout.py; the full layout: one per layer). A block id names a block in every lane."""
 
     def __init__(
         self,
@@ -125,6 +150,7 @@ class ModelRunner:
         block_size: int,
         device: str = "cpu",
         dtype: torch.dtype | None = None,
+        layout: KVLayout | None = None,
     ) -> None:
         if num_blocks < 2:
             raise ValueError(f"num_blocks must be >= 2 (block 0 is the null block), got {num_blocks}")
@@ -138,23 +164,31 @@ class ModelRunner:
         self.device = torch.device(device)
         self.dtype = dtype or model.kv_dtype
         cfg = self.config
+        self.layout = layout or KVLayout.full(cfg)
+        if self.layout.num_layers != cfg.num_layers:
+            raise ValueError(
+                f"a KV layout of {self.layout.num_layers} layers for a {cfg.num_layers}-layer model"
+            )
         shape = (num_blocks, block_size, cfg.num_kv_heads, cfg.head_dim)
-        self.k_caches = [self._pool(shape) for _ in range(cfg.num_layers)]
-        self.v_caches = [self._pool(shape) for _ in range(cfg.num_layers)]
-        self.kv_bytes_per_block = kv_bytes_per_block(cfg, block_size, self.dtype)
+        self.k_caches = [self._pool(shape) for _ in range(self.layout.lanes)]
+        self.v_caches = [self._pool(shape) for _ in range(self.layout.lanes)]
+        # What the model reads: each layer's lane.
+        self._layer_k = [self.k_caches[lane] for lane in self.layout.layer_lane]
+        self._layer_v = [self.v_caches[lane] for lane in self.layout.layer_lane]
+        self.kv_bytes_per_block = kv_bytes_per_block(cfg, block_size, self.dtype, self.layout)
         if kernels.host_kernels(self.device):
             # The compiled CPU attention builds (once per machine) now, not inside the first request.
             kernels.cpu_attention_design()
         self._step_masks: StepMasks | None = None  # built on the first step with a constrained row
 
     def _pool(self, shape: tuple[int, ...]) -> torch.Tensor:
-        """One layer's K or V pool, zeroed; on the host path in 2 MiB pages where the OS lends them."""
+        """One lane's K or V pool, zeroed; on the host path in 2 MiB pages where the OS lends them."""
         if kernels.host_kernels(self.device):
             return zeros_on_huge_pages(shape, self.dtype)
         return torch.zeros(shape, dtype=self.dtype, device=self.device)
 
     def copy_blocks(self, ops: Sequence[tuple[int, int, int]]) -> None:
-        """Apply copy-on-write copies (src_block, dst_block, n_tokens) in every layer, in order."""
+        """Apply copy-on-write copies (src_block, dst_block, n_tokens) in every lane, in order."""
         for src, dst, n in ops:
             if not (0 <= src < self.num_blocks and 0 <= dst < self.num_blocks):
                 raise ValueError(f"copy op ({src}, {dst}, {n}) names a block outside [0, {self.num_blocks})")
@@ -177,7 +211,18 @@ class ModelRunner:
                 f"sequence {s.seq_id}: {len(s.block_table)} blocks cannot hold {end} tokens "
                 f"(need {need} of {self.block_size})"
             )
+        k = self.layout.sliding_groups
+        if len(s.window_tables) != k or any(len(t) < need for t in s.window_tables):
+            raise ValueError(
+                f"sequence {s.seq_id}: needs {k} sliding tables of >= {need} blocks, got lengths "
+                f"{[len(t) for t in s.window_tables]}"
+            )
         return need
+
+    def _released(self, start_pos: int) -> int:
+        """Leading blocks a sliding table may hold as 0 for a row whose first query is at `start_pos`:
+        those whose every token is left of that query's window."""
+        return max(0, (start_pos - self.layout.window + 1) // self.block_size)
 
     def _decode_needs(self, rows: DecodeRows) -> list[int]:
         """Blocks each decode row needs: `_check` over all rows at once (per row only on failure)."""
@@ -185,10 +230,26 @@ class ModelRunner:
             return []
         bs = self.block_size
         needs = [p // bs + 1 for p in rows.positions]
-        if min(rows.positions) < 0 or not all(map(operator.ge, map(len, rows.tables), needs)):
+        if (
+            min(rows.positions) < 0
+            or not all(map(operator.ge, map(len, rows.tables), needs))
+            or not (self._windows_fit(rows, needs))
+        ):
             for i in range(len(rows.seq_ids)):
                 self._check(rows.row(i))
         return needs
+
+    def _windows_fit(self, rows: DecodeRows, needs: list[int]) -> bool:
+        """Whether every row has the layout's sliding tables, each covering its position."""
+        k = self.layout.sliding_groups
+        if not k:
+            return not any(rows.window_tables)
+        if len(rows.window_tables) != len(needs):
+            return False
+        return all(
+            len(wts) == k and all(len(t) >= n for t in wts)
+            for wts, n in zip(rows.window_tables, needs, strict=True)
+        )
 
     def _check_ids(self, chunks: Sequence[StepSeq], rows: DecodeRows, ids: list[int]) -> None:
         """Every token id of the step in [0, vocab), in one pass (the offender named on failure)."""
@@ -205,9 +266,14 @@ class ModelRunner:
             check_token_ids([tok], vocab, what=f"sequence {sid}:")
 
     def _tables(
-        self, tables: Sequence[Sequence[int]], needs: Sequence[int], seq_ids: list[int]
+        self,
+        tables: Sequence[Sequence[int]],
+        needs: Sequence[int],
+        seq_ids: list[int],
+        released: Sequence[int] = (),
     ) -> torch.Tensor:
-        """The rows' block tables as one int32 tensor padded with block 0; ValueError on a bad block id."""
+        """The rows' block tables as one int32 tensor padded with block 0; ValueError on a bad block id.
+        `released` (sliding tables): per row, how many leading entries may be 0."""
         if not tables:
             return torch.zeros((0, 1), dtype=torch.int32)
         width = max(needs)
@@ -238,13 +304,18 @@ class ModelRunner:
                     buf.frombytes(bytes(buf.itemsize * (width - need)))
             t = torch.frombuffer(buf, dtype=torch.int32).view(rows, width).clone()
         pads = rows * width - sum(needs)
-        if int(t.min()) < 0 or int(t.max()) >= self.num_blocks or int((t == 0).sum()) != pads:
-            for table, need, sid in zip(tables, needs, seq_ids, strict=True):
-                if any(not 0 < b < self.num_blocks for b in table[:need]):
-                    raise ValueError(
-                        f"sequence {sid}: block table {list(table[:need])} has ids outside "
-                        f"[1, {self.num_blocks})"
-                    )
+        zero = t == 0
+        if released:
+            # The released entries' zeros are fine; every other one must be a pad.
+            cols = torch.arange(width).unsqueeze(0)
+            zero &= cols >= torch.tensor(released, dtype=torch.int64).unsqueeze(1)
+        if int(t.min()) < 0 or int(t.max()) >= self.num_blocks or int(zero.sum()) != pads:
+            n = self.num_blocks
+            for i, (table, need, sid) in enumerate(zip(tables, needs, seq_ids, strict=True)):
+                free = released[i] if released else 0
+                if any(not 0 <= b < n for b in table[:free]) or any(not 0 < b < n for b in table[free:need]):
+                    what = "block table" if not released else f"sliding table (0 allowed in its first {free})"
+                    raise ValueError(f"sequence {sid}: {what} {list(table[:need])} has ids outside [1, {n})")
         return t
 
     def _forward(self, chunks: Sequence[StepSeq], rows: DecodeRows) -> tuple[torch.Tensor, list[int]]:
@@ -271,11 +342,11 @@ class ModelRunner:
         self._check_ids(chunks, rows, ids)
         dec_tables = self._tables(rows.tables, dec_needs, rows.seq_ids)
         dec_positions = torch.tensor(rows.positions, dtype=torch.int64)
-        dec_slots = dec_tables.gather(1, (dec_positions // bs).unsqueeze(1)).squeeze(1).long() * bs
-        dec_slots += dec_positions % bs
         dev = self.device
         meta = AttentionMetadata(
-            slot_mapping=torch.cat((torch.tensor(slots, dtype=torch.int64), dec_slots)).to(dev),
+            slot_mapping=torch.cat(
+                (torch.tensor(slots, dtype=torch.int64), self._slots(dec_tables, dec_positions))
+            ).to(dev),
             num_prefill_tokens=cu[-1],
             prefill_block_tables=self._tables(
                 [s.block_table for s in chunks], needs, [s.seq_id for s in chunks]
@@ -288,10 +359,47 @@ class ModelRunner:
             decode_seq_lens=(dec_positions + 1).to(torch.int32).to(dev),
             max_position=max(max(pos, default=-1), max(rows.positions, default=-1)),
         )
+        if self.layout.sliding_groups:
+            meta.sliding = self._sliding(chunks, needs, rows, dec_needs, dec_positions)
+            meta.layer_group = self.layout.layer_group
         input_ids = torch.tensor(ids, dtype=torch.int64).to(dev)
         positions = torch.cat((torch.tensor(pos, dtype=torch.int64), dec_positions)).to(dev)
-        hidden = self.model.forward(input_ids, positions, meta, self.k_caches, self.v_caches)
+        hidden = self.model.forward(input_ids, positions, meta, self._layer_k, self._layer_v)
         return hidden, last
+
+    def _slots(self, tables: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
+        """Pool slots of one token per row at `positions` through the rows' `tables`."""
+        bs = self.block_size
+        slots = tables.gather(1, (positions // bs).unsqueeze(1)).squeeze(1).long() * bs
+        return slots + positions % bs
+
+    def _sliding(
+        self,
+        chunks: Sequence[StepSeq],
+        needs: list[int],
+        rows: DecodeRows,
+        dec_needs: list[int],
+        dec_positions: torch.Tensor,
+    ) -> tuple[GroupTables, ...]:
+        """Each sliding group's tables and slots for the step (checked: a 0 only where released)."""
+        bs = self.block_size
+        dev = self.device
+        chunk_ids = [s.seq_id for s in chunks]
+        chunk_free = [self._released(s.start_pos) for s in chunks]
+        dec_free = [self._released(p) for p in rows.positions]
+        out: list[GroupTables] = []
+        for g in range(self.layout.sliding_groups):
+            pre = self._tables([s.window_tables[g] for s in chunks], needs, chunk_ids, chunk_free)
+            dec = self._tables([w[g] for w in rows.window_tables], dec_needs, rows.seq_ids, dec_free)
+            slots: list[int] = []
+            for s in chunks:
+                t = s.window_tables[g]
+                slots.extend(
+                    t[q // bs] * bs + q % bs for q in range(s.start_pos, s.start_pos + len(s.token_ids))
+                )
+            mapping = torch.cat((torch.tensor(slots, dtype=torch.int64), self._slots(dec, dec_positions)))
+            out.append(GroupTables(mapping.to(dev), pre.to(dev), dec.to(dev)))
+        return tuple(out)
 
     @torch.inference_mode()
     def run(self, chunks: Sequence[StepSeq], rows: DecodeRows) -> list[StepResult]:

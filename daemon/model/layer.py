@@ -9,7 +9,7 @@ MLP (before each residual add), GeGLU, and norms computed in fp32 over weights h
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import torch
 import torch.nn.functional as F
@@ -51,10 +51,22 @@ class LayerWeights:
 Attend = Callable[[torch.Tensor, torch.Tensor, torch.Tensor, int], torch.Tensor]
 
 
+@dataclass(frozen=True)
+class GroupTables:
+    """A sliding group's share of a step: `AttentionMetadata`'s fields of the same names, over that
+    group's tables (entries left of the window may be 0: the kernels' window skips those keys)."""
+
+    slot_mapping: torch.Tensor  # int64 [T]
+    prefill_block_tables: torch.Tensor  # int32 [Sp, max_blocks]
+    decode_block_tables: torch.Tensor  # int32 [Sd, max_blocks]
+
+
 @dataclass
 class AttentionMetadata:
     """Batch layout for one forward: the first `num_prefill_tokens` tokens belong to prefill sequences
-    (attended with paged_prefill), the rest are one decode token per sequence (paged_decode)."""
+    (attended with paged_prefill), the rest are one decode token per sequence (paged_decode).
+    The tables and slots here are group 0's (the block tables); layer l reads and writes those of
+    group `layer_group[l]` (() = every layer group 0), g >= 1 being `sliding[g - 1]` (kv_layout.py)."""
 
     slot_mapping: torch.Tensor  # int64 [T]
     num_prefill_tokens: int
@@ -64,6 +76,22 @@ class AttentionMetadata:
     decode_block_tables: torch.Tensor  # int32 [Sd, max_blocks]
     decode_seq_lens: torch.Tensor  # int32 [Sd]
     max_position: int = -1  # largest position in the step if known on the host (saves a device sync)
+    sliding: tuple[GroupTables, ...] = ()
+    layer_group: tuple[int, ...] = ()
+
+    def group(self, g: int) -> AttentionMetadata:
+        """The metadata as the layers of group `g` see it (group 0: this one)."""
+        if g == 0:
+            return self
+        t = self.sliding[g - 1]
+        return replace(
+            self,
+            slot_mapping=t.slot_mapping,
+            prefill_block_tables=t.prefill_block_tables,
+            decode_block_tables=t.decode_block_tables,
+            sliding=(),
+            layer_group=(),
+        )
 
 
 def paged_attention(

@@ -242,8 +242,15 @@ class LlamaModel:
         k_caches: Sequence[torch.Tensor],
         v_caches: Sequence[torch.Tensor],
     ) -> torch.Tensor:
-        """input_ids, positions: int64 [T]. Writes each layer's new K/V into the pool. -> [T, H]."""
+        """input_ids, positions: int64 [T]; `k_caches` / `v_caches`: each layer's pool (layers may share
+        one where their groups differ: kv_layout.py). Writes each layer's new K/V. -> [T, H]."""
         cfg = self.config
+        if meta.layer_group and (
+            len(meta.layer_group) != cfg.num_layers or max(meta.layer_group) > len(meta.sliding)
+        ):
+            raise ValueError(
+                f"layer_group {meta.layer_group} needs one group per layer in [0, {len(meta.sliding)}]"
+            )
         w = self.weights
         t = input_ids.shape[0]
         np_ = meta.num_prefill_tokens
@@ -252,7 +259,8 @@ class LlamaModel:
         if cfg.embed_scale != 1.0:
             # As HF scales: by the factor rounded to the embeddings' dtype, in that dtype.
             h *= torch.tensor(cfg.embed_scale, dtype=h.dtype)
-        if self._native is not None and self._native.takes(k_caches[0]):
+        # The compiled decoder knows one table per step (it runs no windowed model anyway).
+        if self._native is not None and not meta.sliding and self._native.takes(k_caches[0]):
             kc = k_caches[0]
             rows = kernels.cpu_step_plan(
                 meta.prefill_block_tables,
@@ -265,17 +273,23 @@ class LlamaModel:
             )
             cos, sin = ropes[0]
             return self._native.forward(h, cos, sin, meta.slot_mapping, rows, k_caches, v_caches)
-        # Every layer attends through the same tables: the decode work split is planned once.
-        plan = None
-        if np_ < t:
-            plan = kernels.decode_step_plan(meta.decode_block_tables, meta.decode_seq_lens, k_caches[0])
-
-        attend = paged_attention(meta, t, self.scale, plan)
+        # The layers of a group attend through the same tables: its decode work split is planned once.
+        metas = [meta.group(g) for g in range(1 + len(meta.sliding))]
+        attends = []
+        for gm in metas:
+            plan = None
+            if np_ < t:
+                plan = kernels.decode_step_plan(gm.decode_block_tables, gm.decode_seq_lens, k_caches[0])
+            attends.append(paged_attention(gm, t, self.scale, plan))
+        groups = meta.layer_group or (0,) * cfg.num_layers
 
         for li, (lw, m) in enumerate(zip(w.layers, self._ops, strict=True)):
             rope = ropes[self._layer_rope[li]]
             caches = (k_caches[li], v_caches[li])
-            run_layer(h, lw, m, cfg, self._norm, rope, caches, meta.slot_mapping, attend, cfg.window(li))
+            g = groups[li]
+            run_layer(
+                h, lw, m, cfg, self._norm, rope, caches, metas[g].slot_mapping, attends[g], cfg.window(li)
+            )
         return self._norm(h, w.norm)
 
     def embed(self, input_ids: torch.Tensor) -> torch.Tensor:

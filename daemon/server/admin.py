@@ -54,6 +54,12 @@ def cache_stats_response(s: EngineStats) -> cache_admin_pb2.GetCacheStatsRespons
         miss_tokens=s.miss_tokens,
         evictions=dict(s.evictions),
         preemptions=s.preemptions,
+        kv_layout=s.kv_layout,
+        tree_blocks=s.cached_blocks,
+        window_pages=s.window_pages,
+        kept_windows=s.kept_windows,
+        kv_bytes_per_block=s.kv_bytes_per_block,
+        window_tombstones=s.window_tombstones,
     )
 
 

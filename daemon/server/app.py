@@ -330,6 +330,7 @@ def engine_config(args: argparse.Namespace) -> EngineConfig:
         max_model_len=args.max_model_len,
         stream_interval=args.stream_interval,
         speculative_tokens=args.speculative_tokens,
+        kv_layout=args.kv_layout,
     )
 
 

@@ -92,6 +92,24 @@ _Series = tuple[type[CounterMetricFamily | GaugeMetricFamily], str, str, Callabl
 _POOL_SERIES: tuple[_Series, ...] = (
     (GaugeMetricFamily, "radixd_blocks_total", "KV blocks in the pool", lambda s: s.total_blocks),
     (GaugeMetricFamily, "radixd_cache_nodes", "Radix tree nodes", lambda s: s.cache_nodes),
+    (
+        GaugeMetricFamily,
+        "radixd_window_pages",
+        "Pool blocks the cache keeps for sliding-window layers' windows (windowed KV layout)",
+        lambda s: s.window_pages,
+    ),
+    (
+        GaugeMetricFamily,
+        "radixd_kept_windows",
+        "Sliding-layer windows the cache keeps",
+        lambda s: s.kept_windows,
+    ),
+    (
+        CounterMetricFamily,
+        "radixd_window_tombstones",
+        "Kept sliding-layer windows dropped under pressure or by evictions (their blocks stay cached)",
+        lambda s: s.window_tombstones,
+    ),
 )
 _ENGINE_SERIES: tuple[_Series, ...] = (
     (CounterMetricFamily, "radixd_preemptions", "Preempted sequences", lambda s: s.preemptions),

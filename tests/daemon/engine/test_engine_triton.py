@@ -18,7 +18,7 @@ from typing import Any
 
 import pytest
 import torch
-import triton.language as tl
+from daemon_testkit import triton_language_restored
 from engine_kit import Collector, assert_all_free, greedy, run
 
 from radixd import kernels
@@ -114,23 +114,6 @@ def _path(triton: bool, launches: Counter[str]) -> Iterator[None]:
         yield
 
 
-@contextmanager
-def _triton_language_restored() -> Iterator[None]:
-    """Leave `triton.language` as found: an interpreted kernel calling a `@triton.jit` helper leaves
-    patches behind (Triton 3.9) that break a later real compile (tests/kernels/conftest.py)."""
-    spaces = [tl, tl.core, tl.math, tl.core.tensor, tl.core.tensor_descriptor_base]
-    saved = [dict(vars(ns)) for ns in spaces]
-    try:
-        yield
-    finally:
-        for ns, before in zip(spaces, saved, strict=True):
-            for name in vars(ns).keys() - before.keys():
-                delattr(ns, name)
-            for name, value in before.items():
-                if vars(ns).get(name) is not value:
-                    setattr(ns, name, value)
-
-
 def _tokens(col: Collector, rid: str, n: int = 1) -> list[list[int]]:
     return [col.tokens(rid, i) for i in range(n)]
 
@@ -216,7 +199,7 @@ def served() -> dict[bool, Served]:
     """Every scenario on the CPU path (False) and on the GPU's path under the interpreter (True)."""
     conv = convert(default_model_path())
     cfg = _tiny(conv.config)
-    with _triton_language_restored():
+    with triton_language_restored():
         return {triton: _serve(triton, conv.tokenizer, cfg) for triton in (False, True)}
 
 
