@@ -465,6 +465,18 @@ def table(runs: list[Run]) -> list[str]:
     return out
 
 
+def cache_lines(runs: list[Run]) -> list[str]:
+    """What GetCacheStats said at the end of each radixd run (the layout's fields where it has them)."""
+    names = ("kv_layout", "tree_blocks", "window_pages", "kept_windows", "window_tombstones",
+             "kv_bytes_per_block", "total_blocks", "evictable_blocks")  # fmt: skip
+    out = []
+    for r in runs:
+        if r.stats is not None:
+            have = [n for n in names if n in r.stats.DESCRIPTOR.fields_by_name]
+            out.append(f"- {r.label}: " + ", ".join(f"{n} {getattr(r.stats, n)}" for n in have))
+    return out
+
+
 def _target(name: str, value: float, goal: float, at_most: bool) -> str:
     if math.isnan(value):
         return f"- {name}: n/a"
@@ -583,6 +595,10 @@ def measure(model: str, a: argparse.Namespace) -> None:
         f"layouts: {', '.join(layouts)}",
         "",
         *table(list(runs.values())),
+        "",
+        "GetCacheStats after the last round:",
+        "",
+        *cache_lines(list(runs.values())),
         "",
         *targets(runs),
         *bound_lines(shape, trace, runs),
