@@ -540,6 +540,7 @@ def main() -> None:
     ap.add_argument("--warm-convs", type=float, default=4, help="tight pool: conversations, full layout")
     ap.add_argument("--roomy-convs", type=float, default=12, help="roomy pool: the same; 0 skips it")
     ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--no-radixd", action="store_true", help="llama-server alone (with --llama-bin)")
     ap.add_argument("--quick", action="store_true", help="tiny random model, 2 x 2 turns, no llama-server")
     ap.add_argument("--out", help="also write the report (markdown) here")
     a = ap.parse_args()
@@ -571,7 +572,7 @@ def measure(model: str, a: argparse.Namespace) -> None:
         raise SystemExit(f"--warm-convs {a.warm_convs:g}: the tight pool must hold 1.5 whole conversations")
     pools = {"tight": a.warm_convs} | ({"roomy": a.roomy_convs} if a.roomy_convs else {})
     runs: dict[str, Run] = {}
-    for pool, convs in pools.items():
+    for pool, convs in pools.items() if not a.no_radixd else ():
         gib = (len(trace.head) + convs * own) * shape.token_bytes / 2**30
         for layout in layouts:
             runs[f"{layout} {pool}"] = radixd_run(model, trace, a, layout, pool, gib, shape.token_bytes)
