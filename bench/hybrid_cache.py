@@ -4,14 +4,15 @@ side at the same pool size in bytes, beside llama-server with and without `--swa
     python bench/hybrid_cache.py --model DIR/gemma-3-270m-q4_k_m.gguf --llama-bin DIR/llama/build/bin \\
         --out docs/measurements/bench-hybrid-cache.md
     python bench/hybrid_cache.py --quick          # a tiny random Gemma 3, 2 conversations x 2 turns
+    python bench/hybrid_cache.py --model FILE --llama-bin DIR --no-radixd   # llama-server alone
 
 The trace (seeded): `--conversations` conversations of `--turns` turns sharing a `--system-tokens`
 system prompt; turn 1 is a user task, the others tool outputs, each `--turn-tokens` long; each turn's
 prompt is the whole history in Gemma's turn format (the conversation's earlier outputs included) and
 asks for `--max-tokens` greedy tokens. Conversations are interleaved: turn t of every conversation, one
-request at a time, before turn t + 1. Prompts are token ids (the daemon's Tokenize on seeded text), so
-every peer sees the same tokens. Without `--model` the model is a random-weight Gemma 3 of the 270M
-shape (SmolLM2's tokenizer), written with gguf-py.
+request at a time, before turn t + 1. Prompts are token ids (seeded text through the model's tokenizer,
+as the daemon encodes a text prompt), so every peer sees the same tokens. Without `--model` the model
+is a random-weight Gemma 3 of the 270M shape (SmolLM2's tokenizer), written with gguf-py.
 
 radixd runs as `radixd serve` over gRPC, once per KV layout (`--kv-layout`), at a tight pool (the shared
 prompt plus `--warm-convs` conversations' own tokens at the full layout) and at a roomy one (every
@@ -35,7 +36,6 @@ import platform
 import random
 import secrets
 import statistics
-import subprocess
 import sys
 import tempfile
 import time
@@ -62,7 +62,6 @@ from radixd_client import Chunk, Client, Start
 # NOTE: the one place that names the daemon's layout flag and its values.
 KV_LAYOUT_FLAG = "--kv-layout"
 LAYOUTS = ("full", "windowed")
-DEFAULT_LAYOUT = "default"  # the label of a run on a daemon without the flag
 WARM_SHARE = 0.95  # a conversation is warm when LookupPrefix finds this share of its history
 ISA = ("avx", "amx", "fma", "f16c")  # the CPU flags the report names
 
@@ -351,7 +350,6 @@ class Run:
     wall_s: float = 0.0
     warm: list[int] = field(default_factory=list)  # after each round (radixd)
     stats: Any = None  # GetCacheStats after the last round (radixd)
-    token_bytes: int = 0  # the full layout's KV bytes per token
     histories: list[list[int]] = field(default_factory=list)
 
     def later(self) -> list[Reply]:
@@ -374,20 +372,15 @@ class Run:
         return statistics.mean(self.warm[1:]) if len(self.warm) > 1 else math.nan
 
     def bytes_per_token(self) -> float:
-        return bytes_per_cached_token(self.stats, self.token_bytes) if self.stats is not None else math.nan
+        return bytes_per_cached_token(self.stats) if self.stats is not None else math.nan
 
 
-def bytes_per_cached_token(stats: Any, token_bytes: int) -> float:
-    """KV bytes held per cached token: (tree_blocks + window_pages) x kv_bytes_per_block / (tree_blocks x
-    block_size). A daemon whose GetCacheStats lacks the layout's fields keeps every layer in the tree's
-    blocks: its blocks in use are tree blocks, it holds no window pages, and a block holds `token_bytes`
-    (the full layout's KV bytes per token) per token."""
-    if "kv_bytes_per_block" in stats.DESCRIPTOR.fields_by_name:
-        tree, window, per_block = stats.tree_blocks, stats.window_pages, stats.kv_bytes_per_block
-    else:
-        tree, window = stats.total_blocks - stats.free_blocks, 0
-        per_block = token_bytes * stats.block_size
-    return float((tree + window) * per_block / (tree * stats.block_size)) if tree else math.nan
+def bytes_per_cached_token(stats: Any) -> float:
+    """KV bytes held per cached token, from GetCacheStats: (tree_blocks + window_pages) x
+    kv_bytes_per_block / (tree_blocks x block_size)."""
+    tree = stats.tree_blocks
+    held = (tree + stats.window_pages) * stats.kv_bytes_per_block
+    return float(held / (tree * stats.block_size)) if tree else math.nan
 
 
 def run_trace(label: str, peer: Peer, trace: Trace, max_tokens: int) -> Run:
@@ -415,22 +408,13 @@ def run_trace(label: str, peer: Peer, trace: Trace, max_tokens: int) -> Run:
     return run
 
 
-def serves_layouts() -> bool:
-    """Whether this radixd's `serve` takes the layout flag."""
-    cmd = [sys.executable, "-m", "radixd.daemon.cli", "serve", "--help"]
-    return KV_LAYOUT_FLAG in subprocess.run(cmd, capture_output=True, text=True, check=True).stdout
-
-
-def radixd_run(
-    model: str, trace: Trace, a: argparse.Namespace, layout: str, pool: str, gib: float, token_bytes: int
-) -> Run:
-    flags = ["--kv-cache-gb", f"{gib:.6f}"] + ([KV_LAYOUT_FLAG, layout] if layout != DEFAULT_LAYOUT else [])
+def radixd_run(model: str, trace: Trace, a: argparse.Namespace, layout: str, pool: str, gib: float) -> Run:
+    flags = ["--kv-cache-gb", f"{gib:.6f}", KV_LAYOUT_FLAG, layout]
     peer = Radixd(model, flags)
     try:
         run = run_trace(f"radixd {layout}, {pool} pool", peer, trace, a.max_tokens)
     finally:
         peer.close()
-    run.token_bytes = token_bytes
     return run
 
 
@@ -466,14 +450,14 @@ def table(runs: list[Run]) -> list[str]:
 
 
 def cache_lines(runs: list[Run]) -> list[str]:
-    """What GetCacheStats said at the end of each radixd run (the layout's fields where it has them)."""
+    """What GetCacheStats said at the end of each radixd run, and the warm counts after each round."""
     names = ("kv_layout", "tree_blocks", "window_pages", "kept_windows", "window_tombstones",
              "kv_bytes_per_block", "total_blocks", "evictable_blocks")  # fmt: skip
     out = []
     for r in runs:
         if r.stats is not None:
-            have = [n for n in names if n in r.stats.DESCRIPTOR.fields_by_name]
-            out.append(f"- {r.label}: " + ", ".join(f"{n} {getattr(r.stats, n)}" for n in have))
+            stats = ", ".join(f"{n} {getattr(r.stats, n)}" for n in names)
+            out.append(f"- {r.label}: {stats}; warm after each round {' '.join(map(str, r.warm))}")
     return out
 
 
@@ -488,7 +472,7 @@ def targets(runs: dict[str, Run]) -> list[str]:
     """Windowed against full (tight pool unless said), and against llama-server."""
     full, win = runs.get("full tight"), runs.get("windowed tight")
     if full is None or win is None:
-        return ["- targets: need both layouts (this radixd serves no `--kv-layout`)"]
+        return ["- targets: need both layouts (radixd was not run)"]
     out = [
         _target("KV bytes per cached token, windowed / full", win.bytes_per_token() / full.bytes_per_token(),
                 0.35, True),
@@ -562,7 +546,6 @@ def main() -> None:
 
 def measure(model: str, a: argparse.Namespace) -> None:
     shape = KVShape.of(model)
-    layouts = LAYOUTS if serves_layouts() else (DEFAULT_LAYOUT,)
     gguf_file = gguf_file_module
     trace = build_trace(gguf_file._tokenizer(gguf_file._open(model), model), a)
     own = trace.own_tokens(a.max_tokens)
@@ -572,10 +555,12 @@ def measure(model: str, a: argparse.Namespace) -> None:
         raise SystemExit(f"--warm-convs {a.warm_convs:g}: the tight pool must hold 1.5 whole conversations")
     pools = {"tight": a.warm_convs} | ({"roomy": a.roomy_convs} if a.roomy_convs else {})
     runs: dict[str, Run] = {}
-    for pool, convs in pools.items() if not a.no_radixd else ():
+    if a.no_radixd:
+        pools = {}
+    for pool, convs in pools.items():
         gib = (len(trace.head) + convs * own) * shape.token_bytes / 2**30
-        for layout in layouts:
-            runs[f"{layout} {pool}"] = radixd_run(model, trace, a, layout, pool, gib, shape.token_bytes)
+        for layout in LAYOUTS:
+            runs[f"{layout} {pool}"] = radixd_run(model, trace, a, layout, pool, gib)
     if a.llama_bin:
         runs["llama"] = llama_run(model, trace, a, swa_full=False)
         runs["llama swa-full"] = llama_run(model, trace, a, swa_full=True)
@@ -593,7 +578,6 @@ def measure(model: str, a: argparse.Namespace) -> None:
         f" the longest conversation {len(trace.head) + own:,} tokens",
         f"pools: tight {tight_gib:.4f} GiB (the shared prompt + {a.warm_convs:g} conversations at the full"
         f" layout)" + (f", roomy {a.roomy_convs:g} conversations" if a.roomy_convs else ""),
-        f"layouts: {', '.join(layouts)}",
         "",
         *table(list(runs.values())),
         "",
