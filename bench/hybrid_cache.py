@@ -465,7 +465,7 @@ def _target(name: str, value: float, goal: float, at_most: bool) -> str:
     if math.isnan(value):
         return f"- {name}: n/a"
     met = value <= goal if at_most else value >= goal
-    return f"- {name}: {value:.2f}x ({'<=' if at_most else '>='} {goal:g}x: {'met' if met else 'missed'})"
+    return f"- {name}: {value:.2f}x ({'<=' if at_most else '>='} {goal:.3g}x: {'met' if met else 'missed'})"
 
 
 def targets(runs: dict[str, Run]) -> list[str]:
