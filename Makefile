@@ -11,7 +11,8 @@ METRICS_PORT ?= 9464
 
 .PHONY: venv serve test lint typecheck unit proto bench bench-memory bench-radix bench-kernels bench-offline \
         bench-workloads bench-sched bench-serve bench-serve-step bench-big-prompt bench-speculative \
-        bench-structured bench-cluster bench-agent bench-single-stream bench-user-model gpu-check clean
+        bench-structured bench-cluster bench-agent bench-hybrid-cache bench-single-stream bench-user-model \
+        gpu-check clean
 
 venv: $(STAMP)
 
@@ -44,7 +45,8 @@ proto: $(STAMP)
 # Benchmarks print their tables; docs/benchmarks.md says which file keeps each one and how it was run.
 # Each has a seconds-long smoke run in make test (tests/bench/test_smoke.py).
 bench: bench-memory bench-radix bench-kernels bench-offline bench-workloads bench-sched bench-serve \
-       bench-serve-step bench-big-prompt bench-speculative bench-structured bench-cluster bench-agent
+       bench-serve-step bench-big-prompt bench-speculative bench-structured bench-cluster bench-agent \
+       bench-hybrid-cache
 
 bench-memory: $(STAMP)
 	$(PY) bench/fragmentation.py
@@ -97,6 +99,13 @@ bench-cluster: $(STAMP)
 # An agent's tool loop through smg; LLAMA_SERVER=path/to/llama-server adds it beside (docs/agent-tools.md).
 bench-agent: $(STAMP)
 	$(PY) bench/agent_loop.py --reps 2 $(if $(LLAMA_SERVER),--llama-server $(LLAMA_SERVER))
+
+# Gemma 3 conversations per KV layout at one pool size, beside llama-server (--swa-full and not):
+# make bench-hybrid-cache GEMMA_GGUF=path/to/gemma-3-270m-q4_k_m.gguf LLAMA_BIN=path/to/llama/build/bin
+# (without GEMMA_GGUF a random-weight Gemma 3 of that shape; without LLAMA_BIN radixd alone;
+# docs/measurements/bench-hybrid-cache.md).
+bench-hybrid-cache: $(STAMP)
+	$(PY) bench/hybrid_cache.py $(if $(GEMMA_GGUF),--model $(GEMMA_GGUF)) $(if $(LLAMA_BIN),--llama-bin $(LLAMA_BIN))
 
 # Needs llama.cpp's server: make bench-single-stream LLAMA_SERVER=path/to/llama-server
 # (docs/measurements/bench-single-stream.md).

@@ -56,6 +56,7 @@ _DAEMON: dict[str, str] = {
     "ModelConfig": "radixd.daemon.model",
     "ENV_DECODER": "radixd.daemon.model.native_decoder",
     "default_dtype_name": "radixd.daemon.model.precision",
+    "resolve_precision": "radixd.daemon.model.precision",
     "QualityReport": "radixd.daemon.quality",
     "reference_log_probs": "radixd.daemon.quality",
     "teacher_forced_quality": "radixd.daemon.quality",
@@ -188,8 +189,8 @@ def run_requests(core: Any, reqs: Sequence[Any]) -> Timed:
 
 
 class Daemon:
-    """`radixd serve` as a subprocess on free loopback ports, `extra` flags appended; `address` is its
-    gRPC address once it serves. Use as a context manager, or call `stop()`."""
+    """`radixd serve` as a subprocess on free loopback ports, `extra` flags appended; `address` and
+    `admin_address` are its gRPC addresses once it serves. Use as a context manager, or call `stop()`."""
 
     def __init__(self, extra: Sequence[str] = (), timeout_s: float = 300.0) -> None:
         self._dir = tempfile.TemporaryDirectory(prefix="radixd-bench-")
@@ -204,6 +205,7 @@ class Daemon:
             self._dir.cleanup()
             raise
         self.address = f"127.0.0.1:{info['port']}"
+        self.admin_address = f"127.0.0.1:{info['admin_port']}"
 
     def stop(self) -> None:
         """End the daemon (SIGTERM, then SIGKILL after 60 s) and remove its files."""

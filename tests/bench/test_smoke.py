@@ -61,6 +61,8 @@ MODEL_RUNS: dict[str, tuple[str, str]] = {
     ),
     # its own `radixd cluster` (one replica), the tool loop through the official openai client
     "agent_loop.py": ("--smoke --max-tokens 24", "| answer |"),
+    # a tiny random Gemma 3 written with gguf-py, its own `radixd serve` per layout and pool
+    "hybrid_cache.py": ("--quick", "| radixd "),
 }
 # against the module's daemon (--address is added)
 SERVED_RUNS: dict[str, tuple[str, str]] = {
