@@ -86,6 +86,26 @@ def __getattr__(name: str) -> Any:
     return value
 
 
+def copy_tokenizer(writer: Any, path: str) -> int:
+    """Copy the `tokenizer.*` metadata of the GGUF at `path` into gguf-py's `writer`, read with the
+    daemon's header reader (gguf-py's reader takes seconds per vocabulary); -> the vocabulary's size."""
+    import gguf  # the bench scripts that write GGUFs need it; the others do not import it
+
+    t = gguf.GGUFValueType
+    fields = __getattr__("GGUFHeader")(path).fields
+    for key, v in fields.items():
+        if not key.startswith("tokenizer."):
+            continue
+        if isinstance(v, list):
+            item = v[0] if v else ""
+            sub = t.STRING if isinstance(item, str) else t.FLOAT32 if isinstance(item, float) else t.INT32
+            writer.add_key_value(key, v, t.ARRAY, sub)
+        else:
+            kind = {bool: t.BOOL, int: t.UINT32, float: t.FLOAT32, str: t.STRING}[type(v)]
+            writer.add_key_value(key, v, kind)
+    return len(fields["tokenizer.ggml.tokens"])
+
+
 def write_report(lines: list[str], out: str | None) -> None:
     """Print a benchmark's markdown report and write it to `out` when given."""
     report = "\n".join(lines) + "\n"

@@ -3,7 +3,7 @@ side at the same pool size in bytes, beside llama-server with and without `--swa
 
     python bench/hybrid_cache.py --model DIR/gemma-3-270m-q4_k_m.gguf --llama-bin DIR/llama/build/bin \\
         --out docs/measurements/bench-hybrid-cache.md
-    python bench/hybrid_cache.py --quick          # a tiny random Gemma 3, 2 conversations x 2 turns
+    python bench/hybrid_cache.py --quick          # a tiny random Gemma 3, 2 x 2 turns, one pool
     python bench/hybrid_cache.py --model FILE --llama-bin DIR --no-radixd   # llama-server alone
 
 The trace (seeded): `--conversations` conversations of `--turns` turns sharing a `--system-tokens`
@@ -49,6 +49,7 @@ import gguf
 import numpy as np
 from benchkit import (
     Daemon,
+    copy_tokenizer,
     cpu_flags,
     default_dtype_name,
     default_model_path,
@@ -117,8 +118,6 @@ def _tensors(s: Shape, vocab: int) -> Iterator[tuple[str, tuple[int, ...]]]:
 def write_random_gemma(path: Path, s: Shape) -> None:
     """A random-weight Gemma 3 GGUF (one KV head, matrices in Q4_0, norms F32 ones as GGUF stores 1 + w)
     with the embedded SmolLM2's tokenizer, written tensor by tensor."""
-    src = gguf.GGUFReader(default_model_path())
-    vocab = len(src.fields["tokenizer.ggml.tokens"].data)
     w = gguf.GGUFWriter(str(path) + ".part", "gemma3")
     w.add_name(f"random gemma3 {s.hidden}x{s.layers}")
     w.add_context_length(32768)
@@ -134,10 +133,7 @@ def write_random_gemma(path: Path, s: Shape) -> None:
     w.add_sliding_window(s.window)
     w.add_sliding_window_pattern(s.pattern)
     w.add_file_type(gguf.LlamaFileType.MOSTLY_Q4_0)
-    for key, fld in src.fields.items():
-        if key.startswith("tokenizer."):
-            sub = fld.types[-1] if fld.types[0] == gguf.GGUFValueType.ARRAY else None
-            w.add_key_value(key, fld.contents(), fld.types[0], sub)
+    vocab = copy_tokenizer(w, default_model_path())
     q4 = gguf.GGMLQuantizationType.Q4_0
     for name, shape in _tensors(s, vocab):
         if len(shape) == 1:
@@ -525,12 +521,16 @@ def main() -> None:
     ap.add_argument("--roomy-convs", type=float, default=12, help="roomy pool: the same; 0 skips it")
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--no-radixd", action="store_true", help="llama-server alone (with --llama-bin)")
-    ap.add_argument("--quick", action="store_true", help="tiny random model, 2 x 2 turns, no llama-server")
+    ap.add_argument(
+        "--quick",
+        action="store_true",
+        help="tiny random model, 2 x 2 turns, the tight pool only, no llama-server",
+    )
     ap.add_argument("--out", help="also write the report (markdown) here")
     a = ap.parse_args()
     if a.quick:
         a.conversations, a.turns, a.system_tokens, a.turn_tokens, a.max_tokens = 2, 2, 48, (16, 32), 4
-        a.warm_convs, a.roomy_convs, a.llama_bin, a.model = 2, 4, None, None
+        a.warm_convs, a.roomy_convs, a.llama_bin, a.model = 2, 0, None, None  # one pool: two daemons
     with tempfile.TemporaryDirectory(prefix="radixd-hybrid-") as tmp:
         model = a.model
         if model is None:

@@ -41,7 +41,7 @@ from pathlib import Path
 
 import gguf
 import numpy as np
-from benchkit import Daemon, default_model_path
+from benchkit import Daemon, GGUFHeader, copy_tokenizer, default_model_path
 from llama_server import free_port
 
 BENCH = Path(__file__).resolve().parent
@@ -75,7 +75,6 @@ def permute(w: np.ndarray, n_head: int) -> np.ndarray:
 def write_gguf(path: Path, a: argparse.Namespace, qtype: gguf.GGMLQuantizationType) -> None:
     """Write the model to `path` with every matrix in `qtype` (F16 or a type gguf-py quantizes), tensor
     by tensor (never the whole model in memory); norms F32 as llama.cpp keeps them."""
-    src = gguf.GGUFReader(default_model_path())
     w = gguf.GGUFWriter(str(path) + ".part", "llama")
     w.add_name(f"random llama {a.hidden}x{a.layers}")
     w.add_context_length(8192)
@@ -94,10 +93,7 @@ def write_gguf(path: Path, a: argparse.Namespace, qtype: gguf.GGMLQuantizationTy
         else gguf.LlamaFileType.MOSTLY_Q4_1
     )
     w.add_file_type(kind)
-    for key, field in src.fields.items():
-        if key.startswith("tokenizer."):
-            sub = field.types[-1] if field.types[0] == gguf.GGUFValueType.ARRAY else None
-            w.add_key_value(key, field.contents(), field.types[0], sub)
+    copy_tokenizer(w, default_model_path())
     for name, shape, std in tensors(a):
         if std == 0.0:
             w.add_tensor_info(name, shape, np.dtype(np.float32), 4 * shape[0])
@@ -352,7 +348,7 @@ def main() -> None:
     )
     ap.add_argument("--out", type=Path, default=None, help="write the markdown report here")
     a = ap.parse_args()
-    a.vocab = len(gguf.GGUFReader(default_model_path()).fields["tokenizer.ggml.tokens"].data)
+    a.vocab = len(GGUFHeader(default_model_path()).fields["tokenizer.ggml.tokens"])
     os.environ["RADIXD_NUM_THREADS"] = str(a.threads)
     # NOTE: radixd's default pool (DEFAULT_KV_CACHE_GB), K and V in 16 bits: the same bytes on both sides
     a.llama_context = a.llama_context or (1 << 30) // (4 * a.layers * a.kv_heads * (a.hidden // a.heads))
