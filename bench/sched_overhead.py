@@ -82,7 +82,9 @@ class NullModel:
         return self._hidden.expand(input_ids.shape[0], -1)
 
     def logits(self, hidden: torch.Tensor) -> torch.Tensor:
-        return self._logits[: hidden.shape[0]]
+        n = hidden.shape[0]
+        # A step that verifies drafts asks for more rows than sequences (the draft budget decides).
+        return self._logits[:n] if n <= len(self._logits) else self._logits[:1].expand(n, -1)
 
 
 class PhaseClock:
