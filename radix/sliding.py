@@ -47,10 +47,6 @@ class SlidingTable:
     def num_positions(self) -> int:
         return len(self.pages[0])
 
-    def held(self) -> int:
-        """Pages this table holds."""
-        return (self.num_positions - self.lo) * self.groups
-
     # ------------------------------------------------------------------ growth
     def _growth(self, n_tokens: int) -> tuple[int, bool]:
         B = self.pool.block_size
