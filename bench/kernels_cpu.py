@@ -27,12 +27,16 @@ the weights come from memory, as in a decode step); median ms per call (wall, an
 CPU time: on a shared machine the wall time also counts the time the kernel waited for a core), GB/s
 of weights at one row (wall), GMAC/s a thread (multiply-accumulates / threads / the calling thread's
 CPU time, its share of the work: what a shared machine's waits leave out of the wall time), and each
-kind's speed against Q4_1_A8's and, for a repacked kind (``q4_k_x16``: kernels/kquant_x16.c), against
-the stored kind it repacks (median of per-round ratios); ``--gemm-kinds`` picks kinds:
+kind's speed against Q4_1_A8's and, for a repacked kind (``q4_k_x16``: kernels/kquant_x16.c;
+``q4_1_x16``, ``q8_0_x16``, ``q5_0_x16``: kernels/legacy_x16.c), against the stored kind it repacks (median of
+per-round ratios); ``--gemm-kinds`` picks kinds; ``--gemm-cached`` keeps one copy of the weights (in
+cache: the kernels' compute alone):
 
     .venv/bin/python bench/kernels_cpu.py --gemm 2048x2048,8192x2048,2048x640 --threads 2
     .venv/bin/python bench/kernels_cpu.py --gemm 2048x2048,8192x2048,2048x8192 --threads 1 \
         --gemm-kinds q4_1_a8,q4_k_a8,q4_k_x16,q6_k_a8,q6_k_x16
+    .venv/bin/python bench/kernels_cpu.py --gemm 1536x576,576x1536,576x576,49152x576 --threads 1 \
+        --gemm-kinds q4_1_a8,q4_1_x16,q8_0_a8,q8_0_x16 --gemm-cached --rounds 15
 
 ``--peak`` compiles and runs :data:`PEAK_C` (needs a C compiler and AVX512-VNNI): one core's int8
 multiply-accumulate peak, `vpdpbusd` on 12 independent accumulators so that throughput, not latency,
@@ -215,19 +219,28 @@ def measure(fns: dict[str, Callable[[], object]], rounds: int, read_mib: int) ->
 # The kinds --gemm times (Q4_1_A8, the reference, first; its codes, scales and minimums are separate
 # arrays, the others' blocks are as the file stores them: (weights, bytes) a block in `BLOCKS`).
 GEMM_KINDS = (
-    *("q4_1_a8", "q4_0_a8", "q5_0_a8", "q5_1_a8", "q4_k_a8", "q5_k_a8", "q6_k_a8"),
-    *("q4_k_x16", "q6_k_x16"),
+    *("q4_1_a8", "q8_0_a8", "q4_0_a8", "q5_0_a8", "q5_1_a8", "q4_k_a8", "q5_k_a8", "q6_k_a8"),
+    *("q4_1_x16", "q8_0_x16", "q5_0_x16", "q4_k_x16", "q6_k_x16"),
 )
 # A repacked kind -> the stored kind whose blocks it repacks.
-REPACKED = {"q4_k_x16": "q4_k_a8", "q6_k_x16": "q6_k_a8"}
+REPACKED = {
+    "q4_k_x16": "q4_k_a8",
+    "q6_k_x16": "q6_k_a8",
+    "q4_1_x16": "q4_1_a8",
+    "q8_0_x16": "q8_0_a8",
+    "q5_0_x16": "q5_0_a8",
+}
 # Where a block's fp16 scales lie (scale, then the minimums' scale where it has one).
-SCALES_AT = {"q5_1_a8": (0, 4), "q4_k_a8": (0, 4), "q5_k_a8": (0, 4), "q6_k_a8": (208, 210)}
+SCALES_AT = {
+    **{c: (0, 4) for c in ("q4_1_raw", "q5_1_a8", "q4_k_a8", "q5_k_a8")},
+    "q6_k_a8": (208, 210),
+}
 
 
 def gemm_operands(coding: str, n: int, k: int, g: torch.Generator) -> list[torch.Tensor]:
     """Random codes with small fp16 scales (and negative minimums) in the kind's layout."""
     if coding in REPACKED:
-        (raw,) = gemm_operands(REPACKED[coding], n, k, g)
+        (raw,) = gemm_operands(f"{coding[:4]}_raw", n, k, g)
         packed = repack_x16(coding[:4].upper(), raw, n, k)
         if packed is None:
             raise SystemExit(f"{coding} needs a CPU with AVX512-VNNI and outputs a multiple of 16")
@@ -238,7 +251,10 @@ def gemm_operands(coding: str, n: int, k: int, g: torch.Generator) -> list[torch
 
     if coding == "q4_1_a8":
         return [torch.randint(0, 256, (n, k // 2), dtype=torch.uint8, generator=g), halves(), -halves()]
-    per, size = BLOCKS[coding.removesuffix("_a8").upper()]
+    if coding == "q8_0_a8":
+        return [torch.randint(-127, 128, (n, k), dtype=torch.int8, generator=g), halves()]
+    # "q4_1_raw", "q8_0_raw": the file's blocks, which the split kinds above hold reordered
+    per, size = BLOCKS[coding.removesuffix("_a8").removesuffix("_raw").upper()]
     raw = torch.randint(0, 256, (n, k // per, size), dtype=torch.uint8, generator=g)
     start, end = SCALES_AT.get(coding, (0, 2))
     for at in range(start, end, 2):
@@ -246,11 +262,14 @@ def gemm_operands(coding: str, n: int, k: int, g: torch.Generator) -> list[torch
     return [raw.view(n, -1)]
 
 
-def gemm_report(shapes: str, rows: str, rounds: int, kinds: tuple[str, ...] = GEMM_KINDS) -> str:
-    """The --gemm table (see the module's docstring)."""
+def gemm_report(
+    shapes: str, rows: str, rounds: int, kinds: tuple[str, ...] = GEMM_KINDS, cached: bool = False
+) -> str:
+    """The --gemm table (see the module's docstring); `cached`: one copy of the weights, called as often."""
     threads = torch.get_num_threads()
     lines = [
-        f"radixd_gemm, {threads} threads, {rounds} interleaved rounds; weights from memory",
+        f"radixd_gemm, {threads} threads, {rounds} interleaved rounds; weights "
+        + ("in cache (one copy)" if cached else "from memory"),
         "",
         "| n x k | rows | kind | MiB | median ms | CPU ms | GB/s | GMAC/s a thread | vs q4_1_a8 "
         "| vs stored |",
@@ -264,7 +283,8 @@ def gemm_report(shapes: str, rows: str, rounds: int, kinds: tuple[str, ...] = GE
         for c in kinds:
             one = sum(t.numel() * t.element_size() for t in gemm_operands(c, n, k, g))
             count = -(-(64 << 20) // one)
-            copies[c] = [Gemm(c, gemm_operands(c, n, k, g), None, (n, k)) for _ in range(count)]
+            made = [Gemm(c, gemm_operands(c, n, k, g), None, (n, k)) for _ in range(1 if cached else count)]
+            copies[c] = made * count if cached else made
         for m in (int(v) for v in rows.split(",")):
             x = torch.randn(m, k, generator=g)
             times: dict[str, list[float]] = {c: [] for c in kinds}
@@ -377,6 +397,11 @@ def main(argv: list[str] | None = None) -> str:
     ap.add_argument("--gemm", default="", help="time the projection kinds instead, at these n x k shapes")
     ap.add_argument("--gemm-rows", default="1,8,64", help="--gemm's row counts, comma-separated")
     ap.add_argument("--gemm-kinds", default=",".join(GEMM_KINDS), help="--gemm's kinds, comma-separated")
+    ap.add_argument(
+        "--gemm-cached",
+        action="store_true",
+        help="--gemm: one copy of the weights (in cache: the compute alone)",
+    )
     ap.add_argument("--peak", action="store_true", help="measure one core's vpdpbusd peak instead")
     args = ap.parse_args(argv)
     if args.peak:
@@ -390,7 +415,7 @@ def main(argv: list[str] | None = None) -> str:
         unknown = set(kinds) - set(GEMM_KINDS)
         if unknown:
             ap.error(f"unknown --gemm-kinds {sorted(unknown)} (known: {', '.join(GEMM_KINDS)})")
-        report = gemm_report(args.gemm, args.gemm_rows, args.rounds, kinds)
+        report = gemm_report(args.gemm, args.gemm_rows, args.rounds, kinds, args.gemm_cached)
         print()
         print(report)
         return report

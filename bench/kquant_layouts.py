@@ -1,12 +1,14 @@
-"""The two K-quant layouts on one GGUF model, in one process: the file's blocks (``stored``,
-kernels/kquant_gemm.c) against 16 rows interleaved at load (``x16``, kernels/kquant_x16.c).
+"""The two weight layouts on one GGUF model, in one process: the file's blocks (``stored``: Q4_1 and
+Q8_0 split, kernels/a8_gemm.c; K-quants as mapped, kernels/kquant_gemm.c) against 16 rows interleaved
+at load (``x16``: kernels/legacy_x16.c, kernels/kquant_x16.c), for every format that has both.
 
-Both models are loaded (``RADIXD_KQUANT_LAYOUT`` set for each), checked to give bitwise the same logits
-on a prompt, then timed alternately, one of each per repeat, through ``ModelRunner.step`` as
-bench/offline.py drives it: a prefill of ``--prefill-batch`` x ``--prompt-len`` tokens, and greedy
-decode steps at batch 1 and 8. Each figure is tokens / seconds, from the wall clock (median and best of
-the repeats) and from the process's CPU time (median): with ``--threads 1`` the CPU time is the step's
-own work, which a shared machine's other loads leave nearly untouched where they stretch the wall time.
+Both models are loaded (``RADIXD_KQUANT_LAYOUT`` set for each), their logits on a prompt compared
+(bitwise equal for the K-quants; Q4_1 / Q8_0 / Q5_0's repacked kinds differ in the last bits), then timed
+alternately, one of each per repeat, through ``ModelRunner.step`` as bench/offline.py drives it: a
+prefill of ``--prefill-batch`` x ``--prompt-len`` tokens, and greedy decode steps at batch 1 and 8.
+Each figure is tokens / seconds, from the wall clock (median and best of the repeats) and from the
+process's CPU time (median): with ``--threads 1`` the CPU time is the step's own work, which a shared
+machine's other loads leave nearly untouched where they stretch the wall time.
 
 With ``--llama-bin`` (llama.cpp's build/bin), llama.cpp on the same file and thread count by the same
 CPU-time measure: each run's process CPU time (user + sys), less that of a run doing (almost) nothing
@@ -72,7 +74,9 @@ def llama_cpu_rates(bin_dir: str, model: str, a: argparse.Namespace) -> dict[str
 def main(argv: list[str] | None = None) -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument(
-        "--model", default=None, help="a GGUF file with Q4_K / Q6_K matrices (default: the embedded model)"
+        "--model",
+        default=None,
+        help="a GGUF file with Q4_1 / Q8_0 / Q5_0 / Q4_K / Q6_K matrices (default: the embedded model)",
     )
     ap.add_argument("--threads", type=int, default=1)
     ap.add_argument("--repeats", type=int, default=5)
@@ -99,7 +103,9 @@ def main(argv: list[str] | None = None) -> None:
     logits = [
         s.runner.step_logits([StepSeq(0, prompts[0][:32], 0, s._tables(1)[0], None)]) for s in sides.values()
     ]
-    lines.append(f"- logits of a 32-token prompt bitwise equal: {torch.equal(logits[0], logits[1])}")
+    rel = float((logits[0] - logits[1]).abs().max() / logits[0].abs().max())
+    same = torch.equal(logits[0], logits[1])
+    lines.append(f"- logits of a 32-token prompt bitwise equal: {same} (max diff / max |logit| {rel:.1e})")
     # name, tokens, (side -> wall and CPU seconds)
     phases: list[tuple[str, int, Callable[[RadixdSide], tuple[float, float]]]] = [
         (

@@ -152,14 +152,21 @@ def step_plan(
     pre_table, pre_pos = prefill_rows(cu_q_lens, prefill_lens, np_)
     dec_pos = decode_lens.long().cpu() - 1
     sp = prefill_tables.shape[0] if np_ else 0
-    width = max(prefill_tables.shape[1] if sp else 1, decode_tables.shape[1] if dec_pos.numel() else 1)
+    tables = step_tables(prefill_tables, np_, decode_tables)
+    row_table = torch.cat((pre_table, sp + torch.arange(dec_pos.shape[0])))
+    return plan_rows(tables, row_table, torch.cat((pre_pos, dec_pos)), block_size, num_blocks)
+
+
+def step_tables(prefill_tables: torch.Tensor, num_prefill: int, decode_tables: torch.Tensor) -> torch.Tensor:
+    """The tables of `step_plan`'s rows (unchecked), int32 on the CPU at one width: the prefill
+    sequences' (where the step has `num_prefill` > 0 prefill tokens), then the decode rows'."""
+    sp = prefill_tables.shape[0] if num_prefill else 0
+    width = max(prefill_tables.shape[1] if sp else 1, decode_tables.shape[1] if decode_tables.shape[0] else 1)
     parts = [t.cpu().to(torch.int32) for t in ((prefill_tables[:sp],) if sp else ()) + (decode_tables,)]
-    tables = torch.cat(
+    return torch.cat(
         [torch.nn.functional.pad(t, (0, width - t.shape[1])) for t in parts if t.numel()]
         or [torch.zeros(1, width, dtype=torch.int32)]
     )
-    row_table = torch.cat((pre_table, sp + torch.arange(dec_pos.shape[0])))
-    return plan_rows(tables, row_table, torch.cat((pre_pos, dec_pos)), block_size, num_blocks)
 
 
 def threads_for(plan: RowsPlan, hkv: int, window: int = 0) -> int:

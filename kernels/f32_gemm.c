@@ -212,7 +212,7 @@ float *radixd_scratch(int64_t n) {
 }
 
 /* Which unit of the library runs a kind. */
-typedef enum { UNIT_NONE, UNIT_FP32, UNIT_A8, UNIT_KQUANT, UNIT_KQUANT_X16, UNIT_LEGACY } gemm_unit;
+typedef enum { UNIT_NONE, UNIT_FP32, UNIT_A8, UNIT_KQUANT, UNIT_KQUANT_X16, UNIT_LEGACY, UNIT_LEGACY_X16 } gemm_unit;
 
 static gemm_unit unit_of(int64_t kind) {
     switch (kind) {
@@ -230,6 +230,10 @@ static gemm_unit unit_of(int64_t kind) {
     case RADIXD_W_Q4_K_X16:
     case RADIXD_W_Q6_K_X16:
         return UNIT_KQUANT_X16;
+    case RADIXD_W_Q4_1_X16:
+    case RADIXD_W_Q8_0_X16:
+    case RADIXD_W_Q5_0_X16:
+        return UNIT_LEGACY_X16;
     case RADIXD_W_Q4_0_A8:
     case RADIXD_W_Q5_0_A8:
     case RADIXD_W_Q5_1_A8:
@@ -261,6 +265,9 @@ static int gemm_part(const radixd_proj *p, const float *x, int64_t m, float *y, 
         break;
     case UNIT_LEGACY:
         rc = radixd_legacy_gemm(p, x, m, y, ldy, threads);
+        break;
+    case UNIT_LEGACY_X16:
+        rc = radixd_legacy_x16_gemm(p, x, m, y, ldy, threads);
         break;
     default:
         return -2;
@@ -319,6 +326,8 @@ int radixd_dequantize_rows(const radixd_proj *p, const int64_t *rows, int64_t co
             radixd_kquant_dequantize_row(p, r, o);
         else if (unit == UNIT_KQUANT_X16)
             radixd_kquant_x16_dequantize_row(p, r, o);
+        else if (unit == UNIT_LEGACY_X16)
+            radixd_legacy_x16_dequantize_row(p, r, o);
         else
             radixd_legacy_dequantize_row(p, r, o);
     }

@@ -1,5 +1,5 @@
-/* What the projection units (f32_gemm.c, a8_gemm.c, a8_avx512.c, legacy_gemm.c, legacy_avx512.c)
- * share: horizontal sums, the prefetch of coded weights, the per-thread buffer, the 8-bit activations,
+/* What the projection units (f32_gemm.c, a8_gemm.c, a8_avx512.c, legacy_gemm.c, legacy_avx512.c,
+ * kquant_gemm.c, kquant_x16.c, legacy_x16.c) share: horizontal sums, the prefetch of coded weights, the per-thread buffer, the 8-bit activations,
  * the legacy GGUF blocks' layout. Private to the library.
  *
  * NOTE: every unit including this is built with -ffp-contract=off and without -ffast-math: an
@@ -151,5 +151,11 @@ INTERNAL void radixd_kquant_quantize_rows(const float *x, int64_t m, int64_t k, 
  * AVX512-VNNI. And one row of such a part as fp32. */
 INTERNAL int radixd_kquant_x16_gemm(const radixd_proj *p, const float *x, int64_t m, float *y, int64_t ldy, int threads);
 INTERNAL void radixd_kquant_x16_dequantize_row(const radixd_proj *p, int64_t row, float *out);
+
+/* legacy_x16.c (AVX512-VNNI): the kinds Q4_1_X16, Q8_0_X16 and Q5_0_X16 (16 rows' blocks interleaved by
+ * radixd_legacy_repack), as radixd_a8_gemm's AVX512-VNNI path with the same bits; -2 where the CPU
+ * lacks AVX512-VNNI. And one row of such a part as fp32. */
+INTERNAL int radixd_legacy_x16_gemm(const radixd_proj *p, const float *x, int64_t m, float *y, int64_t ldy, int threads);
+INTERNAL void radixd_legacy_x16_dequantize_row(const radixd_proj *p, int64_t row, float *out);
 
 #endif

@@ -96,8 +96,8 @@ _AVX512_VNNI = (*_AVX2, "-mavx512f", "-mavx512bw", "-mavx512vl", "-mavx512vnni")
 # Per-file ISA flags, x86-64 only (elsewhere those units stay out and their callers fall back). They
 # let a unit's intrinsics compile on any x86-64 CPU; its callers run it only where the CPU has the
 # ISA (f32.py checks AVX2, FMA and F16C; a8_gemm.c and legacy_gemm.c check AVX512-VNNI before calling
-# a8_avx512.c and legacy_avx512.c), and there -march=native already enables the same features, so the
-# code is the same.
+# a8_avx512.c and legacy_avx512.c; kquant_x16.c and legacy_x16.c check it themselves), and there
+# -march=native already enables the same features, so the code is the same.
 UNIT_FLAGS: dict[str, tuple[str, ...]] = {
     "f32_gemm.c": _AVX2,
     "a8_gemm.c": _AVX2,
@@ -106,6 +106,7 @@ UNIT_FLAGS: dict[str, tuple[str, ...]] = {
     "legacy_avx512.c": _AVX512_VNNI,
     "kquant_gemm.c": _AVX2,
     "kquant_x16.c": _AVX512_VNNI,
+    "legacy_x16.c": _AVX512_VNNI,
     "cpu_decoder.c": _AVX2,
 }
 # What runs instead where the library cannot be built.
@@ -196,6 +197,9 @@ class Weights(enum.IntEnum):
     BF16 = 12
     Q4_K_X16 = 13
     Q6_K_X16 = 14
+    Q4_1_X16 = 15
+    Q8_0_X16 = 16
+    Q5_0_X16 = 17
 
 
 class Attn(ctypes.Structure):
@@ -236,14 +240,20 @@ class Layer(ctypes.Structure):
     """radixd_layer: one decoder layer."""
 
     _fields_ = [
-        ("attn_norm", _p),
-        ("mlp_norm", _p),
+        *(
+            (name, _p)
+            for name in ("attn_norm", "mlp_norm", "q_norm", "k_norm", "post_attn_norm", "post_mlp_norm")
+        ),
         ("qkv", Proj),
         ("o", Proj),
         ("gate_up", Proj),
         ("down", Proj),
         ("k_cache", _p),
         ("v_cache", _p),
+        ("window", _i64),
+        ("rope", _i32),
+        ("group", _i32),
+        ("gelu", _i32),
     ]
 
 
@@ -251,7 +261,10 @@ class Step(ctypes.Structure):
     """radixd_step: a decoder step's rows."""
 
     _fields_ = [
-        *((name, _i64) for name in ("rows", "hidden", "hq", "hkv", "d", "inter", "block_size", "width")),
+        *(
+            (name, _i64)
+            for name in ("rows", "hidden", "hq", "hkv", "d", "inter", "block_size", "width", "num_tables")
+        ),
         ("eps", _f32),
         ("scale", _f32),
         ("threads", _i32),
@@ -271,6 +284,8 @@ SIGNATURES: dict[str, tuple[Any, list[Any]]] = {
     "radixd_q8_0_encode": (_c_int, [_p, _i64, _i64, _p, _p]),
     "radixd_kquant_repack": (_c_int, [_i64, _p, _i64, _i64, _p]),
     "radixd_kquant_repacked_bytes": (_i64, [_i64, _i64, _i64]),
+    "radixd_legacy_repack": (_c_int, [_i64, _p, _i64, _i64, _p]),
+    "radixd_legacy_repacked_bytes": (_i64, [_i64, _i64, _i64]),
     "radixd_decoder_workspace": (_i64, [_i64] * 6),
     "radixd_decoder_forward": (_c_int, [ctypes.POINTER(Layer), _i64, _p, ctypes.POINTER(Step), _p, _p, _p]),
 }

@@ -35,6 +35,13 @@ typedef enum {
      * the same arithmetic and bits as Q4_K_A8 / Q6_K_A8; AVX512-VNNI CPUs only (-2 elsewhere). */
     RADIXD_W_Q4_K_X16 = 13,
     RADIXD_W_Q6_K_X16 = 14,
+    /* Q4_1 / Q8_0 / Q5_0 rows repacked by radixd_legacy_repack (16 rows' blocks interleaved a pair of
+     * blocks at a time; n % 16 == 0, k % 64 == 0), Q4_1_A8 / Q8_0_A8 / Q5_0_A8's weights and 8-bit
+     * activations, each group's products summed in int32 before its scale (other last bits); AVX512-VNNI
+     * CPUs only (-2 elsewhere). */
+    RADIXD_W_Q4_1_X16 = 15,
+    RADIXD_W_Q8_0_X16 = 16,
+    RADIXD_W_Q5_0_X16 = 17,
 } radixd_weights;
 
 /* One attention call: rows of queries, each attending to keys 0..row_pos through its table, or to the
@@ -63,23 +70,31 @@ typedef struct radixd_proj {
     const struct radixd_proj *next; /* the next part, or NULL */
 } radixd_proj;
 
-/* One decoder layer. */
+/* One decoder layer. The parts only some families have are NULL where a layer lacks them. */
 typedef struct {
-    const float *attn_norm, *mlp_norm; /* [hidden] */
-    radixd_proj qkv, o, gate_up, down;  /* qkv rows: q heads, k heads, v heads; gate_up: gate then up */
-    void *k_cache, *v_cache;            /* [blocks, block_size, hkv, d] of radixd_step.kv_dtype */
+    const float *attn_norm, *mlp_norm;           /* [hidden] */
+    const float *q_norm, *k_norm;                /* [d]: RMSNorm of every q / k head before rotary (QK-norm) */
+    const float *post_attn_norm, *post_mlp_norm; /* [hidden]: on the attention's / MLP's output (before the add) */
+    radixd_proj qkv, o, gate_up, down;           /* qkv rows: q heads, k heads, v heads; gate_up: gate then up */
+    void *k_cache, *v_cache;                     /* [blocks, block_size, hkv, d] of radixd_step.kv_dtype */
+    int64_t window;                              /* keys a row attends to, its own included (0: all of them) */
+    int32_t rope;                                /* the step's rotary table this layer rotates with */
+    int32_t group;                               /* the step's KV group (block tables, slots) it stores and reads in */
+    int32_t gelu;                                /* the gate: 1 GELU-tanh (GeGLU), 0 SiLU (SwiGLU) */
 } radixd_layer;
 
 /* A decoder step's rows: shapes, rotary tables, KV slots and the attention's rows (checked by
- * cpu_attention.py: every table entry and position stays inside the pool). */
+ * cpu_attention.py: every table entry and position stays inside the pool). A KV group is a set of
+ * block tables (kv_layout.py: the sequences' own, or a sliding group's) and the slots the rows store at
+ * in it; every group has the same rows and positions. */
 typedef struct {
-    int64_t rows, hidden, hq, hkv, d, inter, block_size, width;
+    int64_t rows, hidden, hq, hkv, d, inter, block_size, width, num_tables;
     float eps, scale;
     int32_t threads, attn_threads;
     int32_t kv_dtype;                   /* RADIXD_F32 or RADIXD_F16 */
-    const float *cos, *sin;             /* [rows, d]: halves duplicated; sin signed (-sin, sin) */
-    const int64_t *slots;               /* [rows] block * block_size + offset; -1 stores nothing */
-    const int32_t *tables;              /* [num_tables, width] */
+    const float *cos, *sin;             /* [ropes, rows, d]: halves duplicated; sin signed (-sin, sin) */
+    const int64_t *slots;               /* [groups, rows] block * block_size + offset; -1 stores nothing */
+    const int32_t *tables;              /* [groups, num_tables, width] */
     const int64_t *row_table, *row_pos; /* [rows] */
 } radixd_step;
 
@@ -106,6 +121,12 @@ int radixd_q8_0_encode(const float *w, int64_t n, int64_t k, int8_t *codes, floa
  * (another kind, n not a multiple of 16, or a CPU without AVX512-VNNI). */
 int radixd_kquant_repack(int64_t kind, const void *src, int64_t n, int64_t k, void *dst);
 int64_t radixd_kquant_repacked_bytes(int64_t kind, int64_t n, int64_t k);
+
+/* legacy_x16.c: the Q4_1 (kind RADIXD_W_Q4_1_X16), Q8_0 (RADIXD_W_Q8_0_X16) or Q5_0 (RADIXD_W_Q5_0_X16)
+ * matrix src [n, k] as the GGUF stores it, repacked into dst (radixd_legacy_repacked_bytes(kind, n, k) bytes). 0, or -2 (another
+ * kind, n not a multiple of 16, k not of 64, or a CPU without AVX512-VNNI). */
+int radixd_legacy_repack(int64_t kind, const void *src, int64_t n, int64_t k, void *dst);
+int64_t radixd_legacy_repacked_bytes(int64_t kind, int64_t n, int64_t k);
 
 /* cpu_decoder.c: floats of scratch radixd_decoder_forward needs for `rows` rows. */
 int64_t radixd_decoder_workspace(int64_t rows, int64_t hidden, int64_t hq, int64_t hkv, int64_t d, int64_t inter);

@@ -179,17 +179,6 @@ class LayerOps:
     down: Linear
 
 
-def plain_llama(cfg: ModelConfig, layers: list[LayerWeights]) -> bool:
-    """Whether every layer is a plain Llama one (SwiGLU, no QK-norm, no post norms, no window, one
-    rope): the only layers the compiled decoder (native_decoder.py) runs."""
-    return (
-        cfg.activation == "silu"
-        and not cfg.fp32_norms
-        and not any(cfg.layer_windows)
-        and all(getattr(lw, n) is None for lw in layers for n in EXTRA_NORMS)
-    )
-
-
 def run_layer(
     h: torch.Tensor,
     lw: LayerWeights,

@@ -23,12 +23,11 @@ from radixd.daemon.model.layer import (
     LayerWeights,
     Norm,
     paged_attention,
-    plain_llama,
     rms_norm,
     run_layer,
 )
 from radixd.daemon.model.linear import GROUP, InOutLinear, Int8Linear, Linear, OutInLinear, PackedLinear
-from radixd.daemon.model.native_decoder import DecoderLayer, NativeDecoder, native_decoder
+from radixd.daemon.model.native_decoder import DecoderLayer, NativeDecoder, grouped_plan, native_decoder
 from radixd.daemon.model.precision import Precision, cpu_has_native_bf16, precision_of_dtype
 from radixd.daemon.model.q8 import Q8Linear, q8_available
 from radixd.daemon.model.quant import RUNNABLE, QuantLinear, StoredEmbedding
@@ -219,15 +218,31 @@ class LlamaModel:
     def _native_decoder(self) -> NativeDecoder | None:
         """The float32 / w4a8 layers as one compiled call, where every projection is an `F32Linear`
         (never off the host path: `make_linear` makes none there)."""
-        if not plain_llama(self.config, self.weights.layers):
+        cfg = self.config
+        if self.dtype != torch.float32 or cfg.activation not in ("silu", "gelu_tanh"):
             return None
         layers = []
-        for lw, m in zip(self.weights.layers, self._ops, strict=True):
-            ops = (m.qkv, m.o_proj, m.gate_up, m.down)
-            if not all(isinstance(o, (F32Linear, QuantLinear)) for o in ops):
+        for li, (lw, m) in enumerate(zip(self.weights.layers, self._ops, strict=True)):
+            ops = [o for o in (m.qkv, m.o_proj, m.gate_up, m.down) if isinstance(o, (F32Linear, QuantLinear))]
+            if len(ops) < 4:
                 return None
-            layers.append(DecoderLayer(lw.attn_norm, lw.mlp_norm, *ops))  # type: ignore[arg-type]
-        cfg = self.config
+            qkv, o_proj, gate_up, down = ops
+            extra = {n: getattr(lw, n) for n in EXTRA_NORMS}
+            gelu, rope, window = cfg.activation == "gelu_tanh", self._layer_rope[li], cfg.window(li)
+            layers.append(
+                DecoderLayer(
+                    lw.attn_norm,
+                    lw.mlp_norm,
+                    qkv,
+                    o_proj,
+                    gate_up,
+                    down,
+                    **extra,
+                    gelu=gelu,
+                    rope=rope,
+                    window=window,
+                )
+            )
         shape = (cfg.hidden_size, cfg.num_heads, cfg.num_kv_heads, cfg.head_dim, cfg.intermediate_size)
         return native_decoder(layers, self.weights.norm, shape, cfg.rms_norm_eps, self.scale)
 
@@ -262,29 +277,20 @@ class LlamaModel:
         if cfg.embed_scale != 1.0:
             # As HF scales: by the factor rounded to the embeddings' dtype, in that dtype.
             h *= torch.tensor(cfg.embed_scale, dtype=h.dtype)
-        # The compiled decoder knows one table per step (it runs no windowed model anyway).
-        if self._native is not None and not meta.sliding and self._native.takes(k_caches[0]):
-            kc = k_caches[0]
-            rows = kernels.cpu_step_plan(
-                meta.prefill_block_tables,
-                meta.prefill_cu_q_lens,
-                meta.prefill_seq_lens,
-                meta.decode_block_tables,
-                meta.decode_seq_lens,
-                kc.shape[1],
-                kc.shape[0],
-            )
-            cos, sin = ropes[0]
-            return self._native.forward(h, cos, sin, meta.slot_mapping, rows, k_caches, v_caches)
-        # The layers of a group attend through the same tables: its decode work split is planned once.
+        # The layers of a group attend through the same tables.
         metas = [meta.group(g) for g in range(1 + len(meta.sliding))]
+        groups = meta.layer_group or (0,) * cfg.num_layers
+        if self._native is not None and self._native.takes(k_caches[0]):
+            rows, tables = grouped_plan(metas, k_caches[0].shape[1], k_caches[0].shape[0])
+            slots = [gm.slot_mapping for gm in metas]
+            return self._native.forward(h, ropes, slots, rows, tables, groups, k_caches, v_caches)
+        # A group's decode work split is planned once.
         attends = []
         for gm in metas:
             plan = None
             if np_ < t:
                 plan = kernels.decode_step_plan(gm.decode_block_tables, gm.decode_seq_lens, k_caches[0])
             attends.append(paged_attention(gm, t, self.scale, plan))
-        groups = meta.layer_group or (0,) * cfg.num_layers
 
         for li, (lw, m) in enumerate(zip(w.layers, self._ops, strict=True)):
             rope = ropes[self._layer_rope[li]]

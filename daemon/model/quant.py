@@ -1,13 +1,16 @@
 """Projections over a GGUF file's matrices as stored: each part in its own format, one native call.
 
 The w4a8 mode (8-bit activations) runs every quantized format the native library knows on the
-file's blocks: Q4_1 and Q8_0 in the split layout the a8 kernels were tuned on (codes, then fp16
-scales and minimums: the same bytes, reordered once at load), Q4_K and Q6_K in 16 rows' interleaved
-blocks (kernels/kquant_x16.c) where $RADIXD_KQUANT_LAYOUT and this machine's measurement choose it,
-the others exactly as mapped from the file, never copied. A fused projection chains its parts
-(`f32.Gemm`'s `then`).
-NOTE: row-invariant like every native kernel (kernels/radixd.h); the two K-quant layouts give the
-same bits, so the choice between them changes speed only.
+file's blocks: Q4_1, Q8_0, Q5_0, Q4_K and Q6_K in 16 rows' interleaved blocks (kernels/legacy_x16.c,
+kernels/kquant_x16.c) where $RADIXD_KQUANT_LAYOUT and this machine's measurement choose it, else
+Q4_1 and Q8_0 in the split layout the a8 kernels were tuned on (codes, then fp16 scales and
+minimums: the same bytes, reordered once at load) and the others exactly as mapped from the file,
+never copied. A fused projection chains its parts (`f32.Gemm`'s `then`).
+NOTE: row-invariant like every native kernel (kernels/radixd.h). Q4_K and Q6_K's two layouts give
+the same bits, so `auto` picks by a timing at load (`x16_pays`). Q4_1, Q8_0 and Q5_0's repacked kinds sum a
+group in int32 before scaling it, so their last bits differ from the split layout's: `auto` takes them
+wherever the CPU runs them (AVX512-VNNI and BW), never by a timing, so that two starts on one machine
+give the same bits (the speed that backs the rule: docs/measurements/bench-offline.md).
 """
 
 from __future__ import annotations
@@ -39,9 +42,26 @@ RAW_KINDS = {
 # Formats held in the split layout: (the a8 kind, the fp32-activation kind).
 SPLIT_KINDS = {"Q4_1": ("q4_1_a8", "q4_1"), "Q8_0": ("q8_0_a8", "q8_0")}
 RUNNABLE = frozenset(RAW_KINDS) | frozenset(SPLIT_KINDS)
-# K-quant formats with a repacked layout, and the knob that picks it: "auto" (the default: where this
-# machine measures it faster, `x16_pays`), "x16" (wherever it runs) or "stored" (never).
-X16_KINDS = {"Q4_K": "q4_k_x16", "Q6_K": "q6_k_x16"}
+# Formats with a repacked layout (16 rows interleaved), and the knob that picks it for all of them:
+# "auto" (the default: `x16_pays`), "x16" (wherever it runs) or "stored" (never). Q4_1, Q8_0 and
+# Q5_0's repacked kinds run 8-bit activations only.
+X16_KINDS = {
+    "Q4_K": "q4_k_x16",
+    "Q6_K": "q6_k_x16",
+    "Q4_1": "q4_1_x16",
+    "Q8_0": "q8_0_x16",
+    "Q5_0": "q5_0_x16",
+}
+# The library's repack entry points (repack, bytes) by the unit that runs the repacked kind.
+_REPACK = {
+    "q4_k_x16": "kquant",
+    "q6_k_x16": "kquant",
+    "q4_1_x16": "legacy",
+    "q8_0_x16": "legacy",
+    "q5_0_x16": "legacy",
+}
+# The formats whose repacked kind sums a group in int32 (other last bits than the stored layout's).
+_SUMMED = frozenset({"Q4_1", "Q8_0", "Q5_0"})
 ENV_LAYOUT = "RADIXD_KQUANT_LAYOUT"
 LAYOUTS = ("auto", "x16", "stored")
 
@@ -67,15 +87,19 @@ def _split(p: Stored) -> list[torch.Tensor]:
 
 
 def repack_x16(kind: str, data: torch.Tensor, rows: int, cols: int) -> torch.Tensor | None:
-    """Q4_K / Q6_K blocks `data` [rows, bytes a row] in kquant_x16.c's layout, or None where it does
-    not run (the CPU lacks AVX512-VNNI, or `rows` is not a multiple of 16)."""
+    """Blocks `data` [rows, bytes a row] of format `kind` (a key of X16_KINDS) in its x16 layout, or
+    None where that does not run (the CPU lacks AVX512-VNNI, `rows` is not a multiple of 16, or for
+    Q4_1 / Q8_0 / Q5_0 `cols` not of 64)."""
     lib = library()
     if lib is None or kind not in X16_KINDS or rows % 16:
         return None
-    code = int(Weights[X16_KINDS[kind].upper()])
-    out = torch.empty(int(lib.radixd_kquant_repacked_bytes(code, rows, cols)), dtype=torch.uint8)
+    x16 = X16_KINDS[kind]
+    unit, code = _REPACK[x16], int(Weights[x16.upper()])
+    size = int(getattr(lib, f"radixd_{unit}_repacked_bytes")(code, rows, cols))
+    out = torch.empty(size, dtype=torch.uint8)
     src = data.contiguous()
-    return out if lib.radixd_kquant_repack(code, src.data_ptr(), rows, cols, out.data_ptr()) == 0 else None
+    done = getattr(lib, f"radixd_{unit}_repack")(code, src.data_ptr(), rows, cols, out.data_ptr())
+    return out if done == 0 else None
 
 
 def _best_s(gemm: Gemm, x: torch.Tensor, calls: int, repeats: int = 7) -> float:
@@ -93,11 +117,14 @@ def _best_s(gemm: Gemm, x: torch.Tensor, calls: int, repeats: int = 7) -> float:
 
 @functools.cache
 def x16_pays(kind: str) -> bool:
-    """Whether the repacked layout runs `kind` faster on this machine, measured once a process on a
-    random [512, 2048] matrix (~40 ms): no slower for one row (a decode step, within 10%)
-    and faster for 32 (a prefill)."""
-    n, k = 512, 2048
+    """Whether `auto` takes the repacked layout for `kind`. Q4_1 / Q8_0 / Q5_0: wherever this CPU runs it (a
+    rule, not a timing: their bits differ from the split layout's). Q4_K / Q6_K: where it runs faster
+    on this machine, measured once a process on a random [512, 2048] matrix (~40 ms): no slower for
+    one row (a decode step, within 10%) and faster for 32 (a prefill)."""
     per, size = BLOCKS[kind]
+    if kind in _SUMMED:
+        return repack_x16(kind, torch.zeros(16, 64 // per * size, dtype=torch.uint8), 16, 64) is not None
+    n, k = 512, 2048
     g = torch.Generator().manual_seed(0)
     raw = torch.randint(0, 256, (n, k // per, size), dtype=torch.uint8, generator=g)
     scales = (torch.rand(n, k // per, 2, generator=g) * 1e-2 + 1e-4).half().view(torch.uint8)
@@ -108,7 +135,8 @@ def x16_pays(kind: str) -> bool:
     packed = repack_x16(kind, raw.view(n, -1), n, k)
     if packed is None:
         return False
-    stored = Gemm(RAW_KINDS[kind], [raw.view(n, -1)], None, (n, k))
+    coding, ops = _stored(Stored(kind, n, k, raw.view(n, -1)), False)
+    stored = Gemm(coding, ops, None, (n, k))
     x16 = Gemm(X16_KINDS[kind], [packed], None, (n, k))
     one, many = torch.randn(1, k, generator=g), torch.randn(32, k, generator=g)
     decode = _best_s(x16, one, 8) <= 1.1 * _best_s(stored, one, 8)
@@ -125,12 +153,18 @@ def layout() -> str:
 
 def _part(p: Stored, float_activations: bool, repack: bool) -> tuple[str, list[torch.Tensor]]:
     """The kernel kind and operands that run part `p`."""
-    choice = layout() if repack and p.kind in X16_KINDS else "stored"
+    # The repacked Q4_1 / Q8_0 / Q5_0 kinds run 8-bit activations only.
+    choice = layout() if repack and p.kind in X16_KINDS and not float_activations else "stored"
     if choice == "x16" or (choice == "auto" and x16_pays(p.kind)):
         packed = repack_x16(p.kind, p.data, p.rows, p.cols)
         if packed is not None:
             p.release()
             return X16_KINDS[p.kind], [packed]
+    return _stored(p, float_activations)
+
+
+def _stored(p: Stored, float_activations: bool) -> tuple[str, list[torch.Tensor]]:
+    """The kernel kind and operands that run part `p` in its stored layout."""
     if p.kind in SPLIT_KINDS:
         ops = _split(p)
         p.release()

@@ -43,7 +43,7 @@ MODEL_RUNS: dict[str, tuple[str, str]] = {
         "| batch 1 |",
     ),
     "workloads.py": ("--workloads n8 --gen 2 --scale 0.05 --num-blocks 256", "| n8 | off |"),
-    # the embedded model has no K-quant matrices: both layouts run its blocks as stored
+    # the embedded model (Q4_1, a Q8_0 head): stored, or repacked where this CPU runs x16
     "kquant_layouts.py": (
         "--repeats 1 --prompt-len 8 --decode-tokens 2 --prefill-batch 1",
         "| decode batch 8 |",

@@ -115,7 +115,16 @@ def test_bad_input_is_refused(monkeypatch: pytest.MonkeyPatch) -> None:
         plan = plan_rows(torch.tensor([[1]], dtype=torch.int32), torch.zeros(1), torch.zeros(1), BS, 64)
         h = torch.zeros(1, 64)
         cos = sin = torch.zeros(1, 1, 16)
-        model._native.forward(h, cos, sin, torch.tensor([64 * BS]), plan, runner.k_caches, runner.v_caches)
+        groups = [0] * len(runner.k_caches)
+        slots = [torch.tensor([64 * BS])]
+        tables = plan.tables[None]
+        model._native.forward(h, [(cos, sin)], slots, plan, tables, groups, runner.k_caches, runner.v_caches)
+    with pytest.raises(ValueError, match="block ids"):
+        # A second KV group whose table names a block outside the pool.
+        bad = torch.cat((plan.tables[None], torch.full_like(plan.tables[None], 64)))
+        groups = [1] * len(runner.k_caches)
+        slots = [torch.tensor([0]), torch.tensor([0])]
+        model._native.forward(h, [(cos, sin)], slots, plan, bad, groups, runner.k_caches, runner.v_caches)
     assert kc.abs().sum() == 0  # nothing was written
     monkeypatch.setenv(ENV_DECODER, "fast")
     with pytest.raises(ValueError, match=ENV_DECODER):

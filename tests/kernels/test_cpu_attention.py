@@ -135,7 +135,7 @@ def test_decode_row_independent_of_batch_and_threads(monkeypatch: pytest.MonkeyP
 
 
 @pytest.mark.parametrize("pool_dtype", [torch.float16, torch.float32], ids=["fp16", "fp32"])
-@pytest.mark.parametrize("threads", [2, 3, 5, 8])
+@pytest.mark.parametrize("threads", [3, 8])  # uneven runs; more threads than units
 def test_every_unit_runs_once_at_any_thread_count(
     monkeypatch: pytest.MonkeyPatch, threads: int, pool_dtype: torch.dtype
 ) -> None:
