@@ -549,10 +549,8 @@ def measure(model: str, a: argparse.Namespace) -> None:
     gguf_file = gguf_file_module
     trace = build_trace(gguf_file._tokenizer(gguf_file._open(model), model), a)
     own = trace.own_tokens(a.max_tokens)
-    if len(trace.head) + a.warm_convs * own < 1.5 * (len(trace.head) + own):
-        # NOTE: a pool near one conversation's size can leave a request waiting on blocks its own
-        # cached prefix holds (seen: a stall with the pool about one conversation large).
-        raise SystemExit(f"--warm-convs {a.warm_convs:g}: the tight pool must hold 1.5 whole conversations")
+    if len(trace.head) + a.warm_convs * own < len(trace.head) + own:
+        raise SystemExit(f"--warm-convs {a.warm_convs:g}: the tight pool must hold one whole conversation")
     pools = {"tight": a.warm_convs} | ({"roomy": a.roomy_convs} if a.roomy_convs else {})
     runs: dict[str, Run] = {}
     if a.no_radixd:

@@ -61,7 +61,7 @@ class KeptWindow:
     lo: int
     pages: tuple[array[int], ...]
     kind: str
-    holds: int = 0  # pins and sessions that keep it from eviction
+    holds: int = 0  # pins, sessions and unattached prefix hits keeping it (WindowStore.hold_window)
 
     @property
     def num_pages(self) -> int:
@@ -182,15 +182,28 @@ class WindowStore:
         return self.drop(key, "superseded")
 
     def hold(self, namespace: str, packed: bytes) -> bool:
-        """Keep the window ending after ``packed`` from eviction (a pin, a session); -> found."""
+        """Keep the window ending after ``packed`` from eviction (a pin); -> found."""
         w = self._windows.get((namespace, packed))
         if w is not None:
-            w.holds += 1
+            self.hold_window(w)
         return w is not None
 
     def unhold(self, namespace: str, packed: bytes) -> None:
         w = self._windows.get((namespace, packed))
-        if w is not None and w.holds > 0:
+        if w is not None:
+            self.release_window(w)
+
+    # NOTE: the only two places a window's ``holds`` changes: a held window is never evicted, so every
+    # hold (a pin, a session, a prefix hit until it is attached) is released exactly once through here.
+    @staticmethod
+    def hold_window(w: KeptWindow) -> None:
+        """Keep ``w`` from eviction until ``release_window(w)``."""
+        w.holds += 1
+
+    @staticmethod
+    def release_window(w: KeptWindow) -> None:
+        """End one hold on ``w`` (one that is not held is left as it is)."""
+        if w.holds > 0:
             w.holds -= 1
 
     # ------------------------------------------------------------------ dropping

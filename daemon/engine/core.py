@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import concurrent.futures
 import functools
+import sys
 import time
 from array import array
 from collections.abc import Callable
@@ -25,6 +26,7 @@ from radixd.daemon.engine.grammars import GrammarWait
 from radixd.daemon.engine.jump_forward import JumpForward
 from radixd.daemon.engine.kv import KVManager
 from radixd.daemon.engine.outputs import Outputs
+from radixd.daemon.engine.policy import pick_victim, waiting_order
 from radixd.daemon.engine.prompt_scoring import plan_scoring, scoring
 from radixd.daemon.engine.requests import Requests
 from radixd.daemon.engine.scheduler import Planned, Scheduler, StepPlan
@@ -35,7 +37,7 @@ from radixd.daemon.engine.stats import EngineStats
 from radixd.daemon.engine.swap import HostSwap
 from radixd.daemon.engine.validation import Validator
 from radixd.daemon.engine.watchdog import Watchdog
-from radixd.daemon.errors import EngineError, InvalidRequest
+from radixd.daemon.errors import EngineError, InvalidRequest, RequestTooLarge
 from radixd.daemon.executor.runner import DecodeRows, ModelRunner, StepResult, StepSeq
 from radixd.daemon.structured.cache import GrammarCache
 from radixd.daemon.structured.matcher import GrammarRefused
@@ -306,8 +308,14 @@ class EngineCore:
         )
 
     def _unstall(self) -> bool:
-        """Free room for stalled work, one move at a time (an idle session's lease, then the oldest
-        swapped-out sequence to recompute, which shares cached blocks); -> whether anything changed."""
+        """Free room for stalled work, one move at a time (an idle session's lease; running sequences
+        that no step could grow: preempt one, past `max_preemptions`; the oldest swapped-out sequence to
+        recompute, which shares cached blocks; a lone running sequence, or waiting requests alone, that
+        can not go on: fail the first); -> whether anything changed.
+
+        NOTE: every request makes progress or ends with an error: pending work that plans nothing is
+        stalled on memory that nothing else in flight will free. Only pinned prefixes are waited for
+        (an unpin frees them; the watchdog reports the stall meanwhile)."""
         sched = self.scheduler
         if self.sessions.shed_one():
             log.info(
@@ -317,7 +325,19 @@ class EngineCore:
                 free_blocks=self.kv.num_free,
             )
             return True
-        if sched.running or not sched.swapped:
+        victim = pick_victim(sched.running, sys.maxsize) if len(sched.running) > 1 else None
+        if victim is not None:
+            sched.preempt(victim)
+            return True
+        if not sched.running and not sched.swapped:
+            stuck = waiting_order(sched.waiting, "fcfs")[:1]
+        elif sched.running:
+            stuck = sched.running
+        else:
+            stuck = []
+        if stuck:
+            return not self.kv.pinned_blocks() and self._fail_stalled(stuck[0])
+        if not sched.swapped:
             return False
         seq = sched.swapped_to_recompute()
         log.info(
@@ -327,6 +347,26 @@ class EngineCore:
             tokens=len(seq.tokens),
             free_blocks=self.kv.num_free,
         )
+        return True
+
+    def _fail_stalled(self, seq: Sequence) -> bool:
+        """Fail `seq`'s request: alone (sessions shed, everything else evicted) it cannot get the blocks
+        its next step needs; -> True."""
+        kv, req = self.kv, seq.request.req
+        need = kv.peak_blocks(seq.request.prompt_len, req)
+        room = kv.num_free + kv.evictable_blocks()
+        have = f"it holds {kv.blocks_held(seq)} and only {room} more are free or evictable"
+        exc = RequestTooLarge(self.validator.too_large(seq.request.prompt_len, req, need, have))
+        log.warning(
+            "engine.stall_failed",
+            request_id=seq.request.request_id,
+            status=seq.status.name,
+            tokens=len(seq.tokens),
+            need_blocks=need,
+            free_blocks=kv.num_free,
+            evictable_blocks=kv.evictable_blocks(),
+        )
+        self.requests.fail(seq.request.request_id, exc)
         return True
 
     def step_safely(self) -> bool:

@@ -13,6 +13,7 @@ from radixd.daemon.engine.config import EngineConfig
 from radixd.daemon.engine.prefix_cache import NullPrefixCache, PrefixCache, PrefixHit, TreePrefixCache
 from radixd.daemon.engine.sequence import Sequence
 from radixd.daemon.engine.sliding_kv import SlidingKV
+from radixd.daemon.engine.types import GenerateRequest
 from radixd.radix import (
     BlockPool,
     BlockTable,
@@ -71,6 +72,24 @@ class KVManager:
     def usable_blocks(self) -> int:
         """Blocks a request may use: the pool less its null block 0."""
         return self.pool.num_blocks - 1
+
+    def peak_blocks(self, prompt_len: int, req: GenerateRequest) -> int:
+        """The most blocks a request holds at once when it runs alone: width 1, every token's block;
+        wider (n > 1, beams), the prompt once and per output its generated tokens plus one copied partial
+        block; with sliding layers, each output's window pages too.
+
+        NOTE: the one definition of whether a request can ever run (`Validator.check_fits`); the
+        scheduler keeps a lone sequence within it by computing up to a block boundary at a time when a
+        bigger chunk does not fit."""
+        max_tokens = req.sampling.max_tokens
+        width = max(req.sampling.n, req.beam_width, 1)
+        if width > 1:
+            blocks = self.blocks_for(prompt_len) + width * (self.blocks_for(max_tokens) + 1)
+        else:
+            blocks = self.blocks_for(prompt_len + max_tokens)
+        if self.sliding is not None:
+            blocks += width * self.sliding.peak_pages(prompt_len + max_tokens)
+        return blocks
 
     @property
     def num_free(self) -> int:
@@ -368,6 +387,15 @@ class KVManager:
         if self.sliding is not None and seq.window is not None:
             out += [(p, min(B, n - i * B)) for p, i in seq.window.held_pages() if i * B < n]
         return out
+
+    def pinned_blocks(self) -> int:
+        """Blocks pinned prefixes hold (`pin`): no eviction frees them, an unpin does."""
+        return self.tree.num_pinned_blocks
+
+    def blocks_held(self, seq: Sequence) -> int:
+        """Blocks and sliding pages `seq`'s tables hold (shared ones included)."""
+        n = len(seq.table.blocks) if seq.table is not None else 0
+        return n + (len(seq.window.held_pages()) if seq.window is not None else 0)
 
     def keep_window_for(self, producer: Sequence, waiting: Sequence) -> None:
         """With sliding layers: `producer` keeps the window where `waiting`, held for the prefix they

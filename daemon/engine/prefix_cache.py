@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from radixd.radix import BlockIds, BlockTable, KeptWindow, Lease, RadixTree, TokenKey
+from radixd.radix import BlockIds, BlockTable, KeptWindow, Lease, RadixTree, TokenKey, WindowStore
 
 
 @dataclass
@@ -28,7 +28,7 @@ class PrefixHit:
             self.lease.release()
             self.lease = None
         if self.window is not None:
-            self.window.holds -= 1
+            WindowStore.release_window(self.window)
             self.window = None
 
 

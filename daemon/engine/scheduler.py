@@ -23,8 +23,10 @@ from radixd.daemon.engine.policy import (
     shares_pending_prefix,
     waiting_order,
 )
+from radixd.daemon.engine.prefix_cache import PrefixHit
 from radixd.daemon.engine.sequence import SeqStatus, Sequence
 from radixd.daemon.engine.swap import HostSwap
+from radixd.radix import TokenKey
 
 log = structlog.get_logger("radixd.engine.scheduler")
 
@@ -141,18 +143,32 @@ class Scheduler:
         self.counters.swap_fallbacks += 1
         return seq
 
-    def _reserve(self, seq: Sequence, n: int, planned: set[int]) -> bool:
-        """Free the blocks `seq` needs for `n` more tokens: evict cache, then preempt others."""
-        while not self.kv.ensure_free(self.kv.new_blocks_for_append(seq, n)):
+    def _reserve(self, seq: Sequence, n: int, planned: set[int]) -> int:
+        """Free the blocks `seq` needs for `n` more tokens: evict cache, then preempt others; where the
+        next victim would be `seq` itself (or there is none), first try the chunk up to the next block
+        boundary; -> the tokens reserved (0: none)."""
+        kv = self.kv
+        small = self.first_block_chunk(seq.num_computed, n)
+        while not kv.ensure_free(kv.new_blocks_for_append(seq, n)):
             victim = pick_victim(
                 (s for s in self.running if s.seq_id not in planned), self.config.max_preemptions
             )
+            last_resort = victim is None or victim is seq
+            if last_resort and small < n and kv.ensure_free(kv.new_blocks_for_append(seq, small)):
+                return small
             if victim is None:
-                return False
+                return 0
             self.preempt(victim)
             if victim is seq:
-                return False
-        return True
+                return 0
+        return n
+
+    def first_block_chunk(self, done: int, n: int) -> int:
+        """The part of an `n`-token chunk after `done` tokens that ends at the next block boundary: it
+        takes the fewest fresh blocks (and pages), and once computed its insert splits the cached node a
+        prefix hit locked whole, so the node's unused tail becomes evictable again."""
+        bs = self.kv.block_size
+        return min(n, bs - done % bs)
 
     # ---- the plan --------------------------------------------------------------------------------
     def schedule(self) -> StepPlan:
@@ -190,8 +206,8 @@ class Scheduler:
                 break
             if seq.seq_id in planned or seq.status is not SeqStatus.RUNNING or seq.remaining == 0:
                 continue
-            n = min(seq.remaining, budget)
-            if self._reserve(seq, n, planned):
+            n = self._reserve(seq, min(seq.remaining, budget), planned)
+            if n:
                 add_to_plan(seq, n)
 
         # Swapped sequences resume before anything new is admitted (they are older).
@@ -209,6 +225,29 @@ class Scheduler:
             self._admit(budget, add_to_plan)
         return StepPlan(chunks, decodes)
 
+    def _admit_alone(
+        self, seq: Sequence, hit: PrefixHit, key: TokenKey, n: int
+    ) -> tuple[PrefixHit, int] | None:
+        """With nothing running (nothing else will free blocks) and no room for `seq`'s chunk from `hit`
+        (of `key`): if `seq` fits what is free or evictable, the chunk up to the next block boundary,
+        else no cached prefix at all; -> (hit, tokens), or None (`hit` released: session leases or pins
+        hold what it needs, which `EngineCore._unstall` sheds or waits for).
+
+        NOTE: a hit locks whole tree nodes (and a kept window), also the part of a node past the blocks it
+        reuses, so in a pool about one request large it can hold the very blocks its own chunk needs:
+        waiting for them would wait forever. Without a hit, all of them are evictable."""
+        kv, ns = self.kv, seq.request.req.namespace
+        hit.release()
+        if kv.peak_blocks(seq.request.prompt_len, seq.request.req) > kv.num_free + kv.evictable_blocks():
+            return None
+        for k in (key, seq.key(0)):  # matched one at a time: an unused hit would keep its lock
+            hit = kv.match(k, ns)
+            small = self.first_block_chunk(hit.num_tokens, min(seq.target_len - hit.num_tokens, max(n, 1)))
+            if kv.ensure_free(kv.blocks_to_admit(hit, small)):
+                return hit, small
+            hit.release()
+        return None
+
     def _admit(self, budget: int, add_to_plan: Callable[[Sequence, int], None]) -> None:
         cfg = self.config
         bs = self.kv.block_size
@@ -225,7 +264,8 @@ class Scheduler:
             limit = len(seq.tokens) - 1
             if seq.request.prompt_logprobs is not None:
                 limit = min(limit, seq.request.prompt_logprobs.cached_prefix_limit())
-            hit = self.kv.match(seq.key(limit), seq.request.req.namespace)
+            key = seq.key(limit)
+            hit = self.kv.match(key, seq.request.req.namespace)
             if self.kv.shares_prefixes and limit == len(seq.tokens) - 1:
                 producers = [s for s in self.running if s.num_computed < s.request.prompt_len]
                 producer = shares_pending_prefix(seq, hit.num_tokens, producers, bs)
@@ -244,10 +284,13 @@ class Scheduler:
                 if s.table is not None and s.table.num_tokens % bs == 0 and s.remaining == 1
             )
             if not self.kv.ensure_free(fresh + reserve):
-                hit.release()
-                if cfg.schedule_policy == "fcfs":
-                    return  # head-of-line: a big request is not starved by smaller ones behind it
-                continue
+                admitted = self._admit_alone(seq, hit, key, n) if not self.running else None
+                if admitted is None:
+                    hit.release()  # idempotent: `_admit_alone` may have released it
+                    if cfg.schedule_policy == "fcfs":
+                        return  # head-of-line: a big request is not starved by smaller ones behind it
+                    continue
+                hit, n = admitted
             self.waiting.remove(seq)
             self.kv.attach(seq, hit)
             self.add_running(seq)

@@ -13,7 +13,7 @@ from dataclasses import dataclass
 from radixd.daemon.engine.kv import KVManager
 from radixd.daemon.engine.types import GenerateRequest
 from radixd.daemon.errors import EngineError, InvalidRequest, TooManySessions, UnknownSession
-from radixd.radix import KeptWindow, Lease
+from radixd.radix import KeptWindow, Lease, WindowStore
 
 
 class SessionBusy(EngineError):
@@ -100,7 +100,7 @@ class SessionManager:
         self.kv.drop_lease(s.lease)
         s.lease = None
         if s.window is not None:
-            s.window.holds -= 1
+            WindowStore.release_window(s.window)
             s.window = None
 
     # ---- operations ------------------------------------------------------------------------------

@@ -38,7 +38,7 @@ class SlidingKV:
         w = self.store.find(namespace, packed, m)
         q = w.num_tokens if w is not None else 0
         if w is not None:
-            w.holds += 1  # NOTE: until attach or release: admission's evictions must not drop it
+            self.store.hold_window(w)  # NOTE: until attach or release: admission's evictions must not drop it
         hit.window = w
         hit.branch = m if q < m else 0
         if q == m:
@@ -68,6 +68,12 @@ class SlidingKV:
         B = self.block_size
         return (-(-n_tokens // B) - window_start(n_tokens, self.window, B)) * self.groups
 
+    def peak_pages(self, n_tokens: int) -> int:
+        """The most pages a sequence of up to `n_tokens` tokens holds at once when it computes up to a
+        block boundary at a time: the positions its window spans, plus the one it writes."""
+        B = self.block_size
+        return min(-(-n_tokens // B), (self.window - 1) // B + 2) * self.groups
+
     def pages_to_swap_in(self, n_computed: int, n_new: int) -> int:
         """Pages a swapped-out sequence takes back (its window) and to compute `n_new` more tokens."""
         B = self.block_size
@@ -75,11 +81,13 @@ class SlidingKV:
         return self.window_pages(n_computed) + grow * self.groups
 
     def pages_to_start(self, n_tokens_cached: int, n_new: int) -> int:
-        """Pages a sequence resuming after `n_tokens_cached` takes to compute `n_new` tokens (upper bound)."""
+        """Pages a sequence resuming after `n_tokens_cached` takes to compute `n_new` tokens: new positions,
+        and the copy of the kept window's partly filled last one."""
         B = self.block_size
         lo = window_start(n_tokens_cached, self.window, B)
         cached_positions = -(-n_tokens_cached // B)
-        return (-(-(n_tokens_cached + n_new) // B) - max(lo, cached_positions) + 1) * self.groups
+        copy = 1 if n_tokens_cached % B else 0
+        return (-(-(n_tokens_cached + n_new) // B) - max(lo, cached_positions) + copy) * self.groups
 
     # ---- sequences -------------------------------------------------------------------------------
     def attach(self, seq: Sequence, hit: PrefixHit) -> None:
@@ -89,7 +97,7 @@ class SlidingKV:
         if w is not None:
             t.adopt(w.lo, w.pages, w.num_tokens)
             seq.window_from = seq.key(w.num_tokens).packed
-            w.holds -= 1
+            self.store.release_window(w)
             hit.window = None
         seq.window = t
         seq.window_marks = [hit.branch] if hit.branch else []

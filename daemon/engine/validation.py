@@ -23,18 +23,20 @@ class Validator:
         """Raise RequestTooLarge when the request could never run, even alone in an empty pool."""
         p = req.sampling
         check_context(prompt_len, p.max_tokens, self.max_model_len)
-        total = prompt_len + p.max_tokens
         kv = self.kv
-        width = max(p.n, req.beam_width, 1)
-        # The shared prompt once, then per output its generated tokens plus one copied partial block.
-        need = kv.blocks_for(prompt_len) + (width if width > 1 else 0) * (kv.blocks_for(p.max_tokens) + 1)
-        if width == 1:
-            need = kv.blocks_for(total)
+        need = kv.peak_blocks(prompt_len, req)
         if need > kv.usable_blocks():
-            raise RequestTooLarge(
-                f"the request needs up to {need} KV blocks of {kv.block_size} tokens but the pool has"
-                f" {kv.usable_blocks()}; lower max_tokens / n or start the daemon with more KV memory"
-            )
+            raise RequestTooLarge(self.too_large(prompt_len, req, need, f"the pool has {kv.usable_blocks()}"))
+
+    def too_large(self, prompt_len: int, req: GenerateRequest, need: int, have: str) -> str:
+        """What a request that can not fit needs, what there is (`have`), what to change."""
+        p, kv = req.sampling, self.kv
+        layout = " (its window's pages included)" if kv.sliding is not None else ""
+        return (
+            f"the request ({prompt_len} prompt tokens + max_tokens {p.max_tokens}, n {max(p.n, 1)}) needs"
+            f" up to {need} KV blocks of {kv.block_size} tokens{layout} but {have}; lower"
+            " max_tokens / n, shorten the prompt, or start the daemon with more KV memory"
+        )
 
     def validate(self, req: GenerateRequest) -> None:
         """Checks that need no engine state; raise InvalidRequest / RequestTooLarge."""

@@ -6,8 +6,10 @@ from __future__ import annotations
 
 from collections.abc import Iterator
 
+import grpc
 import pytest
 from e2e_kit import RunningDaemon, serve_args, start_daemon, stop_daemon
+from radixd_client._pb import common_pb2, generation_pb2, generation_pb2_grpc
 from tiny_models import write_tiny_gemma3
 
 from radixd.daemon.loaders import load_model
@@ -48,3 +50,34 @@ def test_session_turns_resume_from_kept_windows(gemma_daemon: RunningDaemon) -> 
         stats = c.cache_stats()
         assert stats.kept_windows == 0 and stats.window_pages == 0 and stats.tree_blocks == 0
         assert everything > history
+
+
+def test_a_request_whose_window_pages_the_pool_cannot_hold_is_refused(
+    tmp_path_factory: pytest.TempPathFactory,
+) -> None:
+    """7 usable blocks: 80 tokens take 5 blocks for the full layers and, at most, 2 positions of 3 pages
+    for the sliding ones: 11. Such a request once passed admission (its pages were not counted) and
+    waited forever; now it is refused, naming the numbers, and one that fits runs."""
+    path = write_tiny_gemma3(tmp_path_factory.mktemp("gemma3"), [S, S, F, S, S, S, F], 8)
+    loaded = load_model(str(path), "cpu", "float32")
+    d = start_daemon(loaded, serve_args(tmp_path_factory.mktemp("daemon"), "--num-blocks", "8"))
+
+    def generate(ids: list[int], max_tokens: int) -> list[generation_pb2.GenerateResponse]:
+        req = generation_pb2.GenerateRequest(
+            prompt=common_pb2.Prompt(token_ids=common_pb2.TokenIds(ids=ids)),
+            sampling=common_pb2.SamplingParams(max_tokens=max_tokens, temperature=0.0, ignore_eos=True),
+        )
+        with grpc.insecure_channel(d.address) as ch:
+            return list(generation_pb2_grpc.GenerationServiceStub(ch).Generate(req, timeout=60))
+
+    try:
+        with pytest.raises(grpc.RpcError) as err:
+            generate(CONTEXT[:40], 40)
+        assert err.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+        details = err.value.details()
+        assert "needs up to 11 KV blocks of 16 tokens (its window's pages included)" in details
+        assert "the pool has 7" in details and "max_tokens 40" in details
+        events = generate(CONTEXT[:10], 6)
+        assert events[-1].end.usage.completion_tokens == 6
+    finally:
+        stop_daemon(d)

@@ -31,3 +31,19 @@ def test_find_tells_windows_apart_that_end_in_the_same_tokens() -> None:
     store.drop(("", encode_tokens(a[:10]).packed))
     assert store.find("", encode_tokens(a).packed, len(a) - 1) is None
     assert store.flush() == 2 * 2 and pool.num_free == pool.num_usable
+
+
+def test_a_held_window_is_not_evicted_until_each_hold_is_released() -> None:
+    pool = BlockPool(16, 4)
+    store = WindowStore(pool, 8, 2)
+    _keep(store, pool, [1, 2, 3])
+    w = store.get("", encode_tokens([1, 2, 3]).packed)
+    assert w is not None and store.evictable_pages() == 2
+    store.hold_window(w)  # a prefix hit
+    assert store.hold("", encode_tokens([1, 2, 3]).packed)  # a pin
+    assert store.evictable_pages() == 0 and store.evict(2) == 0
+    store.release_window(w)
+    assert store.evict(2) == 0  # the pin still holds it
+    store.unhold("", encode_tokens([1, 2, 3]).packed)
+    store.release_window(w)  # one release too many changes nothing
+    assert w.holds == 0 and store.evict(2) == 2 and pool.num_free == pool.num_usable
