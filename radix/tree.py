@@ -63,7 +63,8 @@ class RadixTree:
     # ================================================================== lookup
     def match(self, tokens: Key, namespace: str = "") -> PrefixMatch:
         """Longest cached prefix of ``tokens`` (full blocks + the partially matching next block), locked
-        until ``result.lease.release()``; an empty match's lease locks the path its insert creates."""
+        until ``result.lease.release()`` (a node the match ends inside is split after the blocks it
+        reuses); an empty match's lease locks the path its insert creates."""
         t = tokens.packed if type(tokens) is TokenKey else as_tokens(tokens)
         node, blocks, pblock, ptok = self._walk(t, namespace, True)
         num_tokens = bytes.__len__(blocks) // ID_BYTES * self.block_size
@@ -131,6 +132,7 @@ class RadixTree:
             head = bytes.__getitem__(child.blocks, slice(0, k * ID_BYTES))  # k >= 1: a key matched
             blocks = BlockIds(b"".join([x.blocks for x in path]) + head if path else head)
             if use:
+                child = self._reused_part(child, k + (1 if r else 0))
                 path.append(child)
                 store.lru.use(path)
             return child, blocks, (child.blocks[k] if r else None), r
@@ -146,12 +148,19 @@ class RadixTree:
             best, best_len = node.best_partial(t[pos : pos + self._bb])
             if best is not None:
                 if use:
+                    best = self._reused_part(best, 1)
                     path.append(best)
                     store.lru.use(path)
                 return best, blocks, best.blocks[0], best_len
         if use and path:
             store.lru.use(path)
         return (node if node.parent is not None else None), blocks, None, 0
+
+    def _reused_part(self, node: Node, k: int) -> Node:
+        """``node``'s first ``k`` blocks, split off when it has more: the node a match ending inside
+        ``node`` locks. NOTE: a lease locks only the blocks its request reuses (with a partially matched
+        block, which it copies), so the rest of a long cached node stays evictable while it runs."""
+        return self.store.split(node, k) if k < len(node.blocks) else node
 
     # ================================================================== insert
     def insert_table(

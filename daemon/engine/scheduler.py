@@ -165,8 +165,8 @@ class Scheduler:
 
     def first_block_chunk(self, done: int, n: int) -> int:
         """The part of an `n`-token chunk after `done` tokens that ends at the next block boundary: it
-        takes the fewest fresh blocks (and pages), and once computed its insert splits the cached node a
-        prefix hit locked whole, so the node's unused tail becomes evictable again."""
+        takes the fewest fresh blocks (and, with sliding layers, pages: a step holds a page for each of
+        its chunk's tokens until it ends, more than the window a sequence keeps)."""
         bs = self.kv.block_size
         return min(n, bs - done % bs)
 
@@ -233,9 +233,9 @@ class Scheduler:
         else no cached prefix at all; -> (hit, tokens), or None (`hit` released: session leases or pins
         hold what it needs, which `EngineCore._unstall` sheds or waits for).
 
-        NOTE: a hit locks whole tree nodes (and a kept window), also the part of a node past the blocks it
-        reuses, so in a pool about one request large it can hold the very blocks its own chunk needs:
-        waiting for them would wait forever. Without a hit, all of them are evictable."""
+        NOTE: a hit locks the blocks it reuses and the kept window it resumes from, so in a pool about one
+        request large it can hold the very pages its own chunk needs: waiting for them would wait
+        forever. Without a hit, all of them are evictable."""
         kv, ns = self.kv, seq.request.req.namespace
         hit.release()
         if kv.peak_blocks(seq.request.prompt_len, seq.request.req) > kv.num_free + kv.evictable_blocks():

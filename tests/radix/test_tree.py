@@ -231,6 +231,25 @@ def test_match_locks_and_release_is_idempotent(tree: RadixTree) -> None:
     assert empty.lease.released and tree.num_leases == 0
 
 
+@pytest.mark.parametrize(
+    ("query", "locked"),
+    [([0, 1, 2, 3, 4, 5, 99], 2), ([*range(8), 99], 2), ([0, 1, 99], 1), (list(range(20)), 5)],
+    ids=["partial-block", "block-boundary", "first-block", "whole-node"],
+)
+def test_a_match_locks_only_the_blocks_it_reuses(tree: RadixTree, query: list[int], locked: int) -> None:
+    """A match ending inside a long cached node splits it after the blocks it reuses (a partially
+    matched block included: its request copies it), so the node's tail stays evictable."""
+    blocks = cache(tree, list(range(20)))  # one node of 5 blocks
+    m = tree.match(query)
+    assert tree.evictable_blocks() == 5 - locked
+    assert sorted(tree.evict(5)) == sorted(blocks[locked:])
+    check_consistency(tree)
+    m.lease.release()
+    assert tree.evictable_blocks() == locked
+    assert tree.peek(query) == len([t for t in query if t != 99])  # the reused tokens are all still there
+    check_consistency(tree)
+
+
 def test_an_empty_match_lease_locks_the_path_its_insert_creates(tree: RadixTree) -> None:
     """The engine's sequence: nothing cached -> compute -> insert with the match's lease -> pressure."""
     m = tree.match(list(range(8)))

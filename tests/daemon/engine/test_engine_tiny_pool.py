@@ -36,10 +36,10 @@ def _pool_for(gemma: LoadedModel, layout: str, req: GenerateRequest, spare: int 
 def test_a_hit_that_locks_more_than_it_reuses_does_not_stall_a_pool_of_one_request(
     gemma: LoadedModel, layout: str
 ) -> None:
-    """The second request shares 12 tokens of the 2-block node the first one's prompt chunk cached: its
-    hit locks that whole node, so in a pool of exactly its own size its first chunk never had room (a
-    wait without end, `engine.no_progress`). It now computes to the next block boundary first, whose
-    insert frees the node's unused tail."""
+    """The second request shares 12 tokens of the 2-block node the first one's prompt chunk cached. Its
+    hit used to lock that whole node, so in a pool of exactly its own size its first chunk never had
+    room (a wait without end, `engine.no_progress`); the match now splits the node after the block it
+    reuses, and the node's unused tail stays evictable."""
     shared = [5 + i % 40 for i in range(12)]
     first = GenerateRequest("a", [*shared, *range(20, 50)], greedy(12))
     second = GenerateRequest("b", [*shared, *[30 + i % 25 for i in range(27)]], greedy(11))
