@@ -308,10 +308,11 @@ class EngineCore:
         )
 
     def _unstall(self) -> bool:
-        """Free room for stalled work, one move at a time (an idle session's lease; running sequences
-        that no step could grow: preempt one, past `max_preemptions`; the oldest swapped-out sequence to
-        recompute, which shares cached blocks; a lone running sequence, or waiting requests alone, that
-        can not go on: fail the first); -> whether anything changed.
+        """Free room for stalled work, one move at a time, in this order: an idle session's lease;
+        running sequences that no step could grow: preempt one, past `max_preemptions`; a lone running
+        sequence, or waiting requests alone, that cannot go on: fail the first (a swapped-out sequence
+        holds no blocks, so moving one would not help it); else the oldest swapped-out sequence to
+        recompute, which shares cached blocks; -> whether anything changed.
 
         NOTE: every request makes progress or ends with an error: pending work that plans nothing is
         stalled on memory that nothing else in flight will free. Only pinned prefixes are waited for
