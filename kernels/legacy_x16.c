@@ -86,7 +86,8 @@ static inline __attribute__((always_inline)) void ask_record(const uint8_t *rec,
 }
 
 /* The R rows' quantized activations (radixd_quantize_pairs' a8_rows, each row's own pointer) and, per
- * group, es (Q4_1: the minimums' factor) or s0 (Q8_0: the int32 a group's sum starts from). */
+ * group, es (Q4_1, Q5_1: the minimums' factor) or s0 (Q8_0, Q5_0, Q4_0: the int32 a group's sum starts
+ * from). */
 typedef struct {
     const int8_t *q[X16_ROWS];
     const float *e[X16_ROWS];
