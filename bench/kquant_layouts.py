@@ -3,7 +3,7 @@ Q8_0 split, kernels/a8_gemm.c; K-quants as mapped, kernels/kquant_gemm.c) agains
 at load (``x16``: kernels/legacy_x16.c, kernels/kquant_x16.c), for every format that has both.
 
 Both models are loaded (``RADIXD_KQUANT_LAYOUT`` set for each), their logits on a prompt compared
-(bitwise equal for the K-quants; Q4_1 / Q8_0 / Q5_0's repacked kinds differ in the last bits), then timed
+(bitwise equal for the K-quants; the legacy formats' repacked kinds differ in the last bits), then timed
 alternately, one of each per repeat, through ``ModelRunner.step`` as bench/offline.py drives it: a
 prefill of ``--prefill-batch`` x ``--prompt-len`` tokens, and greedy decode steps at batch 1 and 8.
 Each figure is tokens / seconds, from the wall clock (median and best of the repeats) and from the
@@ -76,7 +76,7 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument(
         "--model",
         default=None,
-        help="a GGUF file with Q4_1 / Q8_0 / Q5_0 / Q4_K / Q6_K matrices (default: the embedded model)",
+        help="a GGUF file with legacy (Q4_0 .. Q8_0), Q4_K or Q6_K matrices (default: the embedded model)",
     )
     ap.add_argument("--threads", type=int, default=1)
     ap.add_argument("--repeats", type=int, default=5)

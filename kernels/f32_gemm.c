@@ -233,6 +233,8 @@ static gemm_unit unit_of(int64_t kind) {
     case RADIXD_W_Q4_1_X16:
     case RADIXD_W_Q8_0_X16:
     case RADIXD_W_Q5_0_X16:
+    case RADIXD_W_Q4_0_X16:
+    case RADIXD_W_Q5_1_X16:
         return UNIT_LEGACY_X16;
     case RADIXD_W_Q4_0_A8:
     case RADIXD_W_Q5_0_A8:

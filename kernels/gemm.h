@@ -152,9 +152,10 @@ INTERNAL void radixd_kquant_quantize_rows(const float *x, int64_t m, int64_t k, 
 INTERNAL int radixd_kquant_x16_gemm(const radixd_proj *p, const float *x, int64_t m, float *y, int64_t ldy, int threads);
 INTERNAL void radixd_kquant_x16_dequantize_row(const radixd_proj *p, int64_t row, float *out);
 
-/* legacy_x16.c (AVX512-VNNI): the kinds Q4_1_X16, Q8_0_X16 and Q5_0_X16 (16 rows' blocks interleaved by
- * radixd_legacy_repack), as radixd_a8_gemm's AVX512-VNNI path with the same bits; -2 where the CPU
- * lacks AVX512-VNNI. And one row of such a part as fp32. */
+/* legacy_x16.c (AVX512-VNNI): the kinds Q4_1_X16, Q8_0_X16, Q5_0_X16, Q4_0_X16 and Q5_1_X16 (16 rows'
+ * blocks interleaved by radixd_legacy_repack), the stored a8 kinds' weights and activations with each
+ * group summed in int32 (other last bits); -2 where the CPU lacks AVX512-VNNI. And one row of such a
+ * part as fp32. */
 INTERNAL int radixd_legacy_x16_gemm(const radixd_proj *p, const float *x, int64_t m, float *y, int64_t ldy, int threads);
 INTERNAL void radixd_legacy_x16_dequantize_row(const radixd_proj *p, int64_t row, float *out);
 

@@ -200,6 +200,8 @@ class Weights(enum.IntEnum):
     Q4_1_X16 = 15
     Q8_0_X16 = 16
     Q5_0_X16 = 17
+    Q4_0_X16 = 18
+    Q5_1_X16 = 19
 
 
 class Attn(ctypes.Structure):

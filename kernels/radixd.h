@@ -42,6 +42,11 @@ typedef enum {
     RADIXD_W_Q4_1_X16 = 15,
     RADIXD_W_Q8_0_X16 = 16,
     RADIXD_W_Q5_0_X16 = 17,
+    /* Q4_0 / Q5_1 rows repacked the same way (Q4_0: codes and d, its sum started from -8 x the activation
+     * codes' sum; Q5_1: Q4_1's record and Q5_0's 5th bits), Q4_0_A8 / Q5_1_A8's weights and 8-bit
+     * activations, other last bits; AVX512-VNNI CPUs only (-2 elsewhere). */
+    RADIXD_W_Q4_0_X16 = 18,
+    RADIXD_W_Q5_1_X16 = 19,
 } radixd_weights;
 
 /* One attention call: rows of queries, each attending to keys 0..row_pos through its table, or to the
@@ -122,8 +127,8 @@ int radixd_q8_0_encode(const float *w, int64_t n, int64_t k, int8_t *codes, floa
 int radixd_kquant_repack(int64_t kind, const void *src, int64_t n, int64_t k, void *dst);
 int64_t radixd_kquant_repacked_bytes(int64_t kind, int64_t n, int64_t k);
 
-/* legacy_x16.c: the Q4_1 (kind RADIXD_W_Q4_1_X16), Q8_0 (RADIXD_W_Q8_0_X16) or Q5_0 (RADIXD_W_Q5_0_X16)
- * matrix src [n, k] as the GGUF stores it, repacked into dst (radixd_legacy_repacked_bytes(kind, n, k) bytes). 0, or -2 (another
+/* legacy_x16.c: the Q4_1 (kind RADIXD_W_Q4_1_X16), Q8_0 (RADIXD_W_Q8_0_X16), Q5_0 (RADIXD_W_Q5_0_X16),
+ * Q4_0 (RADIXD_W_Q4_0_X16) or Q5_1 (RADIXD_W_Q5_1_X16) matrix src [n, k] as the GGUF stores it, repacked into dst (radixd_legacy_repacked_bytes(kind, n, k) bytes). 0, or -2 (another
  * kind, n not a multiple of 16, k not of 64, or a CPU without AVX512-VNNI). */
 int radixd_legacy_repack(int64_t kind, const void *src, int64_t n, int64_t k, void *dst);
 int64_t radixd_legacy_repacked_bytes(int64_t kind, int64_t n, int64_t k);

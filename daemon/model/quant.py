@@ -1,16 +1,17 @@
 """Projections over a GGUF file's matrices as stored: each part in its own format, one native call.
 
 The w4a8 mode (8-bit activations) runs every quantized format the native library knows on the
-file's blocks: Q4_1, Q8_0, Q5_0, Q4_K and Q6_K in 16 rows' interleaved blocks (kernels/legacy_x16.c,
-kernels/kquant_x16.c) where $RADIXD_KQUANT_LAYOUT and this machine's measurement choose it, else
-Q4_1 and Q8_0 in the split layout the a8 kernels were tuned on (codes, then fp16 scales and
-minimums: the same bytes, reordered once at load) and the others exactly as mapped from the file,
-never copied. A fused projection chains its parts (`f32.Gemm`'s `then`).
+file's blocks: the legacy formats (Q4_0, Q4_1, Q5_0, Q5_1, Q8_0), Q4_K and Q6_K in 16 rows'
+interleaved blocks (kernels/legacy_x16.c, kernels/kquant_x16.c) where $RADIXD_KQUANT_LAYOUT and
+this machine choose it, else Q4_1 and Q8_0 in the split layout the a8 kernels were tuned on (codes,
+then fp16 scales and minimums: the same bytes, reordered once at load) and the others exactly as
+mapped from the file, never copied. A fused projection chains its parts (`f32.Gemm`'s `then`).
 NOTE: row-invariant like every native kernel (kernels/radixd.h). Q4_K and Q6_K's two layouts give
-the same bits, so `auto` picks by a timing at load (`x16_pays`). Q4_1, Q8_0 and Q5_0's repacked kinds sum a
-group in int32 before scaling it, so their last bits differ from the split layout's: `auto` takes them
-wherever the CPU runs them (AVX512-VNNI and BW), never by a timing, so that two starts on one machine
-give the same bits (the speed that backs the rule: docs/measurements/bench-offline.md).
+the same bits, so `auto` picks by a timing at load (`x16_pays`). The legacy formats' repacked kinds
+sum a group in int32 before scaling it, so their last bits differ from the stored layout's: `auto`
+takes them wherever the CPU runs them (AVX512-VNNI and BW), never by a timing, so that two starts on
+one machine give the same bits (the speed that backs the rule: docs/measurements/bench-offline.md,
+bench-kernels.md).
 """
 
 from __future__ import annotations
@@ -43,14 +44,16 @@ RAW_KINDS = {
 SPLIT_KINDS = {"Q4_1": ("q4_1_a8", "q4_1"), "Q8_0": ("q8_0_a8", "q8_0")}
 RUNNABLE = frozenset(RAW_KINDS) | frozenset(SPLIT_KINDS)
 # Formats with a repacked layout (16 rows interleaved), and the knob that picks it for all of them:
-# "auto" (the default: `x16_pays`), "x16" (wherever it runs) or "stored" (never). Q4_1, Q8_0 and
-# Q5_0's repacked kinds run 8-bit activations only.
+# "auto" (the default: `x16_pays`), "x16" (wherever it runs) or "stored" (never). The legacy formats'
+# repacked kinds (Q4_0, Q4_1, Q5_0, Q5_1, Q8_0) run 8-bit activations only.
 X16_KINDS = {
     "Q4_K": "q4_k_x16",
     "Q6_K": "q6_k_x16",
     "Q4_1": "q4_1_x16",
     "Q8_0": "q8_0_x16",
     "Q5_0": "q5_0_x16",
+    "Q4_0": "q4_0_x16",
+    "Q5_1": "q5_1_x16",
 }
 # The library's repack entry points (repack, bytes) by the unit that runs the repacked kind.
 _REPACK = {
@@ -59,9 +62,11 @@ _REPACK = {
     "q4_1_x16": "legacy",
     "q8_0_x16": "legacy",
     "q5_0_x16": "legacy",
+    "q4_0_x16": "legacy",
+    "q5_1_x16": "legacy",
 }
 # The formats whose repacked kind sums a group in int32 (other last bits than the stored layout's).
-_SUMMED = frozenset({"Q4_1", "Q8_0", "Q5_0"})
+_SUMMED = frozenset({"Q4_1", "Q8_0", "Q5_0", "Q4_0", "Q5_1"})
 ENV_LAYOUT = "RADIXD_KQUANT_LAYOUT"
 LAYOUTS = ("auto", "x16", "stored")
 
@@ -89,7 +94,7 @@ def _split(p: Stored) -> list[torch.Tensor]:
 def repack_x16(kind: str, data: torch.Tensor, rows: int, cols: int) -> torch.Tensor | None:
     """Blocks `data` [rows, bytes a row] of format `kind` (a key of X16_KINDS) in its x16 layout, or
     None where that does not run (the CPU lacks AVX512-VNNI, `rows` is not a multiple of 16, or for
-    Q4_1 / Q8_0 / Q5_0 `cols` not of 64)."""
+    the legacy formats `cols` not of 64)."""
     lib = library()
     if lib is None or kind not in X16_KINDS or rows % 16:
         return None
@@ -117,10 +122,11 @@ def _best_s(gemm: Gemm, x: torch.Tensor, calls: int, repeats: int = 7) -> float:
 
 @functools.cache
 def x16_pays(kind: str) -> bool:
-    """Whether `auto` takes the repacked layout for `kind`. Q4_1 / Q8_0 / Q5_0: wherever this CPU runs it (a
-    rule, not a timing: their bits differ from the split layout's). Q4_K / Q6_K: where it runs faster
-    on this machine, measured once a process on a random [512, 2048] matrix (~40 ms): no slower for
-    one row (a decode step, within 10%) and faster for 32 (a prefill)."""
+    """Whether `auto` takes the repacked layout for `kind`. The legacy formats (Q4_0, Q4_1, Q5_0, Q5_1,
+    Q8_0): wherever this CPU runs it (a rule, not a timing: their bits differ from the stored
+    layout's). Q4_K / Q6_K: where it runs faster on this machine, measured once a process on a random
+    [512, 2048] matrix (~40 ms): no slower for one row (a decode step, within 10%) and faster for 32
+    (a prefill)."""
     per, size = BLOCKS[kind]
     if kind in _SUMMED:
         return repack_x16(kind, torch.zeros(16, 64 // per * size, dtype=torch.uint8), 16, 64) is not None
@@ -153,7 +159,7 @@ def layout() -> str:
 
 def _part(p: Stored, float_activations: bool, repack: bool) -> tuple[str, list[torch.Tensor]]:
     """The kernel kind and operands that run part `p`."""
-    # The repacked Q4_1 / Q8_0 / Q5_0 kinds run 8-bit activations only.
+    # The legacy formats' repacked kinds run 8-bit activations only.
     choice = layout() if repack and p.kind in X16_KINDS and not float_activations else "stored"
     if choice == "x16" or (choice == "auto" and x16_pays(p.kind)):
         packed = repack_x16(p.kind, p.data, p.rows, p.cols)

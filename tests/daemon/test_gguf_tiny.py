@@ -156,12 +156,13 @@ def test_w4a8_runs_every_matrix_in_its_stored_format(tmp_path: Path) -> None:
     lm = load_model(str(tmp_path / "tiny.gguf"), dtype="auto")
     assert lm.model.precision.name == "w4a8"
     codings = {getattr(p, "coding", None) for p in lm.model.projections()}
-    # Q4_1, Q8_0, Q5_0, Q4_K and Q6_K: the file's blocks, or the same blocks repacked where `auto` takes
-    # that on this machine
+    # Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, Q4_K and Q6_K: the file's blocks, or the same blocks repacked where
+    # `auto` takes that on this machine
     stored = {"Q4_1": "q4_1_a8", "Q8_0": "q8_0_a8", **quant.RAW_KINDS}
-    formats = ("Q4_1", "Q8_0", "Q5_0", "Q4_K", "Q6_K")
-    q41, q80, q50, k4, k6 = (quant.X16_KINDS[k] if quant.x16_pays(k) else stored[k] for k in formats)
-    assert {f"q4_0_a8+{q41}+{k6}", f"{q80}+bf16", "q5_1_a8+f16", k4, q50, "f16"} <= codings
+    formats = ("Q4_0", "Q4_1", "Q5_0", "Q5_1", "Q8_0", "Q4_K", "Q6_K")
+    chosen = (quant.X16_KINDS[k] if quant.x16_pays(k) else stored[k] for k in formats)
+    q40, q41, q50, q51, q80, k4, k6 = chosen
+    assert {f"{q40}+{q41}+{k6}", f"{q80}+bf16", f"{q51}+f16", k4, q50, "f16"} <= codings
     ids = [int(x) for x in torch.randint(0, VOCAB, (30,), generator=torch.Generator().manual_seed(2))]
     table = [2, 4, 6, 1]
     want = ModelRunner(ref.model, num_blocks=8, block_size=8).step_logits([StepSeq(0, ids, 0, table, None)])

@@ -1,9 +1,10 @@
-"""kernels/legacy_x16.c: Q4_1, Q8_0 and Q5_0 repacked at load, 16 rows a record, sum each group's products in
-int32 and scale them once, so their last bits differ from the stored (split) layout's 8-bit-activation
-kinds. Checked: row-invariance bit for bit (1 to N rows at every position of a call, each output's
-position in its 16-row record, 1 and 2 threads, a 64-row call's rows as alone); closeness to an fp64
-sum of the same quantized integers, as close as the stored kind; rows dequantize to the same weights; a
-part whose outputs are not a multiple of 16 (or whose inputs are not of 64) stays stored."""
+"""kernels/legacy_x16.c: Q4_1, Q8_0, Q5_0, Q4_0 and Q5_1 repacked at load, 16 rows a record, sum each
+group's products in int32 and scale them once, so their last bits differ from the stored layout's
+8-bit-activation kinds. Checked: row-invariance bit for bit (1 to N rows at every position of a call,
+each output's position in its 16-row record, 1 and 2 threads, a 64-row call's rows as alone);
+closeness to an fp64 sum of the same quantized integers, as close as the stored kind; rows dequantize
+to the same weights; a part whose outputs are not a multiple of 16 (or whose inputs are not of 64)
+stays stored."""
 
 from __future__ import annotations
 
@@ -17,7 +18,7 @@ from radixd.daemon.model.f32 import Gemm
 from radixd.daemon.model.stored import Stored
 from radixd.kernels.native import cpu_flags
 
-KINDS = ("Q4_1", "Q8_0", "Q5_0")
+KINDS = ("Q4_1", "Q8_0", "Q5_0", "Q4_0", "Q5_1")
 VNNI = {"avx512_vnni", "avx512bw"} <= cpu_flags()
 SHAPES = [(48, 576), (32, 1536), (16, 64)]
 
@@ -30,7 +31,7 @@ def stored_kinds(kind: str) -> tuple[str, str]:
 
 
 def part(kind: str, n: int, k: int, seed: int) -> Stored:
-    """gguf-py's blocks of a random [n, k] matrix (groups off zero too: Q4_1's minimums matter)."""
+    """gguf-py's blocks of a random [n, k] matrix (groups off zero too: Q4_1 / Q5_1's minimums matter)."""
     rng = np.random.default_rng(seed)
     w = rng.standard_normal((n, k)).astype(np.float32) * 0.05
     w[:, ::7] += 0.02
@@ -62,20 +63,21 @@ def reference(kind: str, p: Stored, x: torch.Tensor) -> tuple[np.ndarray, np.nda
     q = np.rint(xs * inv.astype(np.float32)).astype(np.float64)
     e = (amax[..., 0] / np.float32(127)).astype(np.float32)
     es = (e * q.sum(axis=2).astype(np.float32)).astype(np.float64)
-    blocks = p.data.numpy().reshape(p.rows, -1, {"Q4_1": 20, "Q8_0": 34, "Q5_0": 22}[kind])
+    size = {"Q4_1": 20, "Q8_0": 34, "Q5_0": 22, "Q4_0": 18, "Q5_1": 24}[kind]
+    blocks = p.data.numpy().reshape(p.rows, -1, size)
     d = blocks[..., 0:2].copy().view(np.float16)[..., 0].astype(np.float64)
-    if kind == "Q4_1":
-        mn = blocks[..., 2:4].copy().view(np.float16)[..., 0].astype(np.float64)
-        nib = blocks[..., 4:20]
-        codes = np.concatenate([nib & 0x0F, nib >> 4], axis=2).astype(np.float64)
-    elif kind == "Q5_0":
-        mn = np.zeros_like(d)
-        nib = blocks[..., 6:22]
-        qh = blocks[..., 2:6].copy().view("<u4")[..., 0:1] >> np.arange(32, dtype=np.uint32) & 1
-        codes = (np.concatenate([nib & 0x0F, nib >> 4], axis=2) | qh << 4).astype(np.float64) - 16
-    else:
-        mn = np.zeros_like(d)
+    mn = np.zeros_like(d)
+    if kind == "Q8_0":
         codes = blocks[..., 2:34].copy().view(np.int8).astype(np.float64)
+    else:  # nibbles in the last 16 bytes (byte j: input j low, j + 16 high), 5th bits in qh before them
+        nib = blocks[..., size - 16 :]
+        codes = np.concatenate([nib & 0x0F, nib >> 4], axis=2).astype(np.float64)
+        if kind in ("Q5_0", "Q5_1"):
+            qh = blocks[..., size - 20 : size - 16].copy().view("<u4")[..., 0:1]
+            codes += (qh >> np.arange(32, dtype=np.uint32) & 1) * 16.0
+        if kind in ("Q4_1", "Q5_1"):
+            mn = blocks[..., 2:4].copy().view(np.float16)[..., 0].astype(np.float64)
+        codes -= {"Q4_0": 8, "Q5_0": 16}.get(kind, 0)
     dots = np.einsum("mgi,ngi->mng", q, codes)  # exact integers
     scaled, mins = dots * d[None] * e.astype(np.float64)[:, None], mn[None] * es[:, None]
     return (scaled + mins).sum(axis=2), (np.abs(scaled) + np.abs(mins)).sum(axis=2)
