@@ -113,6 +113,8 @@ class EngineRun:
     outputs: list[list[int]]
     draft_us_per_step: float  # engine-thread drafting time per step that looked for drafts
     draft_share: float  # drafting time over the run's wall time
+    drafted: int  # draft tokens verified
+    accepted: int  # of those, accepted
 
 
 def engine_run(
@@ -125,6 +127,7 @@ def engine_run(
     outs: list[list[int]] = []
     spec = core.speculator
     draft_s, draft_steps = spec.draft_s, spec.draft_steps
+    drafted, accepted = spec.drafted_tokens, spec.accepted_tokens
     t0 = time.perf_counter()
     for at in range(0, len(ps), batch):
         group = [GenerateRequest(f"{tag}-{at + i}", p, params) for i, p in enumerate(ps[at : at + batch])]
@@ -134,7 +137,14 @@ def engine_run(
         outs += [res.tokens[r.request_id] for r in group]
     wall = time.perf_counter() - t0
     spent, steps = spec.draft_s - draft_s, spec.draft_steps - draft_steps
-    return EngineRun(tokens / elapsed, outs, spent / max(steps, 1) * 1e6, spent / wall)
+    return EngineRun(
+        tokens / elapsed,
+        outs,
+        spent / max(steps, 1) * 1e6,
+        spent / wall,
+        spec.drafted_tokens - drafted,
+        spec.accepted_tokens - accepted,
+    )
 
 
 def llama_tps(url: str, ps: list[list[int]], max_tokens: int, trace: str) -> float:
@@ -187,6 +197,7 @@ def main() -> None:
         spec.budget = RowCap(spec.budget.cost, args.cap_slack)
     tps: dict[str, list[float]] = collections.defaultdict(list)
     cost: dict[str, list[tuple[float, float]]] = collections.defaultdict(list)
+    drafts: dict[str, list[int]] = collections.defaultdict(lambda: [0, 0])  # (verified, accepted)
     cases = [(trace, b) for trace in traces for b in sizes[trace]]
     ratios: dict[str, list[float]] = collections.defaultdict(list)
     for rnd in range(-args.warmup, args.rounds):  # negative rounds warm up; not kept
@@ -200,6 +211,8 @@ def main() -> None:
                     tps[f"{trace} b{b} {'on' if k else 'off'}"].append(r.tps)
                     if k:
                         cost[f"{trace} b{b}"].append((r.draft_us_per_step, r.draft_share))
+                        drafts[f"{trace} b{b}"][0] += r.drafted
+                        drafts[f"{trace} b{b}"][1] += r.accepted
             assert got[0] == got[k_on], f"{trace} b{b}: speculation changed an output"
             if rnd >= 0:  # the round's own ratio: both runs saw the machine's load of that moment
                 ratios[f"{trace} b{b}"].append(tps[f"{trace} b{b} on"][-1] / tps[f"{trace} b{b} off"][-1])
@@ -219,21 +232,23 @@ def main() -> None:
     )
     print(
         "| engine | trace | batch | off | on | on / off | on / off per round (median, range) "
-        "| drafting (µs/step) | drafting (share of run) |"
+        "| drafting (µs/step) | drafting (share of run) | draft tokens verified (accepted) |"
     )
-    print("| --- | --- | --- | --- | --- | --- | --- | --- | --- |")
+    print("| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |")
     for trace, b in cases:
         on, off = med[f"{trace} b{b} on"], med[f"{trace} b{b} off"]
         us = statistics.median(c[0] for c in cost[f"{trace} b{b}"])
         share = statistics.median(c[1] for c in cost[f"{trace} b{b}"])
         rs = ratios[f"{trace} b{b}"]
         spread = f"{statistics.median(rs):.3f}x ({min(rs):.2f}-{max(rs):.2f})"
-        cells = f"{off:.2f} | {on:.2f} | {on / off:.3f}x | {spread} | {us:.1f} | {share:.2%}"
+        verified, accepted = drafts[f"{trace} b{b}"]
+        cells = f"{off:.2f} | {on:.2f} | {on / off:.3f}x | {spread} | {us:.1f} | {share:.2%} | "
+        cells += f"{verified} ({accepted / max(verified, 1):.0%})"
         print(f"| radixd | {trace} | {b} | {cells} |")
     if args.llama_server:
         for trace in traces:
             on, off = med[f"llama {trace} b1 on"], med[f"llama {trace} b1 off"]
-            print(f"| llama-server | {trace} | 1 | {off:.2f} | {on:.2f} | {on / off:.3f}x | | | |")
+            print(f"| llama-server | {trace} | 1 | {off:.2f} | {on:.2f} | {on / off:.3f}x | | | | |")
     st = cores[k_on].stats()
     print(
         f"\ndrafted {st.drafted_tokens}, accepted {st.accepted_draft_tokens} "

@@ -39,14 +39,18 @@ class StepCost:
     while a single bucket is known (so they get tried and measured), else they follow the last two
     buckets' slope. The buckets learn from steps without drafts; a step with drafts costs an extra
     beyond its rows (the drafted rows' separate verification), learned the same way from the drafted
-    steps' excess over the buckets' estimate, per bucket of the drafted steps' row counts (the
-    nearest one measured; none assumed before one is)."""
+    steps' excess over the buckets' estimate, per bucket of the drafted steps' row counts, also counted
+    from its second step (the nearest one counted stands in; none assumed before one is).
+
+    NOTE: a first step at a new row count pays one-off costs (scratch memory faulted in, a new shape);
+    an estimate taken from it alone would stop drafting at that count for good, since only drafted
+    steps there could correct it."""
 
     def __init__(self, rise: float = 0.1, stale_steps: int = 2048) -> None:
         self.rise = rise  # weight of a slower step in its bucket's estimate
         self.stale_steps = stale_steps
-        # bucket -> (seconds a drafted step costs beyond its rows, the step count when last updated)
-        self._extra: dict[int, tuple[float, int]] = {}
+        # bucket -> a drafted step's seconds beyond its rows (`_Bucket.rows` unused)
+        self._extra: dict[int, _Bucket] = {}
         self._steps = 0
         self._buckets: dict[int, _Bucket] = {}
         self._curve: list[tuple[float, float]] | None = None  # (rows, seconds), rows ascending
@@ -63,8 +67,12 @@ class StepCost:
             plain = self(rows)
             if plain is not None:
                 key, excess = _key(rows), seconds - plain
-                was = self._extra.get(key)
-                self._extra[key] = (excess if was is None else self._toward(was[0], excess), self._steps)
+                e = self._extra.get(key)
+                if e is None:
+                    self._extra[key] = _Bucket(float(rows), excess, self._steps)
+                else:
+                    e.seconds = min(e.seconds, excess) if e.count == 1 else self._toward(e.seconds, excess)
+                    e.seen, e.count = self._steps, e.count + 1
             return
         self._steps += 1
         key = _key(rows)
@@ -81,7 +89,7 @@ class StepCost:
         if self._steps % self.stale_steps == 0:
             old = self._steps - self.stale_steps
             self._buckets = {k: b for k, b in self._buckets.items() if b.seen > old}
-            self._extra = {k: e for k, e in self._extra.items() if e[1] > old}
+            self._extra = {k: e for k, e in self._extra.items() if e.seen > old}
         self._curve = None
 
     def _points(self) -> list[tuple[float, float]]:
@@ -105,11 +113,12 @@ class StepCost:
         return plain + max(self.extra(rows), 0.0) if drafted else plain
 
     def extra(self, rows: int) -> float:
-        """Seconds a step of `rows` rows with drafts costs beyond its rows (0 before any is seen)."""
-        if not self._extra:
+        """Seconds a step of `rows` rows with drafts costs beyond its rows (0 before any is counted)."""
+        counted = [k for k, e in self._extra.items() if e.count > 1]
+        if not counted:
             return 0.0
         key = _key(rows)
-        return self._extra[min(self._extra, key=lambda k: (abs(k - key), k))][0]
+        return self._extra[min(counted, key=lambda k: (abs(k - key), k))].seconds
 
     @staticmethod
     def _along(pts: list[tuple[float, float]], rows: int) -> float:
@@ -178,23 +187,29 @@ class DraftBudget:
         self._rows = 0  # rows in the step so far (planned + drafted)
         self._tokens = 0.0  # tokens the step is expected to emit so far
         self._drafted = False  # whether the step has drafts so far
+        self._costs: list[float] = []  # seconds of the step with 1, 2, ... more drafted rows
 
     def start(self, rows: int, tokens: int) -> None:
         """A new step of `rows` planned rows that emit `tokens` tokens (its decodes and last chunks)."""
         self._rows, self._tokens, self._drafted = rows, float(tokens), False
+        self._costs = []
 
     def rows_for(self, rate: float, most: int) -> int:
         """How many draft rows (at most `most`) a sequence whose draft tokens are accepted at `rate`
-        should verify: the count that maximises the step's expected tokens per second."""
+        should verify: the count that maximises the step's expected tokens per second. A rate no
+        higher than one that got none gets none (the step is the same until `take`)."""
         now = self.cost(self._rows, self._drafted)
         if now is None:
             return most  # nothing measured yet: draft, and the timings come
+        costs = self._costs  # the same for every candidate of this step until `take`
+        while len(costs) < most:
+            seconds = self.cost(self._rows + len(costs) + 1, True)
+            assert seconds is not None
+            costs.append(seconds)
         best, best_n, gain = (1 + self.margin) * self._tokens / now, 0, 0.0
         for n in range(1, most + 1):
             gain += rate**n
-            seconds = self.cost(self._rows + n, True)
-            assert seconds is not None
-            speed = (self._tokens + gain) / seconds
+            speed = (self._tokens + gain) / costs[n - 1]
             if speed > best:
                 best, best_n = speed, n
         return best_n
@@ -204,3 +219,4 @@ class DraftBudget:
         self._tokens += sum(rate**n for n in range(1, rows + 1))
         self._rows += rows
         self._drafted = self._drafted or rows > 0
+        self._costs = []

@@ -86,7 +86,9 @@ class Speculator:
                 break
             p = rate(seq.seq_id)
             k = self.budget.rows_for(p, min(most, budget))
-            proposed = self.drafter.propose(seq.key(), seq.request.req.namespace, k) if k > 0 else []
+            if k == 0:
+                break  # NOTE: the rest are accepted less often: the budget gives them no rows either
+            proposed = self.drafter.propose(seq.key(), seq.request.req.namespace, k)
             grammar = seq.sampling.grammar if proposed and seq.sampling is not None else None
             if grammar is not None:  # cut before the first token the grammar forbids
                 admitted = grammar.admitted(proposed)
