@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import concurrent.futures
 import functools
-import sys
 import time
 from array import array
 from collections.abc import Callable
@@ -26,18 +25,18 @@ from radixd.daemon.engine.grammars import GrammarWait
 from radixd.daemon.engine.jump_forward import JumpForward
 from radixd.daemon.engine.kv import KVManager
 from radixd.daemon.engine.outputs import Outputs
-from radixd.daemon.engine.policy import pick_victim, waiting_order
 from radixd.daemon.engine.prompt_scoring import plan_scoring, scoring
 from radixd.daemon.engine.requests import Requests
 from radixd.daemon.engine.scheduler import Planned, Scheduler, StepPlan
 from radixd.daemon.engine.sequence import SeqIds, SeqStatus, Sequence
 from radixd.daemon.engine.sessions import SessionManager
 from radixd.daemon.engine.speculative import Draft, Speculator
+from radixd.daemon.engine.stalls import Unstaller
 from radixd.daemon.engine.stats import EngineStats
 from radixd.daemon.engine.swap import HostSwap
 from radixd.daemon.engine.validation import Validator
 from radixd.daemon.engine.watchdog import Watchdog
-from radixd.daemon.errors import EngineError, InvalidRequest, RequestTooLarge
+from radixd.daemon.errors import EngineError, InvalidRequest
 from radixd.daemon.executor.runner import DecodeRows, ModelRunner, StepResult, StepSeq
 from radixd.daemon.structured.cache import GrammarCache
 from radixd.daemon.structured.matcher import GrammarRefused
@@ -122,6 +121,7 @@ class EngineCore:
             self.max_model_len,
         )
         self.admin = Admin(self.requests, self.scheduler, self.kv)
+        self.unstaller = Unstaller(self.scheduler, self.sessions, self.kv, self.validator, self.requests)
         self._commands = command_table(
             self.requests, self.admin, self.sessions, self.validator, self.kv, self.stats
         )
@@ -226,7 +226,7 @@ class EngineCore:
             self.requests.admit_compiled()
         plan = self.scheduler.schedule()
         # Pending work that plans nothing is stalled on memory, which only a lease's TTL would free.
-        while not plan and self.scheduler.has_work() and self._unstall():
+        while not plan and self.scheduler.has_work() and self.unstaller.unstall():
             plan = self.scheduler.schedule()
         self.admin.track_peaks()
         if not plan:
@@ -306,69 +306,6 @@ class EngineCore:
             scoring(seq),
             window_tables=windows,
         )
-
-    def _unstall(self) -> bool:
-        """Free room for stalled work, one move at a time, in this order: an idle session's lease;
-        running sequences that no step could grow: preempt one, past `max_preemptions`; a lone running
-        sequence, or waiting requests alone, that cannot go on: fail the first (a swapped-out sequence
-        holds no blocks, so moving one would not help it); else the oldest swapped-out sequence to
-        recompute, which shares cached blocks; -> whether anything changed.
-
-        NOTE: every request makes progress or ends with an error: pending work that plans nothing is
-        stalled on memory that nothing else in flight will free. Only pinned prefixes are waited for
-        (an unpin frees them; the watchdog reports the stall meanwhile)."""
-        sched = self.scheduler
-        if self.sessions.shed_one():
-            log.info(
-                "engine.session_lease_shed",
-                waiting=len(sched.waiting),
-                swapped=len(sched.swapped),
-                free_blocks=self.kv.num_free,
-            )
-            return True
-        victim = pick_victim(sched.running, sys.maxsize) if len(sched.running) > 1 else None
-        if victim is not None:
-            sched.preempt(victim)
-            return True
-        if not sched.running and not sched.swapped:
-            stuck = waiting_order(sched.waiting, "fcfs")[:1]
-        elif sched.running:
-            stuck = sched.running
-        else:
-            stuck = []
-        if stuck:
-            return not self.kv.pinned_blocks() and self._fail_stalled(stuck[0])
-        if not sched.swapped:
-            return False
-        seq = sched.swapped_to_recompute()
-        log.info(
-            "engine.swap_fallback_recompute",
-            request_id=seq.request.request_id,
-            seq_id=seq.seq_id,
-            tokens=len(seq.tokens),
-            free_blocks=self.kv.num_free,
-        )
-        return True
-
-    def _fail_stalled(self, seq: Sequence) -> bool:
-        """Fail `seq`'s request: alone (sessions shed, everything else evicted) it cannot get the blocks
-        its next step needs; -> True."""
-        kv, req = self.kv, seq.request.req
-        need = kv.peak_blocks(seq.request.prompt_len, req)
-        room = kv.num_free + kv.evictable_blocks()
-        have = f"it holds {kv.blocks_held(seq)} and only {room} more are free or evictable"
-        exc = RequestTooLarge(self.validator.too_large(seq.request.prompt_len, req, need, have))
-        log.warning(
-            "engine.stall_failed",
-            request_id=seq.request.request_id,
-            status=seq.status.name,
-            tokens=len(seq.tokens),
-            need_blocks=need,
-            free_blocks=kv.num_free,
-            evictable_blocks=kv.evictable_blocks(),
-        )
-        self.requests.fail(seq.request.request_id, exc)
-        return True
 
     def step_safely(self) -> bool:
         """`step()`, but an unexpected error fails the requests in flight instead of the engine."""

@@ -231,7 +231,7 @@ class Scheduler:
         """With nothing running (nothing else will free blocks) and no room for `seq`'s chunk from `hit`
         (of `key`): if `seq` fits what is free or evictable, the chunk up to the next block boundary,
         else no cached prefix at all; -> (hit, tokens), or None (`hit` released: session leases or pins
-        hold what it needs, which `EngineCore._unstall` sheds or waits for).
+        hold what it needs, which `Unstaller.unstall` sheds or waits for).
 
         NOTE: a hit locks the blocks it reuses and the kept window it resumes from, so in a pool about one
         request large it can hold the very pages its own chunk needs: waiting for them would wait
