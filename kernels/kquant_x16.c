@@ -101,11 +101,28 @@ static inline __attribute__((always_inline)) __mmask64 mask_at(const uint8_t *p)
     return _cvtu64_mask64(m);
 }
 
-/* R rows (1 to 4) times one group of 16 Q4_K rows at w (q5: Q5_K rows, their 5th bits added to the
- * codes): y[r * ldy + 0 .. 15]. */
+/* Quad j of pair t of a Q4_K record (q5: Q5_K's, the 5th bits added) against R rows: the products of
+ * sub-block 2t into da, of 2t + 1 into db. */
+static inline __attribute__((always_inline)) void quad_k4(const x16_rows *x, const uint8_t *rec, int64_t sb, int t,
+                                                          int j, __m512i *da, __m512i *db, const int R, const int q5) {
+    const __m512i low = _mm512_set1_epi8(0x0F), fifth = _mm512_set1_epi8(0x10);
+    const __m512i v = _mm512_loadu_si512((const void *)(rec + 320 + 512 * t + 64 * j));
+    __m512i ua = _mm512_and_si512(v, low), ub = _mm512_and_si512(_mm512_srli_epi16(v, 4), low);
+    if (q5) {
+        const uint8_t *m = rec + MASKS_q5_k + 128 * t + 16 * j;
+        ua = _mm512_mask_add_epi8(ua, mask_at(m), ua, fifth);
+        ub = _mm512_mask_add_epi8(ub, mask_at(m + 8), ub, fifth);
+    }
+    for (int r = 0; r < R; r++) {
+        const int8_t *a = x->q + r * x->k + sb * QK + 64 * t + 4 * j;
+        da[r] = _mm512_dpbusd_epi32(da[r], ua, bcast4(a));
+        db[r] = _mm512_dpbusd_epi32(db[r], ub, bcast4(a + 32));
+    }
+}
+
+/* R rows (1 to 4) times one group of 16 Q4_K rows at w (q5: Q5_K rows): y[r * ldy + 0 .. 15]. */
 static inline __attribute__((always_inline)) void tile_k4(const x16_rows *x, const uint8_t *w, float *y,
                                                           int64_t ldy, const int R, const int q5) {
-    const __m512i low = _mm512_set1_epi8(0x0F), fifth = _mm512_set1_epi8(0x10);
     __m512 acc[4];
     for (int r = 0; r < R; r++) acc[r] = _mm512_setzero_ps();
     for (int64_t sb = 0; sb < x->nsb; sb++) {
@@ -115,24 +132,13 @@ static inline __attribute__((always_inline)) void tile_k4(const x16_rows *x, con
         for (int t = 0; t < 4; t++) {
             __m512i da[4], db[4];
             for (int r = 0; r < R; r++) da[r] = db[r] = _mm512_setzero_si512();
-            const uint8_t *codes = rec + 320 + t * 512;
-            if (q5)
+            if (q5) {
                 ask_lines(rec + 704 * t, t == 3 ? 12 : 11); /* 11 + 11 + 11 + 12: the record's 45 lines */
-            else
+                /* unrolled by hand: GCC's own choice left Q5_K's loop rolled, its accumulators spilled */
+                _Pragma("GCC unroll 8") for (int j = 0; j < 8; j++) quad_k4(x, rec, sb, t, j, da, db, R, 1);
+            } else {
                 ask_lines(rec + 640 * t, 10); /* 4 x 10 lines: the record's 37 */
-            for (int j = 0; j < 8; j++) {
-                const __m512i v = _mm512_loadu_si512((const void *)(codes + 64 * j));
-                __m512i ua = _mm512_and_si512(v, low), ub = _mm512_and_si512(_mm512_srli_epi16(v, 4), low);
-                if (q5) {
-                    const uint8_t *m = rec + MASKS_q5_k + 128 * t + 16 * j;
-                    ua = _mm512_mask_add_epi8(ua, mask_at(m), ua, fifth);
-                    ub = _mm512_mask_add_epi8(ub, mask_at(m + 8), ub, fifth);
-                }
-                for (int r = 0; r < R; r++) {
-                    const int8_t *a = x->q + r * x->k + sb * QK + 64 * t + 4 * j;
-                    da[r] = _mm512_dpbusd_epi32(da[r], ua, bcast4(a));
-                    db[r] = _mm512_dpbusd_epi32(db[r], ub, bcast4(a + 32));
-                }
+                for (int j = 0; j < 8; j++) quad_k4(x, rec, sb, t, j, da, db, R, 0);
             }
             const __m512i sa = _mm512_cvtepu8_epi32(_mm_loadu_si128((const __m128i *)(rec + 64 + 32 * t)));
             const __m512i sc = _mm512_cvtepu8_epi32(_mm_loadu_si128((const __m128i *)(rec + 80 + 32 * t)));
