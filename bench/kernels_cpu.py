@@ -27,10 +27,11 @@ the weights come from memory, as in a decode step); median ms per call (wall, an
 CPU time: on a shared machine the wall time also counts the time the kernel waited for a core), GB/s
 of weights at one row (wall), GMAC/s a thread (multiply-accumulates / threads / the calling thread's
 CPU time, its share of the work: what a shared machine's waits leave out of the wall time), and each
-kind's speed against Q4_1_A8's and, for a repacked kind (``q4_k_x16``: kernels/kquant_x16.c;
-``q4_1_x16``, ``q8_0_x16``, ``q5_0_x16``, ``q4_0_x16``, ``q5_1_x16``: kernels/legacy_x16.c), against the
-stored kind it repacks (median of per-round ratios); ``--gemm-kinds`` picks kinds; ``--gemm-cached``
-keeps one copy of the weights (in cache: the kernels' compute alone):
+kind's speed against Q4_1_A8's and, for a repacked kind (``q4_k_x16``, ``q5_k_x16``, ``q6_k_x16``:
+kernels/kquant_x16.c; ``q4_1_x16``, ``q8_0_x16``, ``q5_0_x16``, ``q4_0_x16``, ``q5_1_x16``:
+kernels/legacy_x16.c), against the stored kind it repacks (median of per-round ratios);
+``--gemm-kinds`` picks kinds; ``--gemm-cached`` keeps one copy of the weights (in cache: the kernels'
+compute alone):
 
     .venv/bin/python bench/kernels_cpu.py --gemm 2048x2048,8192x2048,2048x640 --threads 2
     .venv/bin/python bench/kernels_cpu.py --gemm 2048x2048,8192x2048,2048x8192 --threads 1 \
@@ -39,6 +40,8 @@ keeps one copy of the weights (in cache: the kernels' compute alone):
         --gemm-kinds q4_1_a8,q4_1_x16,q8_0_a8,q8_0_x16 --gemm-cached --rounds 15
     .venv/bin/python bench/kernels_cpu.py --gemm 2048x2048 --gemm-rows 1,8,64 --threads 1 \
         --gemm-kinds q4_0_a8,q4_0_x16,q5_1_a8,q5_1_x16 --gemm-cached --rounds 15
+    .venv/bin/python bench/kernels_cpu.py --gemm 2048x2048 --gemm-rows 1,8,64 --threads 1 \
+        --gemm-kinds q4_k_a8,q4_k_x16,q5_k_a8,q5_k_x16 --gemm-cached --rounds 15
 
 ``--peak`` compiles and runs :data:`PEAK_C` (needs a C compiler and AVX512-VNNI): one core's int8
 multiply-accumulate peak, `vpdpbusd` on 12 independent accumulators so that throughput, not latency,
@@ -222,11 +225,12 @@ def measure(fns: dict[str, Callable[[], object]], rounds: int, read_mib: int) ->
 # arrays, the others' blocks are as the file stores them: (weights, bytes) a block in `BLOCKS`).
 GEMM_KINDS = (
     *("q4_1_a8", "q8_0_a8", "q4_0_a8", "q5_0_a8", "q5_1_a8", "q4_k_a8", "q5_k_a8", "q6_k_a8"),
-    *("q4_1_x16", "q8_0_x16", "q5_0_x16", "q4_0_x16", "q5_1_x16", "q4_k_x16", "q6_k_x16"),
+    *("q4_1_x16", "q8_0_x16", "q5_0_x16", "q4_0_x16", "q5_1_x16", "q4_k_x16", "q5_k_x16", "q6_k_x16"),
 )
 # A repacked kind -> the stored kind whose blocks it repacks.
 REPACKED = {
     "q4_k_x16": "q4_k_a8",
+    "q5_k_x16": "q5_k_a8",
     "q6_k_x16": "q6_k_a8",
     "q4_1_x16": "q4_1_a8",
     "q8_0_x16": "q8_0_a8",
@@ -234,10 +238,11 @@ REPACKED = {
     "q4_0_x16": "q4_0_a8",
     "q5_1_x16": "q5_1_a8",
 }
-# Where a block's fp16 scales lie (scale, then the minimums' scale where it has one).
+# Where a block's fp16 scales lie (scale, then the minimums' scale where it has one; the repacked
+# K-quants' "_raw" blocks too: random bytes there would be any fp16, infinities and NaNs included).
 SCALES_AT = {
-    **{c: (0, 4) for c in ("q4_1_raw", "q5_1_raw", "q5_1_a8", "q4_k_a8", "q5_k_a8")},
-    "q6_k_a8": (208, 210),
+    **{c: (0, 4) for c in ("q4_1_raw", "q5_1_raw", "q5_1_a8", "q4_k_a8", "q5_k_a8", "q4_k_raw", "q5_k_raw")},
+    **{c: (208, 210) for c in ("q6_k_a8", "q6_k_raw")},
 }
 
 

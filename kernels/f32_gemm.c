@@ -229,6 +229,7 @@ static gemm_unit unit_of(int64_t kind) {
         return UNIT_KQUANT;
     case RADIXD_W_Q4_K_X16:
     case RADIXD_W_Q6_K_X16:
+    case RADIXD_W_Q5_K_X16:
         return UNIT_KQUANT_X16;
     case RADIXD_W_Q4_1_X16:
     case RADIXD_W_Q8_0_X16:

@@ -146,7 +146,7 @@ INTERNAL void radixd_kquant_dequantize_row(const radixd_proj *p, int64_t row, fl
  * the codes' sums per 16 s [m, k / 16]. */
 INTERNAL void radixd_kquant_quantize_rows(const float *x, int64_t m, int64_t k, int8_t *q, float *e, int16_t *s);
 
-/* kquant_x16.c (AVX512-VNNI): the kinds Q4_K_X16 and Q6_K_X16 (16 rows' blocks interleaved by
+/* kquant_x16.c (AVX512-VNNI): the kinds Q4_K_X16, Q6_K_X16 and Q5_K_X16 (16 rows' blocks interleaved by
  * radixd_kquant_repack), as radixd_kquant_gemm with the same bits; -2 where the CPU lacks
  * AVX512-VNNI. And one row of such a part as fp32. */
 INTERNAL int radixd_kquant_x16_gemm(const radixd_proj *p, const float *x, int64_t m, float *y, int64_t ldy, int threads);

@@ -202,6 +202,7 @@ class Weights(enum.IntEnum):
     Q5_0_X16 = 17
     Q4_0_X16 = 18
     Q5_1_X16 = 19
+    Q5_K_X16 = 20
 
 
 class Attn(ctypes.Structure):

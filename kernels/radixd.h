@@ -47,6 +47,9 @@ typedef enum {
      * activations, other last bits; AVX512-VNNI CPUs only (-2 elsewhere). */
     RADIXD_W_Q4_0_X16 = 18,
     RADIXD_W_Q5_1_X16 = 19,
+    /* Q5_K rows repacked by radixd_kquant_repack as Q4_K's (its 5th bits as byte masks), the same
+     * arithmetic and bits as Q5_K_A8; AVX512-VNNI CPUs only (-2 elsewhere). */
+    RADIXD_W_Q5_K_X16 = 20,
 } radixd_weights;
 
 /* One attention call: rows of queries, each attending to keys 0..row_pos through its table, or to the
@@ -121,8 +124,8 @@ int radixd_dequantize_rows(const radixd_proj *p, const int64_t *rows, int64_t co
 int radixd_q4_1_encode(const float *w, int64_t n, int64_t k, uint8_t *codes, float *d, float *mn);
 int radixd_q8_0_encode(const float *w, int64_t n, int64_t k, int8_t *codes, float *d);
 
-/* kquant_x16.c: the Q4_K (kind RADIXD_W_Q4_K_X16) or Q6_K (RADIXD_W_Q6_K_X16) matrix src [n, k] as
- * the GGUF stores it, repacked into dst (radixd_kquant_repacked_bytes(kind, n, k) bytes). 0, or -2
+/* kquant_x16.c: the Q4_K (kind RADIXD_W_Q4_K_X16), Q6_K (RADIXD_W_Q6_K_X16) or Q5_K (RADIXD_W_Q5_K_X16)
+ * matrix src [n, k] as the GGUF stores it, repacked into dst (radixd_kquant_repacked_bytes(kind, n, k) bytes). 0, or -2
  * (another kind, n not a multiple of 16, or a CPU without AVX512-VNNI). */
 int radixd_kquant_repack(int64_t kind, const void *src, int64_t n, int64_t k, void *dst);
 int64_t radixd_kquant_repacked_bytes(int64_t kind, int64_t n, int64_t k);

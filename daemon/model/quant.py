@@ -1,12 +1,12 @@
 """Projections over a GGUF file's matrices as stored: each part in its own format, one native call.
 
 The w4a8 mode (8-bit activations) runs every quantized format the native library knows on the
-file's blocks: the legacy formats (Q4_0, Q4_1, Q5_0, Q5_1, Q8_0), Q4_K and Q6_K in 16 rows'
+file's blocks: the legacy formats (Q4_0, Q4_1, Q5_0, Q5_1, Q8_0), Q4_K, Q5_K and Q6_K in 16 rows'
 interleaved blocks (kernels/legacy_x16.c, kernels/kquant_x16.c) where $RADIXD_KQUANT_LAYOUT and
 this machine choose it, else Q4_1 and Q8_0 in the split layout the a8 kernels were tuned on (codes,
 then fp16 scales and minimums: the same bytes, reordered once at load) and the others exactly as
 mapped from the file, never copied. A fused projection chains its parts (`f32.Gemm`'s `then`).
-NOTE: row-invariant like every native kernel (kernels/radixd.h). Q4_K and Q6_K's two layouts give
+NOTE: row-invariant like every native kernel (kernels/radixd.h). The K-quants' two layouts give
 the same bits, so `auto` picks by a timing at load (`x16_pays`). The legacy formats' repacked kinds
 sum a group in int32 before scaling it, so their last bits differ from the stored layout's: `auto`
 takes them wherever the CPU runs them (AVX512-VNNI and BW), never by a timing, so that two starts on
@@ -54,6 +54,7 @@ X16_KINDS = {
     "Q5_0": "q5_0_x16",
     "Q4_0": "q4_0_x16",
     "Q5_1": "q5_1_x16",
+    "Q5_K": "q5_k_x16",
 }
 # The library's repack entry points (repack, bytes) by the unit that runs the repacked kind.
 _REPACK = {
@@ -64,6 +65,7 @@ _REPACK = {
     "q5_0_x16": "legacy",
     "q4_0_x16": "legacy",
     "q5_1_x16": "legacy",
+    "q5_k_x16": "kquant",
 }
 # The formats whose repacked kind sums a group in int32 (other last bits than the stored layout's).
 _SUMMED = frozenset({"Q4_1", "Q8_0", "Q5_0", "Q4_0", "Q5_1"})
@@ -124,7 +126,7 @@ def _best_s(gemm: Gemm, x: torch.Tensor, calls: int, repeats: int = 7) -> float:
 def x16_pays(kind: str) -> bool:
     """Whether `auto` takes the repacked layout for `kind`. The legacy formats (Q4_0, Q4_1, Q5_0, Q5_1,
     Q8_0): wherever this CPU runs it (a rule, not a timing: their bits differ from the stored
-    layout's). Q4_K / Q6_K: where it runs faster on this machine, measured once a process on a random
+    layout's). Q4_K / Q5_K / Q6_K: where it runs faster on this machine, measured once a process on a random
     [512, 2048] matrix (~40 ms): no slower for one row (a decode step, within 10%) and faster for 32
     (a prefill)."""
     per, size = BLOCKS[kind]
@@ -187,7 +189,7 @@ def _stored(p: Stored, float_activations: bool) -> tuple[str, list[torch.Tensor]
 class QuantLinear:
     """y = x W^T + b over stored parts [out_i, in] (outputs in part order); `weight`: the parts.
     `float_activations`: Q4_1 / Q8_0 parts multiply fp32 activations (the other formats have only
-    their 8-bit-activation kernels). `repack`: False keeps Q4_K / Q6_K parts as mapped (a table only
+    their 8-bit-activation kernels). `repack`: False keeps K-quant parts as mapped (a table only
     read by rows, whose repacking would cost load time for nothing)."""
 
     def __init__(

@@ -30,8 +30,8 @@ def _permute(w: np.ndarray, n_head: int) -> np.ndarray:
 
 def _kquant(qt: Any, rows: int, cols: int, rng: np.random.Generator) -> np.ndarray:
     """Random but finite K-quant blocks (gguf-py has no K-quant quantizer): random codes, small fp16
-    scales where the format keeps them (Q6_K: its last two bytes; Q4_K: d and dmin first)."""
-    size = {Q.Q6_K: 210, Q.Q4_K: 144}[qt]
+    scales where the format keeps them (Q6_K: its last two bytes; Q4_K, Q5_K: d and dmin first)."""
+    size = {Q.Q6_K: 210, Q.Q4_K: 144, Q.Q5_K: 176}[qt]
     blocks = rng.integers(0, 256, size=(rows, cols // 256, size), dtype=np.uint8)
     scale = np.frombuffer(np.float16(0.002).tobytes(), dtype=np.uint8)
     if qt == Q.Q6_K:
@@ -93,11 +93,8 @@ def _write(path: Path) -> dict[str, np.ndarray]:
         put(p + "ffn_up.weight", hp + "mlp.up_proj.weight", rnd(FF, H), Q.F16 if i else Q.BF16)
         for qt, name, hf_name, rows in (
             (Q.Q6_K, "attn_v", "self_attn.v_proj", KV * d),
-            (Q.Q4_K if i else Q.Q4_1, "ffn_down", "mlp.down_proj", H),
+            (Q.Q4_K if i else Q.Q5_K, "ffn_down", "mlp.down_proj", H),
         ):
-            if qt == Q.Q4_1:
-                put(p + f"{name}.weight", hp + f"{hf_name}.weight", rnd(rows, FF), qt)
-                continue
             blocks = _kquant(qt, rows, H, rng)
             w.add_tensor(p + f"{name}.weight", blocks, raw_dtype=qt)
             ref[hp + f"{hf_name}.weight"] = gguf.quants.dequantize(blocks, qt).astype(np.float32)
@@ -156,13 +153,13 @@ def test_w4a8_runs_every_matrix_in_its_stored_format(tmp_path: Path) -> None:
     lm = load_model(str(tmp_path / "tiny.gguf"), dtype="auto")
     assert lm.model.precision.name == "w4a8"
     codings = {getattr(p, "coding", None) for p in lm.model.projections()}
-    # Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, Q4_K and Q6_K: the file's blocks, or the same blocks repacked where
-    # `auto` takes that on this machine
+    # Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, Q4_K, Q5_K and Q6_K: the file's blocks, or the same blocks repacked
+    # where `auto` takes that on this machine
     stored = {"Q4_1": "q4_1_a8", "Q8_0": "q8_0_a8", **quant.RAW_KINDS}
-    formats = ("Q4_0", "Q4_1", "Q5_0", "Q5_1", "Q8_0", "Q4_K", "Q6_K")
+    formats = ("Q4_0", "Q4_1", "Q5_0", "Q5_1", "Q8_0", "Q4_K", "Q5_K", "Q6_K")
     chosen = (quant.X16_KINDS[k] if quant.x16_pays(k) else stored[k] for k in formats)
-    q40, q41, q50, q51, q80, k4, k6 = chosen
-    assert {f"{q40}+{q41}+{k6}", f"{q80}+bf16", f"{q51}+f16", k4, q50, "f16"} <= codings
+    q40, q41, q50, q51, q80, k4, k5, k6 = chosen
+    assert {f"{q40}+{q41}+{k6}", f"{q80}+bf16", f"{q51}+f16", k4, k5, q50, "f16"} <= codings
     ids = [int(x) for x in torch.randint(0, VOCAB, (30,), generator=torch.Generator().manual_seed(2))]
     table = [2, 4, 6, 1]
     want = ModelRunner(ref.model, num_blocks=8, block_size=8).step_logits([StepSeq(0, ids, 0, table, None)])

@@ -3,7 +3,7 @@ times activations quantized to 8 bits per 256 inputs. Rows dequantize bitwise as
 projection computes exactly the integer and fp32 arithmetic it promises (a numpy model of it, bit for
 bit), stays within the activations' rounding of x @ W^T, and gives a row the same bits whatever its
 call's rows, its position and the thread count; parts of different kinds chain, and a bias adds.
-Q4_K and Q6_K repacked at load (kernels/kquant_x16.c) keep every one of those bits."""
+Q4_K, Q5_K and Q6_K repacked at load (kernels/kquant_x16.c) keep every one of those bits."""
 
 from __future__ import annotations
 
@@ -200,8 +200,8 @@ def test_parts_of_two_kinds_chain_and_a_bias_adds() -> None:
 
 
 # The repacked kinds and the stored kind whose bits they keep.
-X16 = {"q4_k_x16": ("q4_k_a8", "Q4_K"), "q6_k_x16": ("q6_k_a8", "Q6_K")}
-RAW = {"Q4_K": "q4_k_a8", "Q6_K": "q6_k_a8"}
+X16 = {"q4_k_x16": ("q4_k_a8", "Q4_K"), "q6_k_x16": ("q6_k_a8", "Q6_K"), "q5_k_x16": ("q5_k_a8", "Q5_K")}
+RAW = {"Q4_K": "q4_k_a8", "Q6_K": "q6_k_a8", "Q5_K": "q5_k_a8"}
 VNNI = {"avx512_vnni", "avx512bw"} <= cpu_flags()
 
 
@@ -246,22 +246,24 @@ def test_repacked_rows_keep_every_bit(x16: str) -> None:
 
 
 def test_the_layout_is_chosen_at_load(monkeypatch: pytest.MonkeyPatch) -> None:
-    """$RADIXD_KQUANT_LAYOUT: x16 repacks Q4_K and Q6_K parts of 16-row multiples (outputs unchanged),
-    stored keeps the file's blocks, auto follows the machine's measurement; a bad value is refused."""
+    """$RADIXD_KQUANT_LAYOUT: x16 repacks Q4_K, Q6_K and Q5_K parts of 16-row multiples (outputs
+    unchanged), stored keeps the file's blocks, auto follows the machine's measurement; a bad value is
+    refused."""
     k = 512
-    specs = (("Q4_K", 32, 21), ("Q6_K", 16, 22), ("Q4_K", 8, 23))
+    specs = (("Q4_K", 32, 21), ("Q6_K", 16, 22), ("Q5_K", 16, 25), ("Q4_K", 8, 23), ("Q5_K", 24, 26))
     parts = [Stored(kind, n, k, torch.from_numpy(blocks(RAW[kind], n, k, seed))) for kind, n, seed in specs]
     x = torch.from_numpy(inputs(5, k, seed=24))
     monkeypatch.setenv(quant.ENV_LAYOUT, "stored")
     stored = quant.QuantLinear(parts, None)
-    assert stored.coding == "q4_k_a8+q6_k_a8+q4_k_a8"
+    assert stored.coding == "q4_k_a8+q6_k_a8+q5_k_a8+q4_k_a8+q5_k_a8"
     monkeypatch.setenv(quant.ENV_LAYOUT, "x16")
     x16 = quant.QuantLinear(parts, None)
-    assert x16.coding == ("q4_k_x16+q6_k_x16+q4_k_a8" if VNNI else stored.coding)  # 8 rows stay stored
+    # 8 and 24 rows stay stored
+    assert x16.coding == ("q4_k_x16+q6_k_x16+q5_k_x16+q4_k_a8+q5_k_a8" if VNNI else stored.coding)
     np.testing.assert_array_equal(x16(x).numpy().view(np.int32), stored(x).numpy().view(np.int32))
     monkeypatch.setenv(quant.ENV_LAYOUT, "auto")
-    want = [quant.X16_KINDS[kind] if quant.x16_pays(kind) else RAW[kind] for kind in ("Q4_K", "Q6_K")]
-    assert quant.QuantLinear(parts, None).coding.split("+")[:2] == want
+    want = [quant.X16_KINDS[kind] if quant.x16_pays(kind) else RAW[kind] for kind in ("Q4_K", "Q6_K", "Q5_K")]
+    assert quant.QuantLinear(parts, None).coding.split("+")[:3] == want
     monkeypatch.setenv(quant.ENV_LAYOUT, "fast")
     with pytest.raises(ValueError, match="RADIXD_KQUANT_LAYOUT"):
         quant.QuantLinear(parts, None)
