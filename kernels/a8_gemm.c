@@ -109,7 +109,7 @@ int radixd_a8_gemm(int kind, const float *x, int64_t m, int64_t k, const void *c
         quantize_rows(x, m, k, rows.q, rows.e, rows.es);
     const half *mins = q4 ? mn : 0;
     const int64_t blocks = (n + 3) / 4;
-#pragma omp parallel for num_threads(threads) schedule(static) if (blocks * m * k >= 65536)
+#pragma omp parallel for num_threads(threads) schedule(static) if (n * m * k >= PARALLEL_MACS)
     for (int64_t b = 0; b < blocks; b++) {
         const int64_t j0 = 4 * b, j1 = j0 + 4 < n ? j0 + 4 : n;
         for (int64_t r = 0; r < m;) {

@@ -31,6 +31,11 @@ static inline float hmax(__m256 v) {
 
 #define NEAREST (_MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC)
 
+/* A call splits its outputs over threads from this many multiply-accumulates (m x n x k); below it a
+ * thread streams the weights alone. NOTE: one threshold for every unit: at one row a decode step's
+ * smallest projections (~300k) must take both threads, or the step streams them at one core's speed. */
+#define PARALLEL_MACS 65536
+
 
 
 /* Outputs ahead whose weights a tile of coded weights asks for while it computes its own. A thread's outputs lie one after another, so this is the stream the hardware prefetcher

@@ -386,7 +386,7 @@ int radixd_kquant_gemm(const radixd_proj *p, const float *x, int64_t m, float *y
     const int64_t blocks = (n + 3) / 4;
     /* Within a block, row tiles outside and outputs inside: a tile's activations stay in L1 while
      * the block's 4 weight rows serve them. */
-#pragma omp parallel for num_threads(threads) schedule(static) if (blocks * m * k >= 65536)
+#pragma omp parallel for num_threads(threads) schedule(static) if (n * m * k >= PARALLEL_MACS)
     for (int64_t bl = 0; bl < blocks; bl++) {
         const int64_t j1 = 4 * bl + 4 < n ? 4 * bl + 4 : n;
         for (int64_t r = 0; r < m;) {

@@ -249,7 +249,7 @@ int radixd_kquant_x16_gemm(const radixd_proj *p, const float *x, int64_t m, floa
     const int16_t *sums = q6 ? s : s32;
     const uint8_t *w = (const uint8_t *)p->w;
     const x16_tile_fn *fns = X16_TILES[at];
-#pragma omp parallel for num_threads(threads) schedule(static) if (groups * m * k >= 4096)
+#pragma omp parallel for num_threads(threads) schedule(static) if (p->n * m * k >= PARALLEL_MACS)
     for (int64_t g = 0; g < groups; g++) {
         for (int64_t r = 0; r < m;) {
             const int64_t rows = m - r < 4 ? m - r : 4;

@@ -151,7 +151,7 @@ static int legacy_a8(const radixd_proj *p, const float *x, int64_t m, float *y, 
                 _mm256_storeu_si256((__m256i *)(rows.q + r * k + g * 32), b);
             }
     const int64_t blocks = (n + 3) / 4;
-#pragma omp parallel for num_threads(threads) schedule(static) if (blocks * m * k >= 65536)
+#pragma omp parallel for num_threads(threads) schedule(static) if (n * m * k >= PARALLEL_MACS)
     for (int64_t b = 0; b < blocks; b++) {
         const int64_t j0 = 4 * b, j1 = j0 + 4 < n ? j0 + 4 : n;
         for (int64_t r = 0; r < m;) {
@@ -235,7 +235,7 @@ static int legacy_16(const radixd_proj *p, const float *x, int64_t m, float *y, 
     int64_t block = (128 * 1024 / 2) / (k > 0 ? k : 1);
     block = block < 24 ? 24 : block - block % 24; /* a multiple of both tile widths */
     const int64_t blocks = (n + block - 1) / block;
-#pragma omp parallel for num_threads(threads) schedule(static) if (blocks > 1 && m * n * k >= 65536)
+#pragma omp parallel for num_threads(threads) schedule(static) if (blocks > 1 && m * n * k >= PARALLEL_MACS)
     for (int64_t b = 0; b < blocks; b++) {
         const int64_t n0 = b * block, n1 = n0 + block < n ? n0 + block : n;
         for (int64_t r = 0; r < m;) {

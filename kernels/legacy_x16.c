@@ -255,7 +255,7 @@ int radixd_legacy_x16_gemm(const radixd_proj *p, const float *x, int64_t m, floa
         }
     const uint8_t *w = (const uint8_t *)p->w;
     const x16_tile_fn *tiles = X16_TILES[at];
-#pragma omp parallel for num_threads(threads) schedule(static) if (cols * m * k >= 65536)
+#pragma omp parallel for num_threads(threads) schedule(static) if (p->n * m * k >= PARALLEL_MACS)
     for (int64_t col = 0; col < cols; col++)
         for (int64_t r0 = 0; r0 < m; r0 += X16_ROWS) {
             const int R = m - r0 < X16_ROWS ? (int)(m - r0) : X16_ROWS;
