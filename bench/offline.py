@@ -6,7 +6,8 @@ Measures, for every mode (`--dtypes`):
   same definition as llama-batched-bench's S_TG), and the CPU busy share of the batch-8 decode;
 - prefill tokens/s of `--prefill-batch` prompts of `--prompt-len` tokens, in steps of at most 512
   tokens (the engine's default step budget; llama-batched-bench's S_PP at the same batch);
-- the batch-1 weight-streaming floor: one pass of every projection at one row, nothing else;
+- the batch-1 weight-streaming floor: one pass of every projection at one row, nothing else; and
+  beside it the machine's limit: the bytes those projections hold, read once by a plain sum;
 - the quality contract against fp32 (mean KL, top-1 agreement, perplexity on the fixed text).
 
 Every repeat runs every radixd mode and then llama-batched-bench, so background load drifts hit all
@@ -84,6 +85,28 @@ def weight_stream_time(lm: LoadedModel, repeats: int) -> float:
 
     run()
     return median_time(run, max(repeats, 5))
+
+
+def step_bytes(lm: LoadedModel) -> int:
+    """Bytes of every projection's operands (weights or codes, scales, minimums): what a batch-1 decode
+    step must read from memory at least once."""
+    total = 0
+    for op in lm.model.projections():
+        gemm = getattr(op, "gemm", None)
+        if gemm is None:  # torch-run modes: the tensors the projection holds
+            total += sum(t.nbytes for t in vars(op).values() if isinstance(t, torch.Tensor))
+        while gemm is not None:
+            total += sum(t.nbytes for t in gemm.operands)
+            gemm = gemm.then
+    return total
+
+
+def read_time(nbytes: int, repeats: int) -> float:
+    """Seconds to read `nbytes` once (a sum over them on torch's threads, no other arithmetic): the
+    machine's limit for a step that must stream that many bytes."""
+    buf = torch.ones(max(nbytes // 8, 1), dtype=torch.int64)
+    buf.sum()
+    return median_time(buf.sum, max(repeats, 9))
 
 
 def prompts(batch: int, length: int, vocab: int) -> list[list[int]]:
@@ -207,6 +230,8 @@ class ModeResult:
     busy: list[float] = field(default_factory=list)  # batch-8 CPU busy share per repeat
     prefill: list[float] = field(default_factory=list)  # tok/s per repeat
     floor_s: float = 0.0
+    read_s: float = 0.0  # a plain read of the step's bytes
+    step_bytes: int = 0
     load_s: float = 0.0
     quality: QualityReport | None = None
 
@@ -293,6 +318,8 @@ def main(argv: list[str] | None = None) -> int:
             print(f"repeat {rep + 1}/{args.repeats} done", flush=True)
         for mode, side in sides.items():
             results[mode].floor_s = weight_stream_time(side.lm, args.repeats)
+            results[mode].step_bytes = step_bytes(side.lm)
+            results[mode].read_s = read_time(results[mode].step_bytes, args.repeats)
         if not args.no_quality and "float32" in sides:
             ids = sides["float32"].lm.tokenizer.encode(QUALITY_TEXT.read_text())
             ref = reference_log_probs(ModelRunner(sides["float32"].lm.model, len(ids) // 16 + 2, 16), ids)
@@ -356,9 +383,10 @@ def render(
         row += f" | {theirs:.0f} | " + " | ".join(f"{x / theirs:.2f}x" for x in ours_pp)
     lines += [row + " |", ""]
     lines += [
-        "| mode | batch-1 floor (ms) | batch-1 step (ms) | busy at batch 8 | load (s) | KL | top-1 | ppl |"
+        "| mode | step bytes (MB) | read (ms) | batch-1 floor (ms) | batch-1 step (ms) | busy at batch 8 "
+        "| load (s) | KL | top-1 | ppl |"
     ]
-    lines += ["| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: |"]
+    lines += ["| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |"]
     for mode, r in results.items():
         q = r.quality
         if q:
@@ -367,7 +395,10 @@ def render(
             qs = "0 (reference) | 100% | -" if mode == "float32" else "- | - | -"
         step = 1e3 / _med(r.decode[1]) if 1 in r.decode else float("nan")
         busy = f"{100 * _med(r.busy):.0f}%" if r.busy else "-"
-        lines.append(f"| {mode} | {r.floor_s * 1e3:.1f} | {step:.1f} | {busy} | {r.load_s:.1f} | {qs} |")
+        lines.append(
+            f"| {mode} | {r.step_bytes / 1e6:.0f} | {r.read_s * 1e3:.1f} | {r.floor_s * 1e3:.1f} "
+            f"| {step:.1f} | {busy} | {r.load_s:.1f} | {qs} |"
+        )
     if llama:
         lines += [
             "",
