@@ -63,6 +63,8 @@ from radixd_client import Chunk, Client, Start
 # NOTE: the one place that names the daemon's layout flag and its values.
 KV_LAYOUT_FLAG = "--kv-layout"
 LAYOUTS = ("full", "windowed")
+# The windowed layout's second design (--shared-windows): windows kept at shared prefixes only.
+SHARED_FLAGS = ("--kv-windows", "shared")
 WARM_SHARE = 0.95  # a conversation is warm when LookupPrefix finds this share of its history
 ISA = ("avx", "amx", "fma", "f16c")  # the CPU flags the report names
 
@@ -404,11 +406,20 @@ def run_trace(label: str, peer: Peer, trace: Trace, max_tokens: int) -> Run:
     return run
 
 
-def radixd_run(model: str, trace: Trace, a: argparse.Namespace, layout: str, pool: str, gib: float) -> Run:
-    flags = ["--kv-cache-gb", f"{gib:.6f}", KV_LAYOUT_FLAG, layout]
+def radixd_run(
+    model: str,
+    trace: Trace,
+    a: argparse.Namespace,
+    layout: str,
+    pool: str,
+    gib: float,
+    extra: tuple[str, ...] = (),
+) -> Run:
+    flags = ["--kv-cache-gb", f"{gib:.6f}", KV_LAYOUT_FLAG, layout, *extra]
     peer = Radixd(model, flags)
+    name = f"{layout} {' '.join(extra[1:])}".strip()  # "windowed shared": --kv-windows shared
     try:
-        run = run_trace(f"radixd {layout}, {pool} pool", peer, trace, a.max_tokens)
+        run = run_trace(f"radixd {name}, {pool} pool", peer, trace, a.max_tokens)
     finally:
         peer.close()
     return run
@@ -484,6 +495,18 @@ def targets(runs: dict[str, Run]) -> list[str]:
             out.append(_target(f"mean TTFT of turns 2+, windowed / {runs[key].label}", ratio, 1 / 3, True))
     tps = (win.out_tokens() / win.wall_s) / (full.out_tokens() / full.wall_s)
     out.append(_target("output tokens/s, windowed / full", tps, 1.0, False))
+    shared = runs.get("shared tight")
+    if shared is not None:  # the second design against the same targets
+        out.append(_target("KV bytes per cached token, shared windows / full",
+                           shared.bytes_per_token() / full.bytes_per_token(), 0.35, True))  # fmt: skip
+        for key in ("llama", "llama swa-full"):
+            if key in runs:
+                ratio = shared.ttft_ms(statistics.mean) / runs[key].ttft_ms(statistics.mean)
+                out.append(
+                    _target(f"mean TTFT of turns 2+, shared windows / {runs[key].label}", ratio, 1 / 3, True)
+                )
+        ratio = shared.ttft_ms(statistics.mean) / win.ttft_ms(statistics.mean)
+        out.append(f"- mean TTFT of turns 2+, shared windows / windowed: {ratio:.2f}x")
     return out
 
 
@@ -526,6 +549,11 @@ def main() -> None:
         action="store_true",
         help="tiny random model, 2 x 2 turns, the tight pool only, no llama-server",
     )
+    ap.add_argument(
+        "--shared-windows",
+        action="store_true",
+        help="also run the windowed layout keeping windows at shared prefixes only (`--kv-windows shared`)",
+    )
     ap.add_argument("--out", help="also write the report (markdown) here")
     a = ap.parse_args()
     if a.quick:
@@ -559,6 +587,8 @@ def measure(model: str, a: argparse.Namespace) -> None:
         gib = (len(trace.head) + convs * own) * shape.token_bytes / 2**30
         for layout in LAYOUTS:
             runs[f"{layout} {pool}"] = radixd_run(model, trace, a, layout, pool, gib)
+        if a.shared_windows:
+            runs[f"shared {pool}"] = radixd_run(model, trace, a, "windowed", pool, gib, SHARED_FLAGS)
     if a.llama_bin:
         runs["llama"] = llama_run(model, trace, a, swa_full=False)
         runs["llama swa-full"] = llama_run(model, trace, a, swa_full=True)

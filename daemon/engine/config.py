@@ -16,6 +16,10 @@ PreemptionMode = Literal["recompute", "swap"]
 DEFAULT_BLOCK_SIZE = 16  # tokens per KV block
 DEFAULT_KV_CACHE_GB = 1.0  # pool size in GiB when no block count is given
 MAX_SPECULATIVE_TOKENS = 32  # draft tokens a sequence may verify in one step
+# Where the windowed layout's cache keeps sliding layers' windows (`--kv-windows`): "turns" where each
+# conversation's last turn ended and where requests branched (a shared prompt); "shared" only where
+# requests branched, so a conversation's own history is recomputed on its next turn (least memory).
+KV_WINDOWS = ("turns", "shared")
 
 
 def add_kv_pool_flags(
@@ -23,7 +27,7 @@ def add_kv_pool_flags(
 ) -> None:
     """The KV pool's flags as `radixd serve` and `radixd generate` take them: `--block-size`, then
     `--kv-cache-gb` and `--num-blocks` (help: `num_blocks_help`) in the order the command lists them,
-    then `--kv-layout`."""
+    then `--kv-layout` and `--kv-windows`."""
     group.add_argument(
         "--block-size",
         type=int,
@@ -48,6 +52,14 @@ def add_kv_pool_flags(
         "it where conversations resume), 'full' every token in every layer; 'auto' (default): windowed "
         "for a model with both full and sliding layers (Gemma 3)",
     )
+    group.add_argument(
+        "--kv-windows",
+        choices=KV_WINDOWS,
+        default="turns",
+        help="where the windowed layout's cache keeps sliding layers' windows: 'turns' (default) where each "
+        "conversation's last turn ended and where requests share a prefix; 'shared' only where they share "
+        "one (least memory: a conversation's own history is recomputed on its next turn)",
+    )
 
 
 @dataclass(frozen=True)
@@ -61,6 +73,7 @@ class EngineConfig:
     per output after the first. jump_forward: grammar-forced tokens as one chunk. speculative_tokens:
     most drafts a sequence verifies per step (within the draft budget, draft_budget.py); 0 = off.
     kv_layout: how the pool holds sliding-window layers (`KV_LAYOUTS`, model/kv_layout.py).
+    kv_windows: where the windowed layout's cache keeps windows (`KV_WINDOWS`).
     """
 
     max_num_seqs: int = 64
@@ -79,6 +92,7 @@ class EngineConfig:
     jump_forward: bool = True
     speculative_tokens: int = 8
     kv_layout: str = "auto"
+    kv_windows: str = "turns"
 
     def __post_init__(self) -> None:
         if self.max_num_seqs < 1:
@@ -104,5 +118,7 @@ class EngineConfig:
             )
         if self.kv_layout not in KV_LAYOUTS:
             raise ValueError(f"kv_layout must be one of {KV_LAYOUTS}, got {self.kv_layout!r}")
+        if self.kv_windows not in KV_WINDOWS:
+            raise ValueError(f"kv_windows must be one of {KV_WINDOWS}, got {self.kv_windows!r}")
         if self.max_model_len is not None and self.max_model_len < 2:
             raise ValueError(f"max_model_len must be >= 2, got {self.max_model_len}")

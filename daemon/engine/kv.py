@@ -45,7 +45,8 @@ class KVManager:
         pool = BlockPool(num_blocks, block_size)
         tree = RadixTree(pool, pin_budget_fraction=config.pin_budget_fraction)
         cache = TreePrefixCache(tree) if config.prefix_caching else NullPrefixCache()
-        sliding = SlidingKV(pool, window, sliding_groups) if sliding_groups else None
+        ends = config.kv_windows == "turns"
+        sliding = SlidingKV(pool, window, sliding_groups, keep_ends=ends) if sliding_groups else None
         return cls(pool, tree, cache, sliding)
 
     def __init__(
@@ -130,7 +131,16 @@ class KVManager:
         hit = self.cache.match(tokens, namespace)
         if self.sliding is None:
             return hit
-        return self.sliding.cut(hit, _packed(tokens), namespace)
+        hit = self.sliding.cut(hit, _packed(tokens), namespace)
+        # Windows at branch points only: the end of a cached path this request merely extends (its
+        # conversation's last turn) is no branch point; where cached tokens go on, requests diverge.
+        if (
+            hit.branch
+            and not self.sliding.keep_ends
+            and not self.cache.continues(tokens[: hit.branch], namespace)
+        ):
+            hit.branch = 0
+        return hit
 
     @property
     def shares_prefixes(self) -> bool:
@@ -330,12 +340,13 @@ class KVManager:
             # NOTE: also the point where a sequence's sliding pages that left its window are released.
             self.sliding.slide(seq)
 
-    def insert_all(self, seq: Sequence) -> None:
-        """Insert every computed token of `seq` (partial block included); the caller releases it next."""
+    def insert_all(self, seq: Sequence, resumes: bool = False) -> None:
+        """Insert every computed token of `seq` (partial block included); the caller releases it next.
+        `resumes`: `seq` was preempted and will be recomputed from what is cached here."""
         if seq.table is not None and seq.num_computed:
             self._insert(seq, self.blocks_for(seq.num_computed), seq.num_computed, final=True)
             if self.sliding is not None:
-                self.sliding.keep_end(seq)
+                self.sliding.keep_end(seq, resumes)
 
     def _insert(self, seq: Sequence, n_blocks: int, n_tokens: int, final: bool) -> None:
         """Insert `seq.tokens[:n_tokens]`, moving the lease onto the path unless `final`; no lease: no-op."""

@@ -163,7 +163,9 @@ def run(args: argparse.Namespace) -> int:
     except (ValueError, OSError, ModelLoadError) as exc:
         print(f"radixd generate: {exc}", file=sys.stderr)
         return 2
-    config = EngineConfig(prefix_caching=not args.no_prefix_cache, kv_layout=args.kv_layout)
+    config = EngineConfig(
+        prefix_caching=not args.no_prefix_cache, kv_layout=args.kv_layout, kv_windows=args.kv_windows
+    )
     core = build_core(loaded, config, args.num_blocks, args.kv_cache_gb, args.block_size, args.device)
     results: list[_Collected] = []
     for spec, p in zip(specs, params, strict=True):

@@ -50,6 +50,10 @@ class TreePrefixCache:
     def peek(self, tokens: TokenKey | list[int], namespace: str) -> int:
         return self.tree.peek(tokens, namespace)
 
+    def continues(self, tokens: TokenKey | list[int], namespace: str) -> bool:
+        """Whether cached tokens follow the whole of `tokens` (on some branch); no lock or LRU change."""
+        return bool(self.tree.following(tokens, namespace, 1))
+
     def new_lease(self, namespace: str) -> Lease | None:
         """A lease on the empty path, for a sequence that resumes with blocks of its own."""
         return self.tree.match((), namespace).lease
@@ -79,6 +83,9 @@ class NullPrefixCache:
 
     def peek(self, tokens: TokenKey | list[int], namespace: str) -> int:
         return 0
+
+    def continues(self, tokens: TokenKey | list[int], namespace: str) -> bool:
+        return False
 
     def new_lease(self, namespace: str) -> Lease | None:
         return None

@@ -117,7 +117,7 @@ class Scheduler:
             self.counters.preemptions_swap += 1
             mode = "swap"
         else:
-            self.kv.insert_all(seq)
+            self.kv.insert_all(seq, resumes=True)
             freed = self.kv.release(seq)
             self.add(seq)
             self.counters.preemptions_recompute += 1

@@ -21,8 +21,11 @@ from radixd.radix import BlockIds, BlockPool, CopyOp, SlidingTable, WindowStore,
 class SlidingKV:
     """Sliding tables of running sequences and the windows the cache keeps (engine thread only)."""
 
-    def __init__(self, pool: BlockPool, window: int, groups: int) -> None:
+    def __init__(self, pool: BlockPool, window: int, groups: int, keep_ends: bool = True) -> None:
+        """`keep_ends`: keep the window where each request stops (`keep_end`), as well as at branch
+        points; without, a conversation resumes from its last branch point (config.KV_WINDOWS)."""
         self.pool = pool
+        self.keep_ends = keep_ends
         self.window = window
         self.groups = groups
         self.block_size = pool.block_size
@@ -144,14 +147,16 @@ class SlidingKV:
         if shared > producer.num_computed and shared not in producer.window_marks:
             producer.window_marks.append(shared)
 
-    def keep_end(self, seq: Sequence) -> None:
-        """Keep the window where `seq` stops (its last turn: where the conversation resumes)."""
+    def keep_end(self, seq: Sequence, resumes: bool = False) -> None:
+        """Keep the window where `seq` stops (its last turn: where the conversation resumes), unless
+        windows are kept at branch points only; `resumes`: preempted, it resumes there (kept always)."""
         t, n = seq.window, seq.num_computed
         if t is None or n == 0 or seq.lease is None:
             return
         ns = seq.request.req.namespace
-        lo, pages = t.span(n, self.window)
-        self.store.keep(ns, seq.key(n).packed, lo, pages, "leaf")
+        if self.keep_ends or resumes:
+            lo, pages = t.span(n, self.window)
+            self.store.keep(ns, seq.key(n).packed, lo, pages, "leaf")
         if seq.window_from is not None and len(seq.window_from) < len(seq.key(n).packed):
             self.store.supersede(ns, seq.window_from)
 

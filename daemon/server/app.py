@@ -335,6 +335,7 @@ def engine_config(args: argparse.Namespace) -> EngineConfig:
         stream_interval=args.stream_interval,
         speculative_tokens=args.speculative_tokens,
         kv_layout=args.kv_layout,
+        kv_windows=args.kv_windows,
     )
 
 

@@ -68,10 +68,34 @@ def test_conversations_resume_from_kept_windows_with_the_full_layouts_tokens(gem
     assert_all_free(full)
 
 
+def test_windows_at_shared_prefixes_only_recompute_each_conversation_and_hold_less(
+    gemma: LoadedModel,
+) -> None:
+    """`kv_windows="shared"`: the cache keeps a window where conversations share a prefix (the system
+    prompt) but not where each one's turn ended, so turns 2+ recompute their own history (the same
+    tokens) from the shared prompt's window, in fewer bytes than "turns" keeps."""
+    blocks = 256 * 7 // 2
+    turns = make_core(gemma, blocks, kv_layout="windowed")
+    shared = make_core(gemma, blocks, kv_layout="windowed", kv_windows="shared")
+    assert _conversations(shared, 3, 3) == _conversations(turns, 3, 3)
+    kept = shared.kv.sliding
+    assert kept is not None and turns.kv.sliding is not None
+    kinds = [w.kind for _key, w in kept.store]
+    assert kinds and set(kinds) == {"branch"}  # the system prompt's window; no conversation's end
+    assert all(w.num_tokens <= len(SYSTEM) + 3 for _key, w in kept.store)
+    assert kept.cut_tokens > 0 and _cached(shared) < _cached(turns)
+    assert len(kept.store.pages()) < len(turns.kv.sliding.store.pages())
+    assert_all_free(shared)
+    assert_all_free(turns)
+    with pytest.raises(ValueError, match="kv_windows"):
+        make_core(gemma, blocks, kv_layout="windowed", kv_windows="leaves")
+
+
 @pytest.mark.parametrize("mode", ["swap", "recompute"])
 def test_preemption_forks_and_drafts_give_the_full_layouts_tokens(gemma: LoadedModel, mode: str) -> None:
     """A pool too small for every request at once (preemption by `mode`), n = 2 forks, beam search and
-    drafting: the windowed layout's tokens are the full layout's."""
+    drafting: the windowed layout's tokens are the full layout's, with windows kept where turns end or
+    at shared prefixes only (a sequence preempted by recompute keeps the window it resumes from)."""
 
     def reqs() -> list[GenerateRequest]:
         out = [
@@ -84,13 +108,20 @@ def test_preemption_forks_and_drafts_give_the_full_layouts_tokens(gemma: LoadedM
 
     swap = {"preemption_mode": "swap", "num_host_blocks": 64} if mode == "swap" else {}
     got: dict[str, Collector] = {}
-    for layout, blocks in (("full", 14), ("windowed", 14 * 7 // 2)):
-        core = make_core(gemma, blocks, kv_layout=layout, speculative_tokens=4, max_num_seqs=8, **swap)
+    for name, layout, blocks, windows in (
+        ("full", "full", 14, "turns"),
+        ("windowed", "windowed", 14 * 7 // 2, "turns"),
+        ("shared", "windowed", 14 * 7 // 2, "shared"),
+    ):
+        core = make_core(
+            gemma, blocks, kv_layout=layout, kv_windows=windows, speculative_tokens=4, max_num_seqs=8, **swap
+        )
         fixed_cost(core)  # drafts by a fixed step-cost curve, not this machine's timings: both alike
-        got[layout] = run(core, reqs())
+        got[name] = run(core, reqs())
         counters = core.scheduler.counters
         preempted = counters.preemptions_swap if mode == "swap" else counters.preemptions_recompute
-        assert preempted > 0, f"{layout}: nothing was preempted by {mode}"
+        assert preempted > 0, f"{name}: nothing was preempted by {mode}"
         assert_all_free(core)
     for rid, index in got["full"].outs:
-        assert got["windowed"].tokens(rid, index) == got["full"].tokens(rid, index), (rid, index)
+        for name in ("windowed", "shared"):
+            assert got[name].tokens(rid, index) == got["full"].tokens(rid, index), (name, rid, index)

@@ -17,7 +17,7 @@ import hypothesis.strategies as st
 from hypothesis import HealthCheck, event, settings
 from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, precondition, rule
 
-from radixd.daemon.engine.config import EngineConfig
+from radixd.daemon.engine.config import KV_WINDOWS, EngineConfig
 from radixd.daemon.engine.kv import KVManager
 from radixd.daemon.engine.sequence import RequestState, Sequence
 from radixd.daemon.engine.types import GenerateRequest
@@ -45,9 +45,10 @@ def _seq(tokens: list[int], namespace: str, seq_id: int) -> Sequence:
 
 
 class WindowedKV(RuleBasedStateMachine):
-    @initialize(num_blocks=st.integers(12, 48))
-    def setup(self, num_blocks: int) -> None:
-        self.kv = KVManager.create(num_blocks, B, EngineConfig(), window=W, sliding_groups=G)
+    @initialize(num_blocks=st.integers(12, 48), windows=st.sampled_from(KV_WINDOWS))
+    def setup(self, num_blocks: int, windows: str) -> None:
+        config = EngineConfig(kv_windows=windows)  # windows kept where turns end, or at shared prefixes only
+        self.kv = KVManager.create(num_blocks, B, config, window=W, sliding_groups=G)
         self.mem: dict[int, list[Slot | None]] = {}
         self.running: list[Sequence] = []
         self.host: dict[int, tuple[list[int], list[Slot | None]]] = {}  # seq_id -> swapped-out content
