@@ -214,6 +214,7 @@ class EngineCore:
             kept_windows=len(sliding.store) if sliding is not None else 0,
             window_tombstones=sliding.store.dropped if sliding is not None else 0,
             window_cut_tokens=sliding.cut_tokens if sliding is not None else 0,
+            kv_windows=self.config.kv_windows if sliding is not None else "",
             drafted_tokens=self.speculator.drafted_tokens,
             accepted_draft_tokens=self.speculator.accepted_tokens,
             draft_s=self.speculator.draft_s,

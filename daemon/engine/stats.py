@@ -66,6 +66,7 @@ class EngineStats:
     kept_windows: int = 0  # windows the cache keeps (where conversations resume, branch points)
     window_tombstones: int = 0  # kept windows dropped under pressure or by evictions (blocks stay)
     window_cut_tokens: int = 0  # matched prompt tokens recomputed for want of a kept window
+    kv_windows: str = ""  # where windows are kept (--kv-windows: "turns" or "shared"); "" when "full"
     # ---- speculative decoding (--speculative-tokens; 0 when off)
     drafted_tokens: int = 0  # draft tokens verified
     accepted_draft_tokens: int = 0  # of those, accepted into outputs (the rest were rejected)

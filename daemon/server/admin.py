@@ -60,6 +60,7 @@ def cache_stats_response(s: EngineStats) -> cache_admin_pb2.GetCacheStatsRespons
         kept_windows=s.kept_windows,
         kv_bytes_per_block=s.kv_bytes_per_block,
         window_tombstones=s.window_tombstones,
+        kv_windows=s.kv_windows,
     )
 
 

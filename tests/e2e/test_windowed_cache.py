@@ -32,7 +32,7 @@ def gemma_daemon(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RunningDa
 def test_session_turns_resume_from_kept_windows(gemma_daemon: RunningDaemon) -> None:
     with gemma_daemon.client() as c:
         stats = c.cache_stats()
-        assert stats.kv_layout == "windowed" and stats.kv_bytes_per_block > 0
+        assert stats.kv_layout == "windowed" and stats.kv_windows == "turns" and stats.kv_bytes_per_block > 0
         s = c.create_session(CONTEXT)
         first = s.send([7, 8, 9], max_tokens=6, temperature=0.0, ignore_eos=True).collect()
         history = s.refresh().num_tokens

@@ -25,7 +25,7 @@ _sym_db = _symbol_database.Default()
 from . import common_pb2 as radixd_dot_v1_dot_common__pb2
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x1bradixd/v1/cache_admin.proto\x12\tradixd.v1\x1a\x16radixd/v1/common.proto\"|\n\x0c\x45victRequest\x12\x14\n\nnum_blocks\x18\x01 \x01(\rH\x00\x12#\n\x06prefix\x18\x02 \x01(\x0b\x32\x11.radixd.v1.PromptH\x00\x12\x14\n\nsession_id\x18\x03 \x01(\tH\x00\x12\x11\n\tnamespace\x18\x04 \x01(\tB\x08\n\x06target\"\'\n\rEvictResponse\x12\x16\n\x0e\x65victed_blocks\x18\x01 \x01(\r\"E\n\x0c\x46lushRequest\x12\"\n\x04mode\x18\x01 \x01(\x0e\x32\x14.radixd.v1.FlushMode\x12\x11\n\ttimeout_s\x18\x02 \x01(\x01\"\'\n\rFlushResponse\x12\x16\n\x0e\x65victed_blocks\x18\x01 \x01(\r\"B\n\nPinRequest\x12!\n\x06prefix\x18\x01 \x01(\x0b\x32\x11.radixd.v1.Prompt\x12\x11\n\tnamespace\x18\x02 \x01(\t\"$\n\x0bPinResponse\x12\x15\n\rpinned_tokens\x18\x01 \x01(\r\"D\n\x0cUnpinRequest\x12!\n\x06prefix\x18\x01 \x01(\x0b\x32\x11.radixd.v1.Prompt\x12\x11\n\tnamespace\x18\x02 \x01(\t\"\x0f\n\rUnpinResponse\"\x16\n\x14GetCacheStatsRequest\"\x83\x04\n\x15GetCacheStatsResponse\x12\x12\n\nblock_size\x18\x01 \x01(\r\x12\x14\n\x0ctotal_blocks\x18\x02 \x01(\r\x12\x13\n\x0b\x66ree_blocks\x18\x03 \x01(\r\x12\x15\n\rcached_blocks\x18\x04 \x01(\r\x12\x15\n\rin_use_blocks\x18\x05 \x01(\r\x12\x15\n\rpinned_blocks\x18\x06 \x01(\r\x12\r\n\x05nodes\x18\x07 \x01(\r\x12\x12\n\nhit_tokens\x18\x08 \x01(\x04\x12\x13\n\x0bmiss_tokens\x18\t \x01(\x04\x12\x42\n\tevictions\x18\n \x03(\x0b\x32/.radixd.v1.GetCacheStatsResponse.EvictionsEntry\x12\x13\n\x0bpreemptions\x18\x0b \x01(\x04\x12\x18\n\x10\x65victable_blocks\x18\x0c \x01(\r\x12\x11\n\tkv_layout\x18\r \x01(\t\x12\x13\n\x0btree_blocks\x18\x0e \x01(\r\x12\x14\n\x0cwindow_pages\x18\x0f \x01(\r\x12\x14\n\x0ckept_windows\x18\x10 \x01(\r\x12\x1a\n\x12kv_bytes_per_block\x18\x11 \x01(\x04\x12\x19\n\x11window_tombstones\x18\x12 \x01(\x04\x1a\x30\n\x0e\x45victionsEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\x04:\x02\x38\x01\"K\n\x13LookupPrefixRequest\x12!\n\x06prompt\x18\x01 \x01(\x0b\x32\x11.radixd.v1.Prompt\x12\x11\n\tnamespace\x18\x02 \x01(\t\"D\n\x14LookupPrefixResponse\x12\x15\n\rprompt_tokens\x18\x01 \x01(\r\x12\x15\n\rcached_tokens\x18\x02 \x01(\r\"\x10\n\x0eGetLoadRequest\"\xf8\x01\n\x0fGetLoadResponse\x12\x18\n\x10running_requests\x18\x01 \x01(\r\x12\x18\n\x10waiting_requests\x18\x02 \x01(\r\x12\x11\n\tmax_queue\x18\x03 \x01(\r\x12\x13\n\x0b\x66ree_blocks\x18\x04 \x01(\r\x12\x14\n\x0ctotal_blocks\x18\x05 \x01(\r\x12\x10\n\x08sessions\x18\x06 \x01(\r\x12\x10\n\x08\x64raining\x18\x07 \x01(\x08\x12\x18\n\x10swapped_requests\x18\x08 \x01(\r\x12\x16\n\x0e\x64rafted_tokens\x18\t \x01(\x04\x12\x1d\n\x15\x61\x63\x63\x65pted_draft_tokens\x18\n \x01(\x04\"5\n\x1bSubscribeCacheEventsRequest\x12\x16\n\x0e\x61\x66ter_sequence\x18\x01 \x01(\x04\"\xd7\x01\n\x1cSubscribeCacheEventsResponse\x12\x10\n\x08sequence\x18\x01 \x01(\x04\x12\'\n\x04kind\x18\x02 \x01(\x0e\x32\x19.radixd.v1.CacheEventKind\x12\x11\n\tnamespace\x18\x03 \x01(\t\x12\x12\n\nnum_blocks\x18\x04 \x01(\r\x12\x11\n\ttoken_ids\x18\x05 \x03(\x05\x12\x11\n\ttimestamp\x18\x06 \x01(\x01\x12\r\n\x05start\x18\x07 \x01(\r\x12\x0e\n\x06reason\x18\x08 \x01(\t\x12\x10\n\x08kv_group\x18\t \x01(\t*\x83\x01\n\tFlushMode\x12\x1a\n\x16\x46LUSH_MODE_UNSPECIFIED\x10\x00\x12\x1d\n\x19\x46LUSH_MODE_EVICT_UNLOCKED\x10\x01\x12\x1d\n\x19\x46LUSH_MODE_REFUSE_IF_BUSY\x10\x02\x12\x1c\n\x18\x46LUSH_MODE_WAIT_FOR_IDLE\x10\x03*\x8b\x01\n\x0e\x43\x61\x63heEventKind\x12 \n\x1c\x43\x41\x43HE_EVENT_KIND_UNSPECIFIED\x10\x00\x12\x1b\n\x17\x43\x41\x43HE_EVENT_KIND_STORED\x10\x01\x12\x1c\n\x18\x43\x41\x43HE_EVENT_KIND_REMOVED\x10\x02\x12\x1c\n\x18\x43\x41\x43HE_EVENT_KIND_CLEARED\x10\x03\x32\xcf\x04\n\x11\x43\x61\x63heAdminService\x12:\n\x05\x45vict\x12\x17.radixd.v1.EvictRequest\x1a\x18.radixd.v1.EvictResponse\x12:\n\x05\x46lush\x12\x17.radixd.v1.FlushRequest\x1a\x18.radixd.v1.FlushResponse\x12\x34\n\x03Pin\x12\x15.radixd.v1.PinRequest\x1a\x16.radixd.v1.PinResponse\x12:\n\x05Unpin\x12\x17.radixd.v1.UnpinRequest\x1a\x18.radixd.v1.UnpinResponse\x12R\n\rGetCacheStats\x12\x1f.radixd.v1.GetCacheStatsRequest\x1a .radixd.v1.GetCacheStatsResponse\x12O\n\x0cLookupPrefix\x12\x1e.radixd.v1.LookupPrefixRequest\x1a\x1f.radixd.v1.LookupPrefixResponse\x12@\n\x07GetLoad\x12\x19.radixd.v1.GetLoadRequest\x1a\x1a.radixd.v1.GetLoadResponse\x12i\n\x14SubscribeCacheEvents\x12&.radixd.v1.SubscribeCacheEventsRequest\x1a\'.radixd.v1.SubscribeCacheEventsResponse0\x01\x62\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x1bradixd/v1/cache_admin.proto\x12\tradixd.v1\x1a\x16radixd/v1/common.proto\"|\n\x0c\x45victRequest\x12\x14\n\nnum_blocks\x18\x01 \x01(\rH\x00\x12#\n\x06prefix\x18\x02 \x01(\x0b\x32\x11.radixd.v1.PromptH\x00\x12\x14\n\nsession_id\x18\x03 \x01(\tH\x00\x12\x11\n\tnamespace\x18\x04 \x01(\tB\x08\n\x06target\"\'\n\rEvictResponse\x12\x16\n\x0e\x65victed_blocks\x18\x01 \x01(\r\"E\n\x0c\x46lushRequest\x12\"\n\x04mode\x18\x01 \x01(\x0e\x32\x14.radixd.v1.FlushMode\x12\x11\n\ttimeout_s\x18\x02 \x01(\x01\"\'\n\rFlushResponse\x12\x16\n\x0e\x65victed_blocks\x18\x01 \x01(\r\"B\n\nPinRequest\x12!\n\x06prefix\x18\x01 \x01(\x0b\x32\x11.radixd.v1.Prompt\x12\x11\n\tnamespace\x18\x02 \x01(\t\"$\n\x0bPinResponse\x12\x15\n\rpinned_tokens\x18\x01 \x01(\r\"D\n\x0cUnpinRequest\x12!\n\x06prefix\x18\x01 \x01(\x0b\x32\x11.radixd.v1.Prompt\x12\x11\n\tnamespace\x18\x02 \x01(\t\"\x0f\n\rUnpinResponse\"\x16\n\x14GetCacheStatsRequest\"\x97\x04\n\x15GetCacheStatsResponse\x12\x12\n\nblock_size\x18\x01 \x01(\r\x12\x14\n\x0ctotal_blocks\x18\x02 \x01(\r\x12\x13\n\x0b\x66ree_blocks\x18\x03 \x01(\r\x12\x15\n\rcached_blocks\x18\x04 \x01(\r\x12\x15\n\rin_use_blocks\x18\x05 \x01(\r\x12\x15\n\rpinned_blocks\x18\x06 \x01(\r\x12\r\n\x05nodes\x18\x07 \x01(\r\x12\x12\n\nhit_tokens\x18\x08 \x01(\x04\x12\x13\n\x0bmiss_tokens\x18\t \x01(\x04\x12\x42\n\tevictions\x18\n \x03(\x0b\x32/.radixd.v1.GetCacheStatsResponse.EvictionsEntry\x12\x13\n\x0bpreemptions\x18\x0b \x01(\x04\x12\x18\n\x10\x65victable_blocks\x18\x0c \x01(\r\x12\x11\n\tkv_layout\x18\r \x01(\t\x12\x13\n\x0btree_blocks\x18\x0e \x01(\r\x12\x14\n\x0cwindow_pages\x18\x0f \x01(\r\x12\x14\n\x0ckept_windows\x18\x10 \x01(\r\x12\x1a\n\x12kv_bytes_per_block\x18\x11 \x01(\x04\x12\x19\n\x11window_tombstones\x18\x12 \x01(\x04\x12\x12\n\nkv_windows\x18\x13 \x01(\t\x1a\x30\n\x0e\x45victionsEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\x04:\x02\x38\x01\"K\n\x13LookupPrefixRequest\x12!\n\x06prompt\x18\x01 \x01(\x0b\x32\x11.radixd.v1.Prompt\x12\x11\n\tnamespace\x18\x02 \x01(\t\"D\n\x14LookupPrefixResponse\x12\x15\n\rprompt_tokens\x18\x01 \x01(\r\x12\x15\n\rcached_tokens\x18\x02 \x01(\r\"\x10\n\x0eGetLoadRequest\"\xf8\x01\n\x0fGetLoadResponse\x12\x18\n\x10running_requests\x18\x01 \x01(\r\x12\x18\n\x10waiting_requests\x18\x02 \x01(\r\x12\x11\n\tmax_queue\x18\x03 \x01(\r\x12\x13\n\x0b\x66ree_blocks\x18\x04 \x01(\r\x12\x14\n\x0ctotal_blocks\x18\x05 \x01(\r\x12\x10\n\x08sessions\x18\x06 \x01(\r\x12\x10\n\x08\x64raining\x18\x07 \x01(\x08\x12\x18\n\x10swapped_requests\x18\x08 \x01(\r\x12\x16\n\x0e\x64rafted_tokens\x18\t \x01(\x04\x12\x1d\n\x15\x61\x63\x63\x65pted_draft_tokens\x18\n \x01(\x04\"5\n\x1bSubscribeCacheEventsRequest\x12\x16\n\x0e\x61\x66ter_sequence\x18\x01 \x01(\x04\"\xd7\x01\n\x1cSubscribeCacheEventsResponse\x12\x10\n\x08sequence\x18\x01 \x01(\x04\x12\'\n\x04kind\x18\x02 \x01(\x0e\x32\x19.radixd.v1.CacheEventKind\x12\x11\n\tnamespace\x18\x03 \x01(\t\x12\x12\n\nnum_blocks\x18\x04 \x01(\r\x12\x11\n\ttoken_ids\x18\x05 \x03(\x05\x12\x11\n\ttimestamp\x18\x06 \x01(\x01\x12\r\n\x05start\x18\x07 \x01(\r\x12\x0e\n\x06reason\x18\x08 \x01(\t\x12\x10\n\x08kv_group\x18\t \x01(\t*\x83\x01\n\tFlushMode\x12\x1a\n\x16\x46LUSH_MODE_UNSPECIFIED\x10\x00\x12\x1d\n\x19\x46LUSH_MODE_EVICT_UNLOCKED\x10\x01\x12\x1d\n\x19\x46LUSH_MODE_REFUSE_IF_BUSY\x10\x02\x12\x1c\n\x18\x46LUSH_MODE_WAIT_FOR_IDLE\x10\x03*\x8b\x01\n\x0e\x43\x61\x63heEventKind\x12 \n\x1c\x43\x41\x43HE_EVENT_KIND_UNSPECIFIED\x10\x00\x12\x1b\n\x17\x43\x41\x43HE_EVENT_KIND_STORED\x10\x01\x12\x1c\n\x18\x43\x41\x43HE_EVENT_KIND_REMOVED\x10\x02\x12\x1c\n\x18\x43\x41\x43HE_EVENT_KIND_CLEARED\x10\x03\x32\xcf\x04\n\x11\x43\x61\x63heAdminService\x12:\n\x05\x45vict\x12\x17.radixd.v1.EvictRequest\x1a\x18.radixd.v1.EvictResponse\x12:\n\x05\x46lush\x12\x17.radixd.v1.FlushRequest\x1a\x18.radixd.v1.FlushResponse\x12\x34\n\x03Pin\x12\x15.radixd.v1.PinRequest\x1a\x16.radixd.v1.PinResponse\x12:\n\x05Unpin\x12\x17.radixd.v1.UnpinRequest\x1a\x18.radixd.v1.UnpinResponse\x12R\n\rGetCacheStats\x12\x1f.radixd.v1.GetCacheStatsRequest\x1a .radixd.v1.GetCacheStatsResponse\x12O\n\x0cLookupPrefix\x12\x1e.radixd.v1.LookupPrefixRequest\x1a\x1f.radixd.v1.LookupPrefixResponse\x12@\n\x07GetLoad\x12\x19.radixd.v1.GetLoadRequest\x1a\x1a.radixd.v1.GetLoadResponse\x12i\n\x14SubscribeCacheEvents\x12&.radixd.v1.SubscribeCacheEventsRequest\x1a\'.radixd.v1.SubscribeCacheEventsResponse0\x01\x62\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
@@ -34,10 +34,10 @@ if not _descriptor._USE_C_DESCRIPTORS:
   DESCRIPTOR._loaded_options = None
   _globals['_GETCACHESTATSRESPONSE_EVICTIONSENTRY']._loaded_options = None
   _globals['_GETCACHESTATSRESPONSE_EVICTIONSENTRY']._serialized_options = b'8\001'
-  _globals['_FLUSHMODE']._serialized_start=1770
-  _globals['_FLUSHMODE']._serialized_end=1901
-  _globals['_CACHEEVENTKIND']._serialized_start=1904
-  _globals['_CACHEEVENTKIND']._serialized_end=2043
+  _globals['_FLUSHMODE']._serialized_start=1790
+  _globals['_FLUSHMODE']._serialized_end=1921
+  _globals['_CACHEEVENTKIND']._serialized_start=1924
+  _globals['_CACHEEVENTKIND']._serialized_end=2063
   _globals['_EVICTREQUEST']._serialized_start=66
   _globals['_EVICTREQUEST']._serialized_end=190
   _globals['_EVICTRESPONSE']._serialized_start=192
@@ -57,21 +57,21 @@ if not _descriptor._USE_C_DESCRIPTORS:
   _globals['_GETCACHESTATSREQUEST']._serialized_start=538
   _globals['_GETCACHESTATSREQUEST']._serialized_end=560
   _globals['_GETCACHESTATSRESPONSE']._serialized_start=563
-  _globals['_GETCACHESTATSRESPONSE']._serialized_end=1078
-  _globals['_GETCACHESTATSRESPONSE_EVICTIONSENTRY']._serialized_start=1030
-  _globals['_GETCACHESTATSRESPONSE_EVICTIONSENTRY']._serialized_end=1078
-  _globals['_LOOKUPPREFIXREQUEST']._serialized_start=1080
-  _globals['_LOOKUPPREFIXREQUEST']._serialized_end=1155
-  _globals['_LOOKUPPREFIXRESPONSE']._serialized_start=1157
-  _globals['_LOOKUPPREFIXRESPONSE']._serialized_end=1225
-  _globals['_GETLOADREQUEST']._serialized_start=1227
-  _globals['_GETLOADREQUEST']._serialized_end=1243
-  _globals['_GETLOADRESPONSE']._serialized_start=1246
-  _globals['_GETLOADRESPONSE']._serialized_end=1494
-  _globals['_SUBSCRIBECACHEEVENTSREQUEST']._serialized_start=1496
-  _globals['_SUBSCRIBECACHEEVENTSREQUEST']._serialized_end=1549
-  _globals['_SUBSCRIBECACHEEVENTSRESPONSE']._serialized_start=1552
-  _globals['_SUBSCRIBECACHEEVENTSRESPONSE']._serialized_end=1767
-  _globals['_CACHEADMINSERVICE']._serialized_start=2046
-  _globals['_CACHEADMINSERVICE']._serialized_end=2637
+  _globals['_GETCACHESTATSRESPONSE']._serialized_end=1098
+  _globals['_GETCACHESTATSRESPONSE_EVICTIONSENTRY']._serialized_start=1050
+  _globals['_GETCACHESTATSRESPONSE_EVICTIONSENTRY']._serialized_end=1098
+  _globals['_LOOKUPPREFIXREQUEST']._serialized_start=1100
+  _globals['_LOOKUPPREFIXREQUEST']._serialized_end=1175
+  _globals['_LOOKUPPREFIXRESPONSE']._serialized_start=1177
+  _globals['_LOOKUPPREFIXRESPONSE']._serialized_end=1245
+  _globals['_GETLOADREQUEST']._serialized_start=1247
+  _globals['_GETLOADREQUEST']._serialized_end=1263
+  _globals['_GETLOADRESPONSE']._serialized_start=1266
+  _globals['_GETLOADRESPONSE']._serialized_end=1514
+  _globals['_SUBSCRIBECACHEEVENTSREQUEST']._serialized_start=1516
+  _globals['_SUBSCRIBECACHEEVENTSREQUEST']._serialized_end=1569
+  _globals['_SUBSCRIBECACHEEVENTSRESPONSE']._serialized_start=1572
+  _globals['_SUBSCRIBECACHEEVENTSRESPONSE']._serialized_end=1787
+  _globals['_CACHEADMINSERVICE']._serialized_start=2066
+  _globals['_CACHEADMINSERVICE']._serialized_end=2657
 # @@protoc_insertion_point(module_scope)

@@ -93,7 +93,7 @@ class GetCacheStatsRequest(_message.Message):
     def __init__(self) -> None: ...
 
 class GetCacheStatsResponse(_message.Message):
-    __slots__ = ("block_size", "total_blocks", "free_blocks", "cached_blocks", "in_use_blocks", "pinned_blocks", "nodes", "hit_tokens", "miss_tokens", "evictions", "preemptions", "evictable_blocks", "kv_layout", "tree_blocks", "window_pages", "kept_windows", "kv_bytes_per_block", "window_tombstones")
+    __slots__ = ("block_size", "total_blocks", "free_blocks", "cached_blocks", "in_use_blocks", "pinned_blocks", "nodes", "hit_tokens", "miss_tokens", "evictions", "preemptions", "evictable_blocks", "kv_layout", "tree_blocks", "window_pages", "kept_windows", "kv_bytes_per_block", "window_tombstones", "kv_windows")
     class EvictionsEntry(_message.Message):
         __slots__ = ("key", "value")
         KEY_FIELD_NUMBER: _ClassVar[int]
@@ -119,6 +119,7 @@ class GetCacheStatsResponse(_message.Message):
     KEPT_WINDOWS_FIELD_NUMBER: _ClassVar[int]
     KV_BYTES_PER_BLOCK_FIELD_NUMBER: _ClassVar[int]
     WINDOW_TOMBSTONES_FIELD_NUMBER: _ClassVar[int]
+    KV_WINDOWS_FIELD_NUMBER: _ClassVar[int]
     block_size: int
     total_blocks: int
     free_blocks: int
@@ -137,7 +138,8 @@ class GetCacheStatsResponse(_message.Message):
     kept_windows: int
     kv_bytes_per_block: int
     window_tombstones: int
-    def __init__(self, block_size: _Optional[int] = ..., total_blocks: _Optional[int] = ..., free_blocks: _Optional[int] = ..., cached_blocks: _Optional[int] = ..., in_use_blocks: _Optional[int] = ..., pinned_blocks: _Optional[int] = ..., nodes: _Optional[int] = ..., hit_tokens: _Optional[int] = ..., miss_tokens: _Optional[int] = ..., evictions: _Optional[_Mapping[str, int]] = ..., preemptions: _Optional[int] = ..., evictable_blocks: _Optional[int] = ..., kv_layout: _Optional[str] = ..., tree_blocks: _Optional[int] = ..., window_pages: _Optional[int] = ..., kept_windows: _Optional[int] = ..., kv_bytes_per_block: _Optional[int] = ..., window_tombstones: _Optional[int] = ...) -> None: ...
+    kv_windows: str
+    def __init__(self, block_size: _Optional[int] = ..., total_blocks: _Optional[int] = ..., free_blocks: _Optional[int] = ..., cached_blocks: _Optional[int] = ..., in_use_blocks: _Optional[int] = ..., pinned_blocks: _Optional[int] = ..., nodes: _Optional[int] = ..., hit_tokens: _Optional[int] = ..., miss_tokens: _Optional[int] = ..., evictions: _Optional[_Mapping[str, int]] = ..., preemptions: _Optional[int] = ..., evictable_blocks: _Optional[int] = ..., kv_layout: _Optional[str] = ..., tree_blocks: _Optional[int] = ..., window_pages: _Optional[int] = ..., kept_windows: _Optional[int] = ..., kv_bytes_per_block: _Optional[int] = ..., window_tombstones: _Optional[int] = ..., kv_windows: _Optional[str] = ...) -> None: ...
 
 class LookupPrefixRequest(_message.Message):
     __slots__ = ("prompt", "namespace")

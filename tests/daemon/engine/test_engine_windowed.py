@@ -85,6 +85,7 @@ def test_windows_at_shared_prefixes_only_recompute_each_conversation_and_hold_le
     assert all(w.num_tokens <= len(SYSTEM) + 3 for _key, w in kept.store)
     assert kept.cut_tokens > 0 and _cached(shared) < _cached(turns)
     assert len(kept.store.pages()) < len(turns.kv.sliding.store.pages())
+    assert (shared.stats().kv_windows, turns.stats().kv_windows) == ("shared", "turns")
     assert_all_free(shared)
     assert_all_free(turns)
     with pytest.raises(ValueError, match="kv_windows"):
