@@ -175,6 +175,21 @@ class WindowedKV(RuleBasedStateMachine):
 
     @precondition(lambda self: self.running)
     @rule(pick=PICK)
+    def preempt(self, pick: int) -> None:
+        """Preemption by recompute: whatever the policy, the window where it stopped stays to resume from."""
+        seq = self.running.pop(pick % len(self.running))
+        n, ns = seq.num_computed, seq.request.req.namespace
+        kept = n > 0 and seq.lease is not None and seq.window is not None
+        self.kv.insert_all(seq, resumes=True)
+        sliding = self.kv.sliding
+        assert sliding is not None
+        if kept:
+            assert sliding.usable(ns, _packed(seq.tokens[:n]), n) == n
+        self.kv.release(seq)
+        self.finished.append((list(seq.tokens), ns))
+
+    @precondition(lambda self: self.running)
+    @rule(pick=PICK)
     def swap_out(self, pick: int) -> None:
         seq = self.running.pop(pick % len(self.running))
         held = self.kv.kv_blocks(seq)
