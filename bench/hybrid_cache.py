@@ -64,7 +64,7 @@ from radixd_client import Chunk, Client, Start
 KV_LAYOUT_FLAG = "--kv-layout"
 LAYOUTS = ("full", "windowed")
 # The windowed layout's second design (--shared-windows): windows kept at shared prefixes only.
-SHARED_FLAGS = ("--kv-windows", "shared")
+SHARED = ("windowed shared", (KV_LAYOUT_FLAG, "windowed", "--kv-windows", "shared"))
 WARM_SHARE = 0.95  # a conversation is warm when LookupPrefix finds this share of its history
 ISA = ("avx", "amx", "fma", "f16c")  # the CPU flags the report names
 
@@ -407,17 +407,10 @@ def run_trace(label: str, peer: Peer, trace: Trace, max_tokens: int) -> Run:
 
 
 def radixd_run(
-    model: str,
-    trace: Trace,
-    a: argparse.Namespace,
-    layout: str,
-    pool: str,
-    gib: float,
-    extra: tuple[str, ...] = (),
+    model: str, trace: Trace, a: argparse.Namespace, name: str, flags: tuple[str, ...], pool: str, gib: float
 ) -> Run:
-    flags = ["--kv-cache-gb", f"{gib:.6f}", KV_LAYOUT_FLAG, layout, *extra]
-    peer = Radixd(model, flags)
-    name = f"{layout} {' '.join(extra[1:])}".strip()  # "windowed shared": --kv-windows shared
+    """`radixd serve` with the KV `flags` of design `name`, at a pool of `gib`, through the trace."""
+    peer = Radixd(model, ["--kv-cache-gb", f"{gib:.6f}", *flags])
     try:
         run = run_trace(f"radixd {name}, {pool} pool", peer, trace, a.max_tokens)
     finally:
@@ -586,9 +579,11 @@ def measure(model: str, a: argparse.Namespace) -> None:
     for pool, convs in pools.items():
         gib = (len(trace.head) + convs * own) * shape.token_bytes / 2**30
         for layout in LAYOUTS:
-            runs[f"{layout} {pool}"] = radixd_run(model, trace, a, layout, pool, gib)
+            runs[f"{layout} {pool}"] = radixd_run(
+                model, trace, a, layout, (KV_LAYOUT_FLAG, layout), pool, gib
+            )
         if a.shared_windows:
-            runs[f"shared {pool}"] = radixd_run(model, trace, a, "windowed", pool, gib, SHARED_FLAGS)
+            runs[f"shared {pool}"] = radixd_run(model, trace, a, *SHARED, pool, gib)
     if a.llama_bin:
         runs["llama"] = llama_run(model, trace, a, swa_full=False)
         runs["llama swa-full"] = llama_run(model, trace, a, swa_full=True)

@@ -7,7 +7,7 @@ Measures, for every mode (`--dtypes`):
 - prefill tokens/s of `--prefill-batch` prompts of `--prompt-len` tokens, in steps of at most 512
   tokens (the engine's default step budget; llama-batched-bench's S_PP at the same batch);
 - the batch-1 weight-streaming floor: one pass of every projection at one row, nothing else; and
-  beside it the machine's limit: the bytes those projections hold, read once by a plain sum;
+  beside it what streaming their bytes costs this machine: those bytes read once by a plain sum;
 - the quality contract against fp32 (mean KL, top-1 agreement, perplexity on the fixed text).
 
 Every repeat runs every radixd mode and then llama-batched-bench, so background load drifts hit all
@@ -102,8 +102,9 @@ def step_bytes(lm: LoadedModel) -> int:
 
 
 def read_time(nbytes: int, repeats: int) -> float:
-    """Seconds to read `nbytes` once (a sum over them on torch's threads, no other arithmetic): the
-    machine's limit for a step that must stream that many bytes."""
+    """Seconds to read `nbytes` once (a sum over them on torch's threads, no other arithmetic): what
+    streaming that many bytes costs this machine (kernels that overlap loads with arithmetic may
+    stream a little faster than this plain loop)."""
     buf = torch.ones(max(nbytes // 8, 1), dtype=torch.int64)
     buf.sum()
     return median_time(buf.sum, max(repeats, 9))

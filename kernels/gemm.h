@@ -36,8 +36,6 @@ static inline float hmax(__m256 v) {
  * smallest projections (~300k) must take both threads, or the step streams them at one core's speed. */
 #define PARALLEL_MACS 65536
 
-
-
 /* Outputs ahead whose weights a tile of coded weights asks for while it computes its own. A thread's outputs lie one after another, so this is the stream the hardware prefetcher
  * follows, but a tile reads 4 rows of a few hundred bytes at once and the prefetcher alone stays
  * too close behind. */

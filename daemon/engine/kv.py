@@ -131,16 +131,9 @@ class KVManager:
         hit = self.cache.match(tokens, namespace)
         if self.sliding is None:
             return hit
-        hit = self.sliding.cut(hit, _packed(tokens), namespace)
-        # Windows at branch points only: the end of a cached path this request merely extends (its
-        # conversation's last turn) is no branch point; where cached tokens go on, requests diverge.
-        if (
-            hit.branch
-            and not self.sliding.keep_ends
-            and not self.cache.continues(tokens[: hit.branch], namespace)
-        ):
-            hit.branch = 0
-        return hit
+        return self.sliding.cut(
+            hit, _packed(tokens), namespace, lambda n: self.cache.continues(tokens[:n], namespace)
+        )
 
     @property
     def shares_prefixes(self) -> bool:

@@ -33,8 +33,11 @@ class SlidingKV:
         self.cut_tokens = 0  # matched tokens recomputed because no window was kept inside them
 
     # ---- admission -------------------------------------------------------------------------------
-    def cut(self, hit: PrefixHit, packed: bytes, namespace: str) -> PrefixHit:
-        """`hit` cut back to the deepest kept window within it (the window rides along on the hit)."""
+    def cut(
+        self, hit: PrefixHit, packed: bytes, namespace: str, continues: Callable[[int], bool]
+    ) -> PrefixHit:
+        """`hit` cut back to the deepest kept window within it (the window rides along on the hit).
+        `continues(n)`: whether the cache holds tokens past the first n (requests diverged there)."""
         m = hit.num_tokens
         if m == 0:
             return hit
@@ -43,7 +46,10 @@ class SlidingKV:
         if w is not None:
             self.store.hold_window(w)  # NOTE: until attach or release: admission's evictions must not drop it
         hit.window = w
-        hit.branch = m if q < m else 0
+        # Where the match ends, the request keeps a window as it passes, for the next one to resume
+        # from; with windows at shared prefixes only, not where it merely extends a cached path's end
+        # (its own conversation's last turn), only where cached tokens go on (requests diverge there).
+        hit.branch = m if q < m and (self.keep_ends or continues(m)) else 0
         if q == m:
             return hit
         self.cut_tokens += m - q
